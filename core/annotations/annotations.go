@@ -1,0 +1,549 @@
+// Package annotations turns the annotations of a VM pod into typed VM
+// options, with Virtlet's names and defaults (seeds 001 and 004), and
+// refuses bad values with errors that name the annotation, the value and
+// what is allowed.
+package annotations
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// Annotation keys recognised on VM pods.
+const (
+	TargetRuntime      = "kubernetes.io/target-runtime"
+	TargetRuntimeValue = "virtlet.cloud"
+
+	VCPUCount                       = "VirtletVCPUCount"
+	DiskDriver                      = "VirtletDiskDriver"
+	CPUModel                        = "VirtletCPUModel"
+	LibvirtCPUSetting               = "VirtletLibvirtCPUSetting"
+	CloudInitImageType              = "VirtletCloudInitImageType"
+	CloudInitMetaData               = "VirtletCloudInitMetaData"
+	CloudInitUserData               = "VirtletCloudInitUserData"
+	CloudInitUserDataOverwrite      = "VirtletCloudInitUserDataOverwrite"
+	CloudInitUserDataScript         = "VirtletCloudInitUserDataScript"
+	CloudInitUserDataSource         = "VirtletCloudInitUserDataSource"
+	CloudInitUserDataSourceKey      = "VirtletCloudInitUserDataSourceKey"
+	CloudInitUserDataSourceEncoding = "VirtletCloudInitUserDataSourceEncoding"
+	SSHKeys                         = "VirtletSSHKeys"
+	SSHKeySource                    = "VirtletSSHKeySource"
+	FilesFromDataSource             = "VirtletFilesFromDataSource"
+	RootVolumeSize                  = "VirtletRootVolumeSize"
+	Chown9pfsMounts                 = "VirtletChown9pfsMounts"
+	SystemUUID                      = "VirtletSystemUUID"
+	ForceDHCPNetworkConfig          = "VirtletForceDHCPNetworkConfig"
+)
+
+// Known lists every Virtlet annotation this package understands.
+var Known = []string{
+	VCPUCount, DiskDriver, CPUModel, LibvirtCPUSetting, CloudInitImageType,
+	CloudInitMetaData, CloudInitUserData, CloudInitUserDataOverwrite,
+	CloudInitUserDataScript, CloudInitUserDataSource, CloudInitUserDataSourceKey,
+	CloudInitUserDataSourceEncoding, SSHKeys, SSHKeySource, FilesFromDataSource,
+	RootVolumeSize, Chown9pfsMounts, SystemUUID, ForceDHCPNetworkConfig,
+}
+
+// MaxVCPUs is the largest VirtletVCPUCount accepted.
+const MaxVCPUs = 255
+
+// Cloud-init image types.
+const (
+	ImageTypeNoCloud     = "nocloud"
+	ImageTypeConfigDrive = "configdrive"
+)
+
+// Encodings of a user-data source key.
+const (
+	EncodingPlain  = "plain"
+	EncodingBase64 = "base64"
+)
+
+// DefaultSSHKeyName is the key read from a VirtletSSHKeySource object when
+// the annotation names none.
+const DefaultSSHKeyName = "authorized_keys"
+
+// ObjectKind is the kind of Kubernetes object a data-source annotation names.
+type ObjectKind string
+
+const (
+	ConfigMap ObjectKind = "configmap"
+	Secret    ObjectKind = "secret"
+)
+
+// ObjectRef names a ConfigMap or Secret in the pod's namespace, and
+// optionally one of its keys.
+type ObjectRef struct {
+	Kind ObjectKind `json:"kind"`
+	Name string     `json:"name"`
+	Key  string     `json:"key,omitempty"`
+}
+
+func (r ObjectRef) String() string {
+	s := string(r.Kind) + "/" + r.Name
+	if r.Key != "" {
+		s += "/" + r.Key
+	}
+	return s
+}
+
+// VMOptions are a VM pod's annotations, parsed and defaulted.
+type VMOptions struct {
+	VCPUCount  int               `json:"vcpuCount"`
+	DiskDriver ports.DiskBus     `json:"diskDriver"`
+	CPUModel   string            `json:"cpuModel,omitempty"`
+	CPUSetting *ports.CPUSetting `json:"cpuSetting,omitempty"`
+
+	CloudInitImageType string `json:"cloudInitImageType"`
+	// MetaData overrides keys of the generated meta-data.
+	MetaData map[string]interface{} `json:"metaData,omitempty"`
+	// UserData is merged into the generated user-data.
+	UserData          map[string]interface{} `json:"userData,omitempty"`
+	UserDataOverwrite bool                   `json:"userDataOverwrite,omitempty"`
+	// UserDataScript, when set, replaces the user-data entirely.
+	UserDataScript         string     `json:"userDataScript,omitempty"`
+	UserDataSource         *ObjectRef `json:"userDataSource,omitempty"`
+	UserDataSourceEncoding string     `json:"userDataSourceEncoding"`
+
+	SSHKeys      []string   `json:"sshKeys,omitempty"`
+	SSHKeySource *ObjectRef `json:"sshKeySource,omitempty"`
+
+	FilesFromDataSource *ObjectRef `json:"filesFromDataSource,omitempty"`
+
+	// RootVolumeSize in bytes; 0 when not set.
+	RootVolumeSize  int64  `json:"rootVolumeSize,omitempty"`
+	Chown9pfsMounts bool   `json:"chown9pfsMounts,omitempty"`
+	SystemUUID      string `json:"systemUUID,omitempty"`
+	ForceDHCP       bool   `json:"forceDHCPNetworkConfig,omitempty"`
+}
+
+// Defaults returns the options of a VM pod without Virtlet annotations.
+func Defaults() VMOptions {
+	return VMOptions{
+		VCPUCount:              1,
+		DiskDriver:             ports.BusSCSI,
+		CloudInitImageType:     ImageTypeNoCloud,
+		UserDataSourceEncoding: EncodingPlain,
+	}
+}
+
+// Parse reads every Virtlet annotation. All problems are reported together,
+// each as a *ports.InvalidError naming its annotation; errors.Is(err,
+// ports.ErrInvalidArgument) holds for the result.
+func Parse(annotations map[string]string) (VMOptions, error) {
+	p := parser{values: annotations, opts: Defaults()}
+	p.unknown()
+	p.vcpus()
+	p.diskDriver()
+	p.cpu()
+	p.cloudInit()
+	p.sshKeys()
+	p.files()
+	p.rootVolume()
+	p.misc()
+	if len(p.errs) == 0 {
+		return p.opts, nil
+	}
+	sort.SliceStable(p.errs, func(i, j int) bool { return p.errs[i].Field < p.errs[j].Field })
+	errs := make([]error, len(p.errs))
+	for i, e := range p.errs {
+		errs[i] = e
+	}
+	return VMOptions{}, &Error{errs: errs}
+}
+
+// Error lists every invalid annotation of a pod.
+type Error struct{ errs []error }
+
+func (e *Error) Error() string {
+	msgs := make([]string, len(e.errs))
+	for i, err := range e.errs {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// Unwrap exposes the individual *ports.InvalidError values.
+func (e *Error) Unwrap() []error { return e.errs }
+
+type parser struct {
+	values map[string]string
+	opts   VMOptions
+	errs   []*ports.InvalidError
+}
+
+func (p *parser) fail(key, value, allowed, reason string) {
+	p.errs = append(p.errs, &ports.InvalidError{
+		Field: "annotation " + key, Value: abbreviate(value), Allowed: allowed, Reason: reason,
+	})
+}
+
+// get returns the annotation's value and whether it is set to something
+// other than blanks.
+func (p *parser) get(key string) (string, bool) {
+	v, ok := p.values[key]
+	if !ok || strings.TrimSpace(v) == "" {
+		return v, false
+	}
+	return v, true
+}
+
+// boolean follows Virtlet's rule: only the lowercase string "true" is true,
+// every other value is false.
+func (p *parser) boolean(key string) bool {
+	return p.values[key] == "true"
+}
+
+func (p *parser) unknown() {
+	known := make(map[string]bool, len(Known))
+	for _, k := range Known {
+		known[k] = true
+	}
+	for key, value := range p.values {
+		if !strings.HasPrefix(key, "Virtlet") || known[key] {
+			continue
+		}
+		allowed := "one of the Virtlet annotations"
+		if s := suggest(key); s != "" {
+			allowed = "did you mean " + s + "?"
+		}
+		p.errs = append(p.errs, &ports.InvalidError{
+			Field: "annotation " + key, Value: abbreviate(value),
+			Reason: "unknown Virtlet annotation", Allowed: allowed,
+		})
+	}
+}
+
+func (p *parser) vcpus() {
+	v, ok := p.get(VCPUCount)
+	if !ok {
+		return
+	}
+	const allowed = "an integer from 1 to 255"
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	switch {
+	case err != nil:
+		p.fail(VCPUCount, v, allowed, "not an integer")
+	case n < 1 || n > MaxVCPUs:
+		p.fail(VCPUCount, v, allowed, "out of range")
+	default:
+		p.opts.VCPUCount = n
+	}
+}
+
+func (p *parser) diskDriver() {
+	v, ok := p.get(DiskDriver)
+	if !ok {
+		return
+	}
+	switch ports.DiskBus(v) {
+	case ports.BusSCSI, ports.BusVirtio:
+		p.opts.DiskDriver = ports.DiskBus(v)
+	default:
+		p.fail(DiskDriver, v, `"scsi" or "virtio"`, "")
+	}
+}
+
+var (
+	cpuModes     = []string{"custom", "host-model", "host-passthrough", "maximum"}
+	cpuMatches   = []string{"minimum", "exact", "strict"}
+	cpuChecks    = []string{"none", "partial", "full"}
+	cpuFallbacks = []string{"allow", "forbid"}
+	cpuPolicies  = []string{"force", "require", "optional", "disable", "forbid"}
+	cacheModes   = []string{"emulate", "passthrough", "disable"}
+	onOff        = []string{"on", "off"}
+)
+
+func (p *parser) cpu() {
+	if v, ok := p.get(CPUModel); ok {
+		if v == "host-model" {
+			p.opts.CPUModel = v
+		} else {
+			p.fail(CPUModel, v, `"" or "host-model"`, "")
+		}
+	}
+	v, ok := p.get(LibvirtCPUSetting)
+	if !ok {
+		return
+	}
+	var s ports.CPUSetting
+	if err := yaml.UnmarshalStrict([]byte(v), &s); err != nil {
+		p.fail(LibvirtCPUSetting, v, "YAML of libvirt's <cpu> element with capitalised keys (Mode, Match, Check, Model: {Fallback, VendorID, Value}, Vendor, Topology, Features: [{Policy, Name}], Cache, Numa)", yamlReason(err))
+		return
+	}
+	check := func(field, value string, allowed []string) bool {
+		if value == "" || contains(allowed, value) {
+			return true
+		}
+		p.fail(LibvirtCPUSetting, value, "one of "+strings.Join(allowed, ", "), field+" is not valid")
+		return false
+	}
+	good := check("Mode", s.Mode, cpuModes) && check("Match", s.Match, cpuMatches) &&
+		check("Check", s.Check, cpuChecks) && check("Migratable", s.Migratable, onOff)
+	if s.Model != nil {
+		good = check("Model.Fallback", s.Model.Fallback, cpuFallbacks) && good
+	}
+	for i, f := range s.Features {
+		if f.Name == "" {
+			p.fail(LibvirtCPUSetting, v, "a Name for every feature", fmt.Sprintf("Features[%d].Name is empty", i))
+			good = false
+		}
+		good = check(fmt.Sprintf("Features[%d].Policy", i), f.Policy, cpuPolicies) && good
+	}
+	if s.Cache != nil {
+		good = check("Cache.Mode", s.Cache.Mode, cacheModes) && good
+	}
+	if t := s.Topology; t != nil && (t.Sockets < 0 || t.Dies < 0 || t.Cores < 0 || t.Threads < 0) {
+		p.fail(LibvirtCPUSetting, v, "non-negative counts", "Topology has a negative count")
+		good = false
+	}
+	if good {
+		p.opts.CPUSetting = &s
+	}
+}
+
+func (p *parser) cloudInit() {
+	if v, ok := p.get(CloudInitImageType); ok {
+		switch v {
+		case ImageTypeNoCloud, ImageTypeConfigDrive:
+			p.opts.CloudInitImageType = v
+		default:
+			p.fail(CloudInitImageType, v, `"nocloud" or "configdrive"`, "")
+		}
+	}
+	p.opts.MetaData = p.mapping(CloudInitMetaData, "a JSON or YAML mapping of meta-data keys")
+	p.opts.UserData = p.mapping(CloudInitUserData, "a JSON or YAML mapping of cloud-config keys")
+	p.opts.UserDataOverwrite = p.boolean(CloudInitUserDataOverwrite)
+	if v, ok := p.get(CloudInitUserDataScript); ok {
+		p.opts.UserDataScript = v
+	}
+	src := p.objectRef(CloudInitUserDataSource, false)
+	if v, ok := p.get(CloudInitUserDataSourceKey); ok {
+		switch {
+		case !validKey(v):
+			p.fail(CloudInitUserDataSourceKey, v, "a ConfigMap/Secret key (letters, digits, '-', '_', '.')", "")
+		case src == nil:
+			p.fail(CloudInitUserDataSourceKey, v, "only together with "+CloudInitUserDataSource, "no user-data source is set")
+		default:
+			src.Key = v
+		}
+	}
+	p.opts.UserDataSource = src
+	if v, ok := p.get(CloudInitUserDataSourceEncoding); ok {
+		switch v {
+		case EncodingPlain, EncodingBase64:
+			p.opts.UserDataSourceEncoding = v
+		default:
+			p.fail(CloudInitUserDataSourceEncoding, v, `"plain" or "base64"`, "")
+		}
+	}
+}
+
+// mapping parses a JSON/YAML mapping annotation.
+func (p *parser) mapping(key, allowed string) map[string]interface{} {
+	v, ok := p.get(key)
+	if !ok {
+		return nil
+	}
+	var out interface{}
+	if err := yaml.Unmarshal([]byte(v), &out); err != nil {
+		p.fail(key, v, allowed, yamlReason(err))
+		return nil
+	}
+	m, isMap := out.(map[string]interface{})
+	if !isMap {
+		p.fail(key, v, allowed, fmt.Sprintf("the document is a %s, not a mapping", yamlKind(out)))
+		return nil
+	}
+	return m
+}
+
+func (p *parser) sshKeys() {
+	if v, ok := p.get(SSHKeys); ok {
+		for _, line := range strings.Split(v, "\n") {
+			if line = strings.TrimSpace(line); line != "" {
+				p.opts.SSHKeys = append(p.opts.SSHKeys, line)
+			}
+		}
+	}
+	if ref := p.objectRef(SSHKeySource, true); ref != nil {
+		if ref.Key == "" {
+			ref.Key = DefaultSSHKeyName
+		}
+		p.opts.SSHKeySource = ref
+	}
+}
+
+func (p *parser) files() {
+	p.opts.FilesFromDataSource = p.objectRef(FilesFromDataSource, false)
+}
+
+// objectRef parses "kind/name" (and "kind/name/key" when withKey).
+func (p *parser) objectRef(key string, withKey bool) *ObjectRef {
+	v, ok := p.get(key)
+	if !ok {
+		return nil
+	}
+	allowed := `kind/name with kind configmap or secret, e.g. "configmap/<name>" or "secret/<name>"`
+	if withKey {
+		allowed = `kind/name[/key] with kind configmap or secret, e.g. "configmap/<name>[/<key>]" or "secret/<name>[/<key>]"`
+	}
+	parts := strings.Split(v, "/")
+	if len(parts) < 2 || len(parts) > 3 || (len(parts) == 3 && !withKey) {
+		p.fail(key, v, allowed, "wrong number of '/'-separated parts")
+		return nil
+	}
+	ref := &ObjectRef{Kind: ObjectKind(parts[0]), Name: parts[1]}
+	if ref.Kind != ConfigMap && ref.Kind != Secret {
+		p.fail(key, v, allowed, fmt.Sprintf("kind %q is neither configmap nor secret", parts[0]))
+		return nil
+	}
+	if !validName(ref.Name) {
+		p.fail(key, v, allowed, fmt.Sprintf("%q is not a valid object name (lowercase DNS subdomain)", ref.Name))
+		return nil
+	}
+	if len(parts) == 3 {
+		if !validKey(parts[2]) {
+			p.fail(key, v, allowed, fmt.Sprintf("%q is not a valid key (letters, digits, '-', '_', '.')", parts[2]))
+			return nil
+		}
+		ref.Key = parts[2]
+	}
+	return ref
+}
+
+func (p *parser) rootVolume() {
+	v, ok := p.get(RootVolumeSize)
+	if !ok {
+		return
+	}
+	const allowed = "a positive Kubernetes quantity such as 1Gi, 512Mi or 10G"
+	q, err := resource.ParseQuantity(strings.TrimSpace(v))
+	if err != nil {
+		p.fail(RootVolumeSize, v, allowed, "not a quantity")
+		return
+	}
+	n, exact := q.AsInt64()
+	if !exact || n <= 0 {
+		p.fail(RootVolumeSize, v, allowed, "not a positive whole number of bytes")
+		return
+	}
+	p.opts.RootVolumeSize = n
+}
+
+func (p *parser) misc() {
+	p.opts.Chown9pfsMounts = p.boolean(Chown9pfsMounts)
+	p.opts.ForceDHCP = p.boolean(ForceDHCPNetworkConfig)
+	if v, ok := p.get(SystemUUID); ok {
+		id, err := uuid.Parse(strings.TrimSpace(v))
+		switch {
+		case err != nil:
+			p.fail(SystemUUID, v, "a UUID such as 4a9c4d3e-0b1f-4a57-9e3c-6f7f2f6f1c2d", "not a UUID")
+		case id == uuid.Nil:
+			p.fail(SystemUUID, v, "a non-nil UUID", "the nil UUID")
+		default:
+			p.opts.SystemUUID = id.String()
+		}
+	}
+}
+
+var (
+	dnsSubdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+	configKey    = regexp.MustCompile(`^[-._a-zA-Z0-9]+$`)
+)
+
+func validName(s string) bool { return len(s) <= 253 && dnsSubdomain.MatchString(s) }
+func validKey(s string) bool {
+	return len(s) <= 253 && configKey.MatchString(s) && s != "." && s != ".."
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// suggest finds the known annotation closest to a misspelt one.
+func suggest(key string) string {
+	best, bestDist := "", 4
+	for _, k := range Known {
+		if strings.EqualFold(k, key) {
+			return k
+		}
+		if d := distance(strings.ToLower(k), strings.ToLower(key)); d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+	return best
+}
+
+// distance is the Levenshtein distance of a and b.
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// abbreviate keeps error messages readable when a value is a whole document.
+func abbreviate(v string) string {
+	const max = 64
+	if i := strings.IndexByte(v, '\n'); i >= 0 && i < len(v)-1 {
+		v = v[:i] + "…"
+	}
+	if len(v) > max {
+		v = v[:max] + "…"
+	}
+	return v
+}
+
+func yamlReason(err error) string {
+	msg := err.Error()
+	msg = strings.TrimPrefix(msg, "error converting YAML to JSON: ")
+	msg = strings.TrimPrefix(msg, "error unmarshaling JSON: ")
+	msg = strings.TrimPrefix(msg, "while decoding JSON: ")
+	return "cannot parse: " + msg
+}
+
+func yamlKind(v interface{}) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case []interface{}:
+		return "list"
+	case string:
+		return "string"
+	case bool:
+		return "boolean"
+	case float64, json.Number, int64:
+		return "number"
+	default:
+		return fmt.Sprintf("%T", v)
+	}
+}

@@ -1,0 +1,236 @@
+package annotations
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+func TestDefaults(t *testing.T) {
+	for name, in := range map[string]map[string]string{
+		"nil":              nil,
+		"only target":      {TargetRuntime: TargetRuntimeValue},
+		"blank values":     {VCPUCount: "", DiskDriver: "  ", RootVolumeSize: ""},
+		"other annotation": {"example.com/owner": "team-a"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got, err := Parse(in)
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			want := Defaults()
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("got %+v, want %+v", got, want)
+			}
+			if got.VCPUCount != 1 || got.DiskDriver != ports.BusSCSI || got.CloudInitImageType != "nocloud" || got.UserDataSourceEncoding != "plain" {
+				t.Fatalf("seed defaults not applied: %+v", got)
+			}
+		})
+	}
+}
+
+func TestValid(t *testing.T) {
+	one := 1
+	tests := []struct {
+		name string
+		in   map[string]string
+		want func(*VMOptions)
+	}{
+		{"vcpus", map[string]string{VCPUCount: "2"}, func(o *VMOptions) { o.VCPUCount = 2 }},
+		{"vcpus max", map[string]string{VCPUCount: "255"}, func(o *VMOptions) { o.VCPUCount = 255 }},
+		{"virtio", map[string]string{DiskDriver: "virtio"}, func(o *VMOptions) { o.DiskDriver = ports.BusVirtio }},
+		{"scsi", map[string]string{DiskDriver: "scsi"}, func(o *VMOptions) { o.DiskDriver = ports.BusSCSI }},
+		{"host-model", map[string]string{CPUModel: "host-model"}, func(o *VMOptions) { o.CPUModel = "host-model" }},
+		{"cpu setting from seed 001", map[string]string{LibvirtCPUSetting: "Match: exact\nModel:\n  Fallback: allow\n  Value: core2duo\n"},
+			func(o *VMOptions) {
+				o.CPUSetting = &ports.CPUSetting{Match: "exact", Model: &ports.CPUSettingModel{Fallback: "allow", Value: "core2duo"}}
+			}},
+		{"cpu setting with features and topology", map[string]string{LibvirtCPUSetting: `
+Mode: custom
+Topology: {Sockets: 1, Cores: 2, Threads: 1}
+Features:
+- {Policy: require, Name: vmx}
+Numa:
+  Cells:
+  - {ID: 1, CPUs: "0-1", Memory: "512", Unit: MiB}
+`}, func(o *VMOptions) {
+			o.CPUSetting = &ports.CPUSetting{Mode: "custom", Topology: &ports.CPUTopology{Sockets: 1, Cores: 2, Threads: 1},
+				Features: []ports.CPUFeature{{Policy: "require", Name: "vmx"}},
+				Numa:     &ports.CPUNuma{Cells: []ports.CPUNumaCell{{ID: &one, CPUs: "0-1", Memory: "512", Unit: "MiB"}}}}
+		}},
+		{"configdrive", map[string]string{CloudInitImageType: "configdrive"}, func(o *VMOptions) { o.CloudInitImageType = "configdrive" }},
+		{"nocloud", map[string]string{CloudInitImageType: "nocloud"}, func(o *VMOptions) { o.CloudInitImageType = "nocloud" }},
+		{"meta-data yaml (seed 004)", map[string]string{CloudInitMetaData: "instance-id: foobar\n"},
+			func(o *VMOptions) { o.MetaData = map[string]interface{}{"instance-id": "foobar"} }},
+		{"meta-data json", map[string]string{CloudInitMetaData: `{"instance-id": "foobar", "n": 1}`},
+			func(o *VMOptions) { o.MetaData = map[string]interface{}{"instance-id": "foobar", "n": float64(1)} }},
+		{"user-data (seed 004)", map[string]string{CloudInitUserData: "users:\n- name: cloudy\n  gecos: Magic Cloud App Daemon User\n  inactive: true\n  system: true\n"},
+			func(o *VMOptions) {
+				o.UserData = map[string]interface{}{"users": []interface{}{map[string]interface{}{
+					"name": "cloudy", "gecos": "Magic Cloud App Daemon User", "inactive": true, "system": true}}}
+			}},
+		{"overwrite", map[string]string{CloudInitUserDataOverwrite: "true"}, func(o *VMOptions) { o.UserDataOverwrite = true }},
+		{"booleans other than lowercase true are false", map[string]string{CloudInitUserDataOverwrite: "True", ForceDHCPNetworkConfig: "yes", Chown9pfsMounts: "1"}, func(o *VMOptions) {}},
+		{"script", map[string]string{CloudInitUserDataScript: "#!/bin/sh\necho hello world\n"}, func(o *VMOptions) { o.UserDataScript = "#!/bin/sh\necho hello world\n" }},
+		{"user-data source configmap", map[string]string{CloudInitUserDataSource: "configmap/vm-user-data"},
+			func(o *VMOptions) { o.UserDataSource = &ObjectRef{Kind: ConfigMap, Name: "vm-user-data"} }},
+		{"user-data source key base64", map[string]string{CloudInitUserDataSource: "secret/ud", CloudInitUserDataSourceKey: "user-data", CloudInitUserDataSourceEncoding: "base64"},
+			func(o *VMOptions) {
+				o.UserDataSource = &ObjectRef{Kind: Secret, Name: "ud", Key: "user-data"}
+				o.UserDataSourceEncoding = "base64"
+			}},
+		{"ssh keys", map[string]string{SSHKeys: "ssh-rsa AAAA... me@localhost\n\n  ssh-ed25519 BBBB you@there  \n"},
+			func(o *VMOptions) { o.SSHKeys = []string{"ssh-rsa AAAA... me@localhost", "ssh-ed25519 BBBB you@there"} }},
+		{"ssh key source default key", map[string]string{SSHKeySource: "secret/mysecret"},
+			func(o *VMOptions) {
+				o.SSHKeySource = &ObjectRef{Kind: Secret, Name: "mysecret", Key: "authorized_keys"}
+			}},
+		{"ssh key source with key", map[string]string{SSHKeySource: "configmap/keys/admins"},
+			func(o *VMOptions) { o.SSHKeySource = &ObjectRef{Kind: ConfigMap, Name: "keys", Key: "admins"} }},
+		{"files from data source", map[string]string{FilesFromDataSource: "configmap/files"},
+			func(o *VMOptions) { o.FilesFromDataSource = &ObjectRef{Kind: ConfigMap, Name: "files"} }},
+		{"root volume 1Gi", map[string]string{RootVolumeSize: "1Gi"}, func(o *VMOptions) { o.RootVolumeSize = 1 << 30 }},
+		{"root volume 4G", map[string]string{RootVolumeSize: "4G"}, func(o *VMOptions) { o.RootVolumeSize = 4_000_000_000 }},
+		{"chown", map[string]string{Chown9pfsMounts: "true"}, func(o *VMOptions) { o.Chown9pfsMounts = true }},
+		{"force dhcp", map[string]string{ForceDHCPNetworkConfig: "true"}, func(o *VMOptions) { o.ForceDHCP = true }},
+		{"system uuid normalised", map[string]string{SystemUUID: "4A9C4D3E-0B1F-4A57-9E3C-6F7F2F6F1C2D"},
+			func(o *VMOptions) { o.SystemUUID = "4a9c4d3e-0b1f-4a57-9e3c-6f7f2f6f1c2d" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse(tt.in)
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			want := Defaults()
+			tt.want(&want)
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("got  %#v\nwant %#v", got, want)
+			}
+		})
+	}
+}
+
+func TestInvalid(t *testing.T) {
+	tests := []struct {
+		name string
+		in   map[string]string
+		// every fragment must appear in the message
+		want []string
+	}{
+		{"vcpus lots", map[string]string{VCPUCount: "lots"}, []string{"annotation VirtletVCPUCount", `"lots"`, "not an integer", "1 to 255"}},
+		{"vcpus zero", map[string]string{VCPUCount: "0"}, []string{"VirtletVCPUCount", `"0"`, "out of range"}},
+		{"vcpus too many", map[string]string{VCPUCount: "256"}, []string{"VirtletVCPUCount", "out of range"}},
+		{"disk ide", map[string]string{DiskDriver: "ide"}, []string{"annotation VirtletDiskDriver", `"ide"`, `"scsi" or "virtio"`}},
+		{"cpu model", map[string]string{CPUModel: "host-passthrough"}, []string{"VirtletCPUModel", "host-model"}},
+		{"cpu setting yaml", map[string]string{LibvirtCPUSetting: "Match: [exact"}, []string{"VirtletLibvirtCPUSetting", "cannot parse"}},
+		{"cpu setting unknown key", map[string]string{LibvirtCPUSetting: "Match: exact\nModle: x\n"}, []string{"VirtletLibvirtCPUSetting", `unknown field "Modle"`}},
+		{"cpu setting bad match", map[string]string{LibvirtCPUSetting: "Match: fuzzy\n"}, []string{"VirtletLibvirtCPUSetting", "Match is not valid", "minimum, exact, strict"}},
+		{"cpu setting feature policy", map[string]string{LibvirtCPUSetting: "Features: [{Policy: maybe, Name: vmx}]"}, []string{"Features[0].Policy"}},
+		{"cpu setting feature name", map[string]string{LibvirtCPUSetting: "Features: [{Policy: require}]"}, []string{"Features[0].Name is empty"}},
+		{"image type", map[string]string{CloudInitImageType: "iso"}, []string{"VirtletCloudInitImageType", `"nocloud" or "configdrive"`}},
+		{"user-data yaml", map[string]string{CloudInitUserData: "users: [\n  - name: x\n"}, []string{"annotation VirtletCloudInitUserData", "cannot parse"}},
+		{"user-data list", map[string]string{CloudInitUserData: "- a\n- b\n"}, []string{"VirtletCloudInitUserData", "list, not a mapping"}},
+		{"meta-data scalar", map[string]string{CloudInitMetaData: "hello"}, []string{"VirtletCloudInitMetaData", "string, not a mapping"}},
+		{"user-data source kind", map[string]string{CloudInitUserDataSource: "pvc/x"}, []string{"VirtletCloudInitUserDataSource", `kind "pvc"`}},
+		{"user-data source with key part", map[string]string{CloudInitUserDataSource: "configmap/x/y"}, []string{"VirtletCloudInitUserDataSource", "parts"}},
+		{"user-data source name", map[string]string{CloudInitUserDataSource: "configmap/Bad_Name"}, []string{"VirtletCloudInitUserDataSource", "not a valid object name"}},
+		{"key without source", map[string]string{CloudInitUserDataSourceKey: "user-data"}, []string{"VirtletCloudInitUserDataSourceKey", "no user-data source"}},
+		{"encoding", map[string]string{CloudInitUserDataSourceEncoding: "gzip"}, []string{"VirtletCloudInitUserDataSourceEncoding", `"plain" or "base64"`}},
+		{"ssh key source shape", map[string]string{SSHKeySource: "mysecret"}, []string{"annotation VirtletSSHKeySource", `"mysecret"`, "kind/name", "configmap/<name>[/<key>]"}},
+		{"ssh key source too many parts", map[string]string{SSHKeySource: "secret/a/b/c"}, []string{"VirtletSSHKeySource", "parts"}},
+		{"ssh key source kind", map[string]string{SSHKeySource: "pod/a"}, []string{"VirtletSSHKeySource", `kind "pod"`}},
+		{"files source", map[string]string{FilesFromDataSource: "secret/"}, []string{"VirtletFilesFromDataSource", "not a valid object name"}},
+		{"root volume malformed", map[string]string{RootVolumeSize: "1 GB"}, []string{"annotation VirtletRootVolumeSize", `"1 GB"`, "not a quantity", "1Gi"}},
+		{"root volume negative", map[string]string{RootVolumeSize: "-1Gi"}, []string{"VirtletRootVolumeSize", "positive"}},
+		{"root volume fractional", map[string]string{RootVolumeSize: "0.5"}, []string{"VirtletRootVolumeSize", "positive whole number"}},
+		{"uuid", map[string]string{SystemUUID: "not-a-uuid"}, []string{"VirtletSystemUUID", "not a UUID"}},
+		{"nil uuid", map[string]string{SystemUUID: "00000000-0000-0000-0000-000000000000"}, []string{"VirtletSystemUUID", "nil UUID"}},
+		{"unknown annotation", map[string]string{"VirtletVCPUcount": "2"}, []string{"VirtletVCPUcount", "unknown Virtlet annotation", "did you mean VirtletVCPUCount?"}},
+		{"misspelt annotation", map[string]string{"VirtletDiskDrivr": "virtio"}, []string{"VirtletDiskDrivr", "did you mean VirtletDiskDriver?"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse(tt.in)
+			if err == nil {
+				t.Fatal("Parse accepted a bad value")
+			}
+			if !errors.Is(err, ports.ErrInvalidArgument) {
+				t.Errorf("error %v is not ErrInvalidArgument", err)
+			}
+			var inv *ports.InvalidError
+			if !errors.As(err, &inv) || !strings.HasPrefix(inv.Field, "annotation Virtlet") {
+				t.Errorf("error %v does not name its annotation", err)
+			}
+			for _, frag := range tt.want {
+				if !strings.Contains(err.Error(), frag) {
+					t.Errorf("message %q lacks %q", err.Error(), frag)
+				}
+			}
+		})
+	}
+}
+
+func TestAllErrorsReportedInOrder(t *testing.T) {
+	_, err := Parse(map[string]string{VCPUCount: "lots", DiskDriver: "ide", RootVolumeSize: "huge"})
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	msg := err.Error()
+	iDisk, iRoot, iVCPU := strings.Index(msg, DiskDriver), strings.Index(msg, RootVolumeSize), strings.Index(msg, VCPUCount)
+	if iDisk < 0 || iRoot < 0 || iVCPU < 0 || !(iDisk < iRoot && iRoot < iVCPU) {
+		t.Fatalf("want all three errors sorted by annotation, got %q", msg)
+	}
+}
+
+func TestLongValuesAbbreviated(t *testing.T) {
+	doc := "users: [\n" + strings.Repeat("  - name: someone\n", 50)
+	_, err := Parse(map[string]string{CloudInitUserData: doc})
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	if strings.Contains(err.Error(), "someone\n") || len(err.Error()) > 400 {
+		t.Fatalf("message echoes the whole document: %q", err.Error())
+	}
+}
+
+// FuzzParse checks that no annotation value makes the parser panic and that
+// whatever it accepts is within the documented ranges.
+func FuzzParse(f *testing.F) {
+	f.Add(VCPUCount, "2")
+	f.Add(RootVolumeSize, "1Gi")
+	f.Add(LibvirtCPUSetting, "Match: exact\nModel:\n  Fallback: allow\n  Value: core2duo\n")
+	f.Add(CloudInitUserData, "users:\n- name: cloudy\n")
+	f.Add(SSHKeySource, "secret/mysecret/key")
+	f.Add(SystemUUID, "4a9c4d3e-0b1f-4a57-9e3c-6f7f2f6f1c2d")
+	f.Add("VirtletDiskDrivr", "virtio")
+	f.Fuzz(func(t *testing.T, key, value string) {
+		opts, err := Parse(map[string]string{key: value})
+		if err != nil {
+			if !errors.Is(err, ports.ErrInvalidArgument) {
+				t.Fatalf("error of the wrong kind: %v", err)
+			}
+			return
+		}
+		if opts.VCPUCount < 1 || opts.VCPUCount > MaxVCPUs {
+			t.Fatalf("accepted vcpus %d", opts.VCPUCount)
+		}
+		if opts.DiskDriver != ports.BusSCSI && opts.DiskDriver != ports.BusVirtio {
+			t.Fatalf("accepted disk driver %q", opts.DiskDriver)
+		}
+		if opts.CloudInitImageType != ImageTypeNoCloud && opts.CloudInitImageType != ImageTypeConfigDrive {
+			t.Fatalf("accepted image type %q", opts.CloudInitImageType)
+		}
+		if opts.RootVolumeSize < 0 {
+			t.Fatalf("accepted root volume size %d", opts.RootVolumeSize)
+		}
+		for _, ref := range []*ObjectRef{opts.UserDataSource, opts.SSHKeySource, opts.FilesFromDataSource} {
+			if ref != nil && (ref.Kind != ConfigMap && ref.Kind != Secret || !validName(ref.Name)) {
+				t.Fatalf("accepted object ref %+v", ref)
+			}
+		}
+	})
+}

@@ -1,0 +1,394 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/sirupsen/logrus"
+
+	"github.com/virtlet/virtlet/core/annotations"
+	"github.com/virtlet/virtlet/ports"
+)
+
+// ContainerConfig is what kubelet asks for in CreateContainer.
+type ContainerConfig struct {
+	Name    string
+	Attempt uint32
+	// Image is kubelet's image reference (usually the ID PullImage returned);
+	// UserImage is the image as the pod spec names it.
+	Image       string
+	UserImage   string
+	Labels      map[string]string
+	Annotations map[string]string
+	LogPath     string // relative to the sandbox's log directory
+	Env         []EnvVar
+	Mounts      []Mount
+	// MemoryLimitBytes is the container's memory limit (0: none).
+	MemoryLimitBytes int64
+}
+
+// EnvVar is one environment variable of the container.
+type EnvVar struct {
+	Name  string
+	Value string
+}
+
+// vmUUIDSpace derives stable VM UUIDs from container IDs.
+var vmUUIDSpace = uuid.MustParse("a3f0c1de-5b2c-4e1f-9d53-6c1b7e3d9a10")
+
+// CreateContainer defines the VM of a VM pod. A VM pod has exactly one
+// container; kubelet may create it again (a new attempt) once the previous
+// VM has exited. Creating the same name and attempt again returns the same
+// ID.
+func (r *Runtime) CreateContainer(ctx context.Context, sandboxID string, cfg ContainerConfig) (string, error) {
+	full, ok, err := r.resolveSandbox(sandboxID)
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", notFound("sandbox", sandboxID)
+	}
+	var id string
+	err = r.detached(ctx, func(ctx context.Context) error {
+		unlock, err := r.lockPod(ctx, full)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		id, err = r.createLocked(ctx, full, cfg)
+		return err
+	})
+	return id, err
+}
+
+func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg ContainerConfig) (string, error) {
+	sb, ok := r.sandbox(sandboxID)
+	if !ok {
+		return "", notFound("sandbox", sandboxID)
+	}
+	pod := sb.Namespace + "/" + sb.Name
+	if sb.State != SandboxReady {
+		return "", fmt.Errorf("pod %s: sandbox %s is %s, not ready: %w", pod, short(sb.ID), sb.State, ports.ErrFailedPrecondition)
+	}
+	for _, c := range r.containersOf(sandboxID) {
+		switch {
+		case c.Name == cfg.Name && c.Attempt == cfg.Attempt && c.State != ContainerCreating:
+			return c.ID, nil
+		case c.Name != cfg.Name:
+			return "", fmt.Errorf("pod %s: a VM pod has exactly one container, and it already has %q; refusing container %q: %w",
+				pod, c.Name, cfg.Name, ports.ErrInvalidArgument)
+		case c.State == ContainerCreated || c.State == ContainerRunning:
+			return "", fmt.Errorf("pod %s: the VM of container %q (attempt %d) is still %s: %w",
+				pod, c.Name, c.Attempt, c.State, ports.ErrFailedPrecondition)
+		}
+	}
+	opts, err := annotations.Parse(sb.Annotations)
+	if err != nil {
+		return "", fmt.Errorf("pod %s: %w", pod, err)
+	}
+	img, err := r.imageForContainer(cfg)
+	if err != nil {
+		return "", fmt.Errorf("pod %s: %w", pod, err)
+	}
+	imagePath, err := r.deps.ImageFiles.Path(ctx, img.ID)
+	if err != nil {
+		return "", fmt.Errorf("pod %s: image %s: data file: %w", pod, img.ID, err)
+	}
+	memory, err := r.memory(cfg)
+	if err != nil {
+		return "", fmt.Errorf("pod %s: %w", pod, err)
+	}
+
+	id := newContainerID()
+	spec := ports.VMSpec{
+		ID: id, Name: domainName(id, sb.Name), UUID: opts.SystemUUID,
+		SandboxID: sb.ID, PodName: sb.Name, PodNamespace: sb.Namespace, PodUID: sb.UID,
+		VCPUs: opts.VCPUCount, MemoryBytes: memory,
+		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting},
+		Disks: []ports.Disk{{
+			Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true,
+			Source:  ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"},
+			Overlay: &ports.DiskOverlay{BasePath: imagePath, BaseFormat: formatOr(img.Format, "qcow2"), SizeBytes: opts.RootVolumeSize},
+		}},
+	}
+	if spec.UUID == "" {
+		spec.UUID = uuid.NewSHA1(vmUUIDSpace, []byte(id)).String()
+	} else if other := r.uuidUser(spec.UUID); other != nil {
+		return "", fmt.Errorf("pod %s: annotation %s: UUID %s is used by the VM of pod %s/%s; SMBIOS UUIDs must be unique on a node: %w",
+			pod, annotations.SystemUUID, spec.UUID, other.Spec.PodNamespace, other.Spec.PodName, ports.ErrFailedPrecondition)
+	}
+	if sb.LogDirectory != "" && cfg.LogPath != "" {
+		spec.ConsoleLogPath = filepath.Join(sb.LogDirectory, cfg.LogPath)
+	}
+	c := &Container{
+		ID: id, SandboxID: sb.ID, Name: cfg.Name, Attempt: cfg.Attempt,
+		Image:  ImageRef{Spec: cfg.Image, UserSpecified: cfg.UserImage, ID: img.ID},
+		Labels: cfg.Labels, Annotations: cfg.Annotations, LogPath: cfg.LogPath, Mounts: cfg.Mounts,
+		Spec: spec, State: ContainerCreating, CreatedAt: r.opts.Now(),
+	}
+	log := r.log.WithFields(logrus.Fields{"pod": pod, "container": short(id), "vm": spec.Name})
+	// Record the intent before the hypervisor acts: after a crash the
+	// reconciler finds a "creating" record and undoes what was done.
+	if err := r.commit(ctx, write{container: c}); err != nil {
+		return "", err
+	}
+	if err := r.deps.Hypervisor.Define(ctx, spec); err != nil {
+		r.undoCreate(ctx, c, log)
+		return "", fmt.Errorf("pod %s: define VM %s: %w", pod, spec.Name, err)
+	}
+	created := *c
+	created.State = ContainerCreated
+	if err := r.commit(ctx, write{container: &created}); err != nil {
+		r.undoCreate(ctx, c, log)
+		return "", err
+	}
+	log.WithFields(logrus.Fields{"vcpus": spec.VCPUs, "memory": spec.MemoryBytes, "image": img.ID}).Info("VM defined")
+	return id, nil
+}
+
+// undoCreate removes what a failed CreateContainer made.
+func (r *Runtime) undoCreate(ctx context.Context, c *Container, log logrus.FieldLogger) {
+	if err := r.deps.Hypervisor.Undefine(ctx, c.ID); err != nil && !errors.Is(err, ports.ErrNotFound) {
+		// The record stays "creating" so that the reconciler retries.
+		log.WithError(err).Error("undo VM definition; will retry on resync")
+		return
+	}
+	if err := r.commit(ctx, write{containerID: c.ID}); err != nil {
+		log.WithError(err).Error("forget failed container")
+	}
+}
+
+// imageForContainer finds the stored image a container names, and checks
+// that the pod asks for a VM image.
+func (r *Runtime) imageForContainer(cfg ContainerConfig) (*Image, error) {
+	if cfg.UserImage != "" {
+		if _, err := ParseImageName(cfg.UserImage); err != nil {
+			return nil, err
+		}
+	}
+	img, err := r.resolveImage(cfg.Image)
+	if err != nil {
+		return nil, err
+	}
+	if img == nil {
+		name := cfg.Image
+		if cfg.UserImage != "" {
+			name = cfg.UserImage
+		}
+		return nil, fmt.Errorf("image %s is not in the image store (pull it first): %w", name, ports.ErrNotFound)
+	}
+	return img, nil
+}
+
+func (r *Runtime) memory(cfg ContainerConfig) (int64, error) {
+	switch m := cfg.MemoryLimitBytes; {
+	case m == 0:
+		return r.opts.DefaultMemoryBytes, nil
+	case m < MinMemoryBytes:
+		return 0, &ports.InvalidError{Field: "resources.limits.memory", Value: fmt.Sprintf("%d bytes", m),
+			Reason: "too little memory for a VM", Allowed: fmt.Sprintf("at least %dMi", MinMemoryBytes>>20)}
+	default:
+		return m, nil
+	}
+}
+
+func (r *Runtime) uuidUser(vmUUID string) *Container {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, c := range r.containers {
+		if strings.EqualFold(c.Spec.UUID, vmUUID) {
+			return c
+		}
+	}
+	return nil
+}
+
+// domainName is unique (the ID) and readable (the pod name).
+func domainName(id, pod string) string {
+	name := "virtlet-" + id[:12] + "-" + pod
+	if len(name) > 64 {
+		name = name[:64]
+	}
+	return name
+}
+
+func formatOr(format, def string) string {
+	if format == "" {
+		return def
+	}
+	return format
+}
+
+// StartContainer boots a created VM. Starting a running VM succeeds.
+func (r *Runtime) StartContainer(ctx context.Context, id string) error {
+	c, unlock, err := r.lockContainer(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	switch c.State {
+	case ContainerRunning:
+		return nil
+	case ContainerCreated:
+	default:
+		return fmt.Errorf("container %s is %s; only a created VM can be started: %w", short(c.ID), c.State, ports.ErrFailedPrecondition)
+	}
+	if err := r.deps.Hypervisor.Start(ctx, c.ID); err != nil {
+		return fmt.Errorf("start VM %s: %w", c.Spec.Name, err)
+	}
+	running := *c
+	running.State = ContainerRunning
+	running.StartedAt = r.opts.Now()
+	if err := r.commit(ctx, write{container: &running}); err != nil {
+		return err
+	}
+	r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name}).Info("VM started")
+	return nil
+}
+
+// StopContainer shuts the VM down: ACPI first, forced off after timeout.
+// Stopping a VM that is not running succeeds.
+func (r *Runtime) StopContainer(ctx context.Context, id string, timeout time.Duration) error {
+	c, unlock, err := r.lockContainer(ctx, id)
+	if err != nil {
+		if errors.Is(err, ports.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	defer unlock()
+	if c.State != ContainerRunning {
+		return nil
+	}
+	return r.stopLocked(ctx, c, timeout)
+}
+
+func (r *Runtime) stopLocked(ctx context.Context, c *Container, timeout time.Duration) error {
+	st, err := r.deps.Hypervisor.Stop(ctx, c.ID, timeout)
+	if err != nil {
+		return fmt.Errorf("stop VM %s: %w", c.Spec.Name, err)
+	}
+	exited := *c
+	r.applyExit(&exited, st)
+	if err := r.commit(ctx, write{container: &exited}); err != nil {
+		return err
+	}
+	r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name, "exitCode": exited.ExitCode, "reason": exited.Reason}).
+		Info("VM stopped")
+	return nil
+}
+
+// applyExit records a stopped VM's exit status.
+func (r *Runtime) applyExit(c *Container, st ports.VMStatus) {
+	c.State = ContainerExited
+	c.ExitCode, c.Reason, c.Message = st.ExitCode, st.Reason, st.Message
+	c.FinishedAt = st.FinishedAt
+	if c.FinishedAt.IsZero() {
+		c.FinishedAt = r.opts.Now()
+	}
+	if c.Reason == "" {
+		c.Reason = ReasonCompleted
+		if c.ExitCode != 0 {
+			c.Reason = ReasonKilled
+		}
+	}
+}
+
+// RemoveContainer removes the VM and everything made for it. Removing an
+// unknown container succeeds.
+func (r *Runtime) RemoveContainer(ctx context.Context, id string) error {
+	c, unlock, err := r.lockContainer(ctx, id)
+	if err != nil {
+		if errors.Is(err, ports.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	defer unlock()
+	return r.removeLocked(ctx, c)
+}
+
+func (r *Runtime) removeLocked(ctx context.Context, c *Container) error {
+	if c.State == ContainerRunning {
+		if err := r.stopLocked(ctx, c, 0); err != nil {
+			return err
+		}
+	}
+	if err := r.deps.Hypervisor.Undefine(ctx, c.ID); err != nil && !errors.Is(err, ports.ErrNotFound) {
+		return fmt.Errorf("remove VM %s: %w", c.Spec.Name, err)
+	}
+	if err := r.commit(ctx, write{containerID: c.ID}); err != nil {
+		return err
+	}
+	r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name}).Info("VM removed")
+	return nil
+}
+
+// lockContainer resolves id, takes its pod's lock, and returns the
+// container as seen under the lock.
+func (r *Runtime) lockContainer(ctx context.Context, id string) (*Container, func(), error) {
+	full, ok, err := r.resolveContainer(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, found := r.container(full)
+	if !ok || !found {
+		return nil, nil, notFound("container", id)
+	}
+	unlock, err := r.lockPod(ctx, c.SandboxID)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, found = r.container(full)
+	if !found || c.State == ContainerCreating {
+		unlock()
+		return nil, nil, notFound("container", id)
+	}
+	return c, unlock, nil
+}
+
+// ContainerStatus returns a container.
+func (r *Runtime) ContainerStatus(ctx context.Context, id string) (Container, error) {
+	full, ok, err := r.resolveContainer(id)
+	if err != nil {
+		return Container{}, err
+	}
+	c, found := r.container(full)
+	if !ok || !found || c.State == ContainerCreating {
+		return Container{}, notFound("container", id)
+	}
+	return *c, nil
+}
+
+// ContainerFilter selects containers; zero fields match everything.
+type ContainerFilter struct {
+	ID            string // ID or prefix
+	SandboxID     string // ID or prefix
+	State         ContainerState
+	LabelSelector map[string]string
+}
+
+// ListContainers returns the containers matching f, newest first.
+func (r *Runtime) ListContainers(f ContainerFilter) []Container {
+	r.mu.RLock()
+	out := make([]Container, 0, len(r.containers))
+	for _, c := range r.containers {
+		if c.State == ContainerCreating ||
+			(f.ID != "" && !strings.HasPrefix(c.ID, f.ID)) ||
+			(f.SandboxID != "" && !strings.HasPrefix(c.SandboxID, f.SandboxID)) ||
+			(f.State != "" && c.State != f.State) ||
+			!matchLabels(c.Labels, f.LabelSelector) {
+			continue
+		}
+		out = append(out, *c)
+	}
+	r.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
+	return out
+}

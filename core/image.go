@@ -1,0 +1,271 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+var (
+	fullDigest = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+	hexPrefix  = regexp.MustCompile(`^(sha256:)?[0-9a-f]{3,64}$`)
+)
+
+// PullImage downloads a VM image into the store and returns its ID.
+// Concurrent pulls of one image download it once.
+func (r *Runtime) PullImage(ctx context.Context, name string, auth *ports.RegistryAuth) (string, error) {
+	n, err := ParseImageName(name)
+	if err != nil {
+		return "", err
+	}
+	location := n.Location()
+	scheme, err := Scheme(location)
+	if err != nil {
+		return "", fmt.Errorf("image %s: %w", name, err)
+	}
+	src, ok := r.deps.ImageSources[scheme]
+	if !ok {
+		return "", fmt.Errorf("image %s: no image plugin handles %s:// locations (add one to the plugin manifests): %w",
+			name, scheme, ports.ErrFailedPrecondition)
+	}
+	var id string
+	err = r.detached(ctx, func(ctx context.Context) error {
+		v, err, _ := r.pulls.Do(n.Key(), func() (interface{}, error) {
+			return r.pull(ctx, n, location, src, auth)
+		})
+		if err != nil {
+			return err
+		}
+		id = v.(string)
+		return nil
+	})
+	return id, err
+}
+
+func (r *Runtime) pull(ctx context.Context, n ImageName, location string, src ports.ImageSource, auth *ports.RegistryAuth) (string, error) {
+	log := r.log.WithFields(logrus.Fields{"image": n.Raw, "location": location})
+	files := r.deps.ImageFiles
+	tmp, err := files.NewTemp(ctx)
+	if err != nil {
+		return "", fmt.Errorf("image %s: reserve download file: %w", n.Raw, err)
+	}
+	discard := func() {
+		if err := files.Discard(ctx, tmp); err != nil {
+			log.WithError(err).Warn("discard partial download")
+		}
+	}
+	log.Info("pulling image")
+	res, err := src.Fetch(ctx, ports.FetchRequest{
+		Name: n.Raw, Location: location, Auth: auth, Dest: tmp, ExpectedDigest: n.Digest,
+	})
+	if err != nil {
+		discard()
+		return "", fmt.Errorf("pull image %s from %s: %w", n.Raw, location, err)
+	}
+	if !fullDigest.MatchString(res.Digest) {
+		discard()
+		return "", fmt.Errorf("pull image %s: image plugin returned a malformed digest %q: %w", n.Raw, res.Digest, ports.ErrUnavailable)
+	}
+	if n.Digest != "" && res.Digest != n.Digest {
+		discard()
+		return "", fmt.Errorf("pull image %s: digest mismatch: downloaded data is %s: %w", n.Raw, res.Digest, ports.ErrInvalidArgument)
+	}
+	if _, err := files.Commit(ctx, tmp, res.Digest); err != nil {
+		discard()
+		return "", fmt.Errorf("pull image %s: store data: %w", n.Raw, err)
+	}
+	if err := r.indexImage(ctx, n, res, location); err != nil {
+		return "", err
+	}
+	log.WithFields(logrus.Fields{"id": res.Digest, "size": res.Size}).Info("image pulled")
+	return res.Digest, nil
+}
+
+// indexImage records that n now names the image res. A name moves from an
+// older image to the new one; an older image left without names and unused
+// is deleted.
+func (r *Runtime) indexImage(ctx context.Context, n ImageName, res ports.FetchResult, location string) error {
+	r.imgMu.Lock()
+	defer r.imgMu.Unlock()
+	name := n.Normalized()
+	var writes []write
+	var orphans []string
+	r.mu.RLock()
+	img := &Image{ID: res.Digest, Size: res.Size, Format: res.Format, Location: location, PulledAt: r.opts.Now()}
+	if old, ok := r.images[res.Digest]; ok {
+		img.Names = append(img.Names, old.Names...)
+	}
+	for _, other := range r.images {
+		if other.ID == res.Digest || !sameKey(other.Names, n.Key()) {
+			continue
+		}
+		moved := *other
+		moved.Names = withoutKey(other.Names, n.Key())
+		if len(moved.Names) == 0 && !r.imageInUseLocked(other.ID) {
+			writes = append(writes, write{imageID: other.ID})
+			orphans = append(orphans, other.ID)
+		} else {
+			writes = append(writes, write{image: &moved})
+		}
+	}
+	r.mu.RUnlock()
+	img.Names = append(withoutKey(img.Names, n.Key()), name)
+	sort.Strings(img.Names)
+	writes = append(writes, write{image: img})
+	if err := r.commit(ctx, writes...); err != nil {
+		return err
+	}
+	for _, id := range orphans {
+		if err := r.deps.ImageFiles.Remove(ctx, id); err != nil {
+			r.log.WithError(err).WithField("id", id).Warn("remove data of replaced image")
+		}
+	}
+	return nil
+}
+
+func sameKey(names []string, key string) bool {
+	for _, n := range names {
+		if p, err := ParseImageName(n); err == nil && p.Key() == key {
+			return true
+		}
+	}
+	return false
+}
+
+func withoutKey(names []string, key string) []string {
+	var out []string
+	for _, n := range names {
+		if p, err := ParseImageName(n); err == nil && p.Key() == key {
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// resolveImage finds a stored image by ID, unique ID prefix or name; nil
+// when there is none.
+func (r *Runtime) resolveImage(spec string) (*Image, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if img, ok := r.images[spec]; ok {
+		return img, nil
+	}
+	if hexPrefix.MatchString(spec) {
+		prefix := spec
+		if !strings.HasPrefix(prefix, "sha256:") {
+			prefix = "sha256:" + prefix
+		}
+		var match *Image
+		for id, img := range r.images {
+			if strings.HasPrefix(id, prefix) {
+				if match != nil {
+					return nil, fmt.Errorf("image ID prefix %q is ambiguous: %w", spec, ports.ErrInvalidArgument)
+				}
+				match = img
+			}
+		}
+		if match != nil {
+			return match, nil
+		}
+	}
+	n, err := ParseImageName(spec)
+	if err != nil {
+		return nil, err
+	}
+	if n.Digest != "" {
+		if img, ok := r.images[n.Digest]; ok {
+			return img, nil
+		}
+		return nil, nil
+	}
+	for _, img := range r.images {
+		if sameKey(img.Names, n.Key()) {
+			return img, nil
+		}
+	}
+	return nil, nil
+}
+
+// ImageStatus returns a stored image; ErrNotFound if there is none.
+func (r *Runtime) ImageStatus(ctx context.Context, spec string) (Image, error) {
+	img, err := r.resolveImage(spec)
+	if err != nil {
+		return Image{}, err
+	}
+	if img == nil {
+		return Image{}, notFound("image", spec)
+	}
+	return *img, nil
+}
+
+// ListImages returns every stored image (or the one spec names), sorted by ID.
+func (r *Runtime) ListImages(ctx context.Context, spec string) ([]Image, error) {
+	if spec != "" {
+		img, err := r.resolveImage(spec)
+		if err != nil || img == nil {
+			return nil, err
+		}
+		return []Image{*img}, nil
+	}
+	r.mu.RLock()
+	out := make([]Image, 0, len(r.images))
+	for _, img := range r.images {
+		out = append(out, *img)
+	}
+	r.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// RemoveImage deletes an image and its data. It refuses while a VM's root
+// disk is backed by the image. Removing an unknown image succeeds.
+func (r *Runtime) RemoveImage(ctx context.Context, spec string) error {
+	r.imgMu.Lock()
+	defer r.imgMu.Unlock()
+	img, err := r.resolveImage(spec)
+	if err != nil || img == nil {
+		return err
+	}
+	r.mu.RLock()
+	user := r.imageUserLocked(img.ID)
+	r.mu.RUnlock()
+	if user != nil {
+		return fmt.Errorf("image %s is in use by the VM of pod %s/%s (container %s): %w",
+			spec, user.Spec.PodNamespace, user.Spec.PodName, short(user.ID), ports.ErrFailedPrecondition)
+	}
+	if err := r.commit(ctx, write{imageID: img.ID}); err != nil {
+		return err
+	}
+	if err := r.deps.ImageFiles.Remove(ctx, img.ID); err != nil {
+		return fmt.Errorf("remove data of image %s: %w", img.ID, err)
+	}
+	r.log.WithFields(logrus.Fields{"id": img.ID, "names": img.Names}).Info("image removed")
+	return nil
+}
+
+func (r *Runtime) imageInUseLocked(id string) bool { return r.imageUserLocked(id) != nil }
+
+func (r *Runtime) imageUserLocked(id string) *Container {
+	for _, c := range r.containers {
+		if c.Image.ID == id {
+			return c
+		}
+	}
+	return nil
+}
+
+// ImageFsInfo reports the space the image store uses.
+func (r *Runtime) ImageFsInfo(ctx context.Context) (ports.FilesystemUsage, error) {
+	u, err := r.deps.ImageFiles.Usage(ctx)
+	if err != nil {
+		return ports.FilesystemUsage{}, fmt.Errorf("image store usage: %w", err)
+	}
+	return u, nil
+}

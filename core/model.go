@@ -1,0 +1,159 @@
+package core
+
+import (
+	"time"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// SandboxState is the lifecycle state of a VM pod.
+type SandboxState string
+
+const (
+	// SandboxPending: RunPodSandbox is in progress (recorded before any side
+	// effect, so that a crash can be reconciled). Hidden from lists.
+	SandboxPending SandboxState = "pending"
+	// SandboxReady: the pod's network is up; its VM may be created.
+	SandboxReady SandboxState = "ready"
+	// SandboxNotReady: stopped; only removal remains.
+	SandboxNotReady SandboxState = "notready"
+)
+
+// Sandbox is a VM pod.
+type Sandbox struct {
+	ID             string                   `json:"id"`
+	Name           string                   `json:"name"`
+	Namespace      string                   `json:"namespace"`
+	UID            string                   `json:"uid"`
+	Attempt        uint32                   `json:"attempt"`
+	Hostname       string                   `json:"hostname,omitempty"`
+	LogDirectory   string                   `json:"logDirectory,omitempty"`
+	RuntimeHandler string                   `json:"runtimeHandler,omitempty"`
+	Labels         map[string]string        `json:"labels,omitempty"`
+	Annotations    map[string]string        `json:"annotations,omitempty"`
+	DNS            *ports.DNSConfig         `json:"dns,omitempty"`
+	PortMappings   []ports.PortMapping      `json:"portMappings,omitempty"`
+	State          SandboxState             `json:"state"`
+	CreatedAt      time.Time                `json:"createdAt"`
+	Network        *ports.NetworkAttachment `json:"network,omitempty"`
+}
+
+// IPs returns the pod's addresses, primary first, without prefix lengths.
+func (s *Sandbox) IPs() []string {
+	if s.Network == nil {
+		return nil
+	}
+	var ips []string
+	for _, iface := range s.Network.Interfaces {
+		for _, ip := range iface.IPs {
+			addr := ip.Address
+			for i := 0; i < len(addr); i++ {
+				if addr[i] == '/' {
+					addr = addr[:i]
+					break
+				}
+			}
+			ips = append(ips, addr)
+		}
+	}
+	return ips
+}
+
+// ContainerState is the lifecycle state of a VM pod's VM.
+type ContainerState string
+
+const (
+	// ContainerCreating: CreateContainer is in progress. Hidden from lists.
+	ContainerCreating ContainerState = "creating"
+	ContainerCreated  ContainerState = "created"
+	ContainerRunning  ContainerState = "running"
+	ContainerExited   ContainerState = "exited"
+	ContainerUnknown  ContainerState = "unknown"
+)
+
+// Exit reasons recorded for stopped VMs.
+const (
+	ReasonCompleted = "Completed" // the guest powered off, or shut down on request (exit code 0)
+	ReasonKilled    = "Killed"    // forced off (exit code 137)
+	ReasonCrashed   = "Crashed"   // the guest crashed (exit code 1)
+	ReasonLost      = "Lost"      // the VM disappeared from the hypervisor (exit code 255)
+)
+
+// Container is the VM of a VM pod.
+type Container struct {
+	ID          string            `json:"id"`
+	SandboxID   string            `json:"sandboxID"`
+	Name        string            `json:"name"`
+	Attempt     uint32            `json:"attempt"`
+	Image       ImageRef          `json:"image"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+	LogPath     string            `json:"logPath,omitempty"`
+	Mounts      []Mount           `json:"mounts,omitempty"`
+	Spec        ports.VMSpec      `json:"spec"`
+
+	State      ContainerState `json:"state"`
+	CreatedAt  time.Time      `json:"createdAt"`
+	StartedAt  time.Time      `json:"startedAt,omitempty"`
+	FinishedAt time.Time      `json:"finishedAt,omitempty"`
+	ExitCode   int32          `json:"exitCode,omitempty"`
+	Reason     string         `json:"reason,omitempty"`
+	Message    string         `json:"message,omitempty"`
+}
+
+// ImageRef is the image a container was created from.
+type ImageRef struct {
+	// Spec is the image as kubelet named it in CreateContainer (often the ID).
+	Spec string `json:"spec"`
+	// UserSpecified is the image as the pod spec names it.
+	UserSpecified string `json:"userSpecified,omitempty"`
+	// ID is the image's content digest ("sha256:<hex>").
+	ID string `json:"id"`
+}
+
+// Mount is a host path made visible to a VM.
+type Mount struct {
+	ContainerPath string `json:"containerPath"`
+	HostPath      string `json:"hostPath"`
+	ReadOnly      bool   `json:"readOnly,omitempty"`
+}
+
+// Image is a VM disk image in the local store.
+type Image struct {
+	// ID is the sha256 digest of the disk file, "sha256:<hex>".
+	ID string `json:"id"`
+	// Names are the names it was pulled as, normalised with a tag
+	// ("virtlet.cloud/cirros:latest") or a digest.
+	Names    []string  `json:"names"`
+	Size     int64     `json:"size"`
+	Format   string    `json:"format,omitempty"`
+	Location string    `json:"location,omitempty"` // where it was fetched from (no credentials)
+	PulledAt time.Time `json:"pulledAt"`
+}
+
+// RepoDigests returns the digest-pinned names of the image.
+func (i *Image) RepoDigests() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, n := range i.Names {
+		if parsed, err := ParseImageName(n); err == nil {
+			d := parsed.Repository() + "@" + i.ID
+			if !seen[d] {
+				seen[d] = true
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
+// RepoTags returns the tagged names of the image.
+func (i *Image) RepoTags() []string {
+	var out []string
+	for _, n := range i.Names {
+		if parsed, err := ParseImageName(n); err == nil && parsed.Digest == "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}

@@ -1,0 +1,258 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// Run keeps the records in step with the hypervisor until ctx ends. It
+// subscribes to VM state changes and, after every (re)subscription (the
+// hypervisor plugin may have restarted), reconciles all records with the
+// VMs the hypervisor has: the list-then-watch pattern, so no change is
+// missed.
+func (r *Runtime) Run(ctx context.Context) {
+	var once sync.Once
+	ev := &eventQueue{r: r, pending: map[string]ports.VMStatus{}}
+	backoff := 200 * time.Millisecond
+	for ctx.Err() == nil {
+		watchCtx, cancel := context.WithCancel(ctx)
+		ch, err := r.deps.Hypervisor.Watch(watchCtx)
+		if err == nil {
+			err = r.resync(watchCtx)
+		}
+		if err != nil {
+			cancel()
+			r.log.WithError(err).Warn("cannot reconcile with the hypervisor yet; retrying")
+			sleep(ctx, backoff)
+			backoff = min(backoff*2, 5*time.Second)
+			continue
+		}
+		backoff = 200 * time.Millisecond
+		once.Do(func() { close(r.synced) })
+		for st := range ch {
+			ev.add(ctx, st)
+		}
+		cancel()
+		if ctx.Err() == nil {
+			r.log.Warn("hypervisor event stream ended; resubscribing")
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// WaitSynced blocks until the first reconciliation is done or ctx ends.
+func (r *Runtime) WaitSynced(ctx context.Context) error {
+	select {
+	case <-r.synced:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// resync reconciles every record with the hypervisor's VMs:
+//   - a sandbox still "pending" was interrupted by a crash: its network is
+//     torn down and the record dropped (kubelet retries RunPodSandbox);
+//   - a container still "creating" likewise: its VM is undefined;
+//   - a created/running container follows its VM's state; one whose VM is
+//     gone has exited with reason Lost;
+//   - a VM of ours that no record knows (a crash between undefine and
+//     forgetting, or the reverse) is undefined.
+func (r *Runtime) resync(ctx context.Context) error {
+	for _, sb := range r.ListSandboxesIncludingPending() {
+		if sb.State == SandboxPending {
+			if err := r.dropPendingSandbox(ctx, sb.ID); err != nil {
+				return err
+			}
+		}
+	}
+	vms, err := r.deps.Hypervisor.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list VMs: %w", err)
+	}
+	byID := make(map[string]ports.VMStatus, len(vms))
+	for _, vm := range vms {
+		byID[vm.ID] = vm
+	}
+	r.mu.RLock()
+	ids := make([]string, 0, len(r.containers))
+	for id := range r.containers {
+		ids = append(ids, id)
+	}
+	r.mu.RUnlock()
+	for _, id := range ids {
+		if err := r.resyncContainer(ctx, id, byID); err != nil {
+			return err
+		}
+	}
+	for id, vm := range byID {
+		if _, known := r.container(id); known {
+			continue
+		}
+		r.log.WithFields(logrus.Fields{"vm": id, "state": vm.State}).Warn("removing a VM of ours that no record knows")
+		if err := r.deps.Hypervisor.Undefine(ctx, id); err != nil && !errors.Is(err, ports.ErrNotFound) {
+			return fmt.Errorf("remove orphan VM %s: %w", short(id), err)
+		}
+	}
+	return nil
+}
+
+// ListSandboxesIncludingPending is ListSandboxes without hiding pending ones.
+func (r *Runtime) ListSandboxesIncludingPending() []Sandbox {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]Sandbox, 0, len(r.sandboxes))
+	for _, sb := range r.sandboxes {
+		out = append(out, *sb)
+	}
+	return out
+}
+
+func (r *Runtime) dropPendingSandbox(ctx context.Context, id string) error {
+	unlock, err := r.lockPod(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	sb, ok := r.sandbox(id)
+	if !ok || sb.State != SandboxPending {
+		return nil
+	}
+	log := r.log.WithFields(logrus.Fields{"sandbox": short(id), "pod": sb.Namespace + "/" + sb.Name})
+	log.Warn("cleaning up a sandbox whose creation was interrupted")
+	if err := r.teardownNetwork(ctx, sb, log); err != nil {
+		return err
+	}
+	return r.commit(ctx, write{sandboxID: id})
+}
+
+func (r *Runtime) resyncContainer(ctx context.Context, id string, vms map[string]ports.VMStatus) error {
+	c, ok := r.container(id)
+	if !ok {
+		return nil
+	}
+	unlock, err := r.lockPod(ctx, c.SandboxID)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if c, ok = r.container(id); !ok {
+		return nil
+	}
+	log := r.log.WithFields(logrus.Fields{"container": short(id), "vm": c.Spec.Name})
+	switch c.State {
+	case ContainerCreating:
+		log.Warn("cleaning up a VM whose creation was interrupted")
+		if err := r.deps.Hypervisor.Undefine(ctx, id); err != nil && !errors.Is(err, ports.ErrNotFound) {
+			return fmt.Errorf("undo interrupted creation of VM %s: %w", c.Spec.Name, err)
+		}
+		return r.commit(ctx, write{containerID: id})
+	case ContainerCreated, ContainerRunning:
+		vm, ok := vms[id]
+		if !ok {
+			vm = ports.VMStatus{ID: id, State: ports.VMStopped, ExitCode: 255, Reason: ReasonLost,
+				Message: "the VM is no longer known to the hypervisor", FinishedAt: r.opts.Now()}
+			log.Warn("VM disappeared from the hypervisor")
+		}
+		return r.applyLocked(ctx, c, vm)
+	}
+	return nil
+}
+
+// applyLocked moves a container to the state its VM reports.
+func (r *Runtime) applyLocked(ctx context.Context, c *Container, vm ports.VMStatus) error {
+	next := *c
+	switch {
+	case vm.State == ports.VMRunning && c.State == ContainerCreated:
+		next.State = ContainerRunning
+		next.StartedAt = vm.StartedAt
+		if next.StartedAt.IsZero() {
+			next.StartedAt = r.opts.Now()
+		}
+	case vm.State == ports.VMStopped && (c.State == ContainerRunning || c.State == ContainerCreated):
+		r.applyExit(&next, vm)
+		if next.StartedAt.IsZero() {
+			next.StartedAt = vm.StartedAt
+		}
+	default:
+		return nil
+	}
+	if err := r.commit(ctx, write{container: &next}); err != nil {
+		return err
+	}
+	r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name, "state": next.State,
+		"exitCode": next.ExitCode, "reason": next.Reason}).Info("VM state changed")
+	return nil
+}
+
+// eventQueue applies VM state changes, one worker per VM so that a slow
+// operation on one pod never delays another pod's events. Only the latest
+// status of a VM matters: it carries the whole state.
+type eventQueue struct {
+	r       *Runtime
+	mu      sync.Mutex
+	pending map[string]ports.VMStatus
+	active  map[string]bool
+}
+
+func (q *eventQueue) add(ctx context.Context, st ports.VMStatus) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.pending[st.ID] = st
+	if q.active == nil {
+		q.active = map[string]bool{}
+	}
+	if q.active[st.ID] {
+		return
+	}
+	q.active[st.ID] = true
+	go q.work(ctx, st.ID)
+}
+
+func (q *eventQueue) work(ctx context.Context, id string) {
+	for {
+		q.mu.Lock()
+		st, ok := q.pending[id]
+		delete(q.pending, id)
+		if !ok {
+			delete(q.active, id)
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
+		if err := q.r.observe(ctx, st); err != nil && ctx.Err() == nil {
+			q.r.log.WithError(err).WithField("container", short(id)).Warn("apply VM state change")
+		}
+	}
+}
+
+func (r *Runtime) observe(ctx context.Context, st ports.VMStatus) error {
+	c, ok := r.container(st.ID)
+	if !ok {
+		return nil
+	}
+	unlock, err := r.lockPod(ctx, c.SandboxID)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if c, ok = r.container(st.ID); !ok {
+		return nil
+	}
+	return r.applyLocked(ctx, c, st)
+}

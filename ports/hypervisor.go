@@ -1,0 +1,238 @@
+package ports
+
+import (
+	"context"
+	"time"
+)
+
+// Hypervisor runs VMs. Implementations touch only VMs they created (tagged
+// as Virtlet's); a hypervisor shared with other users loses nothing.
+type Hypervisor interface {
+	// Capabilities reports the hypervisor's version and accelerator. It is
+	// also the readiness probe of the hypervisor.
+	Capabilities(ctx context.Context) (HypervisorCapabilities, error)
+	// Define creates (but does not start) the VM described by spec,
+	// including its root disk. Defining an ID that exists with the same
+	// spec succeeds; with a different spec it fails with ErrAlreadyExists.
+	Define(ctx context.Context, spec VMSpec) error
+	// Start boots a defined VM. Starting a running VM succeeds.
+	Start(ctx context.Context, id string) error
+	// Stop asks the guest to shut down (ACPI) and waits up to timeout,
+	// then forces it off. Stopping a VM that is not running succeeds.
+	Stop(ctx context.Context, id string, timeout time.Duration) (VMStatus, error)
+	// Undefine removes a VM and everything Define created for it. The VM
+	// is forced off first if it still runs. Unknown IDs: ErrNotFound.
+	Undefine(ctx context.Context, id string) error
+	// Status reports one VM. Unknown IDs: ErrNotFound.
+	Status(ctx context.Context, id string) (VMStatus, error)
+	// List reports every VM the implementation owns.
+	List(ctx context.Context) ([]VMStatus, error)
+	// Watch streams state changes until ctx ends or the implementation goes
+	// away; then the channel is closed. Consumers resynchronise with List
+	// after each (re)subscription.
+	Watch(ctx context.Context) (<-chan VMStatus, error)
+}
+
+// HypervisorCapabilities describe the hypervisor behind a Hypervisor port.
+type HypervisorCapabilities struct {
+	Name        string // e.g. "libvirt"
+	Version     string // e.g. "9.0.0 (QEMU 7.2.0)"
+	Accelerator string // "kvm", "tcg", or "none" for fakes
+	Details     map[string]string
+}
+
+// VMState is the hypervisor-level state of a VM.
+type VMState string
+
+const (
+	VMDefined VMState = "defined" // exists, never started
+	VMRunning VMState = "running"
+	VMStopped VMState = "stopped" // was started and is no longer running
+	VMUnknown VMState = "unknown"
+)
+
+// VMStatus is a VM's state as the hypervisor sees it.
+type VMStatus struct {
+	ID         string
+	State      VMState
+	StartedAt  time.Time
+	FinishedAt time.Time
+	// ExitCode: 0 when the guest powered itself off or shut down on request;
+	// non-zero when it crashed or was forced off.
+	ExitCode int32
+	Reason   string // short CamelCase reason, e.g. "Completed", "Crashed", "Destroyed"
+	Message  string // human readable detail
+}
+
+// VMSpec is a hypervisor-neutral description of one VM.
+type VMSpec struct {
+	ID           string // Virtlet's container ID: stable, unique
+	Name         string // human-friendly unique name (domain name)
+	UUID         string // VM UUID; also the SMBIOS system UUID
+	SandboxID    string
+	PodName      string
+	PodNamespace string
+	PodUID       string
+
+	VCPUs       int
+	MemoryBytes int64
+	CPU         CPUSpec
+
+	Disks       []Disk
+	Filesystems []Filesystem
+	NICs        []NIC
+
+	// ConsoleLogPath is the CRI log file the serial console is written to,
+	// in the CRI log format (kubectl logs reads it).
+	ConsoleLogPath string
+}
+
+// CPUSpec selects the guest CPU.
+type CPUSpec struct {
+	// Model: "" for the hypervisor's default, "host-model" for nested
+	// virtualisation.
+	Model string
+	// Setting, when set, is the full CPU definition (VirtletLibvirtCPUSetting)
+	// and overrides Model.
+	Setting *CPUSetting
+}
+
+// CPUSetting mirrors libvirt's <cpu> element; keys are capitalised in the
+// annotation's YAML, as Virtlet documented.
+type CPUSetting struct {
+	Mode       string            `json:"Mode,omitempty"`
+	Match      string            `json:"Match,omitempty"`
+	Check      string            `json:"Check,omitempty"`
+	Migratable string            `json:"Migratable,omitempty"`
+	Model      *CPUSettingModel  `json:"Model,omitempty"`
+	Vendor     string            `json:"Vendor,omitempty"`
+	Topology   *CPUTopology      `json:"Topology,omitempty"`
+	Features   []CPUFeature      `json:"Features,omitempty"`
+	Cache      *CPUCache         `json:"Cache,omitempty"`
+	Numa       *CPUNuma          `json:"Numa,omitempty"`
+}
+
+type CPUSettingModel struct {
+	Fallback string `json:"Fallback,omitempty"`
+	VendorID string `json:"VendorID,omitempty"`
+	Value    string `json:"Value,omitempty"`
+}
+
+type CPUTopology struct {
+	Sockets int `json:"Sockets,omitempty"`
+	Dies    int `json:"Dies,omitempty"`
+	Cores   int `json:"Cores,omitempty"`
+	Threads int `json:"Threads,omitempty"`
+}
+
+type CPUFeature struct {
+	Policy string `json:"Policy,omitempty"`
+	Name   string `json:"Name"`
+}
+
+type CPUCache struct {
+	Level int    `json:"Level,omitempty"`
+	Mode  string `json:"Mode"`
+}
+
+type CPUNuma struct {
+	Cells []CPUNumaCell `json:"Cells,omitempty"`
+}
+
+type CPUNumaCell struct {
+	ID     *int   `json:"ID,omitempty"`
+	CPUs   string `json:"CPUs"`
+	Memory string `json:"Memory"`
+	Unit   string `json:"Unit,omitempty"`
+}
+
+// DiskBus is how a disk is attached to the guest.
+type DiskBus string
+
+const (
+	BusSCSI   DiskBus = "scsi"   // virtio-scsi controller, sdX in the guest
+	BusVirtio DiskBus = "virtio" // virtio-blk, vdX in the guest
+	BusSATA   DiskBus = "sata"
+	BusIDE    DiskBus = "ide"
+)
+
+// DiskDevice is the kind of block device the guest sees.
+type DiskDevice string
+
+const (
+	DeviceDisk  DiskDevice = "disk"
+	DeviceCDROM DiskDevice = "cdrom"
+)
+
+// DiskSourceType says where a disk's data lives.
+type DiskSourceType string
+
+const (
+	SourceFile    DiskSourceType = "file"
+	SourceBlock   DiskSourceType = "block"
+	SourceNetwork DiskSourceType = "network"
+)
+
+// Disk is one block device of a VM.
+type Disk struct {
+	Name     string // unique within the VM: "root", "cloud-init", "vol-<name>"
+	Device   DiskDevice
+	Bus      DiskBus
+	ReadOnly bool
+	Boot     bool   // boot from this disk
+	Serial   string // optional serial visible in the guest
+	Source   DiskSource
+	// Overlay asks the hypervisor to create Source.Path as a copy-on-write
+	// overlay of a base image (and to delete it with the VM).
+	Overlay *DiskOverlay
+}
+
+// DiskSource is a disk's backing data.
+type DiskSource struct {
+	Type   DiskSourceType
+	Path   string // file or block device path
+	Format string // "qcow2" or "raw"
+	// Network sources (e.g. Ceph RBD).
+	Protocol string // "rbd"
+	Name     string // "pool/image"
+	Hosts    []NetworkHost
+	Auth     *DiskAuth
+}
+
+// NetworkHost is a network disk server.
+type NetworkHost struct {
+	Name string
+	Port string
+}
+
+// DiskAuth authenticates to a network disk; Secret is sensitive and never logged.
+type DiskAuth struct {
+	Username   string
+	SecretType string // e.g. "ceph"
+	Secret     []byte
+}
+
+// DiskOverlay describes a copy-on-write overlay on a base image.
+type DiskOverlay struct {
+	BasePath   string // base image file (never written)
+	BaseFormat string // "qcow2" or "raw"
+	SizeBytes  int64  // virtual size; 0 or smaller than the base: the base's size
+}
+
+// Filesystem is a host directory shared with the guest (virtio-9p).
+type Filesystem struct {
+	Source     string // host directory
+	Tag        string // mount tag seen by the guest
+	AccessMode string // "squash", "mapped" or "passthrough"
+	ReadOnly   bool
+}
+
+// NIC is one network interface of a VM.
+type NIC struct {
+	Name string // interface name inside the pod network namespace
+	MAC  string
+	MTU  int
+	// NetNSPath and TapName locate the host side of the NIC.
+	NetNSPath string
+	TapName   string
+}

@@ -1,0 +1,74 @@
+package ports
+
+import (
+	"context"
+	"time"
+)
+
+// ImageSource downloads VM disk images from one kind of location (an URL
+// scheme or a registry transport).
+type ImageSource interface {
+	// Fetch writes the image at req.Location to req.Dest, hashing it while
+	// it writes, and reports its sha256 digest and size. A partial file is
+	// left for the caller to discard on error.
+	Fetch(ctx context.Context, req FetchRequest) (FetchResult, error)
+}
+
+// FetchRequest asks an ImageSource for one image.
+type FetchRequest struct {
+	Name     string // the image name the user gave, for messages
+	Location string // resolved location, e.g. https://host/path or docker://reg/repo:tag
+	// Transport is the name of a transport configuration, if any.
+	Transport string
+	// TransportConfig is that configuration, as JSON (may be empty).
+	TransportConfig []byte
+	Auth            *RegistryAuth
+	Dest            string // file to create and write
+	// ExpectedDigest, when set ("sha256:<hex>"), must match the data.
+	ExpectedDigest string
+}
+
+// RegistryAuth carries image pull credentials. Never logged.
+type RegistryAuth struct {
+	Username      string
+	Password      string
+	Auth          string
+	ServerAddress string
+	IdentityToken string
+	RegistryToken string
+}
+
+// FetchResult describes a fetched image.
+type FetchResult struct {
+	Digest string // "sha256:<hex>" of the bytes written to Dest
+	Size   int64
+	Format string // "qcow2" or "raw"
+}
+
+// ImageFiles stores image data content-addressed on the local disk.
+type ImageFiles interface {
+	// NewTemp reserves a path for a download in progress.
+	NewTemp(ctx context.Context) (string, error)
+	// Commit moves a finished download to its content-addressed place and
+	// returns the final path. Committing a digest that is stored already
+	// discards the temporary file and succeeds.
+	Commit(ctx context.Context, tempPath, digest string) (string, error)
+	// Discard removes a temporary download.
+	Discard(ctx context.Context, tempPath string) error
+	// Path returns the stored file of digest, ErrNotFound if absent.
+	Path(ctx context.Context, digest string) (string, error)
+	// Remove deletes the stored file of digest; absent files are not an error.
+	Remove(ctx context.Context, digest string) error
+	// List returns the digests stored.
+	List(ctx context.Context) ([]string, error)
+	// Usage reports the storage used.
+	Usage(ctx context.Context) (FilesystemUsage, error)
+}
+
+// FilesystemUsage is the space used by a store.
+type FilesystemUsage struct {
+	Timestamp  time.Time
+	Mountpoint string // the store's directory
+	UsedBytes  uint64
+	InodesUsed uint64
+}

@@ -1,0 +1,60 @@
+package ports
+
+import "context"
+
+// PluginKind names a port that can be served by an out-of-process plugin.
+type PluginKind string
+
+const (
+	KindHypervisor PluginKind = "hypervisor"
+	KindImage      PluginKind = "image"
+	KindVolume     PluginKind = "volume"
+	KindDatasource PluginKind = "datasource"
+	KindNetwork    PluginKind = "network"
+)
+
+// PluginKinds lists every kind, in the order the daemon starts them.
+var PluginKinds = []PluginKind{KindHypervisor, KindImage, KindVolume, KindDatasource, KindNetwork}
+
+// Valid reports whether k is a known kind.
+func (k PluginKind) Valid() bool {
+	for _, known := range PluginKinds {
+		if k == known {
+			return true
+		}
+	}
+	return false
+}
+
+// PluginInfo is what every plugin says about itself.
+type PluginInfo struct {
+	Name       string     // plugin's own name, e.g. "libvirt"
+	Kind       PluginKind // which port it serves
+	Version    string     // plugin's release version
+	APIVersion int        // protocol version of the kind it serves
+	// Handles lists what the plugin is responsible for: volume types for
+	// volume plugins, datasource names (nocloud, configdrive) for datasource
+	// plugins, URL schemes / transports (https, docker) for image plugins,
+	// the hypervisor flavour (libvirt) for hypervisor plugins, the network
+	// flavour (cni) for network plugins.
+	Handles []string
+}
+
+// Describer is implemented by every adapter that is served as a plugin.
+type Describer interface {
+	PluginInfo() PluginInfo
+}
+
+// PluginConfig is handed to a plugin once after each launch.
+type PluginConfig struct {
+	// Config is the manifest's `config` object, as JSON (may be empty).
+	Config []byte
+	// StateDir is a directory reserved for this plugin (created 0700).
+	StateDir string
+}
+
+// Configurer is implemented by adapters that accept configuration. Plugins
+// that do not implement it refuse a non-empty manifest `config`.
+type Configurer interface {
+	Configure(ctx context.Context, cfg PluginConfig) error
+}
