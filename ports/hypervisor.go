@@ -100,16 +100,16 @@ type CPUSpec struct {
 // CPUSetting mirrors libvirt's <cpu> element; keys are capitalised in the
 // annotation's YAML, as Virtlet documented.
 type CPUSetting struct {
-	Mode       string            `json:"Mode,omitempty"`
-	Match      string            `json:"Match,omitempty"`
-	Check      string            `json:"Check,omitempty"`
-	Migratable string            `json:"Migratable,omitempty"`
-	Model      *CPUSettingModel  `json:"Model,omitempty"`
-	Vendor     string            `json:"Vendor,omitempty"`
-	Topology   *CPUTopology      `json:"Topology,omitempty"`
-	Features   []CPUFeature      `json:"Features,omitempty"`
-	Cache      *CPUCache         `json:"Cache,omitempty"`
-	Numa       *CPUNuma          `json:"Numa,omitempty"`
+	Mode       string           `json:"Mode,omitempty"`
+	Match      string           `json:"Match,omitempty"`
+	Check      string           `json:"Check,omitempty"`
+	Migratable string           `json:"Migratable,omitempty"`
+	Model      *CPUSettingModel `json:"Model,omitempty"`
+	Vendor     string           `json:"Vendor,omitempty"`
+	Topology   *CPUTopology     `json:"Topology,omitempty"`
+	Features   []CPUFeature     `json:"Features,omitempty"`
+	Cache      *CPUCache        `json:"Cache,omitempty"`
+	Numa       *CPUNuma         `json:"Numa,omitempty"`
 }
 
 type CPUSettingModel struct {

@@ -60,6 +60,11 @@ func (s *Store) Apply(ctx context.Context, ops ...ports.StoreOp) error {
 		return s.FailApply
 	}
 	for _, op := range ops {
+		if !knownBucket(op.Bucket) || op.Key == "" {
+			return fmt.Errorf("%s/%q: %w", op.Bucket, op.Key, ports.ErrInvalidArgument)
+		}
+	}
+	for _, op := range ops {
 		if s.data[op.Bucket] == nil {
 			s.data[op.Bucket] = map[string][]byte{}
 		}
@@ -71,6 +76,15 @@ func (s *Store) Apply(ctx context.Context, ops ...ports.StoreOp) error {
 	}
 	s.Applies++
 	return nil
+}
+
+func knownBucket(b ports.Bucket) bool {
+	for _, known := range ports.Buckets {
+		if b == known {
+			return true
+		}
+	}
+	return false
 }
 
 // Keys lists the keys of a bucket, sorted.
