@@ -1,0 +1,105 @@
+package hypervisor
+
+import (
+	"github.com/virtlet/virtlet/plugins/base"
+	"github.com/virtlet/virtlet/ports"
+	hypervisorv1 "github.com/virtlet/virtlet/proto/hypervisor/v1"
+)
+
+func specToProto(s ports.VMSpec) *hypervisorv1.VMSpec {
+	return &hypervisorv1.VMSpec{
+		Id: s.ID, Name: s.Name, Uuid: s.UUID, SandboxId: s.SandboxID,
+		PodName: s.PodName, PodNamespace: s.PodNamespace, PodUid: s.PodUID,
+		Vcpus: int32(s.VCPUs), MemoryBytes: s.MemoryBytes,
+		Cpu:   &hypervisorv1.CPUSpec{Model: s.CPU.Model, Setting: cpuSettingToProto(s.CPU.Setting)},
+		Disks: base.DisksToProto(s.Disks), Filesystems: base.FilesystemsToProto(s.Filesystems), Nics: base.NICsToProto(s.NICs),
+		ConsoleLogPath: s.ConsoleLogPath,
+	}
+}
+
+func specFromProto(p *hypervisorv1.VMSpec) ports.VMSpec {
+	return ports.VMSpec{
+		ID: p.Id, Name: p.Name, UUID: p.Uuid, SandboxID: p.SandboxId,
+		PodName: p.PodName, PodNamespace: p.PodNamespace, PodUID: p.PodUid,
+		VCPUs: int(p.Vcpus), MemoryBytes: p.MemoryBytes,
+		CPU:   ports.CPUSpec{Model: p.GetCpu().GetModel(), Setting: cpuSettingFromProto(p.GetCpu().GetSetting())},
+		Disks: base.DisksFromProto(p.Disks), Filesystems: base.FilesystemsFromProto(p.Filesystems), NICs: base.NICsFromProto(p.Nics),
+		ConsoleLogPath: p.ConsoleLogPath,
+	}
+}
+
+func cpuSettingToProto(s *ports.CPUSetting) *hypervisorv1.CPUSetting {
+	if s == nil {
+		return nil
+	}
+	p := &hypervisorv1.CPUSetting{Mode: s.Mode, Match: s.Match, Check: s.Check, Migratable: s.Migratable, Vendor: s.Vendor}
+	if m := s.Model; m != nil {
+		p.Model = &hypervisorv1.CPUModel{Fallback: m.Fallback, VendorId: m.VendorID, Value: m.Value}
+	}
+	if t := s.Topology; t != nil {
+		p.Topology = &hypervisorv1.CPUTopology{Sockets: int32(t.Sockets), Dies: int32(t.Dies), Cores: int32(t.Cores), Threads: int32(t.Threads)}
+	}
+	for _, f := range s.Features {
+		p.Features = append(p.Features, &hypervisorv1.CPUFeature{Policy: f.Policy, Name: f.Name})
+	}
+	if c := s.Cache; c != nil {
+		p.Cache = &hypervisorv1.CPUCache{Level: int32(c.Level), Mode: c.Mode}
+	}
+	if n := s.Numa; n != nil {
+		p.HasNuma = true
+		for _, c := range n.Cells {
+			cell := &hypervisorv1.CPUNumaCell{Cpus: c.CPUs, Memory: c.Memory, Unit: c.Unit}
+			if c.ID != nil {
+				id := int32(*c.ID)
+				cell.Id = &id
+			}
+			p.NumaCells = append(p.NumaCells, cell)
+		}
+	}
+	return p
+}
+
+func cpuSettingFromProto(p *hypervisorv1.CPUSetting) *ports.CPUSetting {
+	if p == nil {
+		return nil
+	}
+	s := &ports.CPUSetting{Mode: p.Mode, Match: p.Match, Check: p.Check, Migratable: p.Migratable, Vendor: p.Vendor}
+	if m := p.Model; m != nil {
+		s.Model = &ports.CPUSettingModel{Fallback: m.Fallback, VendorID: m.VendorId, Value: m.Value}
+	}
+	if t := p.Topology; t != nil {
+		s.Topology = &ports.CPUTopology{Sockets: int(t.Sockets), Dies: int(t.Dies), Cores: int(t.Cores), Threads: int(t.Threads)}
+	}
+	for _, f := range p.Features {
+		s.Features = append(s.Features, ports.CPUFeature{Policy: f.Policy, Name: f.Name})
+	}
+	if c := p.Cache; c != nil {
+		s.Cache = &ports.CPUCache{Level: int(c.Level), Mode: c.Mode}
+	}
+	if p.HasNuma {
+		s.Numa = &ports.CPUNuma{}
+		for _, c := range p.NumaCells {
+			cell := ports.CPUNumaCell{CPUs: c.Cpus, Memory: c.Memory, Unit: c.Unit}
+			if c.Id != nil {
+				id := int(*c.Id)
+				cell.ID = &id
+			}
+			s.Numa.Cells = append(s.Numa.Cells, cell)
+		}
+	}
+	return s
+}
+
+func statusToProto(s ports.VMStatus) *hypervisorv1.VMStatus {
+	return &hypervisorv1.VMStatus{
+		Id: s.ID, State: string(s.State), StartedAt: base.Nanos(s.StartedAt), FinishedAt: base.Nanos(s.FinishedAt),
+		ExitCode: s.ExitCode, Reason: s.Reason, Message: s.Message,
+	}
+}
+
+func statusFromProto(p *hypervisorv1.VMStatus) ports.VMStatus {
+	return ports.VMStatus{
+		ID: p.Id, State: ports.VMState(p.State), StartedAt: base.Time(p.StartedAt), FinishedAt: base.Time(p.FinishedAt),
+		ExitCode: p.ExitCode, Reason: p.Reason, Message: p.Message,
+	}
+}

@@ -1,0 +1,98 @@
+package hypervisor
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/virtlet/virtlet/plugins/base"
+	"github.com/virtlet/virtlet/ports"
+	basev1 "github.com/virtlet/virtlet/proto/base/v1"
+	hypervisorv1 "github.com/virtlet/virtlet/proto/hypervisor/v1"
+)
+
+// Adapter is what a hypervisor plugin implements.
+type Adapter interface {
+	ports.Hypervisor
+	ports.Describer
+}
+
+// Register returns the function that adds the base and hypervisor services
+// for impl to a plugin's gRPC server.
+func Register(impl Adapter) func(*grpc.Server) {
+	return func(s *grpc.Server) {
+		basev1.RegisterPluginServer(s, &base.Server{Adapter: impl, Kind: ports.KindHypervisor})
+		hypervisorv1.RegisterHypervisorServer(s, &Server{impl: impl})
+	}
+}
+
+// Server serves a ports.Hypervisor over gRPC.
+type Server struct {
+	hypervisorv1.UnimplementedHypervisorServer
+	impl ports.Hypervisor
+}
+
+// NewServer serves impl.
+func NewServer(impl ports.Hypervisor) *Server { return &Server{impl: impl} }
+
+func (s *Server) Capabilities(ctx context.Context, _ *hypervisorv1.CapabilitiesRequest) (*hypervisorv1.CapabilitiesResponse, error) {
+	c, err := s.impl.Capabilities(ctx)
+	if err != nil {
+		return nil, base.ToRPC(err)
+	}
+	return &hypervisorv1.CapabilitiesResponse{Name: c.Name, Version: c.Version, Accelerator: c.Accelerator, Details: c.Details}, nil
+}
+
+func (s *Server) Define(ctx context.Context, req *hypervisorv1.DefineRequest) (*hypervisorv1.DefineResponse, error) {
+	return &hypervisorv1.DefineResponse{}, base.ToRPC(s.impl.Define(ctx, specFromProto(req.GetSpec())))
+}
+
+func (s *Server) Start(ctx context.Context, req *hypervisorv1.VMRequest) (*hypervisorv1.StartResponse, error) {
+	return &hypervisorv1.StartResponse{}, base.ToRPC(s.impl.Start(ctx, req.Id))
+}
+
+func (s *Server) Stop(ctx context.Context, req *hypervisorv1.StopRequest) (*hypervisorv1.VMStatus, error) {
+	st, err := s.impl.Stop(ctx, req.Id, time.Duration(req.TimeoutNanos))
+	if err != nil {
+		return nil, base.ToRPC(err)
+	}
+	return statusToProto(st), nil
+}
+
+func (s *Server) Undefine(ctx context.Context, req *hypervisorv1.VMRequest) (*hypervisorv1.UndefineResponse, error) {
+	return &hypervisorv1.UndefineResponse{}, base.ToRPC(s.impl.Undefine(ctx, req.Id))
+}
+
+func (s *Server) Status(ctx context.Context, req *hypervisorv1.VMRequest) (*hypervisorv1.VMStatus, error) {
+	st, err := s.impl.Status(ctx, req.Id)
+	if err != nil {
+		return nil, base.ToRPC(err)
+	}
+	return statusToProto(st), nil
+}
+
+func (s *Server) List(ctx context.Context, _ *hypervisorv1.ListRequest) (*hypervisorv1.ListResponse, error) {
+	vms, err := s.impl.List(ctx)
+	if err != nil {
+		return nil, base.ToRPC(err)
+	}
+	resp := &hypervisorv1.ListResponse{}
+	for _, vm := range vms {
+		resp.Vms = append(resp.Vms, statusToProto(vm))
+	}
+	return resp, nil
+}
+
+func (s *Server) Watch(_ *hypervisorv1.WatchRequest, stream hypervisorv1.Hypervisor_WatchServer) error {
+	ch, err := s.impl.Watch(stream.Context())
+	if err != nil {
+		return base.ToRPC(err)
+	}
+	for st := range ch {
+		if err := stream.Send(statusToProto(st)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

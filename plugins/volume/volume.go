@@ -1,0 +1,88 @@
+// Package volume carries ports.Volumes across the plugin boundary.
+package volume
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+
+	"github.com/virtlet/virtlet/plugins/base"
+	"github.com/virtlet/virtlet/ports"
+	basev1 "github.com/virtlet/virtlet/proto/base/v1"
+	volumev1 "github.com/virtlet/virtlet/proto/volume/v1"
+)
+
+// Adapter is what a volume plugin implements.
+type Adapter interface {
+	ports.Volumes
+	ports.Describer
+}
+
+// Register adds the base and volume services for impl to a gRPC server.
+func Register(impl Adapter) func(*grpc.Server) {
+	return func(s *grpc.Server) {
+		basev1.RegisterPluginServer(s, &base.Server{Adapter: impl, Kind: ports.KindVolume})
+		volumev1.RegisterVolumesServer(s, &Server{impl: impl})
+	}
+}
+
+func requestToProto(r ports.VolumeRequest) *volumev1.VolumeRequest {
+	return &volumev1.VolumeRequest{VmId: r.VMID, PodUid: r.PodUID, PodNamespace: r.PodNamespace, Name: r.Name,
+		Type: r.Type, Options: r.Options, HostPath: r.HostPath}
+}
+
+func requestFromProto(p *volumev1.VolumeRequest) ports.VolumeRequest {
+	return ports.VolumeRequest{VMID: p.VmId, PodUID: p.PodUid, PodNamespace: p.PodNamespace, Name: p.Name,
+		Type: p.Type, Options: p.Options, HostPath: p.HostPath}
+}
+
+// Client is a ports.Volumes served by a plugin.
+type Client struct{ conn base.Conn }
+
+// NewClient returns a volume client over a plugin connection.
+func NewClient(c base.Conn) *Client { return &Client{conn: c} }
+
+func (c *Client) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.VolumeAttachment, error) {
+	conn, err := c.conn.GRPC()
+	if err != nil {
+		return ports.VolumeAttachment{}, err
+	}
+	ctx, cancel := base.WithTimeout(ctx, base.SlowCallTimeout)
+	defer cancel()
+	resp, err := volumev1.NewVolumesClient(conn).Prepare(ctx, requestToProto(req))
+	if err != nil {
+		return ports.VolumeAttachment{}, c.conn.Error(err)
+	}
+	return ports.VolumeAttachment{Disks: base.DisksFromProto(resp.Disks), Filesystems: base.FilesystemsFromProto(resp.Filesystems)}, nil
+}
+
+func (c *Client) Release(ctx context.Context, req ports.VolumeRequest) error {
+	conn, err := c.conn.GRPC()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := base.WithTimeout(ctx, base.SlowCallTimeout)
+	defer cancel()
+	_, err = volumev1.NewVolumesClient(conn).Release(ctx, requestToProto(req))
+	return c.conn.Error(err)
+}
+
+// Server serves a ports.Volumes over gRPC.
+type Server struct {
+	volumev1.UnimplementedVolumesServer
+	impl ports.Volumes
+}
+
+func (s *Server) Prepare(ctx context.Context, p *volumev1.VolumeRequest) (*volumev1.VolumeAttachment, error) {
+	att, err := s.impl.Prepare(ctx, requestFromProto(p))
+	if err != nil {
+		return nil, base.ToRPC(err)
+	}
+	return &volumev1.VolumeAttachment{Disks: base.DisksToProto(att.Disks), Filesystems: base.FilesystemsToProto(att.Filesystems)}, nil
+}
+
+func (s *Server) Release(ctx context.Context, p *volumev1.VolumeRequest) (*volumev1.ReleaseResponse, error) {
+	return &volumev1.ReleaseResponse{}, base.ToRPC(s.impl.Release(ctx, requestFromProto(p)))
+}
+
+var _ ports.Volumes = (*Client)(nil)

@@ -1,0 +1,177 @@
+// Package hypervisortest is the contract every ports.Hypervisor must meet,
+// whether called in-process or through its plugin.
+package hypervisortest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// Env is a hypervisor under test.
+type Env struct {
+	Hypervisor ports.Hypervisor
+	// NewSpec returns a valid spec for a fresh VM with the given ID (root
+	// disk, console log, ...), for the implementation under test.
+	NewSpec func(t *testing.T, id string) ports.VMSpec
+	// StopTimeout is how long a graceful stop may take.
+	StopTimeout time.Duration
+}
+
+// Run checks the contract.
+func Run(t *testing.T, env Env) {
+	hv := env.Hypervisor
+	ctx := context.Background()
+	id := func(n int) string { return fmt.Sprintf("%064x", time.Now().UnixNano()+int64(n)) }
+
+	t.Run("capabilities", func(t *testing.T) {
+		c, err := hv.Capabilities(ctx)
+		if err != nil || c.Name == "" || c.Accelerator == "" {
+			t.Fatalf("%+v %v", c, err)
+		}
+	})
+
+	t.Run("unknown VMs are ErrNotFound", func(t *testing.T) {
+		if _, err := hv.Status(ctx, id(0)); !errors.Is(err, ports.ErrNotFound) {
+			t.Errorf("Status: %v", err)
+		}
+		if err := hv.Undefine(ctx, id(0)); !errors.Is(err, ports.ErrNotFound) {
+			t.Errorf("Undefine: %v", err)
+		}
+		if err := hv.Start(ctx, id(0)); !errors.Is(err, ports.ErrNotFound) {
+			t.Errorf("Start: %v", err)
+		}
+	})
+
+	t.Run("lifecycle with events", func(t *testing.T) {
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		events, err := hv.Watch(wctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vmID := id(1)
+		spec := env.NewSpec(t, vmID)
+		if err := hv.Define(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { hv.Undefine(context.Background(), vmID) })
+		if err := hv.Define(ctx, spec); err != nil {
+			t.Fatalf("defining the same spec again: %v", err)
+		}
+		changed := spec
+		changed.VCPUs++
+		if err := hv.Define(ctx, changed); !errors.Is(err, ports.ErrAlreadyExists) {
+			t.Fatalf("redefining with another spec: %v", err)
+		}
+		st, err := hv.Status(ctx, vmID)
+		if err != nil || st.State != ports.VMDefined || st.ID != vmID {
+			t.Fatalf("after define: %+v %v", st, err)
+		}
+		if err := hv.Start(ctx, vmID); err != nil {
+			t.Fatal(err)
+		}
+		if err := hv.Start(ctx, vmID); err != nil {
+			t.Fatalf("second start: %v", err)
+		}
+		waitEvent(t, events, vmID, ports.VMRunning)
+		st, _ = hv.Status(ctx, vmID)
+		if st.State != ports.VMRunning || st.StartedAt.IsZero() {
+			t.Fatalf("after start: %+v", st)
+		}
+		list, err := hv.List(ctx)
+		if err != nil || !contains(list, vmID) {
+			t.Fatalf("List %+v %v", list, err)
+		}
+		stopped, err := hv.Stop(ctx, vmID, env.StopTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stopped.State != ports.VMStopped || stopped.ExitCode != 0 || stopped.FinishedAt.IsZero() || stopped.Reason == "" {
+			t.Fatalf("graceful stop: %+v", stopped)
+		}
+		waitEvent(t, events, vmID, ports.VMStopped)
+		again, err := hv.Stop(ctx, vmID, env.StopTimeout)
+		if err != nil || again.State != ports.VMStopped {
+			t.Fatalf("second stop: %+v %v", again, err)
+		}
+		if err := hv.Undefine(ctx, vmID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := hv.Status(ctx, vmID); !errors.Is(err, ports.ErrNotFound) {
+			t.Fatalf("after undefine: %v", err)
+		}
+	})
+
+	t.Run("forced stop", func(t *testing.T) {
+		vmID := id(2)
+		if err := hv.Define(ctx, env.NewSpec(t, vmID)); err != nil {
+			t.Fatal(err)
+		}
+		defer hv.Undefine(ctx, vmID)
+		if err := hv.Start(ctx, vmID); err != nil {
+			t.Fatal(err)
+		}
+		st, err := hv.Stop(ctx, vmID, 0)
+		if err != nil || st.State != ports.VMStopped || st.ExitCode == 0 {
+			t.Fatalf("stop with no grace period: %+v %v", st, err)
+		}
+	})
+
+	t.Run("spec round trip", func(t *testing.T) {
+		r, ok := hv.(interface {
+			Spec(string) (ports.VMSpec, bool)
+		})
+		if !ok {
+			t.Skip("implementation does not expose defined specs")
+		}
+		vmID := id(3)
+		spec := env.NewSpec(t, vmID)
+		one := 1
+		spec.CPU = ports.CPUSpec{Model: "host-model", Setting: &ports.CPUSetting{Match: "exact",
+			Model: &ports.CPUSettingModel{Fallback: "allow", Value: "core2duo"}, Topology: &ports.CPUTopology{Sockets: 1, Cores: 1, Threads: 1},
+			Features: []ports.CPUFeature{{Policy: "require", Name: "vmx"}}, Numa: &ports.CPUNuma{Cells: []ports.CPUNumaCell{{ID: &one, CPUs: "0", Memory: "128", Unit: "MiB"}}}}}
+		spec.Filesystems = []ports.Filesystem{{Source: "/srv", Tag: "srv", AccessMode: "squash"}}
+		spec.NICs = []ports.NIC{{Name: "eth0", MAC: "52:54:00:00:00:01", MTU: 1500}}
+		if err := hv.Define(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		defer hv.Undefine(ctx, vmID)
+		got, _ := r.Spec(vmID)
+		if !reflect.DeepEqual(got, spec) {
+			t.Fatalf("spec changed in transit:\n got %#v\nwant %#v", got, spec)
+		}
+	})
+}
+
+func contains(list []ports.VMStatus, id string) bool {
+	for _, st := range list {
+		if st.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+func waitEvent(t *testing.T, events <-chan ports.VMStatus, id string, state ports.VMState) {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case st, ok := <-events:
+			if !ok {
+				t.Fatalf("event stream closed while waiting for %s", state)
+			}
+			if st.ID == id && st.State == state {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no %s event for %s", state, id)
+		}
+	}
+}
