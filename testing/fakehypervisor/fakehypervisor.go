@@ -7,6 +7,7 @@
 package fakehypervisor
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -65,6 +66,33 @@ func Open(dir string) (*Hypervisor, error) {
 		return nil, fmt.Errorf("decode fake hypervisor state %s: %w", h.stateFile, err)
 	}
 	return h, nil
+}
+
+// Config is the fake's plugin configuration (manifest `config`).
+type Config struct {
+	// GuestIgnoresShutdown: see Hypervisor.GuestIgnoresShutdown.
+	GuestIgnoresShutdown bool `json:"guestIgnoresShutdown,omitempty"`
+}
+
+// Configure loads the VMs persisted in the plugin's state directory, so
+// that a restarted plugin knows the VMs its previous process defined.
+func (h *Hypervisor) Configure(ctx context.Context, cfg ports.PluginConfig) error {
+	var c Config
+	if len(cfg.Config) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(cfg.Config))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&c); err != nil {
+			return fmt.Errorf("fake hypervisor config: %v: %w", err, ports.ErrInvalidArgument)
+		}
+	}
+	loaded, err := Open(cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.vms, h.stateFile, h.GuestIgnoresShutdown = loaded.vms, loaded.stateFile, c.GuestIgnoresShutdown
+	return nil
 }
 
 // PluginInfo describes the fake when served as a plugin.

@@ -1,0 +1,228 @@
+// Package host runs the daemon's plugins: one supervised go-plugin process
+// per manifest, each exposed to the core as the port it serves.
+package host
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+	"github.com/sirupsen/logrus"
+
+	"github.com/virtlet/virtlet/plugins/datasource"
+	"github.com/virtlet/virtlet/plugins/hypervisor"
+	"github.com/virtlet/virtlet/plugins/image"
+	"github.com/virtlet/virtlet/plugins/manifest"
+	"github.com/virtlet/virtlet/plugins/network"
+	"github.com/virtlet/virtlet/plugins/volume"
+	"github.com/virtlet/virtlet/ports"
+)
+
+// Options tune the host.
+type Options struct {
+	// StateDir holds one private directory per plugin.
+	StateDir string
+	Log      logrus.FieldLogger
+	// InitialBackoff and MaxBackoff bound the delay before restarting a
+	// plugin that exited; it doubles after each quick failure.
+	InitialBackoff time.Duration
+	MaxBackoff     time.Duration
+	// StartTimeout bounds a plugin's start-up handshake.
+	StartTimeout time.Duration
+}
+
+// Host owns the plugin processes.
+type Host struct {
+	sups []*Supervisor
+	log  logrus.FieldLogger
+}
+
+// Start launches every plugin of ms and checks that together they make a
+// consistent set. Any failure stops the plugins already started and is
+// returned naming the manifest file.
+func Start(ctx context.Context, ms []manifest.Manifest, opts Options) (*Host, error) {
+	if opts.Log == nil {
+		opts.Log = logrus.StandardLogger()
+	}
+	if opts.InitialBackoff == 0 {
+		opts.InitialBackoff = 500 * time.Millisecond
+	}
+	if opts.MaxBackoff == 0 {
+		opts.MaxBackoff = 30 * time.Second
+	}
+	if opts.StartTimeout == 0 {
+		opts.StartTimeout = time.Minute
+	}
+	h := &Host{log: opts.Log}
+	for _, m := range ms {
+		s := newSupervisor(m, opts)
+		if err := s.launch(ctx); err != nil {
+			h.Shutdown()
+			return nil, fmt.Errorf("plugin %s (%s): %w", m.Name, m.File, err)
+		}
+		h.sups = append(h.sups, s)
+	}
+	if err := h.checkHandles(); err != nil {
+		h.Shutdown()
+		return nil, err
+	}
+	for _, s := range h.sups {
+		s.startWatching()
+	}
+	return h, nil
+}
+
+// checkHandles refuses two plugins of one kind handling the same thing, as
+// reported by the plugins themselves (manifests may omit handles).
+func (h *Host) checkHandles() error {
+	seen := map[string]*Supervisor{}
+	for _, s := range h.sups {
+		for i, handle := range s.Handles() {
+			key := string(s.m.Kind) + "/" + handle
+			if prev, ok := seen[key]; ok {
+				return &manifest.Error{File: s.m.File, Field: fmt.Sprintf("handles[%d]", i),
+					Reason: fmt.Sprintf("%s %q is already handled by plugin %s (%s)", s.m.Kind, handle, prev.m.Name, prev.m.File)}
+			}
+			seen[key] = s
+		}
+	}
+	return nil
+}
+
+func (h *Host) ofKind(k ports.PluginKind) []*Supervisor {
+	var out []*Supervisor
+	for _, s := range h.sups {
+		if s.m.Kind == k {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Hypervisor returns the hypervisor plugin's port, nil if there is none.
+func (h *Host) Hypervisor() ports.Hypervisor {
+	if s := h.ofKind(ports.KindHypervisor); len(s) > 0 {
+		return hypervisor.NewClient(s[0])
+	}
+	return nil
+}
+
+// Network returns the network plugin's port, nil if there is none.
+func (h *Host) Network() ports.Network {
+	if s := h.ofKind(ports.KindNetwork); len(s) > 0 {
+		return network.NewClient(s[0])
+	}
+	return nil
+}
+
+// ImageSources maps URL schemes / transports to image plugins.
+func (h *Host) ImageSources() map[string]ports.ImageSource {
+	out := map[string]ports.ImageSource{}
+	for _, s := range h.ofKind(ports.KindImage) {
+		c := image.NewClient(s)
+		for _, handle := range s.Handles() {
+			out[handle] = c
+		}
+	}
+	return out
+}
+
+// Volumes maps volume types to volume plugins.
+func (h *Host) Volumes() map[string]ports.Volumes {
+	out := map[string]ports.Volumes{}
+	for _, s := range h.ofKind(ports.KindVolume) {
+		c := volume.NewClient(s)
+		for _, handle := range s.Handles() {
+			out[handle] = c
+		}
+	}
+	return out
+}
+
+// Datasources maps datasource names to datasource plugins.
+func (h *Host) Datasources() map[string]ports.Datasource {
+	out := map[string]ports.Datasource{}
+	for _, s := range h.ofKind(ports.KindDatasource) {
+		c := datasource.NewClient(s)
+		for _, handle := range s.Handles() {
+			out[handle] = c
+		}
+	}
+	return out
+}
+
+// Status reports every plugin, by name.
+func (h *Host) Status() []PluginStatus {
+	out := make([]PluginStatus, 0, len(h.sups))
+	for _, s := range h.sups {
+		out = append(out, s.Status())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Supervisor returns the supervisor of the named plugin.
+func (h *Host) Supervisor(name string) *Supervisor {
+	for _, s := range h.sups {
+		if s.m.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// Shutdown stops every plugin process and waits for them.
+func (h *Host) Shutdown() {
+	var wg sync.WaitGroup
+	for _, s := range h.sups {
+		wg.Add(1)
+		go func(s *Supervisor) {
+			defer wg.Done()
+			s.Stop()
+		}(s)
+	}
+	wg.Wait()
+	plugin.CleanupClients()
+}
+
+// hclogFor bridges go-plugin's logger (and the plugins' log lines it
+// relays) into logrus, keeping levels and fields.
+func hclogFor(log logrus.FieldLogger) hclog.Logger {
+	l := hclog.NewInterceptLogger(&hclog.LoggerOptions{Output: io.Discard, Level: hclog.Trace})
+	l.RegisterSink(logSink{log: log})
+	return l
+}
+
+type logSink struct{ log logrus.FieldLogger }
+
+func (s logSink) Accept(name string, level hclog.Level, msg string, args ...interface{}) {
+	fields := logrus.Fields{}
+	if name != "" {
+		fields["source"] = name
+	}
+	for i := 0; i+1 < len(args); i += 2 {
+		key := fmt.Sprint(args[i])
+		if key == "timestamp" {
+			continue
+		}
+		fields[key] = args[i+1]
+	}
+	e := s.log.WithFields(fields)
+	switch level {
+	case hclog.Trace:
+		e.Trace(msg)
+	case hclog.Debug:
+		e.Debug(msg)
+	case hclog.Info:
+		e.Info(msg)
+	case hclog.Warn:
+		e.Warn(msg)
+	default:
+		e.Error(msg)
+	}
+}

@@ -1,0 +1,320 @@
+package host
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-plugin"
+	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/virtlet/virtlet/plugins/base"
+	"github.com/virtlet/virtlet/plugins/manifest"
+	"github.com/virtlet/virtlet/ports"
+)
+
+// State is a plugin's lifecycle state.
+type State string
+
+const (
+	Starting   State = "starting"
+	Running    State = "running"
+	Restarting State = "restarting"
+	Stopped    State = "stopped"
+)
+
+// PluginStatus describes a supervised plugin.
+type PluginStatus struct {
+	Name      string           `json:"name"`
+	Kind      ports.PluginKind `json:"kind"`
+	Manifest  string           `json:"manifest"`
+	State     State            `json:"state"`
+	PID       int              `json:"pid,omitempty"`
+	Version   string           `json:"version,omitempty"`
+	Handles   []string         `json:"handles,omitempty"`
+	Restarts  int              `json:"restarts"`
+	LastError string           `json:"lastError,omitempty"`
+}
+
+// Supervisor runs one plugin process: it launches it (checksum verified,
+// mutual TLS), checks what it says it is, configures it, and restarts it
+// with backoff when it dies. It is the base.Conn of the plugin's client:
+// while the plugin is down, calls fail at once with an error naming it.
+type Supervisor struct {
+	m    manifest.Manifest
+	opts Options
+	log  logrus.FieldLogger
+
+	mu          sync.Mutex
+	client      *plugin.Client
+	conn        *grpc.ClientConn
+	info        ports.PluginInfo
+	handles     []string
+	state       State
+	pid         int
+	restarts    int
+	lastErr     string
+	startedAt   time.Time
+	nextAttempt time.Time
+
+	kick     chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+	watching bool
+}
+
+func newSupervisor(m manifest.Manifest, opts Options) *Supervisor {
+	return &Supervisor{
+		m: m, opts: opts, state: Starting,
+		log:  opts.Log.WithFields(logrus.Fields{"plugin": m.Name, "kind": m.Kind}),
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	}
+}
+
+// launch starts the plugin process and makes it ready to serve.
+func (s *Supervisor) launch(ctx context.Context) error {
+	stateDir := filepath.Join(s.opts.StateDir, s.m.Name)
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return fmt.Errorf("create plugin state directory: %w", err)
+	}
+	sum, err := hex.DecodeString(s.m.SHA256)
+	if err != nil {
+		return fmt.Errorf("sha256: %w", err)
+	}
+	cmd := exec.Command(s.m.Command, s.m.Args...)
+	// The plugin dies with the daemon, even on SIGKILL: no orphans.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	client := plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig:  base.Handshake,
+		VersionedPlugins: base.PluginSet(s.m.Kind, nil),
+		Cmd:              cmd,
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		AutoMTLS:         true,
+		Managed:          true,
+		SecureConfig:     &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()},
+		Logger:           hclogFor(s.log),
+		StartTimeout:     s.opts.StartTimeout,
+	})
+	fail := func(err error) error {
+		client.Kill()
+		return err
+	}
+	rpc, err := client.Client()
+	if err != nil {
+		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
+			return fail(fmt.Errorf("binary %s no longer matches the manifest's sha256", s.m.Command))
+		}
+		return fail(fmt.Errorf("start %s: %w", s.m.Command, err))
+	}
+	raw, err := rpc.Dispense(string(s.m.Kind))
+	if err != nil {
+		return fail(fmt.Errorf("%s does not serve a %s plugin: %w", s.m.Command, s.m.Kind, err))
+	}
+	conn := raw.(*grpc.ClientConn)
+	sc := base.StaticConn{Conn: conn, Plugin: s.m.Name, Kind: s.m.Kind}
+	info, err := base.Info(ctx, sc)
+	if err != nil {
+		return fail(fmt.Errorf("ask for plugin info: %w", err))
+	}
+	if info.Kind != s.m.Kind {
+		return fail(fmt.Errorf("%s does not serve a %s plugin: the manifest says kind %s, the plugin says kind %s", s.m.Command, s.m.Kind, s.m.Kind, info.Kind))
+	}
+	handles, err := s.effectiveHandles(info)
+	if err != nil {
+		return fail(err)
+	}
+	if err := base.Configure(ctx, sc, ports.PluginConfig{Config: s.m.Config, StateDir: stateDir}); err != nil {
+		return fail(fmt.Errorf("configure: %w", err))
+	}
+	pid := 0
+	if rc := client.ReattachConfig(); rc != nil {
+		pid = rc.Pid
+	}
+	s.mu.Lock()
+	s.client, s.conn, s.info, s.handles, s.pid = client, conn, info, handles, pid
+	s.state, s.startedAt = Running, time.Now()
+	s.mu.Unlock()
+	s.log.WithFields(logrus.Fields{"pid": pid, "version": info.Version, "handles": handles}).Info("plugin running")
+	return nil
+}
+
+// effectiveHandles checks the manifest's handles against the plugin's and
+// returns what the plugin is used for. They may not change across restarts.
+func (s *Supervisor) effectiveHandles(info ports.PluginInfo) ([]string, error) {
+	handles := info.Handles
+	if len(s.m.Handles) > 0 {
+		for i, h := range s.m.Handles {
+			if !slices.Contains(info.Handles, h) {
+				return nil, &manifest.Error{File: s.m.File, Field: fmt.Sprintf("handles[%d]", i),
+					Reason: fmt.Sprintf("plugin %s does not handle %q (it handles %v)", info.Name, h, info.Handles)}
+			}
+		}
+		handles = s.m.Handles
+	}
+	switch s.m.Kind {
+	case ports.KindImage, ports.KindVolume, ports.KindDatasource:
+		if len(handles) == 0 {
+			return nil, fmt.Errorf("plugin %s handles nothing: a %s plugin must report what it handles", info.Name, s.m.Kind)
+		}
+	}
+	s.mu.Lock()
+	prev := s.handles
+	s.mu.Unlock()
+	if prev != nil && !slices.Equal(prev, handles) {
+		return nil, fmt.Errorf("plugin now handles %v instead of %v; restart the daemon to change what a plugin handles", handles, prev)
+	}
+	return handles, nil
+}
+
+// startWatching begins supervision.
+func (s *Supervisor) startWatching() {
+	s.mu.Lock()
+	s.watching = true
+	s.mu.Unlock()
+	go s.watch()
+}
+
+// watch restarts the plugin when its process exits, until Stop.
+func (s *Supervisor) watch() {
+	defer close(s.done)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	backoff := s.opts.InitialBackoff
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-tick.C:
+		case <-s.kick:
+		}
+		s.mu.Lock()
+		client, running, ranFor := s.client, s.state == Running, time.Since(s.startedAt)
+		s.mu.Unlock()
+		if !running || !client.Exited() {
+			continue
+		}
+		if ranFor > time.Minute {
+			backoff = s.opts.InitialBackoff
+		}
+		s.mu.Lock()
+		s.state, s.conn, s.lastErr = Restarting, nil, "the plugin process exited"
+		s.mu.Unlock()
+		s.log.WithField("ranFor", ranFor.Round(time.Millisecond)).Error("plugin process exited; restarting it")
+		for {
+			s.mu.Lock()
+			s.nextAttempt = time.Now().Add(backoff)
+			s.mu.Unlock()
+			select {
+			case <-s.stop:
+				return
+			case <-time.After(backoff):
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), s.opts.StartTimeout+base.QuickCallTimeout)
+			err := s.launch(ctx)
+			cancel()
+			backoff = min(backoff*2, s.opts.MaxBackoff)
+			if err == nil {
+				s.mu.Lock()
+				s.restarts++
+				s.mu.Unlock()
+				break
+			}
+			s.mu.Lock()
+			s.lastErr = err.Error()
+			s.mu.Unlock()
+			s.log.WithError(err).WithField("retryIn", backoff).Error("restart plugin")
+		}
+	}
+}
+
+// GRPC implements base.Conn.
+func (s *Supervisor) GRPC() (*grpc.ClientConn, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch s.state {
+	case Running:
+		return s.conn, nil
+	case Restarting:
+		wait := time.Until(s.nextAttempt).Round(time.Millisecond)
+		reason := fmt.Sprintf("restarting after it exited (restart %d; next attempt in %s; last error: %s)", s.restarts+1, max(wait, 0), s.lastErr)
+		return nil, &ports.UnavailableError{Plugin: s.m.Name, Kind: s.m.Kind, Reason: reason}
+	case Stopped:
+		return nil, &ports.UnavailableError{Plugin: s.m.Name, Kind: s.m.Kind, Reason: "stopped: the daemon is shutting down"}
+	default:
+		return nil, &ports.UnavailableError{Plugin: s.m.Name, Kind: s.m.Kind, Reason: "starting"}
+	}
+}
+
+// Error implements base.Conn: a transport failure wakes the watcher and is
+// reported as the plugin being unavailable.
+func (s *Supervisor) Error(err error) error {
+	if err == nil {
+		return nil
+	}
+	if st, ok := status.FromError(err); ok && (st.Code() == codes.Unavailable || st.Code() == codes.Canceled) {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+		s.mu.Lock()
+		exited := s.client != nil && s.client.Exited()
+		s.mu.Unlock()
+		if exited {
+			return &ports.UnavailableError{Plugin: s.m.Name, Kind: s.m.Kind, Reason: "its process exited during the call; it is being restarted"}
+		}
+	}
+	return base.FromRPC(err, s.m.Name, s.m.Kind)
+}
+
+// Stop ends supervision and the plugin process.
+func (s *Supervisor) Stop() {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	s.mu.Lock()
+	watching := s.watching
+	s.mu.Unlock()
+	if watching {
+		<-s.done // a launch in progress is bounded by its start timeout
+	}
+	s.mu.Lock()
+	client := s.client
+	s.state, s.conn = Stopped, nil
+	s.mu.Unlock()
+	if client != nil {
+		client.Kill()
+	}
+}
+
+// Status reports the plugin's state.
+func (s *Supervisor) Status() PluginStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := PluginStatus{Name: s.m.Name, Kind: s.m.Kind, Manifest: s.m.File, State: s.state, Version: s.info.Version,
+		Handles: s.handles, Restarts: s.restarts, LastError: s.lastErr}
+	if s.state == Running {
+		st.PID = s.pid
+	}
+	return st
+}
+
+// Handles returns what the plugin is used for.
+func (s *Supervisor) Handles() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.handles
+}
