@@ -1,0 +1,184 @@
+package cri
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/ports"
+)
+
+func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	c := req.GetConfig()
+	cfg := core.ContainerConfig{
+		Name: c.GetMetadata().GetName(), Attempt: c.GetMetadata().GetAttempt(),
+		Image: c.GetImage().GetImage(), UserImage: c.GetImage().GetUserSpecifiedImage(),
+		Labels: c.GetLabels(), Annotations: c.GetAnnotations(), LogPath: c.GetLogPath(),
+		MemoryLimitBytes: c.GetLinux().GetResources().GetMemoryLimitInBytes(),
+	}
+	for _, e := range c.GetEnvs() {
+		cfg.Env = append(cfg.Env, core.EnvVar{Name: e.Key, Value: e.Value})
+	}
+	for _, m := range c.GetMounts() {
+		cfg.Mounts = append(cfg.Mounts, core.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.Readonly})
+	}
+	id, err := s.rt.CreateContainer(ctx, req.PodSandboxId, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &runtimeapi.CreateContainerResponse{ContainerId: id}, nil
+}
+
+func (s *Server) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
+	return &runtimeapi.StartContainerResponse{}, s.rt.StartContainer(ctx, req.ContainerId)
+}
+
+func (s *Server) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
+	timeout := time.Duration(req.Timeout) * time.Second
+	return &runtimeapi.StopContainerResponse{}, s.rt.StopContainer(ctx, req.ContainerId, timeout)
+}
+
+func (s *Server) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
+	return &runtimeapi.RemoveContainerResponse{}, s.rt.RemoveContainer(ctx, req.ContainerId)
+}
+
+func (s *Server) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
+	c, err := s.rt.ContainerStatus(ctx, req.ContainerId)
+	if err != nil {
+		return nil, err
+	}
+	st := &runtimeapi.ContainerStatus{
+		Id: c.ID, Metadata: &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: c.Attempt}, State: containerState(c.State),
+		CreatedAt: nanos(c.CreatedAt), StartedAt: nanos(c.StartedAt), FinishedAt: nanos(c.FinishedAt), ExitCode: c.ExitCode,
+		Image: imageSpec(&c), ImageRef: c.Image.ID, ImageId: c.Image.ID, Reason: c.Reason, Message: c.Message,
+		Labels: c.Labels, Annotations: c.Annotations, LogPath: c.Spec.ConsoleLogPath,
+		Resources: &runtimeapi.ContainerResources{Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: c.Spec.MemoryBytes}},
+	}
+	for _, m := range c.Mounts {
+		st.Mounts = append(st.Mounts, &runtimeapi.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, Readonly: m.ReadOnly})
+	}
+	resp := &runtimeapi.ContainerStatusResponse{Status: st}
+	if req.Verbose {
+		resp.Info = jsonInfo(map[string]interface{}{
+			"vm": map[string]interface{}{"name": c.Spec.Name, "uuid": c.Spec.UUID, "vcpus": c.Spec.VCPUs, "memoryBytes": c.Spec.MemoryBytes,
+				"cpu": c.Spec.CPU, "disks": diskSummary(c.Spec.Disks)},
+			"sandboxID": c.SandboxID,
+		})
+	}
+	return resp, nil
+}
+
+// diskSummary lists a VM's disks without credentials.
+func diskSummary(disks []ports.Disk) []map[string]interface{} {
+	var out []map[string]interface{}
+	for _, d := range disks {
+		m := map[string]interface{}{"name": d.Name, "device": d.Device, "bus": d.Bus, "source": d.Source.Type}
+		if d.Source.Path != "" {
+			m["path"] = d.Source.Path
+		}
+		if d.Overlay != nil {
+			m["base"] = d.Overlay.BasePath
+			m["sizeBytes"] = d.Overlay.SizeBytes
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func (s *Server) ListContainers(ctx context.Context, req *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
+	f := core.ContainerFilter{}
+	if flt := req.GetFilter(); flt != nil {
+		f.ID, f.SandboxID, f.LabelSelector = flt.Id, flt.PodSandboxId, flt.LabelSelector
+		if v := flt.GetState(); v != nil {
+			f.State = stateFromCRI(v.State)
+		}
+	}
+	list := s.rt.ListContainers(f)
+	items := make([]*runtimeapi.Container, 0, len(list))
+	for i := range list {
+		c := &list[i]
+		items = append(items, &runtimeapi.Container{
+			Id: c.ID, PodSandboxId: c.SandboxID, Metadata: &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: c.Attempt},
+			Image: imageSpec(c), ImageRef: c.Image.ID, ImageId: c.Image.ID, State: containerState(c.State),
+			CreatedAt: nanos(c.CreatedAt), Labels: c.Labels, Annotations: c.Annotations,
+		})
+	}
+	return &runtimeapi.ListContainersResponse{Containers: items}, nil
+}
+
+func imageSpec(c *core.Container) *runtimeapi.ImageSpec {
+	name := c.Image.UserSpecified
+	if name == "" {
+		name = c.Image.Spec
+	}
+	return &runtimeapi.ImageSpec{Image: name, UserSpecifiedImage: c.Image.UserSpecified}
+}
+
+func containerState(st core.ContainerState) runtimeapi.ContainerState {
+	switch st {
+	case core.ContainerCreated:
+		return runtimeapi.ContainerState_CONTAINER_CREATED
+	case core.ContainerRunning:
+		return runtimeapi.ContainerState_CONTAINER_RUNNING
+	case core.ContainerExited:
+		return runtimeapi.ContainerState_CONTAINER_EXITED
+	default:
+		return runtimeapi.ContainerState_CONTAINER_UNKNOWN
+	}
+}
+
+func stateFromCRI(st runtimeapi.ContainerState) core.ContainerState {
+	switch st {
+	case runtimeapi.ContainerState_CONTAINER_CREATED:
+		return core.ContainerCreated
+	case runtimeapi.ContainerState_CONTAINER_RUNNING:
+		return core.ContainerRunning
+	case runtimeapi.ContainerState_CONTAINER_EXITED:
+		return core.ContainerExited
+	default:
+		return core.ContainerUnknown
+	}
+}
+
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// unsupported says why a CRI call has no VM equivalent yet.
+func unsupported(call, why string) error {
+	return fmt.Errorf("%s: %s: %w", call, why, ports.ErrUnimplemented)
+}
+
+func (s *Server) UpdateContainerResources(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
+	return nil, unsupported("UpdateContainerResources", "a VM's vCPUs and memory cannot be changed while it runs")
+}
+
+func (s *Server) ReopenContainerLog(ctx context.Context, req *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
+	return nil, unsupported("ReopenContainerLog", "console log rotation is not implemented yet")
+}
+
+func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
+	return nil, unsupported("ExecSync", "exec into VMs (through the guest agent) is not implemented yet")
+}
+
+func (s *Server) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
+	return nil, unsupported("Exec", "exec into VMs (through the guest agent) is not implemented yet")
+}
+
+func (s *Server) Attach(ctx context.Context, req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
+	return nil, unsupported("Attach", "attaching to the VM's serial console is not implemented yet")
+}
+
+func (s *Server) PortForward(ctx context.Context, req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
+	return nil, unsupported("PortForward", "port forwarding to VM pods is not implemented yet")
+}
+
+func (s *Server) CheckpointContainer(ctx context.Context, req *runtimeapi.CheckpointContainerRequest) (*runtimeapi.CheckpointContainerResponse, error) {
+	return nil, unsupported("CheckpointContainer", "VM checkpoints are not implemented")
+}

@@ -1,0 +1,123 @@
+package cri
+
+import (
+	"context"
+	"errors"
+	"path"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// quiet methods are polled by kubelet every few seconds: logged at debug
+// level unless they fail.
+var quiet = map[string]bool{
+	"Version": true, "Status": true, "ListPodSandbox": true, "ListContainers": true, "PodSandboxStatus": true,
+	"ContainerStatus": true, "ListImages": true, "ImageStatus": true, "ImageFsInfo": true,
+	"ListContainerStats": true, "ListPodSandboxStats": true, "ContainerStats": true, "PodSandboxStats": true,
+}
+
+// instrument is the one place that logs every CRI call (method, pod,
+// duration, error) and turns core errors into gRPC status codes.
+func (s *Server) instrument(ctx context.Context, req interface{}, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (interface{}, error) {
+	fields := s.identify(req) // before the call: a removal forgets the pod
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	method := path.Base(info.FullMethod)
+	fields["method"] = method
+	fields["duration"] = time.Since(start).Round(time.Microsecond)
+	if r, ok := resp.(interface{ GetPodSandboxId() string }); ok && r.GetPodSandboxId() != "" {
+		fields["sandbox"] = short(r.GetPodSandboxId())
+	}
+	if r, ok := resp.(interface{ GetContainerId() string }); ok && r.GetContainerId() != "" {
+		fields["container"] = short(r.GetContainerId())
+	}
+	log := s.log.WithFields(fields)
+	if err != nil {
+		err = toStatus(err)
+		if status.Code(err) == codes.NotFound || status.Code(err) == codes.Unimplemented {
+			log.WithError(err).Debug("CRI call failed")
+		} else {
+			log.WithError(err).Warn("CRI call failed")
+		}
+		return nil, err
+	}
+	if quiet[method] {
+		log.Debug("CRI call")
+	} else {
+		log.Info("CRI call")
+	}
+	return resp, nil
+}
+
+// identify names the pod (namespace/name), sandbox, container and image a
+// request concerns.
+func (s *Server) identify(req interface{}) logrus.Fields {
+	f := logrus.Fields{}
+	if r, ok := req.(interface {
+		GetConfig() *runtimeapi.PodSandboxConfig
+	}); ok && r.GetConfig() != nil {
+		m := r.GetConfig().GetMetadata()
+		f["pod"] = m.GetNamespace() + "/" + m.GetName()
+	}
+	sandboxID := ""
+	if r, ok := req.(interface{ GetPodSandboxId() string }); ok {
+		sandboxID = r.GetPodSandboxId()
+	}
+	if r, ok := req.(interface{ GetContainerId() string }); ok && r.GetContainerId() != "" {
+		f["container"] = short(r.GetContainerId())
+		if c, err := s.rt.ContainerStatus(context.Background(), r.GetContainerId()); err == nil {
+			sandboxID = c.SandboxID
+		}
+	}
+	if sandboxID != "" {
+		f["sandbox"] = short(sandboxID)
+		if sb, err := s.rt.SandboxStatus(context.Background(), sandboxID); err == nil {
+			f["pod"] = sb.Namespace + "/" + sb.Name
+		}
+	}
+	if r, ok := req.(interface{ GetImage() *runtimeapi.ImageSpec }); ok && r.GetImage() != nil && r.GetImage().GetImage() != "" {
+		f["image"] = r.GetImage().GetImage()
+	}
+	return f
+}
+
+func short(id string) string {
+	if len(id) > 13 {
+		return id[:13]
+	}
+	return id
+}
+
+// toStatus maps the error kinds of the core and the ports to gRPC codes.
+func toStatus(err error) error {
+	if _, ok := status.FromError(err); ok && errors.Unwrap(err) == nil {
+		return err
+	}
+	code := codes.Unknown
+	switch {
+	case errors.Is(err, ports.ErrNotFound):
+		code = codes.NotFound
+	case errors.Is(err, ports.ErrInvalidArgument):
+		code = codes.InvalidArgument
+	case errors.Is(err, ports.ErrAlreadyExists):
+		code = codes.AlreadyExists
+	case errors.Is(err, ports.ErrFailedPrecondition):
+		code = codes.FailedPrecondition
+	case errors.Is(err, ports.ErrUnavailable):
+		code = codes.Unavailable
+	case errors.Is(err, ports.ErrUnimplemented):
+		code = codes.Unimplemented
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	}
+	return status.Error(code, err.Error())
+}

@@ -1,0 +1,58 @@
+package cri
+
+import (
+	"context"
+	"encoding/json"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// RuntimeName is what Version reports.
+const RuntimeName = "virtlet"
+
+// Version reports the real build version.
+func (s *Server) Version(ctx context.Context, req *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
+	return &runtimeapi.VersionResponse{
+		Version: "0.1.0", RuntimeName: RuntimeName, RuntimeVersion: s.info.Version, RuntimeApiVersion: "v1",
+	}, nil
+}
+
+// Status reports whether the hypervisor and the pod network are ready,
+// probed through their plugins.
+func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
+	st := s.rt.Status(ctx)
+	resp := &runtimeapi.StatusResponse{Status: &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
+		{Type: runtimeapi.RuntimeReady, Status: st.Runtime.Ready, Reason: st.Runtime.Reason, Message: st.Runtime.Message},
+		{Type: runtimeapi.NetworkReady, Status: st.Network.Ready, Reason: st.Network.Reason, Message: st.Network.Message},
+	}}}
+	if req.Verbose {
+		info := map[string]interface{}{"hypervisor": st.Hypervisor}
+		if s.info.Plugins != nil {
+			info["plugins"] = s.info.Plugins()
+		}
+		resp.Info = jsonInfo(info)
+	}
+	return resp, nil
+}
+
+// UpdateRuntimeConfig accepts kubelet's pod CIDR; the network plugin gets
+// pod addresses from its own configuration.
+func (s *Server) UpdateRuntimeConfig(ctx context.Context, req *runtimeapi.UpdateRuntimeConfigRequest) (*runtimeapi.UpdateRuntimeConfigResponse, error) {
+	if cidr := req.GetRuntimeConfig().GetNetworkConfig().GetPodCidr(); cidr != "" {
+		s.log.WithField("podCIDR", cidr).Info("kubelet set the pod CIDR")
+	}
+	return &runtimeapi.UpdateRuntimeConfigResponse{}, nil
+}
+
+// jsonInfo renders verbose details as CRI's map of JSON strings.
+func jsonInfo(m map[string]interface{}) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		b, err := json.Marshal(v)
+		if err != nil {
+			b, _ = json.Marshal(err.Error())
+		}
+		out[k] = string(b)
+	}
+	return out
+}

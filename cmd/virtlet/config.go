@@ -1,0 +1,111 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
+
+	"github.com/virtlet/virtlet/plugins/manifest"
+)
+
+// config is the daemon's configuration: defaults, then the config file,
+// then command-line flags.
+type config struct {
+	Listen           string        `json:"listen"`
+	StateDir         string        `json:"stateDir"`
+	PluginsDir       string        `json:"pluginsDir"`
+	PluginBinDir     string        `json:"pluginBinDir"`
+	LogFormat        string        `json:"logFormat"`
+	LogLevel         string        `json:"logLevel"`
+	DefaultVMMemory  string        `json:"defaultVMMemory"`
+	OperationTimeout time.Duration `json:"operationTimeout"`
+}
+
+func defaults() config {
+	bin := ""
+	if exe, err := os.Executable(); err == nil {
+		bin = dirOf(exe)
+	}
+	return config{
+		Listen: "unix:///run/virtlet.sock", StateDir: "/var/lib/virtlet", PluginsDir: manifest.DefaultDir,
+		PluginBinDir: bin, LogFormat: "text", LogLevel: "info", DefaultVMMemory: "1Gi", OperationTimeout: 15 * time.Minute,
+	}
+}
+
+func dirOf(p string) string {
+	if i := strings.LastIndex(p, "/"); i > 0 {
+		return p[:i]
+	}
+	return "/"
+}
+
+// parseConfig reads flags (and the config file they name).
+func parseConfig(args []string) (config, bool, error) {
+	cfg := defaults()
+	fs := flag.NewFlagSet("virtlet", flag.ContinueOnError)
+	configFile := fs.String("config", "", "YAML config file (keys: listen, stateDir, pluginsDir, pluginBinDir, logFormat, logLevel, defaultVMMemory, operationTimeout); flags override it")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	listen := fs.String("listen", cfg.Listen, "CRI endpoint to serve, unix:///path.sock")
+	stateDir := fs.String("state-dir", cfg.StateDir, "directory for the state database, images and plugin state")
+	pluginsDir := fs.String("plugins-dir", cfg.PluginsDir, "directory of plugin manifests; when it does not exist the embedded default set is used")
+	pluginBinDir := fs.String("plugin-bin-dir", cfg.PluginBinDir, "where the default plugins' binaries are")
+	logFormat := fs.String("log-format", cfg.LogFormat, "log format: text or json")
+	logLevel := fs.String("log-level", cfg.LogLevel, "log level: trace, debug, info, warn, error")
+	memory := fs.String("default-vm-memory", cfg.DefaultVMMemory, "memory of a VM whose container has no memory limit")
+	opTimeout := fs.Duration("operation-timeout", cfg.OperationTimeout, "bound of slow operations that outlive kubelet's request")
+	if err := fs.Parse(args); err != nil {
+		return cfg, false, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, false, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if *showVersion {
+		return cfg, true, nil
+	}
+	if *configFile != "" {
+		data, err := os.ReadFile(*configFile)
+		if err != nil {
+			return cfg, false, fmt.Errorf("read config: %w", err)
+		}
+		if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
+			return cfg, false, fmt.Errorf("config %s: %w", *configFile, err)
+		}
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	override := func(name string, dst *string, v string) {
+		if set[name] {
+			*dst = v
+		}
+	}
+	override("listen", &cfg.Listen, *listen)
+	override("state-dir", &cfg.StateDir, *stateDir)
+	override("plugins-dir", &cfg.PluginsDir, *pluginsDir)
+	override("plugin-bin-dir", &cfg.PluginBinDir, *pluginBinDir)
+	override("log-format", &cfg.LogFormat, *logFormat)
+	override("log-level", &cfg.LogLevel, *logLevel)
+	override("default-vm-memory", &cfg.DefaultVMMemory, *memory)
+	if set["operation-timeout"] {
+		cfg.OperationTimeout = *opTimeout
+	}
+	if cfg.LogFormat != "text" && cfg.LogFormat != "json" {
+		return cfg, false, fmt.Errorf("log format %q: want text or json", cfg.LogFormat)
+	}
+	if _, err := cfg.memoryBytes(); err != nil {
+		return cfg, false, err
+	}
+	return cfg, false, nil
+}
+
+func (c config) memoryBytes() (int64, error) {
+	q, err := resource.ParseQuantity(c.DefaultVMMemory)
+	if err != nil || q.Value() <= 0 {
+		return 0, fmt.Errorf("default VM memory %q: want a positive quantity such as 1Gi", c.DefaultVMMemory)
+	}
+	return q.Value(), nil
+}

@@ -1,0 +1,150 @@
+// Command virtlet is the Virtlet daemon: a CRI runtime that runs Kubernetes
+// pods as virtual machines. kubelet talks to it on its CRI socket; its
+// hypervisor, image, volume, datasource and network adapters run as
+// supervised plugin processes chosen by plugin manifests.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/virtlet/virtlet/adapters/boltstore"
+	"github.com/virtlet/virtlet/adapters/cri"
+	"github.com/virtlet/virtlet/adapters/imagefiles"
+	"github.com/virtlet/virtlet/cmd/internal/buildinfo"
+	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/plugins/host"
+	"github.com/virtlet/virtlet/plugins/manifest"
+)
+
+func main() {
+	cfg, showVersion, err := parseConfig(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "virtlet:", err)
+		os.Exit(2)
+	}
+	if showVersion {
+		fmt.Println("virtlet", buildinfo.Version())
+		return
+	}
+	log := newLogger(cfg)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, cfg, log); err != nil {
+		log.WithError(err).Error("virtlet stopped")
+		os.Exit(1)
+	}
+	log.Info("virtlet stopped")
+}
+
+func newLogger(cfg config) *logrus.Logger {
+	log := logrus.New()
+	log.SetOutput(os.Stderr)
+	if cfg.LogFormat == "json" {
+		log.SetFormatter(&logrus.JSONFormatter{})
+	} else {
+		log.SetFormatter(&logrus.TextFormatter{FullTimestamp: true})
+	}
+	level, err := logrus.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		log.WithError(err).Warn("unknown log level; using info")
+		level = logrus.InfoLevel
+	}
+	log.SetLevel(level)
+	return log
+}
+
+func run(ctx context.Context, cfg config, log *logrus.Logger) error {
+	log.WithFields(logrus.Fields{"version": buildinfo.Version(), "listen": cfg.Listen, "stateDir": cfg.StateDir}).Info("virtlet starting")
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("create state directory: %w", err)
+	}
+	store, err := boltstore.Open(filepath.Join(cfg.StateDir, "virtlet.db"))
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	files, err := imagefiles.Open(filepath.Join(cfg.StateDir, "images"))
+	if err != nil {
+		return err
+	}
+	manifests, err := loadManifests(cfg, log)
+	if err != nil {
+		return err
+	}
+	plugins, err := host.Start(ctx, manifests, host.Options{
+		StateDir: filepath.Join(cfg.StateDir, "plugins"), Log: log.WithField("component", "plugins"),
+	})
+	if err != nil {
+		return err
+	}
+	defer plugins.Shutdown()
+
+	memory, _ := cfg.memoryBytes()
+	rt, err := core.New(core.Deps{
+		Hypervisor: plugins.Hypervisor(), ImageSources: plugins.ImageSources(), ImageFiles: files, Store: store,
+		Network: plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
+	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: cfg.OperationTimeout, Log: log.WithField("component", "core")})
+	if err != nil {
+		return err
+	}
+	if err := rt.Load(ctx); err != nil {
+		return err
+	}
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	defer cancelRun()
+	go rt.Run(runCtx)
+
+	server := cri.New(rt, cri.Info{Version: buildinfo.Version(), Plugins: func() interface{} { return pluginsByName(plugins) }},
+		log.WithField("component", "cri"))
+	listener, err := cri.Listen(cfg.Listen)
+	if err != nil {
+		return err
+	}
+	log.WithField("listen", cfg.Listen).Info("serving CRI")
+	return cri.ServeUntil(ctx, server.GRPCServer(), listener)
+}
+
+// pluginsByName keys the plugins' status by name (crictl info shows JSON
+// objects).
+func pluginsByName(h *host.Host) map[string]host.PluginStatus {
+	out := map[string]host.PluginStatus{}
+	for _, st := range h.Status() {
+		out[st.Name] = st
+	}
+	return out
+}
+
+// loadManifests reads the operator's manifests, or the embedded defaults
+// when the directory does not exist.
+func loadManifests(cfg config, log logrus.FieldLogger) ([]manifest.Manifest, error) {
+	ms, err := manifest.LoadDir(cfg.PluginsDir)
+	source := cfg.PluginsDir
+	if errors.Is(err, fs.ErrNotExist) {
+		var unpinned []string
+		ms, unpinned, err = manifest.Defaults(cfg.PluginBinDir, buildinfo.PluginChecksums())
+		if err != nil {
+			return nil, fmt.Errorf("%s does not exist, and the embedded default plugins cannot be used: %w", cfg.PluginsDir, err)
+		}
+		source = "the embedded default set (" + cfg.PluginsDir + " does not exist)"
+		if len(unpinned) > 0 {
+			log.WithField("plugins", unpinned).Warn("this build has no pinned checksums for its default plugins; trusting the binaries found at start-up")
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := manifest.RequireHypervisor(ms, source); err != nil {
+		return nil, err
+	}
+	log.WithFields(logrus.Fields{"source": source, "plugins": len(ms)}).Info("plugin manifests loaded")
+	return ms, nil
+}

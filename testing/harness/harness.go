@@ -1,0 +1,319 @@
+// Package harness runs the real daemon for end-to-end tests: it builds the
+// binaries, writes plugin manifests, starts and stops `virtlet` as a
+// separate process, and drives it with the real crictl.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/plugins/manifest"
+)
+
+// Version is stamped into the daemon the harness builds.
+const Version = "v0.0.0-harness"
+
+// RepoRoot is the project's root directory.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Build compiles the daemon and the given extra binaries (name → package)
+// into dir.
+func Build(dir string, extra map[string]string) error {
+	pkgs := map[string]string{"virtlet": "github.com/virtlet/virtlet/cmd/virtlet"}
+	for k, v := range extra {
+		pkgs[k] = v
+	}
+	for name, pkg := range pkgs {
+		args := []string{"build", "-o", filepath.Join(dir, name)}
+		if name == "virtlet" {
+			args = append(args, "-ldflags", "-X github.com/virtlet/virtlet/cmd/internal/buildinfo.version="+Version)
+		}
+		cmd := exec.Command("go", append(args, pkg)...)
+		cmd.Dir = RepoRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return nil
+}
+
+// Tool finds a test tool built by testing/tools/build.sh (or named by the
+// environment variable env).
+func Tool(name, env string) (string, error) {
+	if p := os.Getenv(env); p != "" {
+		return p, nil
+	}
+	p := filepath.Join(RepoRoot(), "bin", "tools", name)
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%s not found at %s: run `make tools` (or set %s)", name, p, env)
+	}
+	return p, nil
+}
+
+// Plugin is a plugin the daemon under test runs.
+type Plugin struct {
+	Name, Kind, Binary string
+	Args               []string
+	Handles            []string
+	Config             string // YAML flow mapping, e.g. "{a: 1}"
+}
+
+// Daemon is a virtlet process under test.
+type Daemon struct {
+	t        testing.TB
+	Bin      string // the virtlet binary
+	Dir      string // scratch directory: state, manifests, socket, logs
+	Socket   string
+	StateDir string
+	LogFile  string
+	cmd      *exec.Cmd
+	exited   chan struct{}
+}
+
+// NewDaemon prepares a daemon with the given plugins (manifests written to
+// Dir/plugins.d with their real checksums).
+func NewDaemon(t testing.TB, bin string, plugins []Plugin) *Daemon {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "virtlet-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	d := &Daemon{t: t, Bin: bin, Dir: dir, Socket: filepath.Join(dir, "virtlet.sock"),
+		StateDir: filepath.Join(dir, "state"), LogFile: filepath.Join(dir, "virtlet.log")}
+	mdir := filepath.Join(dir, "plugins.d")
+	if err := os.MkdirAll(mdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range plugins {
+		sum, err := manifest.FileSHA256(p.Binary)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "name: %s\nkind: %s\ncommand: %s\nsha256: %s\n", p.Name, p.Kind, p.Binary, sum)
+		if len(p.Args) > 0 {
+			fmt.Fprintf(&b, "args: [%s]\n", strings.Join(p.Args, ", "))
+		}
+		if len(p.Handles) > 0 {
+			fmt.Fprintf(&b, "handles: [%s]\n", strings.Join(p.Handles, ", "))
+		}
+		if p.Config != "" {
+			fmt.Fprintf(&b, "config: %s\n", p.Config)
+		}
+		if err := os.WriteFile(filepath.Join(mdir, fmt.Sprintf("%02d-%s.yaml", i, p.Name)), []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(d.Kill)
+	return d
+}
+
+// Start runs the daemon and waits until its socket answers.
+func (d *Daemon) Start(extraArgs ...string) {
+	d.t.Helper()
+	logf, err := os.OpenFile(d.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	args := append([]string{"--listen", "unix://" + d.Socket, "--state-dir", d.StateDir,
+		"--plugins-dir", filepath.Join(d.Dir, "plugins.d"), "--log-format", "json", "--log-level", "debug"}, extraArgs...)
+	cmd := exec.Command(d.Bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	d.cmd = cmd
+	d.exited = make(chan struct{})
+	go func() {
+		cmd.Wait()
+		logf.Close()
+		close(d.exited)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.Dial("unix", d.Socket); err == nil {
+			c.Close()
+			return
+		}
+		select {
+		case <-d.exited:
+			d.t.Fatalf("virtlet exited during start-up:\n%s", d.Log())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	d.t.Fatalf("virtlet did not open %s:\n%s", d.Socket, d.Log())
+}
+
+// PID is the daemon's process ID.
+func (d *Daemon) PID() int { return d.cmd.Process.Pid }
+
+// Stop sends SIGTERM and waits for the daemon to exit.
+func (d *Daemon) Stop() {
+	d.t.Helper()
+	if d.cmd == nil {
+		return
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(30 * time.Second):
+		d.t.Fatalf("virtlet did not stop on SIGTERM:\n%s", d.Log())
+	}
+	d.cmd = nil
+}
+
+// Kill sends SIGKILL (a crash) and waits for the process to go.
+func (d *Daemon) Kill() {
+	if d.cmd == nil {
+		return
+	}
+	d.cmd.Process.Kill()
+	<-d.exited
+	d.cmd = nil
+}
+
+// Log returns the daemon's log so far.
+func (d *Daemon) Log() string {
+	b, _ := os.ReadFile(d.LogFile)
+	return string(b)
+}
+
+// LogEntries returns the daemon's JSON log lines.
+func (d *Daemon) LogEntries() []map[string]interface{} {
+	var out []map[string]interface{}
+	for _, line := range strings.Split(d.Log(), "\n") {
+		var m map[string]interface{}
+		if json.Unmarshal([]byte(line), &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Children returns the daemon's child processes (its plugins): pid → cmdline.
+func (d *Daemon) Children() map[int]string {
+	return ChildrenOf(d.PID())
+}
+
+// ChildrenOf lists the live child processes of pid.
+func ChildrenOf(pid int) map[int]string {
+	out := map[int]string{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name (which may hold spaces): state ppid ...
+		s := string(stat)
+		rest := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(rest) < 2 || rest[0] == "Z" || rest[1] != strconv.Itoa(pid) {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		out[child] = strings.TrimSpace(strings.ReplaceAll(string(cmdline), "\x00", " "))
+	}
+	return out
+}
+
+// Alive reports whether pid is a live (non-zombie) process.
+func Alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(stat)
+	rest := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(rest) > 0 && rest[0] != "Z"
+}
+
+// Crictl runs the real crictl against a daemon.
+type Crictl struct {
+	Bin      string
+	Endpoint string
+	Timeout  time.Duration
+}
+
+// Crictl returns a crictl bound to the daemon's socket.
+func (d *Daemon) Crictl(bin string) *Crictl {
+	return &Crictl{Bin: bin, Endpoint: "unix://" + d.Socket, Timeout: 60 * time.Second}
+}
+
+// Run runs crictl with args and returns stdout, stderr and the error.
+func (c *Crictl) Run(args ...string) (string, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout+10*time.Second)
+	defer cancel()
+	full := append([]string{"--config", "/dev/null", "--runtime-endpoint", c.Endpoint, "--image-endpoint", c.Endpoint,
+		"--timeout", c.Timeout.String()}, args...)
+	cmd := exec.CommandContext(ctx, c.Bin, full...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	return stdout.String(), stderr.String(), err
+}
+
+// Must runs crictl and fails the test if it fails; it returns stdout.
+func (c *Crictl) Must(t testing.TB, args ...string) string {
+	t.Helper()
+	out, errOut, err := c.Run(args...)
+	if err != nil {
+		t.Fatalf("crictl %s: %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), err, out, errOut)
+	}
+	return strings.TrimSpace(out)
+}
+
+// JSON runs crictl and decodes its JSON output.
+func (c *Crictl) JSON(t testing.TB, v interface{}, args ...string) {
+	t.Helper()
+	out := c.Must(t, args...)
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		t.Fatalf("crictl %s: decode %q: %v", strings.Join(args, " "), out, err)
+	}
+}
+
+// WriteJSON writes v as JSON to a file in dir and returns its path.
+func WriteJSON(t testing.TB, dir, name string, v interface{}) string {
+	t.Helper()
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Eventually polls cond until it holds or the timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s", timeout, what)
+}
