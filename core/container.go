@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -374,10 +374,11 @@ type ContainerFilter struct {
 	LabelSelector map[string]string
 }
 
-// ListContainers returns the containers matching f, newest first.
-func (r *Runtime) ListContainers(f ContainerFilter) []Container {
+// ListContainers returns the containers matching f, newest first. The
+// records are shared immutable snapshots: callers must not modify them.
+func (r *Runtime) ListContainers(f ContainerFilter) []*Container {
 	r.mu.RLock()
-	out := make([]Container, 0, len(r.containers))
+	out := make([]*Container, 0, len(r.containers))
 	for _, c := range r.containers {
 		if c.State == ContainerCreating ||
 			(f.ID != "" && !strings.HasPrefix(c.ID, f.ID)) ||
@@ -386,9 +387,9 @@ func (r *Runtime) ListContainers(f ContainerFilter) []Container {
 			!matchLabels(c.Labels, f.LabelSelector) {
 			continue
 		}
-		out = append(out, *c)
+		out = append(out, c)
 	}
 	r.mu.RUnlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
+	slices.SortFunc(out, func(a, b *Container) int { return b.CreatedAt.Compare(a.CreatedAt) })
 	return out
 }

@@ -21,21 +21,24 @@ const (
 
 // Sandbox is a VM pod.
 type Sandbox struct {
-	ID             string                   `json:"id"`
-	Name           string                   `json:"name"`
-	Namespace      string                   `json:"namespace"`
-	UID            string                   `json:"uid"`
-	Attempt        uint32                   `json:"attempt"`
-	Hostname       string                   `json:"hostname,omitempty"`
-	LogDirectory   string                   `json:"logDirectory,omitempty"`
-	RuntimeHandler string                   `json:"runtimeHandler,omitempty"`
-	Labels         map[string]string        `json:"labels,omitempty"`
-	Annotations    map[string]string        `json:"annotations,omitempty"`
-	DNS            *ports.DNSConfig         `json:"dns,omitempty"`
-	PortMappings   []ports.PortMapping      `json:"portMappings,omitempty"`
-	State          SandboxState             `json:"state"`
-	CreatedAt      time.Time                `json:"createdAt"`
-	Network        *ports.NetworkAttachment `json:"network,omitempty"`
+	ID             string              `json:"id"`
+	Name           string              `json:"name"`
+	Namespace      string              `json:"namespace"`
+	UID            string              `json:"uid"`
+	Attempt        uint32              `json:"attempt"`
+	Hostname       string              `json:"hostname,omitempty"`
+	LogDirectory   string              `json:"logDirectory,omitempty"`
+	RuntimeHandler string              `json:"runtimeHandler,omitempty"`
+	Labels         map[string]string   `json:"labels,omitempty"`
+	Annotations    map[string]string   `json:"annotations,omitempty"`
+	DNS            *ports.DNSConfig    `json:"dns,omitempty"`
+	PortMappings   []ports.PortMapping `json:"portMappings,omitempty"`
+	State          SandboxState        `json:"state"`
+	// Revision changes whenever the record does (not persisted); edges may
+	// cache derived forms of a record by it.
+	Revision  uint64                   `json:"-"`
+	CreatedAt time.Time                `json:"createdAt"`
+	Network   *ports.NetworkAttachment `json:"network,omitempty"`
 }
 
 // IPs returns the pod's addresses, primary first, without prefix lengths.
@@ -93,6 +96,7 @@ type Container struct {
 	Spec        ports.VMSpec      `json:"spec"`
 
 	State      ContainerState `json:"state"`
+	Revision   uint64         `json:"-"` // see Sandbox.Revision
 	CreatedAt  time.Time      `json:"createdAt"`
 	StartedAt  time.Time      `json:"startedAt,omitempty"`
 	FinishedAt time.Time      `json:"finishedAt,omitempty"`

@@ -63,6 +63,8 @@ type Runtime struct {
 	containers map[string]*Container
 	images     map[string]*Image // by ID
 
+	revision uint64 // last Revision given to a record; guarded by mu
+
 	pods   keyedLock          // one operation at a time per sandbox ID
 	imgMu  sync.Mutex         // serialises image index updates
 	pulls  singleflight.Group // one download per image at a time
@@ -122,6 +124,14 @@ func (r *Runtime) Load(ctx context.Context) error {
 	}
 	r.mu.Lock()
 	r.sandboxes, r.containers, r.images = sandboxes, containers, images
+	for _, sb := range sandboxes {
+		r.revision++
+		sb.Revision = r.revision
+	}
+	for _, c := range containers {
+		r.revision++
+		c.Revision = r.revision
+	}
 	r.mu.Unlock()
 	r.log.WithFields(logrus.Fields{"sandboxes": len(sandboxes), "containers": len(containers), "images": len(images)}).
 		Info("state loaded")
@@ -179,8 +189,12 @@ func (r *Runtime) commit(ctx context.Context, writes ...write) error {
 	for _, w := range writes {
 		switch {
 		case w.sandbox != nil:
+			r.revision++
+			w.sandbox.Revision = r.revision
 			r.sandboxes[w.sandbox.ID] = w.sandbox
 		case w.container != nil:
+			r.revision++
+			w.container.Revision = r.revision
 			r.containers[w.container.ID] = w.container
 		case w.image != nil:
 			r.images[w.image.ID] = w.image

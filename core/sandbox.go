@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/sirupsen/logrus"
@@ -241,10 +241,11 @@ type SandboxFilter struct {
 	LabelSelector map[string]string
 }
 
-// ListSandboxes returns the sandboxes matching f, newest first.
-func (r *Runtime) ListSandboxes(f SandboxFilter) []Sandbox {
+// ListSandboxes returns the sandboxes matching f, newest first. The
+// records are shared immutable snapshots: callers must not modify them.
+func (r *Runtime) ListSandboxes(f SandboxFilter) []*Sandbox {
 	r.mu.RLock()
-	out := make([]Sandbox, 0, len(r.sandboxes))
+	out := make([]*Sandbox, 0, len(r.sandboxes))
 	for _, sb := range r.sandboxes {
 		if sb.State == SandboxPending ||
 			(f.ID != "" && !strings.HasPrefix(sb.ID, f.ID)) ||
@@ -252,10 +253,10 @@ func (r *Runtime) ListSandboxes(f SandboxFilter) []Sandbox {
 			!matchLabels(sb.Labels, f.LabelSelector) {
 			continue
 		}
-		out = append(out, *sb)
+		out = append(out, sb)
 	}
 	r.mu.RUnlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
+	slices.SortFunc(out, func(a, b *Sandbox) int { return b.CreatedAt.Compare(a.CreatedAt) })
 	return out
 }
 

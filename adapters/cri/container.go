@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/virtlet/virtlet/core"
@@ -97,16 +98,27 @@ func (s *Server) ListContainers(ctx context.Context, req *runtimeapi.ListContain
 		}
 	}
 	list := s.rt.ListContainers(f)
-	items := make([]*runtimeapi.Container, 0, len(list))
-	for i := range list {
-		c := &list[i]
-		items = append(items, &runtimeapi.Container{
-			Id: c.ID, PodSandboxId: c.SandboxID, Metadata: &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: c.Attempt},
-			Image: imageSpec(c), ImageRef: c.Image.ID, ImageId: c.Image.ID, State: containerState(c.State),
-			CreatedAt: nanos(c.CreatedAt), Labels: c.Labels, Annotations: c.Annotations,
-		})
+	entries := make([]entry, len(list))
+	for i, c := range list {
+		entries[i] = entry{id: c.ID, revision: c.Revision, record: c}
 	}
-	return &runtimeapi.ListContainersResponse{Containers: items}, nil
+	resp := &runtimeapi.ListContainersResponse{}
+	setEncoded(resp, s.containerWire.encode(listContainersItems, entries, func(r any) proto.Message { return criContainer(r.(*core.Container)) }))
+	if f.ID == "" && f.SandboxID == "" && f.State == "" && len(f.LabelSelector) == 0 {
+		s.containerWire.retain(entries)
+	}
+	return resp, nil
+}
+
+// listContainersItems is the field number of ListContainersResponse.containers.
+const listContainersItems = 1
+
+func criContainer(c *core.Container) *runtimeapi.Container {
+	return &runtimeapi.Container{
+		Id: c.ID, PodSandboxId: c.SandboxID, Metadata: &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: c.Attempt},
+		Image: imageSpec(c), ImageRef: c.Image.ID, ImageId: c.Image.ID, State: containerState(c.State),
+		CreatedAt: nanos(c.CreatedAt), Labels: c.Labels, Annotations: c.Annotations,
+	}
 }
 
 func imageSpec(c *core.Container) *runtimeapi.ImageSpec {

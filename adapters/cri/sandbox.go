@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/virtlet/virtlet/core"
@@ -89,15 +90,26 @@ func (s *Server) ListPodSandbox(ctx context.Context, req *runtimeapi.ListPodSand
 		}
 	}
 	list := s.rt.ListSandboxes(f)
-	items := make([]*runtimeapi.PodSandbox, 0, len(list))
-	for i := range list {
-		sb := &list[i]
-		items = append(items, &runtimeapi.PodSandbox{
-			Id: sb.ID, Metadata: sandboxMetadata(sb), State: sandboxState(sb.State), CreatedAt: sb.CreatedAt.UnixNano(),
-			Labels: sb.Labels, Annotations: sb.Annotations, RuntimeHandler: sb.RuntimeHandler,
-		})
+	entries := make([]entry, len(list))
+	for i, sb := range list {
+		entries[i] = entry{id: sb.ID, revision: sb.Revision, record: sb}
 	}
-	return &runtimeapi.ListPodSandboxResponse{Items: items}, nil
+	resp := &runtimeapi.ListPodSandboxResponse{}
+	setEncoded(resp, s.sandboxWire.encode(listPodSandboxItems, entries, func(r any) proto.Message { return podSandbox(r.(*core.Sandbox)) }))
+	if f.ID == "" && f.State == "" && len(f.LabelSelector) == 0 {
+		s.sandboxWire.retain(entries)
+	}
+	return resp, nil
+}
+
+// listPodSandboxItems is the field number of ListPodSandboxResponse.items.
+const listPodSandboxItems = 1
+
+func podSandbox(sb *core.Sandbox) *runtimeapi.PodSandbox {
+	return &runtimeapi.PodSandbox{
+		Id: sb.ID, Metadata: sandboxMetadata(sb), State: sandboxState(sb.State), CreatedAt: sb.CreatedAt.UnixNano(),
+		Labels: sb.Labels, Annotations: sb.Annotations, RuntimeHandler: sb.RuntimeHandler,
+	}
 }
 
 func sandboxMetadata(sb *core.Sandbox) *runtimeapi.PodSandboxMetadata {

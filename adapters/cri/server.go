@@ -36,6 +36,8 @@ type Server struct {
 	rt   *core.Runtime
 	info Info
 	log  logrus.FieldLogger
+
+	sandboxWire, containerWire wireCache
 }
 
 // New returns a CRI server for rt.

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs everything building and testing Virtlet needs on Debian 12,
+# idempotently: Debian packages (only the missing ones, so a ready machine
+# needs no network) and the Go test tools at pinned versions.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(
+  pkg-config gcc libc6-dev protobuf-compiler          # build
+  qemu-system-x86 qemu-utils libvirt-daemon-system    # real VMs
+  libvirt-clients libvirt-dev
+  syslinux syslinux-common mtools dosfstools fdisk     # test guest images
+  kmod cpio busybox-static
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+fi
+command -v go >/dev/null || { echo "setup: Go is not installed (want go 1.26 at /usr/local/go)" >&2; exit 1; }
+testing/tools/build.sh
