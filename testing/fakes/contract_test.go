@@ -1,0 +1,46 @@
+package fakes_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/virtlet/virtlet/plugins/image"
+	"github.com/virtlet/virtlet/plugins/network"
+	"github.com/virtlet/virtlet/plugins/sdk/sdktest"
+	"github.com/virtlet/virtlet/ports"
+	"github.com/virtlet/virtlet/testing/contract/imagesourcetest"
+	"github.com/virtlet/virtlet/testing/contract/networktest"
+	"github.com/virtlet/virtlet/testing/fakes"
+)
+
+func imageSource() *fakes.ImageSource {
+	s := fakes.NewImageSource()
+	s.Fail["https://example.com/missing"] = fmt.Errorf("404: %w", ports.ErrNotFound)
+	return s
+}
+
+func TestImageSourceContract(t *testing.T) {
+	e := imagesourcetest.Env{Location: "https://example.com/x.img", Missing: "https://example.com/missing"}
+	t.Run("in process", func(t *testing.T) {
+		e.Source = imageSource()
+		imagesourcetest.Run(t, e)
+	})
+	t.Run("over gRPC", func(t *testing.T) {
+		e.Source = image.NewClient(sdktest.Conn(t, imageSource()))
+		imagesourcetest.Run(t, e)
+	})
+}
+
+// fakeNetwork makes fakes.Network servable as a plugin for the contract.
+type fakeNetwork struct{ *fakes.Network }
+
+func (fakeNetwork) PluginInfo() ports.PluginInfo {
+	return ports.PluginInfo{Name: "fake-network", Kind: ports.KindNetwork, Handles: []string{"fake"}}
+}
+
+func TestNetworkContract(t *testing.T) {
+	t.Run("in process", func(t *testing.T) { networktest.Run(t, fakes.NewNetwork()) })
+	t.Run("over gRPC", func(t *testing.T) {
+		networktest.Run(t, network.NewClient(sdktest.Conn(t, fakeNetwork{fakes.NewNetwork()})))
+	})
+}
