@@ -104,6 +104,12 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
+	if opts.RootVolumeSize > 0 && opts.RootVolumeSize < img.VirtualSize {
+		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
+			Field: "annotation " + annotations.RootVolumeSize, Value: sb.Annotations[annotations.RootVolumeSize],
+			Reason:  fmt.Sprintf("smaller than the image's virtual size (%d bytes)", img.VirtualSize),
+			Allowed: "a size of at least the image's virtual size (the root disk can grow, not shrink)"})
+	}
 
 	id := newContainerID()
 	spec := ports.VMSpec{
@@ -298,6 +304,22 @@ func (r *Runtime) applyExit(c *Container, st ports.VMStatus) {
 			c.Reason = ReasonKilled
 		}
 	}
+}
+
+// ReopenContainerLog makes the VM's console log be written to a new file
+// after kubelet rotated the old one.
+func (r *Runtime) ReopenContainerLog(ctx context.Context, id string) error {
+	c, err := r.ContainerStatus(ctx, id)
+	if err != nil {
+		return err
+	}
+	if c.State != ContainerRunning {
+		return fmt.Errorf("container %s is %s; only a running VM's log can be reopened: %w", short(c.ID), c.State, ports.ErrFailedPrecondition)
+	}
+	if err := r.deps.Hypervisor.ReopenLog(ctx, c.ID); err != nil {
+		return fmt.Errorf("reopen console log of VM %s: %w", c.Spec.Name, err)
+	}
+	return nil
 }
 
 // RemoveContainer removes the VM and everything made for it. Removing an

@@ -97,7 +97,7 @@ func (r *Runtime) indexImage(ctx context.Context, n ImageName, res ports.FetchRe
 	var writes []write
 	var orphans []string
 	r.mu.RLock()
-	img := &Image{ID: res.Digest, Size: res.Size, Format: res.Format, Location: location, PulledAt: r.opts.Now()}
+	img := &Image{ID: res.Digest, Size: res.Size, Format: res.Format, VirtualSize: res.VirtualSize, Location: location, PulledAt: r.opts.Now()}
 	if old, ok := r.images[res.Digest]; ok {
 		img.Names = append(img.Names, old.Names...)
 	}

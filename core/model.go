@@ -128,11 +128,12 @@ type Image struct {
 	ID string `json:"id"`
 	// Names are the names it was pulled as, normalised with a tag
 	// ("virtlet.cloud/cirros:latest") or a digest.
-	Names    []string  `json:"names"`
-	Size     int64     `json:"size"`
-	Format   string    `json:"format,omitempty"`
-	Location string    `json:"location,omitempty"` // where it was fetched from (no credentials)
-	PulledAt time.Time `json:"pulledAt"`
+	Names       []string  `json:"names"`
+	Size        int64     `json:"size"`
+	Format      string    `json:"format,omitempty"`
+	VirtualSize int64     `json:"virtualSize,omitempty"` // bytes the guest sees
+	Location    string    `json:"location,omitempty"`    // where it was fetched from (no credentials)
+	PulledAt    time.Time `json:"pulledAt"`
 }
 
 // RepoDigests returns the digest-pinned names of the image.

@@ -318,6 +318,27 @@ func TestVMLifecycle(t *testing.T) {
 	}
 }
 
+func TestReopenContainerLog(t *testing.T) {
+	e := newEnv(t)
+	id := e.createVM(t, e.runPod(t, "p", nil))
+	ctx := context.Background()
+	if err := e.rt.ReopenContainerLog(ctx, id); !errors.Is(err, ports.ErrFailedPrecondition) {
+		t.Fatalf("reopen before start: %v", err)
+	}
+	if err := e.rt.StartContainer(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.ReopenContainerLog(ctx, id[:8]); err != nil {
+		t.Fatal(err)
+	}
+	if e.hv.Reopened(id) != 1 {
+		t.Fatal("the hypervisor was not asked to reopen the log")
+	}
+	if err := e.rt.ReopenContainerLog(ctx, "nope"); !errors.Is(err, ports.ErrNotFound) {
+		t.Fatalf("unknown container: %v", err)
+	}
+}
+
 func TestStopForcesGuestThatIgnoresShutdown(t *testing.T) {
 	e := newEnv(t)
 	e.hv.GuestIgnoresShutdown = true
@@ -377,6 +398,8 @@ func TestCreateContainerRefusals(t *testing.T) {
 			[]string{"annotation VirtletDiskDriver", `"ide"`}},
 		{"bad root volume", map[string]string{annotations.RootVolumeSize: "big"}, nil, ports.ErrInvalidArgument,
 			[]string{"annotation VirtletRootVolumeSize", `"big"`}},
+		{"root volume smaller than the image", map[string]string{annotations.RootVolumeSize: "1Mi"}, nil, ports.ErrInvalidArgument,
+			[]string{"annotation VirtletRootVolumeSize", `"1Mi"`, "smaller than the image's virtual size (33554432 bytes)"}},
 		{"bad user-data", map[string]string{annotations.CloudInitUserData: "users: [\n"}, nil, ports.ErrInvalidArgument,
 			[]string{"annotation VirtletCloudInitUserData", "cannot parse"}},
 		{"bad ssh key source", map[string]string{annotations.SSHKeySource: "mysecret"}, nil, ports.ErrInvalidArgument,

@@ -37,7 +37,7 @@ var (
 
 func (e *echo) Fetch(ctx context.Context, req ports.FetchRequest) (ports.FetchResult, error) {
 	e.got = req
-	return ports.FetchResult{Digest: "sha256:ab", Size: 7, Format: "raw"}, nil
+	return ports.FetchResult{Digest: "sha256:ab", Size: 7, Format: "raw", VirtualSize: 1 << 20}, nil
 }
 func (e *echo) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.VolumeAttachment, error) {
 	e.got = req
@@ -76,7 +76,7 @@ func TestImageShim(t *testing.T) {
 		t.Fatal(err)
 	}
 	same(t, "request", e.got, req)
-	same(t, "result", res, ports.FetchResult{Digest: "sha256:ab", Size: 7, Format: "raw"})
+	same(t, "result", res, ports.FetchResult{Digest: "sha256:ab", Size: 7, Format: "raw", VirtualSize: 1 << 20})
 }
 
 func TestVolumeShim(t *testing.T) {

@@ -31,6 +31,8 @@ type Hypervisor interface {
 	// away; then the channel is closed. Consumers resynchronise with List
 	// after each (re)subscription.
 	Watch(ctx context.Context) (<-chan VMStatus, error)
+	// ReopenLog reopens the VM's console log file after kubelet rotated it.
+	ReopenLog(ctx context.Context, id string) error
 }
 
 // HypervisorCapabilities describe the hypervisor behind a Hypervisor port.

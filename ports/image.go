@@ -40,9 +40,10 @@ type RegistryAuth struct {
 
 // FetchResult describes a fetched image.
 type FetchResult struct {
-	Digest string // "sha256:<hex>" of the bytes written to Dest
-	Size   int64
-	Format string // "qcow2" or "raw"
+	Digest      string // "sha256:<hex>" of the bytes written to Dest
+	Size        int64
+	Format      string // "qcow2" or "raw"
+	VirtualSize int64  // bytes the guest sees
 }
 
 // ImageFiles stores image data content-addressed on the local disk.

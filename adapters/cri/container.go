@@ -172,7 +172,7 @@ func (s *Server) UpdateContainerResources(ctx context.Context, req *runtimeapi.U
 }
 
 func (s *Server) ReopenContainerLog(ctx context.Context, req *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
-	return nil, unsupported("ReopenContainerLog", "console log rotation is not implemented yet")
+	return &runtimeapi.ReopenContainerLogResponse{}, s.rt.ReopenContainerLog(ctx, req.ContainerId)
 }
 
 func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {

@@ -150,4 +150,15 @@ func (c *Client) Watch(ctx context.Context) (<-chan ports.VMStatus, error) {
 	return out, nil
 }
 
+func (c *Client) ReopenLog(ctx context.Context, id string) error {
+	rpc, err := c.rpc()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := base.WithTimeout(ctx, base.QuickCallTimeout)
+	defer cancel()
+	_, err = rpc.ReopenLog(ctx, &hypervisorv1.VMRequest{Id: id})
+	return c.conn.Error(err)
+}
+
 var _ ports.Hypervisor = (*Client)(nil)

@@ -84,6 +84,10 @@ func (s *Server) List(ctx context.Context, _ *hypervisorv1.ListRequest) (*hyperv
 	return resp, nil
 }
 
+func (s *Server) ReopenLog(ctx context.Context, req *hypervisorv1.VMRequest) (*hypervisorv1.ReopenLogResponse, error) {
+	return &hypervisorv1.ReopenLogResponse{}, base.ToRPC(s.impl.ReopenLog(ctx, req.Id))
+}
+
 func (s *Server) Watch(_ *hypervisorv1.WatchRequest, stream hypervisorv1.Hypervisor_WatchServer) error {
 	ch, err := s.impl.Watch(stream.Context())
 	if err != nil {

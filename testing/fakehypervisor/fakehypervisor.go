@@ -31,6 +31,7 @@ type Hypervisor struct {
 	mu        sync.Mutex
 	vms       map[string]*vm
 	subs      map[chan ports.VMStatus]struct{}
+	reopened  map[string]int
 	stateFile string
 	now       func() time.Time
 
@@ -48,7 +49,7 @@ type vm struct {
 
 // New returns an empty in-memory hypervisor.
 func New() *Hypervisor {
-	return &Hypervisor{vms: map[string]*vm{}, subs: map[chan ports.VMStatus]struct{}{}, now: time.Now, Fail: map[string]error{}}
+	return &Hypervisor{vms: map[string]*vm{}, subs: map[chan ports.VMStatus]struct{}{}, reopened: map[string]int{}, now: time.Now, Fail: map[string]error{}}
 }
 
 // Open returns a hypervisor persisted in dir, loading the VMs saved there.
@@ -351,6 +352,24 @@ func (h *Hypervisor) Watch(ctx context.Context) (<-chan ports.VMStatus, error) {
 		h.mu.Unlock()
 	}()
 	return ch, nil
+}
+
+// ReopenLog reopens nothing: the fake writes its console log once, at start.
+func (h *Hypervisor) ReopenLog(ctx context.Context, id string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.vms[id]; !ok {
+		return fmt.Errorf("fake reopen log %s: %w", id, ports.ErrNotFound)
+	}
+	h.reopened[id]++
+	return nil
+}
+
+// Reopened counts ReopenLog calls for a VM.
+func (h *Hypervisor) Reopened(id string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.reopened[id]
 }
 
 var _ ports.Hypervisor = (*Hypervisor)(nil)

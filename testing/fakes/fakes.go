@@ -101,6 +101,9 @@ func (s *Store) Keys(b ports.Bucket) []string {
 
 func (s *Store) Close() error { return nil }
 
+// FakeVirtualSize is the virtual size the fake image source reports.
+const FakeVirtualSize = 32 << 20
+
 // ImageSource "downloads" deterministic bytes derived from the location.
 type ImageSource struct {
 	mu sync.Mutex
@@ -161,7 +164,7 @@ func (s *ImageSource) Fetch(ctx context.Context, req ports.FetchRequest) (ports.
 		return ports.FetchResult{}, err
 	}
 	sum := sha256.Sum256(data)
-	return ports.FetchResult{Digest: "sha256:" + hex.EncodeToString(sum[:]), Size: int64(len(data)), Format: "qcow2"}, nil
+	return ports.FetchResult{Digest: "sha256:" + hex.EncodeToString(sum[:]), Size: int64(len(data)), Format: "qcow2", VirtualSize: FakeVirtualSize}, nil
 }
 
 // ImageFiles is a ports.ImageFiles over a temporary directory.

@@ -27,6 +27,7 @@ const (
 	Hypervisor_Status_FullMethodName       = "/virtlet.hypervisor.v1.Hypervisor/Status"
 	Hypervisor_List_FullMethodName         = "/virtlet.hypervisor.v1.Hypervisor/List"
 	Hypervisor_Watch_FullMethodName        = "/virtlet.hypervisor.v1.Hypervisor/Watch"
+	Hypervisor_ReopenLog_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/ReopenLog"
 )
 
 // HypervisorClient is the client API for Hypervisor service.
@@ -44,6 +45,7 @@ type HypervisorClient interface {
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 	// Watch streams VM state changes until the caller cancels.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[VMStatus], error)
+	ReopenLog(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*ReopenLogResponse, error)
 }
 
 type hypervisorClient struct {
@@ -143,6 +145,16 @@ func (c *hypervisorClient) Watch(ctx context.Context, in *WatchRequest, opts ...
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Hypervisor_WatchClient = grpc.ServerStreamingClient[VMStatus]
 
+func (c *hypervisorClient) ReopenLog(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*ReopenLogResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReopenLogResponse)
+	err := c.cc.Invoke(ctx, Hypervisor_ReopenLog_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HypervisorServer is the server API for Hypervisor service.
 // All implementations must embed UnimplementedHypervisorServer
 // for forward compatibility.
@@ -158,6 +170,7 @@ type HypervisorServer interface {
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	// Watch streams VM state changes until the caller cancels.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[VMStatus]) error
+	ReopenLog(context.Context, *VMRequest) (*ReopenLogResponse, error)
 	mustEmbedUnimplementedHypervisorServer()
 }
 
@@ -191,6 +204,9 @@ func (UnimplementedHypervisorServer) List(context.Context, *ListRequest) (*ListR
 }
 func (UnimplementedHypervisorServer) Watch(*WatchRequest, grpc.ServerStreamingServer[VMStatus]) error {
 	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedHypervisorServer) ReopenLog(context.Context, *VMRequest) (*ReopenLogResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReopenLog not implemented")
 }
 func (UnimplementedHypervisorServer) mustEmbedUnimplementedHypervisorServer() {}
 func (UnimplementedHypervisorServer) testEmbeddedByValue()                    {}
@@ -350,6 +366,24 @@ func _Hypervisor_Watch_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Hypervisor_WatchServer = grpc.ServerStreamingServer[VMStatus]
 
+func _Hypervisor_ReopenLog_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).ReopenLog(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_ReopenLog_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).ReopenLog(ctx, req.(*VMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Hypervisor_ServiceDesc is the grpc.ServiceDesc for Hypervisor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -384,6 +418,10 @@ var Hypervisor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "List",
 			Handler:    _Hypervisor_List_Handler,
+		},
+		{
+			MethodName: "ReopenLog",
+			Handler:    _Hypervisor_ReopenLog_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds the tiny test guest: a whole-disk image (MBR, FAT16 boot partition,
+# syslinux, Debian's kernel, a busybox initramfs running ./init), from Debian
+# packages only and without loop devices or mounts.
+#   build.sh OUT.qcow2 WORKDIR KERNEL_VERSION
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=$1 work=$2 kv=$3
+mkdir -p "$work/debs"
+kpkg=$work/kpkg
+if [ ! -f "$kpkg/lib/modules/$kv/modules.dep" ]; then
+  rm -rf "$kpkg"; mkdir -p "$kpkg"
+  (cd "$work/debs" && ls linux-image-${kv}_*.deb >/dev/null 2>&1 || apt-get download -q "linux-image-$kv")
+  dpkg-deb -x "$work"/debs/linux-image-${kv}_*.deb "$kpkg"
+  depmod -b "$kpkg" "$kv"
+fi
+MODS="virtio_pci virtio_blk virtio_scsi virtio_net sd_mod sr_mod ata_piix ahci isofs nls_utf8 9p 9pnet_virtio evdev"
+root=$work/initramfs
+rm -rf "$root"; mkdir -p "$root"/{bin,proc,sys,dev,ci,mnt,lib/modules/$kv/kernel}
+cp /bin/busybox "$root/bin/busybox"
+cp "$here/init" "$root/init"; chmod 755 "$root/init"
+: > "$root/modules.list"
+for m in $MODS; do modprobe -d "$kpkg" -S "$kv" --show-depends "$m" | awk '$1=="insmod"{print $2}'; done | awk '!seen[$0]++' |
+while read -r p; do
+  rel=${p#$kpkg/lib/modules/$kv/kernel/}
+  mkdir -p "$root/lib/modules/$kv/kernel/$(dirname "$rel")"
+  cp "$p" "$root/lib/modules/$kv/kernel/$rel"
+  echo "$rel" >> "$root/modules.list"
+done
+(cd "$root" && find . | cpio -o -H newc --quiet | gzip -9) > "$work/initrd.gz"
+
+SIZE_MB=32 PSTART=2048
+rm -f "$work/part.img" "$work/disk.raw"
+truncate -s $((SIZE_MB - 1))M "$work/part.img"
+mkfs.vfat -F 16 -n TINYBOOT -h $PSTART "$work/part.img" >/dev/null
+cat > "$work/syslinux.cfg" <<CFG
+SERIAL 0 115200
+DEFAULT linux
+PROMPT 0
+TIMEOUT 0
+LABEL linux
+  KERNEL /vmlinuz
+  INITRD /initrd.gz
+  APPEND console=ttyS0,115200 panic=-1 quiet loglevel=4
+CFG
+mcopy -i "$work/part.img" "$kpkg/boot/vmlinuz-$kv" ::/vmlinuz
+mcopy -i "$work/part.img" "$work/initrd.gz" ::/initrd.gz
+mcopy -i "$work/part.img" "$work/syslinux.cfg" ::/syslinux.cfg
+syslinux --install "$work/part.img"
+truncate -s ${SIZE_MB}M "$work/disk.raw"
+echo "start=$PSTART, type=e, bootable" | sfdisk -q "$work/disk.raw"
+dd if="$work/part.img" of="$work/disk.raw" bs=512 seek=$PSTART conv=notrunc status=none
+dd if=/usr/lib/syslinux/mbr/mbr.bin of="$work/disk.raw" bs=440 count=1 conv=notrunc status=none
+qemu-img convert -c -O qcow2 "$work/disk.raw" "$out.tmp"
+mv "$out.tmp" "$out"
+rm -f "$work/part.img" "$work/disk.raw"
