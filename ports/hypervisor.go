@@ -144,7 +144,7 @@ type CPUNuma struct {
 type CPUNumaCell struct {
 	ID     *int   `json:"ID,omitempty"`
 	CPUs   string `json:"CPUs"`
-	Memory string `json:"Memory"`
+	Memory uint64 `json:"Memory"`
 	Unit   string `json:"Unit,omitempty"`
 }
 

@@ -55,11 +55,11 @@ Features:
 - {Policy: require, Name: vmx}
 Numa:
   Cells:
-  - {ID: 1, CPUs: "0-1", Memory: "512", Unit: MiB}
+  - {ID: 1, CPUs: "0-1", Memory: 512, Unit: MiB}
 `}, func(o *VMOptions) {
 			o.CPUSetting = &ports.CPUSetting{Mode: "custom", Topology: &ports.CPUTopology{Sockets: 1, Cores: 2, Threads: 1},
 				Features: []ports.CPUFeature{{Policy: "require", Name: "vmx"}},
-				Numa:     &ports.CPUNuma{Cells: []ports.CPUNumaCell{{ID: &one, CPUs: "0-1", Memory: "512", Unit: "MiB"}}}}
+				Numa:     &ports.CPUNuma{Cells: []ports.CPUNumaCell{{ID: &one, CPUs: "0-1", Memory: 512, Unit: "MiB"}}}}
 		}},
 		{"configdrive", map[string]string{CloudInitImageType: "configdrive"}, func(o *VMOptions) { o.CloudInitImageType = "configdrive" }},
 		{"nocloud", map[string]string{CloudInitImageType: "nocloud"}, func(o *VMOptions) { o.CloudInitImageType = "nocloud" }},

@@ -1178,7 +1178,7 @@ type CPUNumaCell struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            *int32                 `protobuf:"varint,1,opt,name=id,proto3,oneof" json:"id,omitempty"`
 	Cpus          string                 `protobuf:"bytes,2,opt,name=cpus,proto3" json:"cpus,omitempty"`
-	Memory        string                 `protobuf:"bytes,3,opt,name=memory,proto3" json:"memory,omitempty"`
+	Memory        uint64                 `protobuf:"varint,3,opt,name=memory,proto3" json:"memory,omitempty"`
 	Unit          string                 `protobuf:"bytes,4,opt,name=unit,proto3" json:"unit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1228,11 +1228,11 @@ func (x *CPUNumaCell) GetCpus() string {
 	return ""
 }
 
-func (x *CPUNumaCell) GetMemory() string {
+func (x *CPUNumaCell) GetMemory() uint64 {
 	if x != nil {
 		return x.Memory
 	}
-	return ""
+	return 0
 }
 
 func (x *CPUNumaCell) GetUnit() string {
@@ -1337,7 +1337,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\vCPUNumaCell\x12\x13\n" +
 	"\x02id\x18\x01 \x01(\x05H\x00R\x02id\x88\x01\x01\x12\x12\n" +
 	"\x04cpus\x18\x02 \x01(\tR\x04cpus\x12\x16\n" +
-	"\x06memory\x18\x03 \x01(\tR\x06memory\x12\x12\n" +
+	"\x06memory\x18\x03 \x01(\x04R\x06memory\x12\x12\n" +
 	"\x04unit\x18\x04 \x01(\tR\x04unitB\x05\n" +
 	"\x03_id2\x89\x06\n" +
 	"\n" +

@@ -135,7 +135,7 @@ func Run(t *testing.T, env Env) {
 		one := 1
 		spec.CPU = ports.CPUSpec{Model: "host-model", Setting: &ports.CPUSetting{Match: "exact",
 			Model: &ports.CPUSettingModel{Fallback: "allow", Value: "core2duo"}, Topology: &ports.CPUTopology{Sockets: 1, Cores: 1, Threads: 1},
-			Features: []ports.CPUFeature{{Policy: "require", Name: "vmx"}}, Numa: &ports.CPUNuma{Cells: []ports.CPUNumaCell{{ID: &one, CPUs: "0", Memory: "128", Unit: "MiB"}}}}}
+			Features: []ports.CPUFeature{{Policy: "require", Name: "vmx"}}, Numa: &ports.CPUNuma{Cells: []ports.CPUNumaCell{{ID: &one, CPUs: "0", Memory: 128, Unit: "MiB"}}}}}
 		spec.Filesystems = []ports.Filesystem{{Source: "/srv", Tag: "srv", AccessMode: "squash"}}
 		spec.NICs = []ports.NIC{{Name: "eth0", MAC: "52:54:00:00:00:01", MTU: 1500}}
 		if err := hv.Define(ctx, spec); err != nil {

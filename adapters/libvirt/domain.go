@@ -1,0 +1,233 @@
+package libvirt
+
+import (
+	"encoding/xml"
+	"fmt"
+	"strings"
+
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// Ownership marks. A domain is Virtlet's when its name has NamePrefix and
+// its metadata holds a <virtlet:vm> element in MetadataNS; nothing else on a
+// shared libvirtd is ever touched.
+const (
+	NamePrefix  = "virtlet-"
+	MetadataNS  = "https://virtlet.cloud/xmlns/domain/v1"
+	metadataKey = "virtlet"
+)
+
+// vmMetadata is the <virtlet:vm> element of our domains.
+type vmMetadata struct {
+	XMLName   xml.Name `xml:"vm"`
+	ID        string   `xml:"id,attr"`
+	Sandbox   string   `xml:"sandbox,attr,omitempty"`
+	Pod       string   `xml:"pod,attr,omitempty"`
+	CreatedBy string   `xml:"createdBy,attr"`
+}
+
+// domainInput is everything a domain definition needs beyond the VM spec.
+type domainInput struct {
+	Spec       ports.VMSpec
+	DomainType string            // "kvm" or "qemu" (TCG)
+	DiskPaths  map[string]string // resolved paths of overlay disks, by disk name
+	ConsoleLog string            // raw serial log written by virtlogd
+}
+
+// domainXML renders the libvirt domain of a VM. It is deterministic, so
+// golden files can hold it.
+func domainXML(in domainInput) (string, error) {
+	s := in.Spec
+	if !strings.HasPrefix(s.Name, NamePrefix) {
+		return "", &ports.InvalidError{Field: "VM name", Value: s.Name, Allowed: "a name starting with " + NamePrefix}
+	}
+	meta, err := xml.Marshal(vmMetadata{ID: s.ID, Sandbox: s.SandboxID, Pod: s.PodNamespace + "/" + s.PodName, CreatedBy: "virtlet"})
+	if err != nil {
+		return "", err
+	}
+	metaXML := strings.Replace(string(meta), "<vm ", fmt.Sprintf(`<%s:vm xmlns:%s="%s" `, metadataKey, metadataKey, MetadataNS), 1)
+	metaXML = strings.Replace(metaXML, "></vm>", "/>", 1)
+
+	zero := uint(0)
+	d := &libvirtxml.Domain{
+		Type: in.DomainType, Name: s.Name, UUID: s.UUID,
+		Metadata: &libvirtxml.DomainMetadata{XML: metaXML},
+		Memory:   &libvirtxml.DomainMemory{Value: uint((s.MemoryBytes + 1023) / 1024), Unit: "KiB"},
+		VCPU:     &libvirtxml.DomainVCPU{Placement: "static", Value: uint(s.VCPUs)},
+		SysInfo: []libvirtxml.DomainSysInfo{{SMBIOS: &libvirtxml.DomainSysInfoSMBIOS{System: &libvirtxml.DomainSysInfoSystem{
+			Entry: []libvirtxml.DomainSysInfoEntry{
+				{Name: "manufacturer", Value: "Virtlet"},
+				{Name: "product", Value: "VM pod"},
+				{Name: "serial", Value: s.ID},
+				{Name: "uuid", Value: s.UUID},
+				{Name: "family", Value: s.PodNamespace + "/" + s.PodName},
+			},
+		}}}},
+		OS: &libvirtxml.DomainOS{
+			Type:   &libvirtxml.DomainOSType{Arch: "x86_64", Machine: "pc", Type: "hvm"},
+			SMBios: &libvirtxml.DomainSMBios{Mode: "sysinfo"},
+		},
+		Features:   &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}},
+		Clock:      &libvirtxml.DomainClock{Offset: "utc"},
+		OnPoweroff: "destroy", OnReboot: "restart", OnCrash: "destroy",
+		Devices: &libvirtxml.DomainDeviceList{
+			Controllers: []libvirtxml.DomainController{{Type: "usb", Model: "none"}},
+			Serials: []libvirtxml.DomainSerial{{
+				Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
+				Target: &libvirtxml.DomainSerialTarget{Port: &zero},
+				Log:    &libvirtxml.DomainChardevLog{File: in.ConsoleLog, Append: "on"},
+			}},
+			Consoles: []libvirtxml.DomainConsole{{
+				Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
+				Target: &libvirtxml.DomainConsoleTarget{Type: "serial", Port: &zero},
+			}},
+			Graphics: []libvirtxml.DomainGraphic{{VNC: &libvirtxml.DomainGraphicVNC{
+				Port: -1, AutoPort: "yes",
+				Listeners: []libvirtxml.DomainGraphicListener{{Address: &libvirtxml.DomainGraphicListenerAddress{Address: "127.0.0.1"}}},
+			}}},
+			Videos:     []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, Primary: "yes"}}},
+			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "virtio"},
+			RNGs: []libvirtxml.DomainRNG{{Model: "virtio",
+				Backend: &libvirtxml.DomainRNGBackend{Random: &libvirtxml.DomainRNGBackendRandom{Device: "/dev/urandom"}}}},
+			Panics: []libvirtxml.DomainPanic{{Model: "isa"}},
+		},
+	}
+	cpu, err := domainCPU(s.CPU)
+	if err != nil {
+		return "", err
+	}
+	d.CPU = cpu
+	if err := addDisks(d, in); err != nil {
+		return "", err
+	}
+	for _, fs := range s.Filesystems {
+		f := libvirtxml.DomainFilesystem{
+			AccessMode: fs.AccessMode,
+			Source:     &libvirtxml.DomainFilesystemSource{Mount: &libvirtxml.DomainFilesystemSourceMount{Dir: fs.Source}},
+			Target:     &libvirtxml.DomainFilesystemTarget{Dir: fs.Tag},
+		}
+		if fs.ReadOnly {
+			f.ReadOnly = &libvirtxml.DomainFilesystemReadOnly{}
+		}
+		d.Devices.Filesystems = append(d.Devices.Filesystems, f)
+	}
+	if len(s.NICs) > 0 {
+		return "", fmt.Errorf("VM %s: network interfaces are not supported by this hypervisor plugin yet: %w", s.Name, ports.ErrUnimplemented)
+	}
+	return d.Marshal()
+}
+
+func domainCPU(c ports.CPUSpec) (*libvirtxml.DomainCPU, error) {
+	if s := c.Setting; s != nil {
+		cpu := &libvirtxml.DomainCPU{Mode: s.Mode, Match: s.Match, Check: s.Check, Migratable: s.Migratable, Vendor: s.Vendor}
+		if m := s.Model; m != nil {
+			cpu.Model = &libvirtxml.DomainCPUModel{Fallback: m.Fallback, VendorID: m.VendorID, Value: m.Value}
+		}
+		if t := s.Topology; t != nil {
+			cpu.Topology = &libvirtxml.DomainCPUTopology{Sockets: t.Sockets, Dies: t.Dies, Cores: t.Cores, Threads: t.Threads}
+		}
+		for _, f := range s.Features {
+			cpu.Features = append(cpu.Features, libvirtxml.DomainCPUFeature{Policy: f.Policy, Name: f.Name})
+		}
+		if ca := s.Cache; ca != nil {
+			cpu.Cache = &libvirtxml.DomainCPUCache{Mode: ca.Mode}
+			if ca.Level > 0 {
+				cpu.Cache.Level = uint(ca.Level)
+			}
+		}
+		if n := s.Numa; n != nil {
+			cpu.Numa = &libvirtxml.DomainNuma{}
+			for _, cell := range n.Cells {
+				dc := libvirtxml.DomainCell{CPUs: cell.CPUs, Memory: uint(cell.Memory), Unit: cell.Unit}
+				if cell.ID != nil {
+					id := uint(*cell.ID)
+					dc.ID = &id
+				}
+				cpu.Numa.Cell = append(cpu.Numa.Cell, dc)
+			}
+		}
+		return cpu, nil
+	}
+	switch c.Model {
+	case "":
+		return nil, nil // the hypervisor's default CPU
+	case "host-model":
+		return &libvirtxml.DomainCPU{Mode: "host-model"}, nil
+	default:
+		return nil, &ports.InvalidError{Field: "CPU model", Value: c.Model, Allowed: `"" or "host-model"`}
+	}
+}
+
+// addDisks adds the VM's disks with stable guest device names: sdX on the
+// virtio-scsi controller, vdX for virtio-blk, hdX for IDE.
+func addDisks(d *libvirtxml.Domain, in domainInput) error {
+	next := map[string]int{}
+	devName := func(prefix string) string {
+		n := next[prefix]
+		next[prefix]++
+		return prefix + string(rune('a'+n))
+	}
+	scsiUnit := uint(0)
+	haveSCSI := false
+	boot := uint(1)
+	for _, disk := range in.Spec.Disks {
+		dd := libvirtxml.DomainDisk{Device: string(disk.Device), Serial: disk.Serial}
+		if dd.Device == "" {
+			dd.Device = string(ports.DeviceDisk)
+		}
+		format := disk.Source.Format
+		switch disk.Source.Type {
+		case ports.SourceFile:
+			path := disk.Source.Path
+			if disk.Overlay != nil {
+				path = in.DiskPaths[disk.Name]
+				format = "qcow2"
+			}
+			if path == "" {
+				return &ports.InvalidError{Field: "disk " + disk.Name, Value: "", Reason: "no file path"}
+			}
+			dd.Source = &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: path}}
+		case ports.SourceBlock:
+			dd.Source = &libvirtxml.DomainDiskSource{Block: &libvirtxml.DomainDiskSourceBlock{Dev: disk.Source.Path}}
+		default:
+			return fmt.Errorf("disk %s: %s disks are not supported by this hypervisor plugin yet: %w", disk.Name, disk.Source.Type, ports.ErrUnimplemented)
+		}
+		if format != "qcow2" && format != "raw" {
+			return &ports.InvalidError{Field: "disk " + disk.Name + " format", Value: format, Allowed: "qcow2 or raw"}
+		}
+		dd.Driver = &libvirtxml.DomainDiskDriver{Name: "qemu", Type: format}
+		switch disk.Bus {
+		case ports.BusSCSI:
+			haveSCSI = true
+			unit := scsiUnit
+			scsiUnit++
+			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("sd"), Bus: "scsi"}
+			dd.Address = &libvirtxml.DomainAddress{Drive: &libvirtxml.DomainAddressDrive{
+				Controller: uintp(0), Bus: uintp(0), Target: uintp(0), Unit: &unit}}
+		case ports.BusVirtio:
+			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("vd"), Bus: "virtio"}
+		case ports.BusIDE:
+			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("hd"), Bus: "ide"}
+		case ports.BusSATA:
+			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("sd"), Bus: "sata"}
+		default:
+			return &ports.InvalidError{Field: "disk " + disk.Name + " bus", Value: string(disk.Bus), Allowed: "scsi, virtio, ide or sata"}
+		}
+		if disk.ReadOnly || disk.Device == ports.DeviceCDROM {
+			dd.ReadOnly = &libvirtxml.DomainDiskReadOnly{}
+		}
+		if disk.Boot {
+			dd.Boot = &libvirtxml.DomainDeviceBoot{Order: boot}
+			boot++
+		}
+		d.Devices.Disks = append(d.Devices.Disks, dd)
+	}
+	if haveSCSI {
+		d.Devices.Controllers = append(d.Devices.Controllers, libvirtxml.DomainController{Type: "scsi", Index: uintp(0), Model: "virtio-scsi"})
+	}
+	return nil
+}
+
+func uintp(v uint) *uint { return &v }

@@ -1,0 +1,135 @@
+package libvirt
+
+import (
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/virtlet/virtlet/core/annotations"
+	"github.com/virtlet/virtlet/ports"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// specFor builds the VM spec the core builds for a pod with these
+// annotations, so the golden files follow annotations end to end.
+func specFor(t *testing.T, ann map[string]string) ports.VMSpec {
+	t.Helper()
+	opts, err := annotations.Parse(ann)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid := opts.SystemUUID
+	if uuid == "" {
+		uuid = "6ea51c38-5b5d-5c41-a1a8-0b3d0b4b7c8e"
+	}
+	id := "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	return ports.VMSpec{
+		ID: id, Name: "virtlet-0123456789ab-cirros-vm", UUID: uuid,
+		SandboxID: "fedcba9876543210", PodName: "cirros-vm", PodNamespace: "default", PodUID: "uid-1",
+		VCPUs: opts.VCPUCount, MemoryBytes: 160 << 20,
+		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting},
+		Disks: []ports.Disk{{Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true,
+			Source:  ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"},
+			Overlay: &ports.DiskOverlay{BasePath: "/var/lib/virtlet/images/sha256/ab", BaseFormat: "qcow2", SizeBytes: opts.RootVolumeSize}}},
+		ConsoleLogPath: "/var/log/pods/default_cirros-vm_uid-1/cirros-vm/0.log",
+	}
+}
+
+func TestDomainGolden(t *testing.T) {
+	target := map[string]string{annotations.TargetRuntime: annotations.TargetRuntimeValue}
+	with := func(kv ...string) map[string]string {
+		m := map[string]string{}
+		for k, v := range target {
+			m[k] = v
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	cases := []struct {
+		name string
+		ann  map[string]string
+		edit func(*ports.VMSpec)
+		tcg  bool
+	}{
+		{"defaults", with(), nil, true},
+		{"seed-001", with(annotations.VCPUCount, "1", annotations.DiskDriver, "virtio", annotations.RootVolumeSize, "1Gi",
+			annotations.SSHKeys, "ssh-rsa AAAA me@localhost"), nil, true},
+		{"two-vcpus-scsi", with(annotations.VCPUCount, "2"), nil, true},
+		{"host-model", with(annotations.CPUModel, "host-model"), nil, false},
+		{"libvirt-cpu-setting", with(annotations.LibvirtCPUSetting, "Match: exact\nModel:\n  Fallback: allow\n  Value: core2duo\n"), nil, true},
+		{"cpu-setting-topology-numa", with(annotations.VCPUCount, "2", annotations.LibvirtCPUSetting,
+			"Mode: custom\nModel: {Value: qemu64}\nTopology: {Sockets: 1, Cores: 2, Threads: 1}\nFeatures: [{Policy: disable, Name: vmx}]\nNuma:\n  Cells:\n  - {ID: 0, CPUs: \"0-1\", Memory: 163840, Unit: KiB}\n"), nil, true},
+		{"system-uuid", with(annotations.SystemUUID, "4a9c4d3e-0b1f-4a57-9e3c-6f7f2f6f1c2d"), nil, true},
+		{"extra-disks-and-share", with(annotations.DiskDriver, "virtio"), func(s *ports.VMSpec) {
+			s.Disks = append(s.Disks,
+				ports.Disk{Name: "cloud-init", Device: ports.DeviceCDROM, Bus: ports.BusSCSI, ReadOnly: true, Source: ports.DiskSource{Type: ports.SourceFile, Path: "/run/ci.iso", Format: "raw"}},
+				ports.Disk{Name: "vol-data", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Source: ports.DiskSource{Type: ports.SourceBlock, Path: "/dev/loop7", Format: "raw"}})
+			s.Filesystems = []ports.Filesystem{{Source: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~empty-dir/data", Tag: "data", AccessMode: "squash"}}
+		}, true},
+	}
+	validate, _ := exec.LookPath("virt-xml-validate")
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := specFor(t, tc.ann)
+			if tc.edit != nil {
+				tc.edit(&spec)
+			}
+			dt := "kvm"
+			if tc.tcg {
+				dt = "qemu"
+			}
+			got, err := domainXML(domainInput{Spec: spec, DomainType: dt,
+				DiskPaths: map[string]string{"root": "/var/lib/virtlet/vms/" + spec.ID + "-root.qcow2"}, ConsoleLog: "/var/lib/virtlet/vms/" + spec.ID + ".console"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden := filepath.Join("testdata", tc.name+".xml")
+			if *update {
+				os.WriteFile(golden, []byte(got+"\n"), 0o644)
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run with -update to create it)", err)
+			}
+			if strings.TrimSpace(string(want)) != strings.TrimSpace(got) {
+				t.Fatalf("domain XML differs from %s (run with -update and review the diff):\n%s", golden, got)
+			}
+			if validate != "" {
+				if out, err := exec.Command(validate, golden, "domain").CombinedOutput(); err != nil {
+					t.Fatalf("libvirt's schema refuses %s: %v\n%s", golden, err, out)
+				}
+			}
+		})
+	}
+}
+
+func TestDomainRefusals(t *testing.T) {
+	spec := specFor(t, nil)
+	for _, tc := range []struct {
+		name string
+		edit func(*ports.VMSpec)
+		want string
+	}{
+		{"foreign name", func(s *ports.VMSpec) { s.Name = "my-vm" }, "a name starting with virtlet-"},
+		{"network disk", func(s *ports.VMSpec) { s.Disks[0] = ports.Disk{Name: "ceph", Bus: ports.BusSCSI, Source: ports.DiskSource{Type: ports.SourceNetwork}} }, "not supported"},
+		{"bad bus", func(s *ports.VMSpec) { s.Disks[0].Bus = "floppy" }, "scsi, virtio, ide or sata"},
+		{"bad format", func(s *ports.VMSpec) { s.Disks[0].Overlay = nil; s.Disks[0].Source.Path = "/x"; s.Disks[0].Source.Format = "vmdk" }, "qcow2 or raw"},
+		{"nics", func(s *ports.VMSpec) { s.NICs = []ports.NIC{{Name: "eth0"}} }, "network interfaces are not supported"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := spec
+			s.Disks = append([]ports.Disk(nil), spec.Disks...)
+			tc.edit(&s)
+			_, err := domainXML(domainInput{Spec: s, DomainType: "qemu", DiskPaths: map[string]string{"root": "/x.qcow2"}, ConsoleLog: "/c"})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
