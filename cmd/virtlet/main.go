@@ -64,7 +64,10 @@ func newLogger(cfg config) *logrus.Logger {
 
 func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	log.WithFields(logrus.Fields{"version": buildinfo.Version(), "listen": cfg.Listen, "stateDir": cfg.StateDir}).Info("virtlet starting")
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+	// Traversable, not listable: QEMU, running as its own user, must reach
+	// the images and the VMs' disks below it. Secrets stay in 0700/0600
+	// files and directories.
+	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return fmt.Errorf("create state directory: %w", err)
 	}
 	store, err := boltstore.Open(filepath.Join(cfg.StateDir, "virtlet.db"))

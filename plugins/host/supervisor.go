@@ -85,8 +85,13 @@ func newSupervisor(m manifest.Manifest, opts Options) *Supervisor {
 
 // launch starts the plugin process and makes it ready to serve.
 func (s *Supervisor) launch(ctx context.Context) error {
+	// The plugins' parent directory is traversable (a hypervisor plugin
+	// may open its own directory to QEMU); each plugin's is private.
+	if err := os.MkdirAll(s.opts.StateDir, 0o711); err != nil {
+		return fmt.Errorf("create plugin state directory: %w", err)
+	}
 	stateDir := filepath.Join(s.opts.StateDir, s.m.Name)
-	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+	if err := os.Mkdir(stateDir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("create plugin state directory: %w", err)
 	}
 	sum, err := hex.DecodeString(s.m.SHA256)

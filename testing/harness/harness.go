@@ -94,6 +94,11 @@ func NewDaemon(t testing.TB, bin string, plugins []Plugin) *Daemon {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	// QEMU runs as its own user and must reach the disks below.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { CleanupDomains(t, dir) })
 	d := &Daemon{t: t, Bin: bin, Dir: dir, Socket: filepath.Join(dir, "virtlet.sock"),
 		StateDir: filepath.Join(dir, "state"), LogFile: filepath.Join(dir, "virtlet.log")}
 	mdir := filepath.Join(dir, "plugins.d")

@@ -1,0 +1,177 @@
+package libvirt
+
+import (
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/virtlet/virtlet/adapters/crilog"
+)
+
+// tailer streams a VM's serial console, which virtlogd writes raw to a file
+// (so no output is lost while the plugin or the daemon restarts), into the
+// container's CRI log for kubectl logs. It resumes at a saved offset, and
+// follows virtlogd's rotation of the raw file.
+type tailer struct {
+	raw    string
+	out    *crilog.Writer // nil when the pod has no log path
+	log    logrus.FieldLogger
+	save   func(offset int64, inode uint64) // persists the position
+	stop   chan struct{}
+	done   chan struct{}
+	offset int64
+	inode  uint64
+}
+
+const (
+	tailPoll      = 25 * time.Millisecond
+	partialAfter  = 300 * time.Millisecond // a prompt without newline shows up after this
+	saveEvery     = time.Second
+	readChunkSize = 64 * 1024
+)
+
+func startTailer(raw, criPath string, offset int64, inode uint64, save func(int64, uint64), log logrus.FieldLogger) (*tailer, error) {
+	t := &tailer{raw: raw, log: log, save: save, stop: make(chan struct{}), done: make(chan struct{}), offset: offset, inode: inode}
+	if criPath != "" {
+		w, err := crilog.Open(criPath, "stdout")
+		if err != nil {
+			return nil, err
+		}
+		t.out = w
+	}
+	go t.run()
+	return t, nil
+}
+
+func inodeOf(info os.FileInfo) uint64 {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return st.Ino
+	}
+	return 0
+}
+
+func (t *tailer) run() {
+	defer close(t.done)
+	var f *os.File
+	defer func() {
+		if f != nil {
+			f.Close()
+		}
+		if t.out != nil {
+			t.out.Close()
+		}
+		t.save(t.offset, t.inode)
+	}()
+	buf := make([]byte, readChunkSize)
+	lastData, lastSave := time.Now(), time.Now()
+	pending := false // output without a trailing newline not yet flushed
+	stopping := false
+	for {
+		if f == nil {
+			var err error
+			if f, err = t.open(); err != nil {
+				if stopping {
+					return
+				}
+				if !errors.Is(err, fs.ErrNotExist) {
+					t.log.WithError(err).Warn("open console log")
+				}
+				if t.wait() {
+					stopping = true
+				}
+				continue
+			}
+		}
+		n, err := f.Read(buf)
+		if n > 0 {
+			t.offset += int64(n)
+			if t.out != nil {
+				if _, werr := t.out.Write(buf[:n]); werr != nil {
+					t.log.WithError(werr).Warn("write CRI log")
+				}
+			}
+			lastData, pending = time.Now(), buf[n-1] != '\n'
+			continue
+		}
+		if err != nil && err != io.EOF {
+			t.log.WithError(err).Warn("read console log")
+		}
+		// At the end of the file: a rotated file is finished, switch over.
+		if info, err := os.Stat(t.raw); err == nil && inodeOf(info) != t.inode {
+			f.Close()
+			f, t.offset, t.inode = nil, 0, 0
+			continue
+		}
+		if pending && time.Since(lastData) >= partialAfter && t.out != nil {
+			t.out.Flush()
+			pending = false
+		}
+		if time.Since(lastSave) >= saveEvery {
+			t.save(t.offset, t.inode)
+			lastSave = time.Now()
+		}
+		if stopping {
+			return // drained
+		}
+		if t.wait() {
+			stopping = true // one more pass to drain what is left
+		}
+	}
+}
+
+// open opens the raw log at the saved position (from the start if the file
+// is a different one than the saved inode).
+func (t *tailer) open() (*os.File, error) {
+	f, err := os.Open(t.raw)
+	if err != nil {
+		return nil, err
+	}
+	info, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	ino := inodeOf(info)
+	if ino != t.inode || t.offset > info.Size() {
+		t.offset = 0
+	}
+	t.inode = ino
+	if _, err := f.Seek(t.offset, io.SeekStart); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// wait sleeps a poll interval; it reports whether the tailer was stopped.
+func (t *tailer) wait() bool {
+	select {
+	case <-t.stop:
+		return true
+	case <-time.After(tailPoll):
+		return false
+	}
+}
+
+// reopen reopens the CRI log after kubelet rotated it.
+func (t *tailer) reopen() error {
+	if t.out == nil {
+		return nil
+	}
+	return t.out.Reopen()
+}
+
+// close drains what the console wrote and stops.
+func (t *tailer) close() {
+	select {
+	case <-t.stop:
+	default:
+		close(t.stop)
+	}
+	<-t.done
+}

@@ -1,0 +1,65 @@
+package libvirt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/virtlet/virtlet/adapters/diskimage"
+	"github.com/virtlet/virtlet/ports"
+)
+
+// createOverlay makes the copy-on-write root disk of a VM: a qcow2 file
+// whose backing file is the image in the image store (never written, never
+// copied), grown to the requested size. The base's format is given
+// explicitly, so QEMU never probes it.
+func createOverlay(ctx context.Context, path string, o ports.DiskOverlay, disk string) (time.Duration, error) {
+	info, err := diskimage.Inspect(o.BasePath)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return 0, fmt.Errorf("disk %s: image file %s does not exist: %w", disk, o.BasePath, ports.ErrNotFound)
+	case err != nil:
+		return 0, fmt.Errorf("disk %s: image file %s: %v: %w", disk, o.BasePath, err, ports.ErrInvalidArgument)
+	case o.BaseFormat != "" && o.BaseFormat != info.Format:
+		return 0, &ports.InvalidError{Field: "disk " + disk + " base format", Value: o.BaseFormat,
+			Reason: fmt.Sprintf("the image file is %s", info.Format), Allowed: info.Format}
+	case o.SizeBytes > 0 && o.SizeBytes < info.VirtualSize:
+		return 0, &ports.InvalidError{Field: "disk " + disk + " size", Value: strconv.FormatInt(o.SizeBytes, 10),
+			Reason: fmt.Sprintf("smaller than the image's virtual size %d", info.VirtualSize), Allowed: "at least the image's virtual size"}
+	}
+	size := max(o.SizeBytes, info.VirtualSize)
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", info.Format, "-b", o.BasePath, path, strconv.FormatInt(size, 10))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.Remove(path)
+		return 0, fmt.Errorf("disk %s: qemu-img create: %v: %s", disk, err, strings.TrimSpace(string(out)))
+	}
+	return time.Since(start), nil
+}
+
+// removeFiles deletes a VM's files; absent files are fine.
+func removeFiles(paths ...string) error {
+	var errs []error
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// rotatedLogs lists virtlogd's rotated copies of a console log.
+func rotatedLogs(path string) []string {
+	matches, _ := filepath.Glob(path + ".[0-9]*")
+	return matches
+}

@@ -1,0 +1,855 @@
+// Package libvirt runs VMs as libvirt/QEMU domains: the hypervisor plugin
+// shipped with Virtlet. Domains are persistent and tagged as Virtlet's
+// (name prefix and a metadata element); states come from libvirt's
+// lifecycle events; the serial console goes through virtlogd to a raw file
+// and from there into the container's CRI log.
+package libvirt
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"libvirt.org/go/libvirt"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// Config is the plugin's manifest config.
+type Config struct {
+	// URI of libvirtd (default qemu:///system).
+	URI string `json:"uri,omitempty"`
+	// Accelerator: "auto" (default: probe KVM, else TCG), "kvm" or "tcg".
+	Accelerator string `json:"accelerator,omitempty"`
+	// VMDir holds root disk overlays and raw console logs; QEMU must be able
+	// to reach it (default <plugin state dir>/vms).
+	VMDir string `json:"vmDir,omitempty"`
+	// QEMU is the emulator run by the accelerator probe.
+	QEMU string `json:"qemu,omitempty"`
+}
+
+// Hypervisor is the libvirt hypervisor adapter.
+type Hypervisor struct {
+	log logrus.FieldLogger
+
+	mu       sync.Mutex
+	cfg      Config
+	stateDir string
+	vmDir    string
+	accel    accelerator
+	conn     *libvirt.Connect
+	connErr  error
+	records  map[string]*record
+	tailers  map[string]*tailer
+	subs     map[chan ports.VMStatus]struct{}
+	stopped  map[string][]chan struct{} // Stop calls waiting for a VM to stop
+	ready    bool
+
+	events chan event
+}
+
+// event is a lifecycle event of one of our domains.
+type event struct {
+	uuid   string
+	kind   libvirt.DomainEventType
+	detail int
+}
+
+// New returns an unconfigured adapter; the plugin host configures it.
+func New(log logrus.FieldLogger) *Hypervisor {
+	return &Hypervisor{log: log, records: map[string]*record{}, tailers: map[string]*tailer{},
+		subs: map[chan ports.VMStatus]struct{}{}, stopped: map[string][]chan struct{}{}, events: make(chan event, 256)}
+}
+
+func (h *Hypervisor) PluginInfo() ports.PluginInfo {
+	return ports.PluginInfo{Name: "libvirt", Kind: ports.KindHypervisor, Version: "0.1.0", Handles: []string{"libvirt"}}
+}
+
+var eventLoopOnce sync.Once
+
+// Configure connects to libvirtd, chooses the accelerator, and takes up the
+// VMs a previous plugin process left: their records, states and console
+// streams.
+func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error {
+	cfg := Config{URI: "qemu:///system", Accelerator: "auto", QEMU: "qemu-system-x86_64"}
+	if len(pc.Config) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(pc.Config))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&cfg); err != nil {
+			return fmt.Errorf("libvirt config: %v: %w", err, ports.ErrInvalidArgument)
+		}
+	}
+	switch cfg.Accelerator {
+	case "auto", "kvm", "tcg":
+	default:
+		return &ports.InvalidError{Field: "libvirt config accelerator", Value: cfg.Accelerator, Allowed: "auto, kvm or tcg"}
+	}
+	if pc.StateDir == "" {
+		return fmt.Errorf("libvirt plugin needs a state directory: %w", ports.ErrInvalidArgument)
+	}
+	vmDir := cfg.VMDir
+	if vmDir == "" {
+		vmDir = filepath.Join(pc.StateDir, "vms")
+	}
+	// QEMU runs as another user: the path to the overlays must be traversable.
+	for _, d := range []string{pc.StateDir, vmDir} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return fmt.Errorf("create %s: %w", d, err)
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return err
+		}
+	}
+	h.mu.Lock()
+	h.cfg, h.stateDir, h.vmDir = cfg, pc.StateDir, vmDir
+	h.mu.Unlock()
+	records, err := h.loadRecords()
+	if err != nil {
+		return err
+	}
+	accel := chooseAccelerator(ctx, cfg.Accelerator, cfg.QEMU, pc.StateDir)
+	h.log.WithFields(logrus.Fields{"accelerator": accel.Name, "domainType": accel.DomainType, "why": accel.Reason}).Info("accelerator chosen")
+
+	eventLoopOnce.Do(func() {
+		if err := libvirt.EventRegisterDefaultImpl(); err != nil {
+			h.log.WithError(err).Error("register libvirt event loop")
+			return
+		}
+		go func() {
+			for {
+				if err := libvirt.EventRunDefaultImpl(); err != nil {
+					h.log.WithError(err).Error("libvirt event loop")
+					time.Sleep(time.Second)
+				}
+			}
+		}()
+	})
+	h.mu.Lock()
+	h.records, h.accel = records, accel
+	h.mu.Unlock()
+	go h.dispatch()
+	if err := h.connect(); err != nil {
+		return err
+	}
+	h.resume()
+	h.mu.Lock()
+	h.ready = true
+	h.mu.Unlock()
+	return nil
+}
+
+// connect opens the libvirt connection and subscribes to lifecycle events.
+func (h *Hypervisor) connect() error {
+	h.mu.Lock()
+	uri := h.cfg.URI
+	h.mu.Unlock()
+	conn, err := libvirt.NewConnect(uri)
+	if err != nil {
+		h.setConnErr(err)
+		return fmt.Errorf("connect to libvirtd at %s: %v: %w", uri, err, ports.ErrUnavailable)
+	}
+	if err := conn.SetKeepAlive(5, 3); err != nil {
+		h.log.WithError(err).Warn("libvirt keepalive")
+	}
+	if _, err := conn.DomainEventLifecycleRegister(nil, h.onLifecycle); err != nil {
+		conn.Close()
+		return fmt.Errorf("subscribe to libvirt events: %w", err)
+	}
+	if err := conn.RegisterCloseCallback(h.onClose); err != nil {
+		h.log.WithError(err).Warn("libvirt close callback")
+	}
+	h.mu.Lock()
+	h.conn, h.connErr = conn, nil
+	h.mu.Unlock()
+	h.log.WithField("uri", uri).Info("connected to libvirtd")
+	return nil
+}
+
+func (h *Hypervisor) setConnErr(err error) {
+	h.mu.Lock()
+	h.conn, h.connErr = nil, err
+	h.mu.Unlock()
+}
+
+// onClose runs when libvirtd goes away: the watchers are ended (the core
+// then resynchronises) and the adapter reconnects in the background.
+func (h *Hypervisor) onClose(conn *libvirt.Connect, reason libvirt.ConnectCloseReason) {
+	h.log.WithField("reason", reason).Error("lost the libvirtd connection; reconnecting")
+	h.setConnErr(fmt.Errorf("the connection closed (reason %d)", reason))
+	h.endWatches()
+	go func() {
+		for backoff := 200 * time.Millisecond; ; backoff = min(backoff*2, 10*time.Second) {
+			time.Sleep(backoff)
+			if err := h.connect(); err == nil {
+				h.resume()
+				return
+			}
+		}
+	}()
+}
+
+// onLifecycle runs on libvirt's event loop: it only queues the event.
+func (h *Hypervisor) onLifecycle(c *libvirt.Connect, d *libvirt.Domain, e *libvirt.DomainEventLifecycle) {
+	uuid, err := d.GetUUIDString()
+	if err != nil {
+		return
+	}
+	select {
+	case h.events <- event{uuid: uuid, kind: e.Event, detail: e.Detail}:
+	default:
+		h.log.Warn("libvirt event queue full; a resync will catch up")
+	}
+}
+
+// dispatch applies queued lifecycle events in order.
+func (h *Hypervisor) dispatch() {
+	for e := range h.events {
+		h.mu.Lock()
+		var r *record
+		for _, rec := range h.records {
+			if strings.EqualFold(rec.Spec.UUID, e.uuid) {
+				r = rec
+				break
+			}
+		}
+		if r == nil {
+			h.mu.Unlock()
+			continue // not ours
+		}
+		changed := true
+		switch e.kind {
+		case libvirt.DOMAIN_EVENT_STARTED, libvirt.DOMAIN_EVENT_RESUMED:
+			if r.State != ports.VMRunning {
+				r.State = ports.VMRunning
+				if r.StartedAt.IsZero() {
+					r.StartedAt = time.Now().UTC()
+				}
+			} else {
+				changed = false
+			}
+		case libvirt.DOMAIN_EVENT_CRASHED:
+			r.Crashed = true
+			changed = false
+		case libvirt.DOMAIN_EVENT_STOPPED:
+			h.exitLocked(r, exitFromEvent(libvirt.DomainEventStoppedDetailType(e.detail), r))
+		default:
+			changed = false
+		}
+		if changed {
+			if err := h.saveRecord(r); err != nil {
+				h.log.WithError(err).Warn("save VM record")
+			}
+			h.notifyLocked(r.status())
+		}
+		h.mu.Unlock()
+	}
+}
+
+// exit is how a VM ended.
+type exit struct {
+	code    int32
+	reason  string
+	message string
+}
+
+func exitFromEvent(detail libvirt.DomainEventStoppedDetailType, r *record) exit {
+	switch detail {
+	case libvirt.DOMAIN_EVENT_STOPPED_SHUTDOWN:
+		if r.StopRequested {
+			return exit{0, "Completed", "the guest shut down on request"}
+		}
+		return exit{0, "Completed", "the guest powered off"}
+	case libvirt.DOMAIN_EVENT_STOPPED_DESTROYED:
+		return forcedExit(r)
+	case libvirt.DOMAIN_EVENT_STOPPED_CRASHED:
+		return exit{1, "Crashed", "the guest crashed"}
+	case libvirt.DOMAIN_EVENT_STOPPED_FAILED:
+		return exit{1, "Failed", "the QEMU process ended unexpectedly"}
+	default:
+		return exit{255, "Stopped", fmt.Sprintf("stopped by libvirt (event detail %d)", detail)}
+	}
+}
+
+func exitFromShutoff(reason libvirt.DomainShutoffReason, r *record) exit {
+	switch reason {
+	case libvirt.DOMAIN_SHUTOFF_SHUTDOWN:
+		return exitFromEvent(libvirt.DOMAIN_EVENT_STOPPED_SHUTDOWN, r)
+	case libvirt.DOMAIN_SHUTOFF_DESTROYED:
+		return forcedExit(r)
+	case libvirt.DOMAIN_SHUTOFF_CRASHED:
+		return exit{1, "Crashed", "the guest crashed"}
+	case libvirt.DOMAIN_SHUTOFF_FAILED:
+		return exit{1, "Failed", "the QEMU process ended unexpectedly"}
+	default:
+		return exit{255, "Stopped", fmt.Sprintf("found shut off (reason %d)", reason)}
+	}
+}
+
+func forcedExit(r *record) exit {
+	switch {
+	case r.Crashed:
+		return exit{1, "Crashed", "the guest crashed"}
+	case r.ForcedAfter > 0:
+		return exit{137, "Killed", fmt.Sprintf("forced off: the guest did not shut down within the %s grace period", r.ForcedAfter)}
+	case r.StopRequested:
+		return exit{137, "Killed", "forced off"}
+	default:
+		return exit{137, "Killed", "destroyed outside Virtlet"}
+	}
+}
+
+// exitLocked records a VM's end; callers hold h.mu.
+func (h *Hypervisor) exitLocked(r *record, e exit) {
+	r.State = ports.VMStopped
+	r.FinishedAt = time.Now().UTC()
+	r.ExitCode, r.Reason, r.Message = e.code, e.reason, e.message
+	r.StopRequested, r.Crashed = false, false
+	for _, ch := range h.stopped[r.Spec.ID] {
+		close(ch)
+	}
+	delete(h.stopped, r.Spec.ID)
+	if t := h.tailers[r.Spec.ID]; t != nil {
+		delete(h.tailers, r.Spec.ID)
+		go t.close() // drains the last output
+	}
+}
+
+func (h *Hypervisor) notifyLocked(st ports.VMStatus) {
+	for ch := range h.subs {
+		select {
+		case ch <- st:
+		default: // a slow watcher resynchronises with List
+		}
+	}
+}
+
+func (h *Hypervisor) endWatches() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for ch := range h.subs {
+		close(ch)
+	}
+	h.subs = map[chan ports.VMStatus]struct{}{}
+}
+
+// resume takes up the VMs of the records: states that changed while nobody
+// listened, and console streams of running VMs.
+func (h *Hypervisor) resume() {
+	conn, err := h.connection()
+	if err != nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id, r := range h.records {
+		dom, err := conn.LookupDomainByUUIDString(r.Spec.UUID)
+		if err != nil {
+			continue // gone: List no longer reports it, and the core records it as lost
+		}
+		state, reason, err := dom.GetState()
+		dom.Free()
+		if err != nil {
+			continue
+		}
+		switch {
+		case state == libvirt.DOMAIN_RUNNING || state == libvirt.DOMAIN_PAUSED || state == libvirt.DOMAIN_BLOCKED:
+			if r.State != ports.VMRunning {
+				r.State = ports.VMRunning
+				h.saveRecord(r)
+			}
+			if h.tailers[id] == nil {
+				h.startTailerLocked(r)
+			}
+		case state == libvirt.DOMAIN_SHUTOFF && r.State == ports.VMRunning:
+			h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
+			h.saveRecord(r)
+			h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "reason": r.Reason}).Info("VM stopped while the plugin was away")
+		}
+	}
+}
+
+func (h *Hypervisor) startTailerLocked(r *record) {
+	id := r.Spec.ID
+	t, err := startTailer(r.ConsoleLog, r.Spec.ConsoleLogPath, r.ConsoleOffset, r.ConsoleInode, func(off int64, ino uint64) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if rec := h.records[id]; rec != nil {
+			rec.ConsoleOffset, rec.ConsoleInode = off, ino
+			h.saveRecord(rec)
+		}
+	}, h.log.WithField("vm", r.Spec.Name))
+	if err != nil {
+		h.log.WithError(err).WithField("vm", r.Spec.Name).Error("cannot stream the console to the CRI log")
+		return
+	}
+	h.tailers[id] = t
+}
+
+// connection returns the live connection or says why there is none.
+func (h *Hypervisor) connection() (*libvirt.Connect, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conn == nil {
+		if !h.ready && h.connErr == nil {
+			return nil, fmt.Errorf("the libvirt plugin is not configured yet: %w", ports.ErrUnavailable)
+		}
+		return nil, fmt.Errorf("libvirtd at %s is unreachable: %v: %w", h.cfg.URI, h.connErr, ports.ErrUnavailable)
+	}
+	return h.conn, nil
+}
+
+// libvirtError classifies libvirt's errors into port error kinds.
+func libvirtError(op string, err error) error {
+	var le libvirt.Error
+	if errors.As(err, &le) {
+		msg := fmt.Sprintf("%s: %s", op, le.Message)
+		switch le.Code {
+		case libvirt.ERR_NO_DOMAIN:
+			return fmt.Errorf("%s: %w", msg, ports.ErrNotFound)
+		case libvirt.ERR_XML_ERROR, libvirt.ERR_CONFIG_UNSUPPORTED, libvirt.ERR_INVALID_ARG, libvirt.ERR_XML_DETAIL:
+			return fmt.Errorf("%s: %w", msg, ports.ErrInvalidArgument)
+		case libvirt.ERR_OPERATION_INVALID:
+			return fmt.Errorf("%s: %w", msg, ports.ErrFailedPrecondition)
+		case libvirt.ERR_SYSTEM_ERROR, libvirt.ERR_NO_CONNECT, libvirt.ERR_INTERNAL_ERROR:
+			if strings.Contains(le.Message, "already exists") {
+				return fmt.Errorf("%s: %w", msg, ports.ErrAlreadyExists)
+			}
+		}
+		if strings.Contains(le.Message, "already exists") {
+			return fmt.Errorf("%s: %w", msg, ports.ErrAlreadyExists)
+		}
+		return errors.New(msg)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// Capabilities reports libvirt's and QEMU's versions and the accelerator;
+// it fails while libvirtd is unreachable (the runtime is then not ready).
+func (h *Hypervisor) Capabilities(ctx context.Context) (ports.HypervisorCapabilities, error) {
+	conn, err := h.connection()
+	if err != nil {
+		return ports.HypervisorCapabilities{}, err
+	}
+	lib, err := conn.GetLibVersion()
+	if err != nil {
+		return ports.HypervisorCapabilities{}, libvirtError("libvirt version", err)
+	}
+	hv, err := conn.GetVersion()
+	if err != nil {
+		return ports.HypervisorCapabilities{}, libvirtError("QEMU version", err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return ports.HypervisorCapabilities{
+		Name:        "libvirt",
+		Version:     fmt.Sprintf("libvirt %s, QEMU %s", version(lib), version(hv)),
+		Accelerator: h.accel.Name,
+		Details:     map[string]string{"uri": h.cfg.URI, "domainType": h.accel.DomainType, "accelerator": h.accel.Reason, "vms": fmt.Sprint(len(h.records))},
+	}, nil
+}
+
+func version(v uint32) string { return fmt.Sprintf("%d.%d.%d", v/1000000, v/1000%1000, v%1000) }
+
+// Define creates the VM's root disk overlay and defines its domain.
+func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
+	if err := validID(spec.ID); err != nil {
+		return err
+	}
+	if spec.VCPUs < 1 || spec.MemoryBytes <= 0 || spec.UUID == "" {
+		return fmt.Errorf("VM %s: needs vCPUs, memory and a UUID: %w", spec.Name, ports.ErrInvalidArgument)
+	}
+	conn, err := h.connection()
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	if r, ok := h.records[spec.ID]; ok {
+		h.mu.Unlock()
+		if reflect.DeepEqual(r.Spec, spec) {
+			return nil
+		}
+		return fmt.Errorf("VM %s is defined with another spec: %w", spec.ID, ports.ErrAlreadyExists)
+	}
+	vmDir, accel := h.vmDir, h.accel
+	h.mu.Unlock()
+
+	log := h.log.WithFields(logrus.Fields{"vm": spec.Name, "pod": spec.PodNamespace + "/" + spec.PodName})
+	r := &record{Spec: spec, DiskPaths: map[string]string{}, ConsoleLog: filepath.Join(vmDir, spec.ID+".console"), State: ports.VMDefined}
+	var made []string
+	undo := func() { removeFiles(made...) }
+	for _, d := range spec.Disks {
+		if d.Overlay == nil {
+			continue
+		}
+		p := filepath.Join(vmDir, spec.ID+"-"+d.Name+".qcow2")
+		took, err := createOverlay(ctx, p, *d.Overlay, d.Name)
+		if err != nil {
+			undo()
+			return fmt.Errorf("VM %s: %w", spec.Name, err)
+		}
+		made = append(made, p)
+		r.DiskPaths[d.Name] = p
+		log.WithFields(logrus.Fields{"disk": d.Name, "base": d.Overlay.BasePath, "millis": took.Milliseconds()}).Info("root disk overlay created")
+	}
+	removeFiles(append(rotatedLogs(r.ConsoleLog), r.ConsoleLog)...) // a stale log of a reused ID
+	domXML, err := domainXML(domainInput{Spec: spec, DomainType: accel.DomainType, DiskPaths: r.DiskPaths, ConsoleLog: r.ConsoleLog})
+	if err != nil {
+		undo()
+		return err
+	}
+	dom, err := conn.DomainDefineXMLFlags(domXML, libvirt.DOMAIN_DEFINE_VALIDATE)
+	if err != nil {
+		undo()
+		return libvirtError("define domain "+spec.Name, err)
+	}
+	dom.Free()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.saveRecord(r); err != nil {
+		return err
+	}
+	h.records[spec.ID] = r
+	log.WithField("accelerator", accel.Name).Info("domain defined")
+	return nil
+}
+
+func (h *Hypervisor) lookup(id string) (*record, *libvirt.Domain, error) {
+	conn, err := h.connection()
+	if err != nil {
+		return nil, nil, err
+	}
+	h.mu.Lock()
+	r := h.records[id]
+	h.mu.Unlock()
+	if r == nil {
+		return nil, nil, fmt.Errorf("VM %s: %w", id, ports.ErrNotFound)
+	}
+	dom, err := conn.LookupDomainByUUIDString(r.Spec.UUID)
+	if err != nil {
+		return r, nil, libvirtError("look up domain "+r.Spec.Name, err)
+	}
+	return r, dom, nil
+}
+
+// Start boots the VM, streaming its console from the first byte.
+func (h *Hypervisor) Start(ctx context.Context, id string) error {
+	r, dom, err := h.lookup(id)
+	if err != nil {
+		return err
+	}
+	defer dom.Free()
+	if state, _, err := dom.GetState(); err == nil && state == libvirt.DOMAIN_RUNNING {
+		return nil
+	}
+	h.mu.Lock()
+	r.StartedAt, r.FinishedAt = time.Now().UTC(), time.Time{}
+	r.ExitCode, r.Reason, r.Message = 0, "", ""
+	r.StopRequested, r.ForcedAfter, r.Crashed = false, 0, false
+	if info, err := os.Stat(r.ConsoleLog); err == nil {
+		r.ConsoleOffset, r.ConsoleInode = info.Size(), inodeOf(info) // only new output
+	}
+	if h.tailers[id] == nil {
+		h.startTailerLocked(r)
+	}
+	h.mu.Unlock()
+	if err := dom.Create(); err != nil {
+		h.mu.Lock()
+		if t := h.tailers[id]; t != nil {
+			delete(h.tailers, id)
+			go t.close()
+		}
+		h.mu.Unlock()
+		return libvirtError("start domain "+r.Spec.Name, err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.State = ports.VMRunning
+	if err := h.saveRecord(r); err != nil {
+		return err
+	}
+	h.notifyLocked(r.status())
+	return nil
+}
+
+// Stop presses the ACPI power button (again every few seconds: a guest may
+// not listen yet), waits up to timeout, then forces the VM off.
+func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration) (ports.VMStatus, error) {
+	r, dom, err := h.lookup(id)
+	if err != nil {
+		return ports.VMStatus{}, err
+	}
+	defer dom.Free()
+	running := func() bool {
+		state, _, err := dom.GetState()
+		return err == nil && state != libvirt.DOMAIN_SHUTOFF
+	}
+	if !running() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if r.State == ports.VMRunning { // the stop event is still on its way
+			_, reason, _ := dom.GetState()
+			h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
+			h.saveRecord(r)
+			h.notifyLocked(r.status())
+		}
+		return r.status(), nil
+	}
+	done := make(chan struct{})
+	h.mu.Lock()
+	r.StopRequested = true
+	h.saveRecord(r)
+	h.stopped[id] = append(h.stopped[id], done)
+	h.mu.Unlock()
+
+	wait := func(d time.Duration, press bool) bool {
+		deadline := time.After(d)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		lastPress := time.Now()
+		for {
+			select {
+			case <-done:
+				return true
+			case <-ctx.Done():
+				return false
+			case <-deadline:
+				return false
+			case <-tick.C:
+				if !running() {
+					return true
+				}
+				if press && time.Since(lastPress) >= 3*time.Second {
+					dom.ShutdownFlags(libvirt.DOMAIN_SHUTDOWN_ACPI_POWER_BTN)
+					lastPress = time.Now()
+				}
+			}
+		}
+	}
+	stopped := false
+	if timeout > 0 {
+		if err := dom.ShutdownFlags(libvirt.DOMAIN_SHUTDOWN_ACPI_POWER_BTN); err != nil && running() {
+			h.log.WithError(err).WithField("vm", r.Spec.Name).Warn("ACPI shutdown")
+		}
+		stopped = wait(timeout, true)
+	}
+	if !stopped {
+		if ctx.Err() != nil {
+			return ports.VMStatus{}, ctx.Err()
+		}
+		h.mu.Lock()
+		r.ForcedAfter = timeout
+		h.mu.Unlock()
+		if err := dom.Destroy(); err != nil && running() {
+			return ports.VMStatus{}, libvirtError("force off domain "+r.Spec.Name, err)
+		}
+		if !wait(10*time.Second, false) {
+			return ports.VMStatus{}, fmt.Errorf("VM %s did not stop after being forced off", r.Spec.Name)
+		}
+	}
+	// The event may not have been applied yet: apply the shutoff reason.
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if r.State == ports.VMRunning {
+		_, reason, _ := dom.GetState()
+		h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
+		h.saveRecord(r)
+		h.notifyLocked(r.status())
+	}
+	return r.status(), nil
+}
+
+// Undefine removes the domain (forcing it off first), its overlay disks,
+// its console logs and its record.
+func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
+	conn, err := h.connection()
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	r := h.records[id]
+	h.mu.Unlock()
+	var dom *libvirt.Domain
+	if r != nil {
+		dom, err = conn.LookupDomainByUUIDString(r.Spec.UUID)
+	} else {
+		dom, err = h.findOrphan(conn, id)
+	}
+	if err != nil {
+		var le libvirt.Error
+		if !errors.As(err, &le) || le.Code != libvirt.ERR_NO_DOMAIN {
+			return libvirtError("look up domain of VM "+id, err)
+		}
+		dom = nil
+	}
+	if r == nil && dom == nil {
+		return fmt.Errorf("VM %s: %w", id, ports.ErrNotFound)
+	}
+	if dom != nil {
+		defer dom.Free()
+		if state, _, err := dom.GetState(); err == nil && state != libvirt.DOMAIN_SHUTOFF {
+			if err := dom.Destroy(); err != nil {
+				return libvirtError("force off domain of VM "+id, err)
+			}
+		}
+		flags := libvirt.DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.DOMAIN_UNDEFINE_SNAPSHOTS_METADATA | libvirt.DOMAIN_UNDEFINE_NVRAM
+		if err := dom.UndefineFlags(flags); err != nil {
+			return libvirtError("undefine domain of VM "+id, err)
+		}
+	}
+	if r == nil {
+		h.log.WithField("vm", id).Info("orphan domain undefined")
+		return nil
+	}
+	h.mu.Lock()
+	t := h.tailers[id]
+	delete(h.tailers, id)
+	delete(h.records, id)
+	h.mu.Unlock()
+	if t != nil {
+		t.close()
+	}
+	files := []string{r.ConsoleLog}
+	files = append(files, rotatedLogs(r.ConsoleLog)...)
+	for _, p := range r.DiskPaths {
+		files = append(files, p)
+	}
+	if err := removeFiles(files...); err != nil {
+		return fmt.Errorf("remove files of VM %s: %w", r.Spec.Name, err)
+	}
+	if err := h.deleteRecord(id); err != nil {
+		return err
+	}
+	h.log.WithField("vm", r.Spec.Name).Info("domain undefined, disks removed")
+	return nil
+}
+
+// ours returns the Virtlet metadata of a domain, if it is Virtlet's.
+func ours(dom *libvirt.Domain) (vmMetadata, bool) {
+	name, err := dom.GetName()
+	if err != nil || !strings.HasPrefix(name, NamePrefix) {
+		return vmMetadata{}, false
+	}
+	raw, err := dom.GetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, MetadataNS, libvirt.DOMAIN_AFFECT_CONFIG)
+	if err != nil {
+		return vmMetadata{}, false
+	}
+	var m vmMetadata
+	if err := xml.Unmarshal([]byte(raw), &m); err != nil || m.ID == "" || m.CreatedBy != "virtlet" {
+		return vmMetadata{}, false
+	}
+	return m, true
+}
+
+// findOrphan finds a domain of ours that has no record.
+func (h *Hypervisor) findOrphan(conn *libvirt.Connect, id string) (*libvirt.Domain, error) {
+	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_PERSISTENT)
+	if err != nil {
+		return nil, err
+	}
+	var found *libvirt.Domain
+	for i := range doms {
+		if m, ok := ours(&doms[i]); ok && m.ID == id && found == nil {
+			found = &doms[i]
+			continue
+		}
+		doms[i].Free()
+	}
+	if found == nil {
+		return nil, libvirt.Error{Code: libvirt.ERR_NO_DOMAIN, Message: "no domain of VM " + id}
+	}
+	return found, nil
+}
+
+// Status reports one VM.
+func (h *Hypervisor) Status(ctx context.Context, id string) (ports.VMStatus, error) {
+	if _, err := h.connection(); err != nil {
+		return ports.VMStatus{}, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r := h.records[id]
+	if r == nil {
+		return ports.VMStatus{}, fmt.Errorf("VM %s: %w", id, ports.ErrNotFound)
+	}
+	return r.status(), nil
+}
+
+// List reports the VMs whose domains exist, and domains of ours without a
+// record (for the core to remove).
+func (h *Hypervisor) List(ctx context.Context) ([]ports.VMStatus, error) {
+	conn, err := h.connection()
+	if err != nil {
+		return nil, err
+	}
+	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_PERSISTENT)
+	if err != nil {
+		return nil, libvirtError("list domains", err)
+	}
+	var out []ports.VMStatus
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := range doms {
+		m, ok := ours(&doms[i])
+		if ok {
+			if r := h.records[m.ID]; r != nil {
+				out = append(out, r.status())
+			} else {
+				state, _, _ := doms[i].GetState()
+				st := ports.VMStatus{ID: m.ID, State: ports.VMStopped}
+				if state != libvirt.DOMAIN_SHUTOFF {
+					st.State = ports.VMRunning
+				}
+				out = append(out, st)
+			}
+		}
+		doms[i].Free()
+	}
+	return out, nil
+}
+
+// Watch streams state changes until ctx ends or libvirtd goes away.
+func (h *Hypervisor) Watch(ctx context.Context) (<-chan ports.VMStatus, error) {
+	if _, err := h.connection(); err != nil {
+		return nil, err
+	}
+	ch := make(chan ports.VMStatus, 64)
+	h.mu.Lock()
+	h.subs[ch] = struct{}{}
+	h.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if _, ok := h.subs[ch]; ok {
+			delete(h.subs, ch)
+			close(ch)
+		}
+	}()
+	return ch, nil
+}
+
+// ReopenLog reopens the VM's CRI log after kubelet rotated it.
+func (h *Hypervisor) ReopenLog(ctx context.Context, id string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.records[id] == nil {
+		return fmt.Errorf("VM %s: %w", id, ports.ErrNotFound)
+	}
+	t := h.tailers[id]
+	if t == nil {
+		return fmt.Errorf("VM %s has no console stream (not running): %w", id, ports.ErrFailedPrecondition)
+	}
+	return t.reopen()
+}
+
+var _ ports.Hypervisor = (*Hypervisor)(nil)

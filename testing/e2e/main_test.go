@@ -1,0 +1,82 @@
+// Package e2e holds the real-VM suites: real libvirtd, real QEMU (TCG
+// here), real guest images built from Debian packages, the real daemon and
+// its plugins as processes, driven by the real crictl.
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/virtlet/virtlet/testing/harness"
+	"github.com/virtlet/virtlet/testing/imageserver"
+)
+
+var (
+	bins    string // built binaries
+	crictl  string
+	tiny    string // the tiny guest image
+	images  *imageserver.Server
+	imgDir  string // what the image server serves
+	tinyRef string // image name of the tiny guest
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	fail := func(err error) int {
+		fmt.Fprintln(os.Stderr, "e2e setup:", err)
+		return 1
+	}
+	var err error
+	if crictl, err = harness.Tool("crictl", "CRICTL"); err != nil {
+		return fail(err)
+	}
+	if err := harness.EnsureLibvirt(); err != nil {
+		return fail(err)
+	}
+	if tiny, err = harness.GuestImage("tiny"); err != nil {
+		return fail(err)
+	}
+	if bins, err = os.MkdirTemp("", "virtlet-e2e-bin-"); err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(bins)
+	err = harness.Build(bins, map[string]string{
+		"virtlet-plugin-libvirt": "github.com/virtlet/virtlet/cmd/virtlet-plugin-libvirt",
+		"virtlet-plugin-images":  "github.com/virtlet/virtlet/cmd/virtlet-plugin-images",
+	})
+	if err != nil {
+		return fail(err)
+	}
+	if imgDir, err = os.MkdirTemp("", "virtlet-e2e-images-"); err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(imgDir)
+	data, err := os.ReadFile(tiny)
+	if err != nil {
+		return fail(err)
+	}
+	if err := os.WriteFile(filepath.Join(imgDir, "tiny.qcow2"), data, 0o644); err != nil {
+		return fail(err)
+	}
+	os.WriteFile(filepath.Join(imgDir, "page.html"), []byte("<html><body>not a disk</body></html>"), 0o644)
+	if images, err = imageserver.Start(imgDir, "127.0.0.1:0", imgDir); err != nil {
+		return fail(err)
+	}
+	defer images.Close()
+	tinyRef = images.Image("tiny.qcow2")
+	return m.Run()
+}
+
+// plugins returns the manifests of the shipped plugins, the image plugin
+// trusting the test image server's CA.
+func plugins() []harness.Plugin {
+	return []harness.Plugin{
+		{Name: "libvirt", Kind: "hypervisor", Binary: filepath.Join(bins, "virtlet-plugin-libvirt")},
+		{Name: "images", Kind: "image", Binary: filepath.Join(bins, "virtlet-plugin-images"), Config: fmt.Sprintf("{caFiles: [%s]}", images.CAFile)},
+	}
+}

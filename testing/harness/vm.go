@@ -1,0 +1,104 @@
+package harness
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// LibvirtURI is the libvirtd the real-VM suites use.
+const LibvirtURI = "qemu:///system"
+
+// EnsureLibvirt starts libvirtd and virtlogd when they are not running (the
+// machines this runs on have no systemd).
+func EnsureLibvirt() error {
+	if exec.Command("virsh", "-c", LibvirtURI, "version").Run() == nil && running("virtlogd") {
+		return nil
+	}
+	for _, d := range []string{"virtlogd", "libvirtd"} {
+		if !running(d) {
+			if out, err := exec.Command(d, "-d").CombinedOutput(); err != nil {
+				return fmt.Errorf("start %s: %v: %s", d, err, out)
+			}
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if exec.Command("virsh", "-c", LibvirtURI, "version").Run() == nil {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("libvirtd does not answer at %s", LibvirtURI)
+}
+
+func running(name string) bool {
+	return exec.Command("pgrep", "-x", name).Run() == nil
+}
+
+// GuestImage builds (or finds in the cache) a test guest image: "tiny" or
+// "cloud".
+func GuestImage(kind string) (string, error) {
+	cmd := exec.Command(filepath.Join(RepoRoot(), "testing", "images", "build.sh"), kind)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("build the %s test image: %w", kind, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// Virsh runs virsh against the test libvirtd.
+func Virsh(args ...string) (string, error) {
+	out, err := exec.Command("virsh", append([]string{"-c", LibvirtURI}, args...)...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// DomainsUsing lists the domains whose definition mentions path (the test's
+// own directory): the only ones a test may inspect or clean up on a
+// libvirtd shared with others.
+func DomainsUsing(path string) []string {
+	names, err := Virsh("list", "--all", "--name")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, name := range strings.Fields(names) {
+		if !strings.HasPrefix(name, "virtlet-") {
+			continue
+		}
+		if xml, err := Virsh("dumpxml", name); err == nil && strings.Contains(xml, path) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// VMDir returns a fresh directory QEMU can reach (its whole path is
+// traversable), removed after the test together with any domain using it.
+func VMDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "virtlet-vm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() { CleanupDomains(t, dir) })
+	return dir
+}
+
+// CleanupDomains removes the domains a test left behind.
+func CleanupDomains(t testing.TB, path string) {
+	for _, name := range DomainsUsing(path) {
+		t.Logf("removing leftover domain %s", name)
+		Virsh("destroy", name)
+		Virsh("undefine", "--nvram", name)
+	}
+}
