@@ -97,8 +97,12 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
 	imagePath, err := r.deps.ImageFiles.Path(ctx, img.ID)
+	if errors.Is(err, ports.ErrNotFound) {
+		return "", fmt.Errorf("pod %s: the data file of image %s (%s) is missing from the image store; remove the image and pull it again: %w",
+			pod, img.ID, strings.Join(img.Names, ", "), ports.ErrNotFound)
+	}
 	if err != nil {
-		return "", fmt.Errorf("pod %s: image %s: data file: %w", pod, img.ID, err)
+		return "", fmt.Errorf("pod %s: image %s: %w", pod, img.ID, err)
 	}
 	memory, err := r.memory(cfg)
 	if err != nil {

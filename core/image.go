@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"regexp"
 	"sort"
 	"strings"
@@ -24,8 +25,11 @@ func (r *Runtime) PullImage(ctx context.Context, name string, auth *ports.Regist
 	if err != nil {
 		return "", err
 	}
-	location := n.Location()
-	scheme, err := Scheme(location)
+	loc, err := r.resolveLocation(ctx, n)
+	if err != nil {
+		return "", err
+	}
+	scheme, err := Scheme(loc.URL)
 	if err != nil {
 		return "", fmt.Errorf("image %s: %w", name, err)
 	}
@@ -37,7 +41,7 @@ func (r *Runtime) PullImage(ctx context.Context, name string, auth *ports.Regist
 	var id string
 	err = r.detached(ctx, func(ctx context.Context) error {
 		v, err, _ := r.pulls.Do(n.Key(), func() (interface{}, error) {
-			return r.pull(ctx, n, location, src, auth)
+			return r.pull(ctx, n, loc, src, auth)
 		})
 		if err != nil {
 			return err
@@ -48,8 +52,9 @@ func (r *Runtime) PullImage(ctx context.Context, name string, auth *ports.Regist
 	return id, err
 }
 
-func (r *Runtime) pull(ctx context.Context, n ImageName, location string, src ports.ImageSource, auth *ports.RegistryAuth) (string, error) {
-	log := r.log.WithFields(logrus.Fields{"image": n.Raw, "location": location})
+func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports.ImageSource, auth *ports.RegistryAuth) (string, error) {
+	location := loc.URL
+	log := r.log.WithFields(logrus.Fields{"image": n.Raw, "location": redactURL(location), "translation": loc.Source})
 	files := r.deps.ImageFiles
 	tmp, err := files.NewTemp(ctx)
 	if err != nil {
@@ -62,11 +67,12 @@ func (r *Runtime) pull(ctx context.Context, n ImageName, location string, src po
 	}
 	log.Info("pulling image")
 	res, err := src.Fetch(ctx, ports.FetchRequest{
-		Name: n.Raw, Location: location, Auth: auth, Dest: tmp, ExpectedDigest: n.Digest,
+		Name: n.Raw, Location: location, Transport: loc.Transport, TransportConfig: loc.TransportConfig,
+		Auth: auth, Dest: tmp, ExpectedDigest: n.Digest,
 	})
 	if err != nil {
 		discard()
-		return "", fmt.Errorf("pull image %s from %s: %w", n.Raw, location, err)
+		return "", fmt.Errorf("pull image %s from %s: %w", n.Raw, redactURL(location), err)
 	}
 	if !fullDigest.MatchString(res.Digest) {
 		discard()
@@ -80,11 +86,22 @@ func (r *Runtime) pull(ctx context.Context, n ImageName, location string, src po
 		discard()
 		return "", fmt.Errorf("pull image %s: store data: %w", n.Raw, err)
 	}
-	if err := r.indexImage(ctx, n, res, location); err != nil {
+	if err := r.indexImage(ctx, n, res, redactURL(location)); err != nil {
 		return "", err
 	}
 	log.WithFields(logrus.Fields{"id": res.Digest, "size": res.Size}).Info("image pulled")
 	return res.Digest, nil
+}
+
+// redactURL drops credentials and query strings from a location for logs
+// and records.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return s
+	}
+	u.User, u.RawQuery, u.Fragment = nil, "", ""
+	return u.String()
 }
 
 // indexImage records that n now names the image res. A name moves from an

@@ -22,6 +22,7 @@ type Deps struct {
 	Hypervisor   ports.Hypervisor
 	ImageSources map[string]ports.ImageSource // by URL scheme / transport
 	ImageFiles   ports.ImageFiles
+	Translations ports.ImageTranslations // nil: Virtlet's default rule only
 	Store        ports.StateStore
 	Network      ports.Network               // nil: pods get no network
 	Volumes      map[string]ports.Volumes    // by volume type

@@ -34,7 +34,10 @@ type InvalidError struct {
 }
 
 func (e *InvalidError) Error() string {
-	msg := fmt.Sprintf("%s: invalid value %q", e.Field, e.Value)
+	msg := e.Field
+	if e.Value != "" {
+		msg += fmt.Sprintf(": invalid value %q", e.Value)
+	}
 	if e.Reason != "" {
 		msg += ": " + e.Reason
 	}

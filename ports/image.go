@@ -73,3 +73,51 @@ type FilesystemUsage struct {
 	UsedBytes  uint64
 	InodesUsed uint64
 }
+
+// ImageTranslations reads the operator's image name translation configs.
+type ImageTranslations interface {
+	// Translations returns the current configs (reloaded when they change)
+	// and the problems of files that could not be read; a bad file does not
+	// stop the others from loading.
+	Translations(ctx context.Context) ([]TranslationConfig, []error)
+}
+
+// TranslationConfig is one translation file, in Virtlet's format.
+type TranslationConfig struct {
+	Source string `json:"-"` // the file it came from
+	// Prefix, when set, makes the config apply to names
+	// virtlet.cloud/<prefix>/<name> only, matched without the prefix.
+	Prefix       string                     `json:"prefix,omitempty"`
+	Translations []Translation              `json:"translations,omitempty"`
+	Transports   map[string]TransportConfig `json:"transports,omitempty"`
+}
+
+// Translation maps an image name, or names matching a regexp, to a URL.
+type Translation struct {
+	Name      string `json:"name,omitempty"`
+	Regexp    string `json:"regexp,omitempty"`
+	URL       string `json:"url"`
+	Transport string `json:"transport,omitempty"`
+}
+
+// TransportConfig says how to reach a server.
+type TransportConfig struct {
+	TimeoutMillis int64         `json:"timeout,omitempty"` // milliseconds, as in Virtlet
+	MaxRedirects  *int          `json:"maxRedirects,omitempty"`
+	Proxy         string        `json:"proxy,omitempty"`
+	TLS           *TransportTLS `json:"tls,omitempty"`
+}
+
+// TransportTLS configures TLS to a server.
+type TransportTLS struct {
+	Certificates []TLSCertificate `json:"certificates,omitempty"`
+	ServerName   string           `json:"serverName,omitempty"`
+	Insecure     bool             `json:"insecure,omitempty"`
+}
+
+// TLSCertificate is a PEM certificate: a CA to trust, or with Key a client
+// certificate to present.
+type TLSCertificate struct {
+	Cert string `json:"cert"`
+	Key  string `json:"key,omitempty"`
+}

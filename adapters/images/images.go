@@ -1,7 +1,8 @@
 // Package images downloads VM disk images: https URLs (TLS verified against
-// the system's CAs plus any configured ones), hashed while they are
-// written, then checked to be a VM disk (qcow2 or a raw partitioned disk).
-// It is served as the image plugin.
+// the system's CAs, the configured ones and a translation's transport), and
+// the http and file URLs an operator's translation names; hashed while they
+// are written, then checked to be a VM disk (qcow2 or a raw partitioned
+// disk). It is served as the image plugin.
 package images
 
 import (
@@ -15,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -42,8 +44,10 @@ type Source struct {
 	log logrus.FieldLogger
 
 	mu       sync.Mutex
-	client   *http.Client
+	roots    *x509.CertPool // the system's CAs plus the configured ones
+	redirect int
 	progress time.Duration
+	clients  map[string]*http.Client // by transport config
 }
 
 // New returns a source trusting the system's CAs.
@@ -56,7 +60,7 @@ func New(log logrus.FieldLogger) *Source {
 }
 
 func (s *Source) PluginInfo() ports.PluginInfo {
-	return ports.PluginInfo{Name: "images", Kind: ports.KindImage, Version: "0.1.0", Handles: []string{"https"}}
+	return ports.PluginInfo{Name: "images", Kind: ports.KindImage, Version: "0.1.0", Handles: []string{"https", "http", "file"}}
 }
 
 // Configure applies the manifest config.
@@ -86,9 +90,9 @@ func (s *Source) apply(c Config) error {
 			return fmt.Errorf("images config: caFiles[%d]: %s holds no PEM certificate: %w", i, f, ports.ErrInvalidArgument)
 		}
 	}
-	maxRedirects := c.MaxRedirects
-	if maxRedirects == 0 {
-		maxRedirects = 10
+	redirects := c.MaxRedirects
+	if redirects == 0 {
+		redirects = 10
 	}
 	progress := 5 * time.Second
 	if c.ProgressInterval != "" {
@@ -96,21 +100,73 @@ func (s *Source) apply(c Config) error {
 			return fmt.Errorf("images config: progressInterval %q: want a duration such as 5s: %w", c.ProgressInterval, ports.ErrInvalidArgument)
 		}
 	}
-	transport := http.DefaultTransport.(*http.Transport).Clone()
-	transport.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
-	client := &http.Client{Transport: transport, CheckRedirect: func(req *http.Request, via []*http.Request) error {
-		if len(via) > maxRedirects {
-			return fmt.Errorf("more than %d redirects", maxRedirects)
-		}
-		if req.URL.Scheme != "https" {
-			return fmt.Errorf("redirect to %s: only https is allowed", redact(req.URL))
-		}
-		return nil
-	}}
 	s.mu.Lock()
-	s.client, s.progress = client, progress
+	s.roots, s.redirect, s.progress, s.clients = roots, redirects, progress, map[string]*http.Client{}
 	s.mu.Unlock()
 	return nil
+}
+
+// client returns the HTTP client of a transport config (cached).
+func (s *Source) client(raw []byte) (*http.Client, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.clients[string(raw)]; ok {
+		return c, nil
+	}
+	var tc ports.TransportConfig
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &tc); err != nil {
+			return nil, fmt.Errorf("transport config: %v: %w", err, ports.ErrInvalidArgument)
+		}
+	}
+	tlsCfg := &tls.Config{RootCAs: s.roots, MinVersion: tls.VersionTLS12}
+	if t := tc.TLS; t != nil {
+		tlsCfg.ServerName, tlsCfg.InsecureSkipVerify = t.ServerName, t.Insecure
+		extra := false
+		roots := s.roots.Clone()
+		for i, c := range t.Certificates {
+			if c.Key != "" {
+				pair, err := tls.X509KeyPair([]byte(c.Cert), []byte(c.Key))
+				if err != nil {
+					return nil, fmt.Errorf("transport tls.certificates[%d]: %v: %w", i, err, ports.ErrInvalidArgument)
+				}
+				tlsCfg.Certificates = append(tlsCfg.Certificates, pair)
+				continue
+			}
+			if !roots.AppendCertsFromPEM([]byte(c.Cert)) {
+				return nil, fmt.Errorf("transport tls.certificates[%d]: not a PEM certificate: %w", i, ports.ErrInvalidArgument)
+			}
+			extra = true
+		}
+		if extra {
+			tlsCfg.RootCAs = roots
+		}
+	}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.TLSClientConfig = tlsCfg
+	if tc.Proxy != "" {
+		proxy, err := url.Parse(tc.Proxy)
+		if err != nil {
+			return nil, fmt.Errorf("transport proxy %q: %v: %w", tc.Proxy, err, ports.ErrInvalidArgument)
+		}
+		transport.Proxy = http.ProxyURL(proxy)
+	}
+	maxRedirects := s.redirect
+	if tc.MaxRedirects != nil {
+		maxRedirects = *tc.MaxRedirects
+	}
+	c := &http.Client{Transport: transport, Timeout: time.Duration(tc.TimeoutMillis) * time.Millisecond,
+		CheckRedirect: func(req *http.Request, via []*http.Request) error {
+			if len(via) > maxRedirects {
+				return fmt.Errorf("more than %d redirects", maxRedirects)
+			}
+			if via[0].URL.Scheme == "https" && req.URL.Scheme != "https" {
+				return fmt.Errorf("redirect from https to %s refused", redact(req.URL))
+			}
+			return nil
+		}}
+	s.clients[string(raw)] = c
+	return c, nil
 }
 
 // redact drops credentials and query strings from a URL for messages.
@@ -120,48 +176,74 @@ func redact(u *url.URL) string {
 	return c.String()
 }
 
-// Fetch downloads req.Location to req.Dest.
+// Fetch downloads req.Location to req.Dest: https and http URLs with the
+// request's transport settings, file URLs from the node's disk.
 func (s *Source) Fetch(ctx context.Context, req ports.FetchRequest) (ports.FetchResult, error) {
 	u, err := url.Parse(req.Location)
-	if err != nil || u.Scheme != "https" || u.Host == "" {
-		return ports.FetchResult{}, &ports.InvalidError{Field: "image location", Value: req.Location, Allowed: "an https:// URL"}
+	if err != nil || !(u.Scheme == "https" || u.Scheme == "http" || u.Scheme == "file") {
+		return ports.FetchResult{}, &ports.InvalidError{Field: "image location", Value: req.Location, Allowed: "an https://, http:// or file:// URL"}
 	}
 	where := redact(u)
+	log := s.log.WithFields(logrus.Fields{"image": req.Name, "url": where})
+	var body io.Reader
+	size := int64(-1)
+	switch u.Scheme {
+	case "file":
+		f, err := os.Open(u.Path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return ports.FetchResult{}, fmt.Errorf("%s: %w", where, ports.ErrNotFound)
+		}
+		if err != nil {
+			return ports.FetchResult{}, fmt.Errorf("open %s: %w", where, err)
+		}
+		defer f.Close()
+		if info, err := f.Stat(); err == nil {
+			size = info.Size()
+		}
+		body = f
+	default:
+		if u.Host == "" {
+			return ports.FetchResult{}, &ports.InvalidError{Field: "image location", Value: req.Location, Reason: "no host"}
+		}
+		client, err := s.client(req.TransportConfig)
+		if err != nil {
+			return ports.FetchResult{}, err
+		}
+		hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, req.Location, nil)
+		if err != nil {
+			return ports.FetchResult{}, fmt.Errorf("GET %s: %w", where, err)
+		}
+		resp, err := client.Do(hreq)
+		if err != nil {
+			return ports.FetchResult{}, fmt.Errorf("GET %s: %w", where, unwrapURLError(err))
+		}
+		defer resp.Body.Close()
+		switch {
+		case resp.StatusCode == http.StatusNotFound:
+			return ports.FetchResult{}, fmt.Errorf("GET %s: %s: %w", where, resp.Status, ports.ErrNotFound)
+		case resp.StatusCode >= 500:
+			return ports.FetchResult{}, fmt.Errorf("GET %s: %s: %w", where, resp.Status, ports.ErrUnavailable)
+		case resp.StatusCode != http.StatusOK:
+			return ports.FetchResult{}, fmt.Errorf("GET %s: %s", where, resp.Status)
+		}
+		body, size = resp.Body, resp.ContentLength
+	}
 	s.mu.Lock()
-	client, progressEvery := s.client, s.progress
+	progressEvery := s.progress
 	s.mu.Unlock()
-
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, req.Location, nil)
-	if err != nil {
-		return ports.FetchResult{}, fmt.Errorf("GET %s: %w", where, err)
-	}
-	resp, err := client.Do(hreq)
-	if err != nil {
-		return ports.FetchResult{}, fmt.Errorf("GET %s: %w", where, unwrapURLError(err))
-	}
-	defer resp.Body.Close()
-	switch {
-	case resp.StatusCode == http.StatusNotFound:
-		return ports.FetchResult{}, fmt.Errorf("GET %s: %s: %w", where, resp.Status, ports.ErrNotFound)
-	case resp.StatusCode >= 500:
-		return ports.FetchResult{}, fmt.Errorf("GET %s: %s: %w", where, resp.Status, ports.ErrUnavailable)
-	case resp.StatusCode != http.StatusOK:
-		return ports.FetchResult{}, fmt.Errorf("GET %s: %s", where, resp.Status)
-	}
 	f, err := os.OpenFile(req.Dest, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return ports.FetchResult{}, fmt.Errorf("create %s: %w", req.Dest, err)
 	}
 	defer f.Close()
-	log := s.log.WithFields(logrus.Fields{"image": req.Name, "url": where})
 	hash := sha256.New()
-	pw := &progressWriter{log: log, total: resp.ContentLength, every: progressEvery, start: time.Now(), last: time.Now()}
-	n, err := io.Copy(io.MultiWriter(f, hash, pw), resp.Body)
-	if err != nil && !(errors.Is(err, io.ErrUnexpectedEOF) && resp.ContentLength > n) {
+	pw := &progressWriter{log: log, total: size, every: progressEvery, start: time.Now(), last: time.Now()}
+	n, err := io.Copy(io.MultiWriter(f, hash, pw), body)
+	if err != nil && !(errors.Is(err, io.ErrUnexpectedEOF) && size > n) {
 		return ports.FetchResult{}, fmt.Errorf("download %s: %w (after %d bytes)", where, err, n)
 	}
-	if resp.ContentLength >= 0 && n != resp.ContentLength {
-		return ports.FetchResult{}, fmt.Errorf("download %s: truncated: got %d of %d bytes", where, n, resp.ContentLength)
+	if size >= 0 && n != size {
+		return ports.FetchResult{}, fmt.Errorf("download %s: truncated: got %d of %d bytes", where, n, size)
 	}
 	if err := f.Sync(); err != nil {
 		return ports.FetchResult{}, fmt.Errorf("write %s: %w", req.Dest, err)

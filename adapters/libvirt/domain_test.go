@@ -117,9 +117,15 @@ func TestDomainRefusals(t *testing.T) {
 		want string
 	}{
 		{"foreign name", func(s *ports.VMSpec) { s.Name = "my-vm" }, "a name starting with virtlet-"},
-		{"network disk", func(s *ports.VMSpec) { s.Disks[0] = ports.Disk{Name: "ceph", Bus: ports.BusSCSI, Source: ports.DiskSource{Type: ports.SourceNetwork}} }, "not supported"},
+		{"network disk", func(s *ports.VMSpec) {
+			s.Disks[0] = ports.Disk{Name: "ceph", Bus: ports.BusSCSI, Source: ports.DiskSource{Type: ports.SourceNetwork}}
+		}, "not supported"},
 		{"bad bus", func(s *ports.VMSpec) { s.Disks[0].Bus = "floppy" }, "scsi, virtio, ide or sata"},
-		{"bad format", func(s *ports.VMSpec) { s.Disks[0].Overlay = nil; s.Disks[0].Source.Path = "/x"; s.Disks[0].Source.Format = "vmdk" }, "qcow2 or raw"},
+		{"bad format", func(s *ports.VMSpec) {
+			s.Disks[0].Overlay = nil
+			s.Disks[0].Source.Path = "/x"
+			s.Disks[0].Source.Format = "vmdk"
+		}, "qcow2 or raw"},
 		{"nics", func(s *ports.VMSpec) { s.NICs = []ports.NIC{{Name: "eth0"}} }, "network interfaces are not supported"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

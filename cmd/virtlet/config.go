@@ -10,20 +10,22 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
+	"github.com/virtlet/virtlet/adapters/imagetranslations"
 	"github.com/virtlet/virtlet/plugins/manifest"
 )
 
 // config is the daemon's configuration: defaults, then the config file,
 // then command-line flags.
 type config struct {
-	Listen           string        `json:"listen"`
-	StateDir         string        `json:"stateDir"`
-	PluginsDir       string        `json:"pluginsDir"`
-	PluginBinDir     string        `json:"pluginBinDir"`
-	LogFormat        string        `json:"logFormat"`
-	LogLevel         string        `json:"logLevel"`
-	DefaultVMMemory  string        `json:"defaultVMMemory"`
-	OperationTimeout time.Duration `json:"operationTimeout"`
+	Listen            string        `json:"listen"`
+	StateDir          string        `json:"stateDir"`
+	PluginsDir        string        `json:"pluginsDir"`
+	PluginBinDir      string        `json:"pluginBinDir"`
+	ImageTranslations string        `json:"imageTranslationsDir"`
+	LogFormat         string        `json:"logFormat"`
+	LogLevel          string        `json:"logLevel"`
+	DefaultVMMemory   string        `json:"defaultVMMemory"`
+	OperationTimeout  time.Duration `json:"operationTimeout"`
 }
 
 func defaults() config {
@@ -33,7 +35,7 @@ func defaults() config {
 	}
 	return config{
 		Listen: "unix:///run/virtlet.sock", StateDir: "/var/lib/virtlet", PluginsDir: manifest.DefaultDir,
-		PluginBinDir: bin, LogFormat: "text", LogLevel: "info", DefaultVMMemory: "1Gi", OperationTimeout: 15 * time.Minute,
+		PluginBinDir: bin, ImageTranslations: imagetranslations.DefaultDir, LogFormat: "text", LogLevel: "info", DefaultVMMemory: "1Gi", OperationTimeout: 15 * time.Minute,
 	}
 }
 
@@ -48,12 +50,13 @@ func dirOf(p string) string {
 func parseConfig(args []string) (config, bool, error) {
 	cfg := defaults()
 	fs := flag.NewFlagSet("virtlet", flag.ContinueOnError)
-	configFile := fs.String("config", "", "YAML config file (keys: listen, stateDir, pluginsDir, pluginBinDir, logFormat, logLevel, defaultVMMemory, operationTimeout); flags override it")
+	configFile := fs.String("config", "", "YAML config file (keys: listen, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout); flags override it")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	listen := fs.String("listen", cfg.Listen, "CRI endpoint to serve, unix:///path.sock")
 	stateDir := fs.String("state-dir", cfg.StateDir, "directory for the state database, images and plugin state")
 	pluginsDir := fs.String("plugins-dir", cfg.PluginsDir, "directory of plugin manifests; when it does not exist the embedded default set is used")
 	pluginBinDir := fs.String("plugin-bin-dir", cfg.PluginBinDir, "where the default plugins' binaries are")
+	translations := fs.String("image-translations-dir", cfg.ImageTranslations, "directory of image name translation configs (reloaded when they change)")
 	logFormat := fs.String("log-format", cfg.LogFormat, "log format: text or json")
 	logLevel := fs.String("log-level", cfg.LogLevel, "log level: trace, debug, info, warn, error")
 	memory := fs.String("default-vm-memory", cfg.DefaultVMMemory, "memory of a VM whose container has no memory limit")
@@ -87,6 +90,7 @@ func parseConfig(args []string) (config, bool, error) {
 	override("state-dir", &cfg.StateDir, *stateDir)
 	override("plugins-dir", &cfg.PluginsDir, *pluginsDir)
 	override("plugin-bin-dir", &cfg.PluginBinDir, *pluginBinDir)
+	override("image-translations-dir", &cfg.ImageTranslations, *translations)
 	override("log-format", &cfg.LogFormat, *logFormat)
 	override("log-level", &cfg.LogLevel, *logLevel)
 	override("default-vm-memory", &cfg.DefaultVMMemory, *memory)

@@ -19,6 +19,7 @@ import (
 	"github.com/virtlet/virtlet/adapters/boltstore"
 	"github.com/virtlet/virtlet/adapters/cri"
 	"github.com/virtlet/virtlet/adapters/imagefiles"
+	"github.com/virtlet/virtlet/adapters/imagetranslations"
 	"github.com/virtlet/virtlet/cmd/internal/buildinfo"
 	"github.com/virtlet/virtlet/core"
 	"github.com/virtlet/virtlet/plugins/host"
@@ -94,7 +95,8 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	memory, _ := cfg.memoryBytes()
 	rt, err := core.New(core.Deps{
 		Hypervisor: plugins.Hypervisor(), ImageSources: plugins.ImageSources(), ImageFiles: files, Store: store,
-		Network: plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
+		Translations: imagetranslations.New(cfg.ImageTranslations),
+		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: cfg.OperationTimeout, Log: log.WithField("component", "core")})
 	if err != nil {
 		return err

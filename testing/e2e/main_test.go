@@ -14,13 +14,16 @@ import (
 )
 
 var (
-	bins    string // built binaries
-	crictl  string
-	tiny    string // the tiny guest image
-	images  *imageserver.Server
-	imgDir  string // what the image server serves
-	tinyRef string // image name of the tiny guest
+	bins        string // built binaries
+	crictl      string
+	tiny        string // the tiny guest image
+	images      *imageserver.Server
+	imgDir      string // what the image server serves
+	translation string // names the served images virtlet.cloud/<name>
 )
+
+// tinyRef is the image name of the tiny guest, as a pod spec names it.
+const tinyRef = "virtlet.cloud/tiny"
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -68,15 +71,16 @@ func run(m *testing.M) int {
 		return fail(err)
 	}
 	defer images.Close()
-	tinyRef = images.Image("tiny.qcow2")
+	if translation, err = images.Translation(map[string]string{"tiny": "tiny.qcow2", "not-a-disk": "page.html"}); err != nil {
+		return fail(err)
+	}
 	return m.Run()
 }
 
-// plugins returns the manifests of the shipped plugins, the image plugin
-// trusting the test image server's CA.
+// plugins returns the manifests of the shipped plugins.
 func plugins() []harness.Plugin {
 	return []harness.Plugin{
 		{Name: "libvirt", Kind: "hypervisor", Binary: filepath.Join(bins, "virtlet-plugin-libvirt")},
-		{Name: "images", Kind: "image", Binary: filepath.Join(bins, "virtlet-plugin-images"), Config: fmt.Sprintf("{caFiles: [%s]}", images.CAFile)},
+		{Name: "images", Kind: "image", Binary: filepath.Join(bins, "virtlet-plugin-images")},
 	}
 }

@@ -113,6 +113,8 @@ type ImageSource struct {
 	Fail map[string]error
 	// Fetches counts calls per location.
 	Fetches map[string]int
+	// Requests holds every request, in order.
+	Requests []ports.FetchRequest
 	// Delay makes every fetch take this long.
 	Delay time.Duration
 }
@@ -146,6 +148,7 @@ func (s *ImageSource) DigestFor(location string) string {
 func (s *ImageSource) Fetch(ctx context.Context, req ports.FetchRequest) (ports.FetchResult, error) {
 	s.mu.Lock()
 	s.Fetches[req.Location]++
+	s.Requests = append(s.Requests, req)
 	err := s.Fail[req.Location]
 	delay := s.Delay
 	s.mu.Unlock()

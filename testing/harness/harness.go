@@ -137,7 +137,8 @@ func (d *Daemon) Start(extraArgs ...string) {
 		d.t.Fatal(err)
 	}
 	args := append([]string{"--listen", "unix://" + d.Socket, "--state-dir", d.StateDir,
-		"--plugins-dir", filepath.Join(d.Dir, "plugins.d"), "--log-format", "json", "--log-level", "debug"}, extraArgs...)
+		"--plugins-dir", filepath.Join(d.Dir, "plugins.d"), "--image-translations-dir", d.TranslationsDir(),
+		"--log-format", "json", "--log-level", "debug"}, extraArgs...)
 	cmd := exec.Command(d.Bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
@@ -163,6 +164,20 @@ func (d *Daemon) Start(extraArgs ...string) {
 		}
 	}
 	d.t.Fatalf("virtlet did not open %s:\n%s", d.Socket, d.Log())
+}
+
+// TranslationsDir is the daemon's image translations directory.
+func (d *Daemon) TranslationsDir() string { return filepath.Join(d.Dir, "images.d") }
+
+// Translate writes an image translation file for the daemon.
+func (d *Daemon) Translate(name, yaml string) {
+	d.t.Helper()
+	if err := os.MkdirAll(d.TranslationsDir(), 0o755); err != nil {
+		d.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d.TranslationsDir(), name), []byte(yaml), 0o644); err != nil {
+		d.t.Fatal(err)
+	}
 }
 
 // PID is the daemon's process ID.

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -77,8 +78,27 @@ func Start(dir, addr, caDir string) (*Server, error) {
 	return &Server{Host: l.Addr().String(), CAFile: caFile, srv: srv}, nil
 }
 
-// Image returns the VM image name of a file served from the directory.
-func (s *Server) Image(file string) string { return fmt.Sprintf("virtlet.cloud/%s/%s", s.Host, file) }
+// URL returns the https URL of a file served from the directory.
+func (s *Server) URL(file string) string { return fmt.Sprintf("https://%s/%s", s.Host, file) }
+
+// Translation returns an image translation config (Virtlet's format) that
+// names each file virtlet.cloud/<name> and trusts the server's CA.
+func (s *Server) Translation(names map[string]string) (string, error) {
+	ca, err := os.ReadFile(s.CAFile)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	b.WriteString("translations:\n")
+	for name, file := range names {
+		fmt.Fprintf(&b, "- name: %s\n  url: %s\n  transport: test-images\n", name, s.URL(file))
+	}
+	b.WriteString("transports:\n  test-images:\n    tls:\n      certificates:\n      - cert: |\n")
+	for _, line := range strings.Split(strings.TrimSpace(string(ca)), "\n") {
+		b.WriteString("          " + line + "\n")
+	}
+	return b.String(), nil
+}
 
 // Close stops the server.
 func (s *Server) Close() error { return s.srv.Close() }

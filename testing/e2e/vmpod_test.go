@@ -1,0 +1,363 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+func startDaemon(t *testing.T) (*harness.Daemon, *harness.Crictl) {
+	t.Helper()
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), plugins())
+	d.Translate("test-images.yaml", translation)
+	d.Start()
+	c := d.Crictl(crictl)
+	c.Timeout = 3 * time.Minute
+	return d, c
+}
+
+// vmPod writes the pod and container configs kubelet would send for a VM
+// pod with these annotations and memory limit.
+func vmPod(t *testing.T, d *harness.Daemon, name string, ann map[string]string, memory int64) (pod, ctr string) {
+	t.Helper()
+	all := map[string]string{"kubernetes.io/target-runtime": "virtlet.cloud"}
+	for k, v := range ann {
+		all[k] = v
+	}
+	pod = harness.WriteJSON(t, d.Dir, name+"-pod.json", map[string]interface{}{
+		"metadata":      map[string]interface{}{"name": name, "namespace": "default", "uid": "uid-" + name},
+		"annotations":   all,
+		"log_directory": filepath.Join(d.Dir, "pods", "default_"+name),
+	})
+	ctr = harness.WriteJSON(t, d.Dir, name+"-ctr.json", map[string]interface{}{
+		"metadata": map[string]interface{}{"name": name},
+		"image":    map[string]string{"image": tinyRef},
+		"log_path": name + "/0.log",
+		"linux":    map[string]interface{}{"resources": map[string]interface{}{"memory_limit_in_bytes": memory}},
+		"tty":      true, "stdin": true,
+	})
+	return pod, ctr
+}
+
+// waitLog waits until the container's log (crictl logs) holds marker.
+func waitLog(t *testing.T, c *harness.Crictl, ctr, marker string, timeout time.Duration) string {
+	t.Helper()
+	var logs string
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		out, _, _ := c.Run("logs", ctr)
+		if logs = out; strings.Contains(logs, marker) {
+			return logs
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Fatalf("no %q in the VM's console after %s; crictl logs:\n%s", marker, timeout, logs)
+	return ""
+}
+
+func marker(t *testing.T, logs, name string) string {
+	t.Helper()
+	m := regexp.MustCompile(`@@` + name + `=(\S*)`).FindStringSubmatch(logs)
+	if m == nil {
+		t.Fatalf("no @@%s= in the console:\n%s", name, logs)
+	}
+	return m[1]
+}
+
+type inspect struct {
+	Status struct {
+		State    string `json:"state"`
+		ExitCode int    `json:"exitCode"`
+		Reason   string `json:"reason"`
+		Message  string `json:"message"`
+	} `json:"status"`
+	VM struct {
+		Name string `json:"name"`
+	} `json:"vm"`
+}
+
+func inspectCtr(t *testing.T, c *harness.Crictl, id string) inspect {
+	t.Helper()
+	var i inspect
+	c.JSON(t, &i, "inspect", id)
+	return i
+}
+
+// vmFiles lists what the libvirt plugin keeps for VMs: overlays, console
+// logs, records.
+func vmFiles(d *harness.Daemon) []string {
+	var out []string
+	for _, dir := range []string{"vms", "records"} {
+		entries, _ := os.ReadDir(filepath.Join(d.StateDir, "plugins", "libvirt", dir))
+		for _, e := range entries {
+			out = append(out, dir+"/"+e.Name())
+		}
+	}
+	return out
+}
+
+func assertNothingLeft(t *testing.T, d *harness.Daemon, c *harness.Crictl) {
+	t.Helper()
+	if doms := harness.DomainsUsing(d.Dir); len(doms) != 0 {
+		t.Errorf("domains left: %v", doms)
+	}
+	if files := vmFiles(d); len(files) != 0 {
+		t.Errorf("VM files left: %v", files)
+	}
+	if ctrs := c.Must(t, "ps", "-a", "-q"); ctrs != "" {
+		t.Errorf("containers left: %s", ctrs)
+	}
+}
+
+// The story of issue 3: a VM pod defined as in the Virtlet docs boots,
+// shows its console in crictl logs, shuts down through ACPI when stopped,
+// and leaves nothing behind when removed.
+func TestVMPodLifecycle(t *testing.T) {
+	d, c := startDaemon(t)
+	c.Must(t, "pull", tinyRef)
+	podJSON, ctrJSON := vmPod(t, d, "cirros-vm", map[string]string{
+		"VirtletVCPUCount": "1", "VirtletDiskDriver": "virtio", "VirtletRootVolumeSize": "1Gi",
+		"VirtletSSHKeys": "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQCaJEcFDXEK2ZbX0ZLS1EIYFZRbDAcRfuVjpstSc0De8+sV1aiu+dePxdkuDRwqFtCyk6dEZkssjOkBXtri00MECLkir6FcH3kKOJtbJ6vy3uaJc9w1ERo me@localhost\n",
+	}, 160<<20)
+	sb := c.Must(t, "runp", podJSON)
+	ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
+	c.Must(t, "start", ctr)
+	logs := waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	if !strings.Contains(logs, "SYSLINUX") || !strings.Contains(logs, "@@TINY-INIT-START") {
+		t.Errorf("the boot messages are not in crictl logs:\n%s", logs)
+	}
+	if i := inspectCtr(t, c, ctr); i.Status.State != "CONTAINER_RUNNING" {
+		t.Fatalf("inspect: %+v", i.Status)
+	}
+	if state, _ := harness.Virsh("domstate", inspectCtr(t, c, ctr).VM.Name); state != "running" {
+		t.Fatalf("domain state %q", state)
+	}
+	// A graceful stop: the guest sees the power button and powers off.
+	begin := time.Now()
+	c.Must(t, "stop", "--timeout", "60", ctr)
+	took := time.Since(begin)
+	i := inspectCtr(t, c, ctr)
+	if i.Status.State != "CONTAINER_EXITED" || i.Status.ExitCode != 0 || i.Status.Reason != "Completed" || took > 60*time.Second {
+		t.Fatalf("after stop (%s): %+v", took, i.Status)
+	}
+	waitLog(t, c, ctr, "@@ACPI-POWER-BUTTON", 10*time.Second)
+	c.Must(t, "rm", ctr)
+	c.Must(t, "stopp", sb)
+	c.Must(t, "rmp", sb)
+	assertNothingLeft(t, d, c)
+	t.Logf("graceful stop took %s", took.Round(time.Millisecond))
+}
+
+// The guest sees what the annotations ask for.
+func TestGuestSeesItsSpec(t *testing.T) {
+	d, c := startDaemon(t)
+	c.Must(t, "pull", tinyRef)
+	const uuid = "4a9c4d3e-0b1f-4a57-9e3c-6f7f2f6f1c2d"
+	for _, tc := range []struct {
+		name    string
+		ann     map[string]string
+		memory  int64
+		cpus    string
+		disk    string
+		size    int64
+		uuid    string
+		maxMemK int64
+	}{
+		{"two-vcpus-virtio-1gi", map[string]string{"VirtletVCPUCount": "2", "VirtletDiskDriver": "virtio", "VirtletRootVolumeSize": "1Gi", "VirtletSystemUUID": uuid},
+			256 << 20, "2", "vda", 1 << 30, uuid, 256 << 10},
+		{"defaults-scsi", nil, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			podJSON, ctrJSON := vmPod(t, d, tc.name, tc.ann, tc.memory)
+			sb := c.Must(t, "runp", podJSON)
+			ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
+			c.Must(t, "start", ctr)
+			logs := waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+			if got := marker(t, logs, "CPUS"); got != tc.cpus {
+				t.Errorf("guest sees %s CPUs, want %s", got, tc.cpus)
+			}
+			memK, _ := strconv.ParseInt(marker(t, logs, "MEMTOTAL_KB"), 10, 64)
+			if memK > tc.maxMemK || memK < tc.maxMemK*6/10 {
+				t.Errorf("guest MemTotal %d KiB, want a little under %d KiB", memK, tc.maxMemK)
+			}
+			wantDisk := fmt.Sprintf("@@DISK %s SIZE_BYTES=%d ", tc.disk, tc.size)
+			if !strings.Contains(logs, wantDisk) {
+				t.Errorf("console lacks %q:\n%s", wantDisk, logs)
+			}
+			if got := marker(t, logs, "SMBIOS_UUID"); tc.uuid != "" && !strings.EqualFold(got, tc.uuid) {
+				t.Errorf("guest SMBIOS UUID %q, want %q", got, tc.uuid)
+			} else if got == "" {
+				t.Error("the guest sees no SMBIOS UUID")
+			}
+			c.Must(t, "stop", ctr) // no grace period: forced off
+			if i := inspectCtr(t, c, ctr); i.Status.ExitCode != 137 || i.Status.Reason != "Killed" {
+				t.Errorf("forced stop: %+v", i.Status)
+			}
+			c.Must(t, "rmp", "-f", sb)
+		})
+	}
+	assertNothingLeft(t, d, c)
+}
+
+// Two VMs from one image share its file: each root disk is a small overlay
+// made in milliseconds.
+func TestTwoVMsShareTheBase(t *testing.T) {
+	d, c := startDaemon(t)
+	imageID := strings.TrimPrefix(c.Must(t, "pull", tinyRef), "Image is up to date for ")
+	base := filepath.Join(d.StateDir, "images", "sha256", strings.TrimPrefix(imageID, "sha256:"))
+	var overlays []string
+	for _, name := range []string{"vm-one", "vm-two"} {
+		podJSON, ctrJSON := vmPod(t, d, name, nil, 128<<20)
+		sb := c.Must(t, "runp", podJSON)
+		ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
+		overlay := filepath.Join(d.StateDir, "plugins", "libvirt", "vms", ctr+"-root.qcow2")
+		out, err := exec.Command("qemu-img", "info", "--output=json", "-U", overlay).Output()
+		if err != nil {
+			t.Fatalf("qemu-img info %s: %v", overlay, err)
+		}
+		var info struct {
+			Backing string `json:"full-backing-filename"`
+			Actual  int64  `json:"actual-size"`
+		}
+		json.Unmarshal(out, &info)
+		if info.Backing != base || info.Actual > 1<<20 {
+			t.Fatalf("overlay %s: backing %q (want %q), %d bytes on disk", overlay, info.Backing, base, info.Actual)
+		}
+		overlays = append(overlays, overlay)
+	}
+	var millis []float64
+	for _, e := range d.LogEntries() {
+		if e["msg"] == "root disk overlay created" {
+			if ms, ok := e["millis"].(float64); ok {
+				millis = append(millis, ms)
+			}
+		}
+	}
+	if len(millis) != 2 || millis[1] > 1000 {
+		t.Fatalf("overlay creation times (ms): %v", millis)
+	}
+	t.Logf("root disks created in %v ms; both back onto %s", millis, base)
+	c.Must(t, append([]string{"rmp", "-f"}, strings.Fields(c.Must(t, "pods", "-q"))...)...)
+	assertNothingLeft(t, d, c)
+}
+
+// Bad input fails CreateContainer with a clear error and leaves nothing.
+func TestBadInputLeavesNothing(t *testing.T) {
+	d, c := startDaemon(t)
+	imageID := strings.TrimPrefix(c.Must(t, "pull", tinyRef), "Image is up to date for ")
+	data := filepath.Join(d.StateDir, "images", "sha256", strings.TrimPrefix(imageID, "sha256:"))
+	original, err := os.ReadFile(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		ann    map[string]string
+		memory int64
+		spoil  func()
+		want   []string
+	}{
+		{"missing image file", nil, 128 << 20, func() { os.Remove(data) }, []string{"NotFound", "is missing from the image store"}},
+		{"image file is not a disk", nil, 128 << 20, func() { os.WriteFile(data, []byte("<html>oops</html>"), 0o644) },
+			[]string{"not a VM disk image"}},
+		{"memory below the minimum", nil, 16 << 20, nil, []string{"resources.limits.memory", "at least 32Mi"}},
+		{"cpu setting with an unknown key", map[string]string{"VirtletLibvirtCPUSetting": "Match: exact\nModle: {Value: core2duo}\n"}, 128 << 20, nil,
+			[]string{"annotation VirtletLibvirtCPUSetting", `unknown field \"Modle\"`}},
+		{"root volume smaller than the image", map[string]string{"VirtletRootVolumeSize": "1Mi"}, 128 << 20, nil,
+			[]string{"annotation VirtletRootVolumeSize", "smaller than the image's virtual size"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.spoil != nil {
+				tc.spoil()
+				defer os.WriteFile(data, original, 0o644)
+			}
+			podJSON, ctrJSON := vmPod(t, d, strings.ReplaceAll(tc.name, " ", "-"), tc.ann, tc.memory)
+			sb := c.Must(t, "runp", podJSON)
+			defer c.Run("rmp", "-f", sb)
+			_, errOut, err := c.Run("create", sb, ctrJSON, podJSON)
+			if err == nil {
+				t.Fatal("create succeeded")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(errOut, w) {
+					t.Errorf("error lacks %q:\n%s", w, errOut)
+				}
+			}
+			assertNothingLeft(t, d, c)
+		})
+	}
+	_, errOut, err := c.Run("pull", "virtlet.cloud/not-a-disk")
+	if err == nil || !strings.Contains(errOut, "not a VM disk image") {
+		t.Errorf("pull of an HTML page: %v %s", err, errOut)
+	}
+}
+
+// A running VM survives a daemon restart and a crash of the hypervisor
+// plugin; its console keeps reaching crictl logs.
+func TestVMSurvivesDaemonRestartAndPluginCrash(t *testing.T) {
+	d, c := startDaemon(t)
+	c.Must(t, "pull", tinyRef)
+	podJSON, ctrJSON := vmPod(t, d, "survivor", nil, 128<<20)
+	sb := c.Must(t, "runp", podJSON)
+	ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
+	c.Must(t, "start", ctr)
+	waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	domain := inspectCtr(t, c, ctr).VM.Name
+
+	d.Stop()
+	if state, _ := harness.Virsh("domstate", domain); state != "running" {
+		t.Fatalf("the VM did not survive the daemon's stop: %q", state)
+	}
+	d.Start()
+	var ps struct {
+		Containers []struct {
+			ID    string `json:"id"`
+			State string `json:"state"`
+		} `json:"containers"`
+	}
+	c.JSON(t, &ps, "ps", "-o", "json")
+	if len(ps.Containers) != 1 || ps.Containers[0].ID != ctr || ps.Containers[0].State != "CONTAINER_RUNNING" {
+		t.Fatalf("after the daemon restart: %+v", ps)
+	}
+	if logs, _, _ := c.Run("logs", ctr); !strings.Contains(logs, "@@TINY-READY") {
+		t.Fatalf("the log before the restart is gone:\n%s", logs)
+	}
+
+	// Kill the hypervisor plugin: the VM runs on; the plugin comes back.
+	for pid, cmd := range d.Children() {
+		if strings.Contains(cmd, "virtlet-plugin-libvirt") {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	harness.Eventually(t, 30*time.Second, "the libvirt plugin to come back", func() bool {
+		var info struct {
+			Plugins map[string]struct {
+				State    string `json:"state"`
+				Restarts int    `json:"restarts"`
+			} `json:"plugins"`
+		}
+		c.JSON(t, &info, "info")
+		return info.Plugins["libvirt"].State == "running" && info.Plugins["libvirt"].Restarts == 1
+	})
+	if state, _ := harness.Virsh("domstate", domain); state != "running" {
+		t.Fatalf("the VM did not survive the plugin crash: %q", state)
+	}
+	// The console output after both restarts still reaches the CRI log.
+	c.Must(t, "stop", "--timeout", "60", ctr)
+	waitLog(t, c, ctr, "@@ACPI-POWER-BUTTON", 15*time.Second)
+	if i := inspectCtr(t, c, ctr); i.Status.ExitCode != 0 || i.Status.Reason != "Completed" {
+		t.Fatalf("after stop: %+v", i.Status)
+	}
+	c.Must(t, "rmp", "-f", sb)
+	assertNothingLeft(t, d, c)
+}
