@@ -2,11 +2,13 @@ package libvirt
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -41,7 +43,7 @@ func runProbe(ctx context.Context, qemu, accel, disk string, limit time.Duration
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, qemu, "-accel", accel, "-machine", "pc", "-m", "32", "-nodefaults", "-display", "none",
-		"-drive", "file="+disk+",format=raw,if=ide,readonly=on", "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04", "-no-reboot")
+		"-drive", "file="+disk+",format=raw,if=ide", "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04", "-no-reboot")
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
 	took := time.Since(start)
@@ -52,19 +54,60 @@ func runProbe(ctx context.Context, qemu, accel, disk string, limit time.Duration
 	case errors.As(err, &exit) && exit.ExitCode() == probeExit:
 		return took, nil
 	case err != nil:
-		return took, fmt.Errorf("%v: %s", err, firstLine(out))
+		return took, fmt.Errorf("%v: %s", err, lastLine(out))
 	default:
 		return took, fmt.Errorf("exited without running the probe")
 	}
 }
 
-func firstLine(b []byte) string {
-	for i, c := range b {
-		if c == '\n' {
-			return string(b[:i])
+// lastLine is QEMU's error: warnings come first.
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
+// cachedAccelerator returns the verdict of an earlier probe in dir, valid
+// while the host has not rebooted and QEMU has not changed; otherwise it
+// probes and saves the verdict.
+func cachedAccelerator(ctx context.Context, want, qemu, dir string) (accelerator, bool) {
+	key := probeKey(qemu)
+	file := filepath.Join(dir, "accelerator.json")
+	if want == "auto" && key != "" {
+		var saved struct {
+			Key   string
+			Accel accelerator
+		}
+		if data, err := os.ReadFile(file); err == nil && json.Unmarshal(data, &saved) == nil && saved.Key == key {
+			return saved.Accel, true
 		}
 	}
-	return string(b)
+	a := chooseAccelerator(ctx, want, qemu, dir)
+	if want == "auto" && key != "" {
+		if data, err := json.Marshal(struct {
+			Key   string
+			Accel accelerator
+		}{key, a}); err == nil {
+			os.WriteFile(file, data, 0o600)
+		}
+	}
+	return a, false
+}
+
+// probeKey identifies this boot of the host and this QEMU binary.
+func probeKey(qemu string) string {
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	path, err := exec.LookPath(qemu)
+	if err != nil {
+		return ""
+	}
+	info, err := os.Stat(path)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("%s %s %d %d", strings.TrimSpace(string(boot)), path, info.Size(), info.ModTime().UnixNano())
 }
 
 // chooseAccelerator decides between KVM and TCG with a real probe: KVM is
@@ -97,6 +140,10 @@ func chooseAccelerator(ctx context.Context, want, qemu, dir string) accelerator 
 	tcgTook, tcgErr := runProbe(ctx, qemu, "tcg", disk, 20*time.Second)
 	kvmTook, kvmErr := runProbe(ctx, qemu, "kvm", disk, 3*time.Second)
 	switch {
+	case tcgErr != nil && kvmErr != nil:
+		a := tcgAccel
+		a.Reason = fmt.Sprintf("QEMU failed the probe under both KVM (%v) and TCG (%v); VMs will likely fail too", kvmErr, tcgErr)
+		return a
 	case kvmErr != nil:
 		a := tcgAccel
 		a.Reason = fmt.Sprintf("the KVM probe failed (%v); TCG booted it in %s", kvmErr, tcgTook.Round(time.Millisecond))

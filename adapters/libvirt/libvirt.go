@@ -117,8 +117,9 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	if err != nil {
 		return err
 	}
-	accel := chooseAccelerator(ctx, cfg.Accelerator, cfg.QEMU, pc.StateDir)
-	h.log.WithFields(logrus.Fields{"accelerator": accel.Name, "domainType": accel.DomainType, "why": accel.Reason}).Info("accelerator chosen")
+	accel, cached := cachedAccelerator(ctx, cfg.Accelerator, cfg.QEMU, pc.StateDir)
+	h.log.WithFields(logrus.Fields{"accelerator": accel.Name, "domainType": accel.DomainType, "why": accel.Reason, "cached": cached}).
+		Info("accelerator chosen")
 
 	eventLoopOnce.Do(func() {
 		if err := libvirt.EventRegisterDefaultImpl(); err != nil {
