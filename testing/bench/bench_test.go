@@ -1,10 +1,10 @@
 // Package bench measures the figures the project holds itself to. Run with
 // `make bench`; each benchmark reports percentiles as custom metrics.
 //
-//	P1 plugin RPC round trip (daemon → plugin process → daemon): ≤ 150 µs.
+//	PluginRoundTrip: plugin RPC round trip (daemon → plugin process → daemon): ≤ 150 µs.
 //	   Also reported: the same connection's gRPC health check, which runs no
 //	   Virtlet code on either side: the transport's floor on this machine.
-//	P2 ListPodSandbox / ListContainers with 500 VM pods: p99 ≤ 2 ms for the
+//	List*500: ListPodSandbox / ListContainers with 500 VM pods: p99 ≤ 2 ms for the
 //	   runtime's own work (handler + encoding); also reported end to end over
 //	   the CRI socket, which adds the client's decoding.
 package bench
@@ -57,7 +57,7 @@ func percentiles(b *testing.B, prefix string, samples []time.Duration) {
 	b.ReportMetric(at(0.99), prefix+"p99-µs")
 }
 
-func BenchmarkP1PluginRoundTrip(b *testing.B) {
+func BenchmarkPluginRoundTrip(b *testing.B) {
 	dir := b.TempDir()
 	bin := filepath.Join(dir, "virtlet-fake-plugin")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/virtlet/virtlet/testing/fakeplugin").CombinedOutput()
@@ -219,7 +219,7 @@ func benchList(b *testing.B, call func(context.Context, runtimeapi.RuntimeServic
 	percentiles(b, "e2e-", samples)
 }
 
-func BenchmarkP2ListPodSandbox500(b *testing.B) {
+func BenchmarkListPodSandbox500(b *testing.B) {
 	benchList(b, func(ctx context.Context, c runtimeapi.RuntimeServiceClient) (int, error) {
 		r, err := c.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
 		return len(r.GetItems()), err
@@ -228,7 +228,7 @@ func BenchmarkP2ListPodSandbox500(b *testing.B) {
 	})
 }
 
-func BenchmarkP2ListContainers500(b *testing.B) {
+func BenchmarkListContainers500(b *testing.B) {
 	benchList(b, func(ctx context.Context, c runtimeapi.RuntimeServiceClient) (int, error) {
 		r, err := c.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
 		return len(r.GetContainers()), err
