@@ -10,7 +10,7 @@ PKGS=(
   qemu-system-x86 qemu-utils libvirt-daemon-system    # real VMs
   libvirt-clients libvirt-dev
   syslinux syslinux-common mtools dosfstools fdisk     # test guest images
-  kmod cpio busybox-static
+  kmod cpio busybox-static debootstrap e2fsprogs
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/virtlet/virtlet/testing/harness"
 )
@@ -52,16 +55,30 @@ func vmPod(t *testing.T, d *harness.Daemon, name string, ann map[string]string, 
 // waitLog waits until the container's log (crictl logs) holds marker.
 func waitLog(t *testing.T, c *harness.Crictl, ctr, marker string, timeout time.Duration) string {
 	t.Helper()
-	var logs string
+	var logs, errOut string
+	var err error
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		out, _, _ := c.Run("logs", ctr)
-		if logs = out; strings.Contains(logs, marker) {
+		logs, errOut, err = c.Run("logs", ctr)
+		if strings.Contains(logs, marker) {
 			return logs
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	t.Fatalf("no %q in the VM's console after %s; crictl logs:\n%s", marker, timeout, logs)
+	var raw string
+	var st struct {
+		Status struct {
+			LogPath string `json:"logPath"`
+		} `json:"status"`
+	}
+	if c.JSON(t, &st, "inspect", ctr); st.Status.LogPath != "" {
+		b, _ := os.ReadFile(st.Status.LogPath)
+		if len(b) > 3000 {
+			b = b[len(b)-3000:]
+		}
+		raw = string(b)
+	}
+	t.Fatalf("no %q in the VM's console after %s; crictl logs (%v, %s):\n%s\nCRI log file tail:\n%s", marker, timeout, err, errOut, logs, raw)
 	return ""
 }
 
@@ -352,9 +369,21 @@ func TestVMSurvivesDaemonRestartAndPluginCrash(t *testing.T) {
 	if state, _ := harness.Virsh("domstate", domain); state != "running" {
 		t.Fatalf("the VM did not survive the plugin crash: %q", state)
 	}
-	// The console output after both restarts still reaches the CRI log.
+	// kubelet rotates the log: renames the file, then asks for a reopen.
+	logPath := filepath.Join(d.Dir, "pods", "default_survivor", "survivor/0.log")
+	if err := os.Rename(logPath, logPath+".1"); err != nil {
+		t.Fatal(err)
+	}
+	rt, _ := d.CRI(t)
+	if _, err := rt.ReopenContainerLog(context.Background(), &runtimeapi.ReopenContainerLogRequest{ContainerId: ctr}); err != nil {
+		t.Fatalf("ReopenContainerLog: %v", err)
+	}
+	// The console output after both restarts and the rotation reaches the new log.
 	c.Must(t, "stop", "--timeout", "60", ctr)
 	waitLog(t, c, ctr, "@@ACPI-POWER-BUTTON", 15*time.Second)
+	if old, _ := os.ReadFile(logPath + ".1"); !strings.Contains(string(old), "@@TINY-READY") || strings.Contains(string(old), "@@ACPI-POWER-BUTTON") {
+		t.Errorf("the rotated log should hold the boot and not the shutdown:\n%s", old)
+	}
 	if i := inspectCtr(t, c, ctr); i.Status.ExitCode != 0 || i.Status.Reason != "Completed" {
 		t.Fatalf("after stop: %+v", i.Status)
 	}

@@ -19,5 +19,6 @@ if [ ! -f "$out" ]; then
   mkdir -p "$work"
   echo "building the $kind test image (kernel $kv) into $out" >&2
   "$here/$kind/build.sh" "$out" "$work" "$kv" >&2
+  for old in "$cache/$kind"-*.qcow2; do [ "$old" = "$out" ] || rm -f "$old"; done
 fi
 echo "$out"
