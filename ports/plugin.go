@@ -1,6 +1,11 @@
 package ports
 
-import "context"
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+)
 
 // PluginKind names a port that can be served by an out-of-process plugin.
 type PluginKind string
@@ -57,4 +62,18 @@ type PluginConfig struct {
 // that do not implement it refuse a non-empty manifest `config`.
 type Configurer interface {
 	Configure(ctx context.Context, cfg PluginConfig) error
+}
+
+// Decode reads the manifest config into v strictly: an unknown field is an
+// invalid argument naming it. An empty config leaves v as it is.
+func (c PluginConfig) Decode(v interface{}) error {
+	if len(c.Config) == 0 || string(c.Config) == "null" {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(c.Config))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("plugin config: %v: %w", err, ErrInvalidArgument)
+	}
+	return nil
 }

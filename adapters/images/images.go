@@ -6,7 +6,6 @@
 package images
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -66,12 +65,8 @@ func (s *Source) PluginInfo() ports.PluginInfo {
 // Configure applies the manifest config.
 func (s *Source) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	var c Config
-	if len(pc.Config) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(pc.Config))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&c); err != nil {
-			return fmt.Errorf("images config: %v: %w", err, ports.ErrInvalidArgument)
-		}
+	if err := pc.Decode(&c); err != nil {
+		return fmt.Errorf("images: %w", err)
 	}
 	return s.apply(c)
 }

@@ -42,7 +42,9 @@ func TestTransports(t *testing.T) {
 	mux.HandleFunc("/hop2", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/disk.qcow2", http.StatusFound) })
 	plain := httptest.NewServer(mux)
 	defer plain.Close()
-	mux.HandleFunc("/downgrade", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, plain.URL+"/disk.qcow2", http.StatusFound) })
+	mux.HandleFunc("/downgrade", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, plain.URL+"/disk.qcow2", http.StatusFound)
+	})
 	secure := httptest.NewTLSServer(mux)
 	defer secure.Close()
 	caPEM := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: secure.Certificate().Raw}))

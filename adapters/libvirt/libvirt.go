@@ -6,9 +6,7 @@
 package libvirt
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -82,12 +80,8 @@ var eventLoopOnce sync.Once
 // streams.
 func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	cfg := Config{URI: "qemu:///system", Accelerator: "auto", QEMU: "qemu-system-x86_64"}
-	if len(pc.Config) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(pc.Config))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&cfg); err != nil {
-			return fmt.Errorf("libvirt config: %v: %w", err, ports.ErrInvalidArgument)
-		}
+	if err := pc.Decode(&cfg); err != nil {
+		return fmt.Errorf("libvirt: %w", err)
 	}
 	switch cfg.Accelerator {
 	case "auto", "kvm", "tcg":

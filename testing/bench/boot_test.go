@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/virtlet/virtlet/testing/harness"
@@ -64,7 +61,7 @@ func BenchmarkP1BootOverhead(b *testing.B) {
 	})
 	d.Translate("bench.yaml", translation)
 	d.Start()
-	rt, img := criClients(b, d.Socket)
+	rt, img := d.CRI(b)
 	ctx := context.Background()
 	pulled, err := img.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: "virtlet.cloud/tiny"}})
 	if err != nil {
@@ -92,18 +89,6 @@ func BenchmarkP1BootOverhead(b *testing.B) {
 	for _, p := range []string{"run", "create", "start", "first-line"} {
 		fmt.Printf("   virtlet %-10s median %s\n", p, median(phases[p]).Round(time.Millisecond))
 	}
-}
-
-func criClients(b *testing.B, sock string) (runtimeapi.RuntimeServiceClient, runtimeapi.ImageServiceClient) {
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", strings.TrimPrefix(addr, "unix://"))
-		}))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { conn.Close() })
-	return runtimeapi.NewRuntimeServiceClient(conn), runtimeapi.NewImageServiceClient(conn)
 }
 
 // bootThroughDaemon runs a VM pod and waits for its first console line in

@@ -9,9 +9,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -41,12 +39,8 @@ func (s *scratch) PluginInfo() ports.PluginInfo {
 
 func (s *scratch) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	s.cfg = config{DefaultSize: 64 << 20}
-	if len(pc.Config) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(pc.Config))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&s.cfg); err != nil {
-			return fmt.Errorf("config: %v: %w", err, ports.ErrInvalidArgument)
-		}
+	if err := pc.Decode(&s.cfg); err != nil {
+		return err
 	}
 	s.dir = pc.StateDir
 	return nil

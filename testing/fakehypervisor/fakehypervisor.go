@@ -7,7 +7,6 @@
 package fakehypervisor
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -79,12 +78,8 @@ type Config struct {
 // that a restarted plugin knows the VMs its previous process defined.
 func (h *Hypervisor) Configure(ctx context.Context, cfg ports.PluginConfig) error {
 	var c Config
-	if len(cfg.Config) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(cfg.Config))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&c); err != nil {
-			return fmt.Errorf("fake hypervisor config: %v: %w", err, ports.ErrInvalidArgument)
-		}
+	if err := cfg.Decode(&c); err != nil {
+		return fmt.Errorf("fake hypervisor: %w", err)
 	}
 	loaded, err := Open(cfg.StateDir)
 	if err != nil {
