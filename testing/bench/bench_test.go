@@ -123,11 +123,23 @@ func criWith500Pods(b *testing.B) (runtimeapi.RuntimeServiceClient, *cri.Server)
 	return client, server
 }
 
+// benchDir holds the state of the 500-pod runtime; TestMain removes it.
+var benchDir string
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if benchDir != "" {
+		os.RemoveAll(benchDir)
+	}
+	os.Exit(code)
+}
+
 func setup500() (runtimeapi.RuntimeServiceClient, *cri.Server, error) {
 	dir, err := os.MkdirTemp("", "virtlet-bench-")
 	if err != nil {
 		return nil, nil, err
 	}
+	benchDir = dir
 	store, err := boltstore.Open(filepath.Join(dir, "virtlet.db"))
 	if err != nil {
 		return nil, nil, err
