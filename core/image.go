@@ -29,6 +29,7 @@ func (r *Runtime) PullImage(ctx context.Context, name string, auth *ports.Regist
 	if err != nil {
 		return "", err
 	}
+	loc.URL = withReference(loc.URL, n)
 	scheme, err := Scheme(loc.URL)
 	if err != nil {
 		return "", fmt.Errorf("image %s: %w", name, err)
@@ -66,9 +67,14 @@ func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports
 		}
 	}
 	log.Info("pulling image")
+	registry := isRegistry(location)
+	expected := n.Digest
+	if registry {
+		expected = "" // the digest pins the manifest, which the source verifies
+	}
 	res, err := src.Fetch(ctx, ports.FetchRequest{
 		Name: n.Raw, Location: location, Transport: loc.Transport, TransportConfig: loc.TransportConfig,
-		Auth: auth, Dest: tmp, ExpectedDigest: n.Digest,
+		Auth: auth, Dest: tmp, ExpectedDigest: expected,
 	})
 	if err != nil {
 		discard()
@@ -78,7 +84,7 @@ func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports
 		discard()
 		return "", fmt.Errorf("pull image %s: image plugin returned a malformed digest %q: %w", n.Raw, res.Digest, ports.ErrUnavailable)
 	}
-	if n.Digest != "" && res.Digest != n.Digest {
+	if expected != "" && res.Digest != expected {
 		discard()
 		return "", fmt.Errorf("pull image %s: digest mismatch: downloaded data is %s: %w", n.Raw, res.Digest, ports.ErrInvalidArgument)
 	}
@@ -86,7 +92,7 @@ func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports
 		discard()
 		return "", fmt.Errorf("pull image %s: store data: %w", n.Raw, err)
 	}
-	if err := r.indexImage(ctx, n, res, redactURL(location)); err != nil {
+	if err := r.indexImage(ctx, n, res, redactURL(location), registry); err != nil {
 		return "", err
 	}
 	log.WithFields(logrus.Fields{"id": res.Digest, "size": res.Size}).Info("image pulled")
@@ -107,23 +113,23 @@ func redactURL(s string) string {
 // indexImage records that n now names the image res. A name moves from an
 // older image to the new one; an older image left without names and unused
 // is deleted.
-func (r *Runtime) indexImage(ctx context.Context, n ImageName, res ports.FetchResult, location string) error {
+func (r *Runtime) indexImage(ctx context.Context, n ImageName, res ports.FetchResult, location string, registry bool) error {
 	r.imgMu.Lock()
 	defer r.imgMu.Unlock()
-	name := n.Normalized()
 	var writes []write
 	var orphans []string
 	r.mu.RLock()
-	img := &Image{ID: res.Digest, Size: res.Size, Format: res.Format, VirtualSize: res.VirtualSize, Location: location, PulledAt: r.opts.Now()}
+	img := &Image{ID: res.Digest, Size: res.Size, Format: res.Format, VirtualSize: res.VirtualSize,
+		Location: location, Registry: registry, PulledAt: r.opts.Now()}
 	if old, ok := r.images[res.Digest]; ok {
-		img.Names = append(img.Names, old.Names...)
+		img.Names = old.withoutName(n)
 	}
 	for _, other := range r.images {
-		if other.ID == res.Digest || !sameKey(other.Names, n.Key()) {
+		if other.ID == res.Digest || !other.HasName(n) {
 			continue
 		}
 		moved := *other
-		moved.Names = withoutKey(other.Names, n.Key())
+		moved.Names = other.withoutName(n)
 		if len(moved.Names) == 0 && !r.imageInUseLocked(other.ID) {
 			writes = append(writes, write{imageID: other.ID})
 			orphans = append(orphans, other.ID)
@@ -132,7 +138,7 @@ func (r *Runtime) indexImage(ctx context.Context, n ImageName, res ports.FetchRe
 		}
 	}
 	r.mu.RUnlock()
-	img.Names = append(withoutKey(img.Names, n.Key()), name)
+	img.Names = append(img.Names, n.Normalized())
 	sort.Strings(img.Names)
 	writes = append(writes, write{image: img})
 	if err := r.commit(ctx, writes...); err != nil {
@@ -144,26 +150,6 @@ func (r *Runtime) indexImage(ctx context.Context, n ImageName, res ports.FetchRe
 		}
 	}
 	return nil
-}
-
-func sameKey(names []string, key string) bool {
-	for _, n := range names {
-		if p, err := ParseImageName(n); err == nil && p.Key() == key {
-			return true
-		}
-	}
-	return false
-}
-
-func withoutKey(names []string, key string) []string {
-	var out []string
-	for _, n := range names {
-		if p, err := ParseImageName(n); err == nil && p.Key() == key {
-			continue
-		}
-		out = append(out, n)
-	}
-	return out
 }
 
 // resolveImage finds a stored image by ID, unique ID prefix or name; nil
@@ -200,10 +186,9 @@ func (r *Runtime) resolveImage(spec string) (*Image, error) {
 		if img, ok := r.images[n.Digest]; ok {
 			return img, nil
 		}
-		return nil, nil
 	}
 	for _, img := range r.images {
-		if sameKey(img.Names, n.Key()) {
+		if img.HasName(n) {
 			return img, nil
 		}
 	}

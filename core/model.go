@@ -133,7 +133,37 @@ type Image struct {
 	Format      string    `json:"format,omitempty"`
 	VirtualSize int64     `json:"virtualSize,omitempty"` // bytes the guest sees
 	Location    string    `json:"location,omitempty"`    // where it was fetched from (no credentials)
+	// Registry images (docker://, oci:) are named by tag; URL images ignore
+	// tags, as Virtlet did.
+	Registry bool `json:"registry,omitempty"`
 	PulledAt    time.Time `json:"pulledAt"`
+}
+
+// HasName reports whether the image is the one n names: by repository and
+// tag for registry images, by repository for URL images (tags ignored).
+func (i *Image) HasName(n ImageName) bool {
+	for _, name := range i.Names {
+		p, err := ParseImageName(name)
+		if err != nil {
+			continue
+		}
+		if i.Registry && p.Normalized() == n.Normalized() || !i.Registry && p.Key() == n.Key() {
+			return true
+		}
+	}
+	return false
+}
+
+// withoutName returns the image's names other than those n names.
+func (i *Image) withoutName(n ImageName) []string {
+	var out []string
+	for _, name := range i.Names {
+		single := Image{Names: []string{name}, Registry: i.Registry}
+		if !single.HasName(n) {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // RepoDigests returns the digest-pinned names of the image.

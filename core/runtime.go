@@ -136,6 +136,31 @@ func (r *Runtime) Load(ctx context.Context) error {
 	r.mu.Unlock()
 	r.log.WithFields(logrus.Fields{"sandboxes": len(sandboxes), "containers": len(containers), "images": len(images)}).
 		Info("state loaded")
+	return r.collectImageFiles(ctx)
+}
+
+// collectImageFiles removes stored image data that no image record and no
+// VM refers to: what a crash between storing a download and recording it
+// leaves.
+func (r *Runtime) collectImageFiles(ctx context.Context) error {
+	digests, err := r.deps.ImageFiles.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list image data: %w", err)
+	}
+	r.mu.RLock()
+	var garbage []string
+	for _, d := range digests {
+		if _, ok := r.images[d]; !ok && !r.imageInUseLocked(d) {
+			garbage = append(garbage, d)
+		}
+	}
+	r.mu.RUnlock()
+	for _, d := range garbage {
+		if err := r.deps.ImageFiles.Remove(ctx, d); err != nil {
+			return fmt.Errorf("remove unreferenced image data %s: %w", d, err)
+		}
+		r.log.WithField("id", d).Info("removed image data no record refers to")
+	}
 	return nil
 }
 

@@ -79,6 +79,33 @@ func withoutPrefix(prefix, path string) (string, bool) {
 	return rest, ok && rest != ""
 }
 
+// isRegistry reports whether a location is a container image (docker:// or
+// an oci: layout), whose tags and digests are part of its identity.
+func isRegistry(location string) bool {
+	return strings.HasPrefix(location, "docker://") || strings.HasPrefix(location, "oci:")
+}
+
+// withReference adds the name's tag or digest to a registry location that
+// has neither: virtlet.cloud/<repo>:v1 through a translation to
+// docker://registry/<repo> pulls docker://registry/<repo>:v1.
+func withReference(location string, n ImageName) string {
+	if !isRegistry(location) {
+		return location
+	}
+	last := location[strings.LastIndex(location, "/")+1:]
+	if strings.ContainsAny(last, ":@") {
+		return location
+	}
+	switch {
+	case n.Digest != "" && strings.HasPrefix(location, "docker://"):
+		return location + "@" + n.Digest
+	case n.Tag != "":
+		return location + ":" + n.Tag
+	default:
+		return location + ":latest"
+	}
+}
+
 func translated(cfg ports.TranslationConfig, t ports.Translation, url string) (location, error) {
 	loc := location{URL: url, Transport: t.Transport, Source: cfg.Source}
 	if t.Transport != "" {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -79,5 +80,79 @@ func TestImageNameTranslations(t *testing.T) {
 	json.Unmarshal(images.Requests[2].TransportConfig, &tc)
 	if fmt.Sprint(tc.TimeoutMillis, *tc.MaxRedirects) != "5000 1" {
 		t.Errorf("transport config %+v", tc)
+	}
+}
+
+func TestRegistryImagesAreNamedByTag(t *testing.T) {
+	images := fakes.NewImageSource()
+	images.Content["docker://127.0.0.1:5055/disks/tiny:v1"] = []byte("disk v1")
+	images.Content["docker://127.0.0.1:5055/disks/tiny:v2"] = []byte("disk v2")
+	cfgs := []ports.TranslationConfig{{Source: "reg.yaml", Translations: []ports.Translation{
+		{Regexp: `disks/(.*)`, URL: "docker://127.0.0.1:5055/disks/$1"},
+		{Name: "pinned", URL: "docker://127.0.0.1:5055/disks/tiny:v1"},
+		{Name: "layout", URL: "oci:/srv/layouts/tiny"},
+	}}}
+	rt, err := core.New(core.Deps{Hypervisor: fakehypervisor.New(), Store: fakes.NewStore(), ImageFiles: fakes.NewImageFiles(t.TempDir()),
+		ImageSources: map[string]ports.ImageSource{"docker": images, "oci": images}, Translations: staticTranslations{cfgs: cfgs}},
+		core.Options{Log: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	v1, err := rt.PullImage(ctx, "virtlet.cloud/disks/tiny:v1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, err := rt.PullImage(ctx, "virtlet.cloud/disks/tiny:v2", nil)
+	if err != nil || v2 == v1 {
+		t.Fatalf("v2 %s %v (v1 %s)", v2, err, v1)
+	}
+	for spec, want := range map[string]string{"virtlet.cloud/disks/tiny:v1": v1, "virtlet.cloud/disks/tiny:v2": v2} {
+		if img, err := rt.ImageStatus(ctx, spec); err != nil || img.ID != want || !img.Registry {
+			t.Errorf("ImageStatus(%s) = %+v, %v; want %s", spec, img, err, want)
+		}
+	}
+	if _, err := rt.ImageStatus(ctx, "virtlet.cloud/disks/tiny:v3"); !errors.Is(err, ports.ErrNotFound) {
+		t.Errorf("an unpulled tag resolves: %v", err)
+	}
+	if imgs, _ := rt.ListImages(ctx, ""); len(imgs) != 2 {
+		t.Fatalf("images %+v", imgs)
+	}
+	// The URL a translation names keeps its own tag; a name's digest pins the manifest.
+	rt.PullImage(ctx, "virtlet.cloud/pinned:other", nil)
+	rt.PullImage(ctx, "virtlet.cloud/layout:v5", nil)
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	rt.PullImage(ctx, "virtlet.cloud/disks/tiny@"+digest, nil)
+	var got []string
+	for _, r := range images.Requests {
+		got = append(got, r.Location+" "+r.ExpectedDigest)
+	}
+	want := []string{"docker://127.0.0.1:5055/disks/tiny:v1 ", "docker://127.0.0.1:5055/disks/tiny:v2 ",
+		"docker://127.0.0.1:5055/disks/tiny:v1 ", "oci:/srv/layouts/tiny:v5 ", "docker://127.0.0.1:5055/disks/tiny@" + digest + " "}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("locations\n got %q\nwant %q", got, want)
+	}
+}
+
+func TestUnreferencedImageDataIsCollectedAtStart(t *testing.T) {
+	files := fakes.NewImageFiles(t.TempDir())
+	ctx := context.Background()
+	tmp, _ := files.NewTemp(ctx)
+	os.WriteFile(tmp, []byte("orphan"), 0o600)
+	orphan := "sha256:" + strings.Repeat("0", 64)
+	files.Commit(ctx, tmp, orphan)
+	store := fakes.NewStore()
+	rt, _ := core.New(core.Deps{Hypervisor: fakehypervisor.New(), Store: store, ImageFiles: files,
+		ImageSources: map[string]ports.ImageSource{"https": fakes.NewImageSource()}}, core.Options{Log: quietLog()})
+	kept, err := rt.PullImage(ctx, "virtlet.cloud/example.com/kept.img", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := core.New(core.Deps{Hypervisor: fakehypervisor.New(), Store: store, ImageFiles: files}, core.Options{Log: quietLog()})
+	if err := again.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if list, _ := files.List(ctx); len(list) != 1 || list[0] != kept {
+		t.Fatalf("data after start: %v (kept %s)", list, kept)
 	}
 }

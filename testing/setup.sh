@@ -11,6 +11,7 @@ PKGS=(
   libvirt-clients libvirt-dev
   syslinux syslinux-common mtools dosfstools fdisk     # test guest images
   kmod cpio busybox-static debootstrap e2fsprogs
+  docker-registry curl                                 # registry pulls, benchmarks
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -59,7 +60,7 @@ func New(log logrus.FieldLogger) *Source {
 }
 
 func (s *Source) PluginInfo() ports.PluginInfo {
-	return ports.PluginInfo{Name: "images", Kind: ports.KindImage, Version: "0.1.0", Handles: []string{"https", "http", "file"}}
+	return ports.PluginInfo{Name: "images", Kind: ports.KindImage, Version: "0.1.0", Handles: []string{"https", "http", "file", "docker", "oci"}}
 }
 
 // Configure applies the manifest config.
@@ -174,14 +175,30 @@ func redact(u *url.URL) string {
 // Fetch downloads req.Location to req.Dest: https and http URLs with the
 // request's transport settings, file URLs from the node's disk.
 func (s *Source) Fetch(ctx context.Context, req ports.FetchRequest) (ports.FetchResult, error) {
-	u, err := url.Parse(req.Location)
-	if err != nil || !(u.Scheme == "https" || u.Scheme == "http" || u.Scheme == "file") {
-		return ports.FetchResult{}, &ports.InvalidError{Field: "image location", Value: req.Location, Allowed: "an https://, http:// or file:// URL"}
+	var tc ports.TransportConfig
+	if len(req.TransportConfig) > 0 {
+		if err := json.Unmarshal(req.TransportConfig, &tc); err != nil {
+			return ports.FetchResult{}, fmt.Errorf("transport config: %v: %w", err, ports.ErrInvalidArgument)
+		}
 	}
-	where := redact(u)
-	log := s.log.WithFields(logrus.Fields{"image": req.Name, "url": where})
 	var body io.Reader
 	size := int64(-1)
+	where := req.Location
+	if strings.HasPrefix(req.Location, "docker://") || strings.HasPrefix(req.Location, "oci:") {
+		rc, n, _, err := s.registryDisk(ctx, req, tc)
+		if err != nil {
+			return ports.FetchResult{}, err
+		}
+		defer rc.Close()
+		body, size = rc, n
+		return s.store(ctx, req, where, body, size)
+	}
+	u, err := url.Parse(req.Location)
+	if err != nil || !(u.Scheme == "https" || u.Scheme == "http" || u.Scheme == "file") {
+		return ports.FetchResult{}, &ports.InvalidError{Field: "image location", Value: req.Location,
+			Allowed: "an https://, http://, file://, docker:// or oci: location"}
+	}
+	where = redact(u)
 	switch u.Scheme {
 	case "file":
 		f, err := os.Open(u.Path)
@@ -223,6 +240,13 @@ func (s *Source) Fetch(ctx context.Context, req ports.FetchRequest) (ports.Fetch
 		}
 		body, size = resp.Body, resp.ContentLength
 	}
+	return s.store(ctx, req, where, body, size)
+}
+
+// store writes a download to req.Dest, hashing it in the same pass, and
+// checks it: size, pinned digest, and that it is a VM disk.
+func (s *Source) store(ctx context.Context, req ports.FetchRequest, where string, body io.Reader, size int64) (ports.FetchResult, error) {
+	log := s.log.WithFields(logrus.Fields{"image": req.Name, "url": where})
 	s.mu.Lock()
 	progressEvery := s.progress
 	s.mu.Unlock()
@@ -233,7 +257,7 @@ func (s *Source) Fetch(ctx context.Context, req ports.FetchRequest) (ports.Fetch
 	defer f.Close()
 	hash := sha256.New()
 	pw := &progressWriter{log: log, total: size, every: progressEvery, start: time.Now(), last: time.Now()}
-	n, err := io.Copy(io.MultiWriter(f, hash, pw), body)
+	n, err := io.CopyBuffer(io.MultiWriter(f, hash, pw), body, make([]byte, 1<<20))
 	if err != nil && !(errors.Is(err, io.ErrUnexpectedEOF) && size > n) {
 		return ports.FetchResult{}, fmt.Errorf("download %s: %w (after %d bytes)", where, err, n)
 	}

@@ -97,7 +97,7 @@ func TestFetchErrors(t *testing.T) {
 		{"404", s, base + "/absent.qcow2", "", ports.ErrNotFound, "404 Not Found"},
 		{"html page", s, base + "/page.html", "", ports.ErrInvalidArgument, "not a VM disk image: neither a qcow2 header nor a partition table"},
 		{"untrusted certificate", untrusted, base + "/disk.qcow2", "", nil, "certificate signed by unknown authority"},
-		{"ftp", s, "ftp://" + srv.Host + "/disk.qcow2", "", ports.ErrInvalidArgument, "an https://, http:// or file:// URL"},
+		{"ftp", s, "ftp://" + srv.Host + "/disk.qcow2", "", ports.ErrInvalidArgument, "an https://, http://, file://, docker:// or oci: location"},
 		{"digest mismatch", s, base + "/disk.qcow2", "sha256:" + strings.Repeat("1", 64), ports.ErrInvalidArgument, "digest mismatch"},
 		{"server error", trusting(t, failing), failing.URL + "/x", "", ports.ErrUnavailable, "502 Bad Gateway"},
 		{"connection refused", s, "https://127.0.0.1:1/x", "", nil, "connection refused"},
