@@ -128,15 +128,15 @@ type Image struct {
 	ID string `json:"id"`
 	// Names are the names it was pulled as, normalised with a tag
 	// ("virtlet.cloud/cirros:latest") or a digest.
-	Names       []string  `json:"names"`
-	Size        int64     `json:"size"`
-	Format      string    `json:"format,omitempty"`
-	VirtualSize int64     `json:"virtualSize,omitempty"` // bytes the guest sees
-	Location    string    `json:"location,omitempty"`    // where it was fetched from (no credentials)
+	Names       []string `json:"names"`
+	Size        int64    `json:"size"`
+	Format      string   `json:"format,omitempty"`
+	VirtualSize int64    `json:"virtualSize,omitempty"` // bytes the guest sees
+	Location    string   `json:"location,omitempty"`    // where it was fetched from (no credentials)
 	// Registry images (docker://, oci:) are named by tag; URL images ignore
 	// tags, as Virtlet did.
-	Registry bool `json:"registry,omitempty"`
-	PulledAt    time.Time `json:"pulledAt"`
+	Registry bool      `json:"registry,omitempty"`
+	PulledAt time.Time `json:"pulledAt"`
 }
 
 // HasName reports whether the image is the one n names: by repository and
