@@ -257,13 +257,14 @@ func (s *Source) store(ctx context.Context, req ports.FetchRequest, where string
 	defer f.Close()
 	hash := sha256.New()
 	pw := &progressWriter{log: log, total: size, every: progressEvery, start: time.Now(), last: time.Now()}
-	n, err := io.CopyBuffer(io.MultiWriter(f, hash, pw), body, make([]byte, 1<<20))
+	n, err := hashingCopy(f, hash, body, pw)
 	if err != nil && !(errors.Is(err, io.ErrUnexpectedEOF) && size > n) {
 		return ports.FetchResult{}, fmt.Errorf("download %s: %w (after %d bytes)", where, err, n)
 	}
 	if size >= 0 && n != size {
 		return ports.FetchResult{}, fmt.Errorf("download %s: truncated: got %d of %d bytes", where, n, size)
 	}
+	copied := time.Since(pw.start)
 	if err := f.Sync(); err != nil {
 		return ports.FetchResult{}, fmt.Errorf("write %s: %w", req.Dest, err)
 	}
@@ -276,7 +277,8 @@ func (s *Source) store(ctx context.Context, req ports.FetchRequest, where string
 		return ports.FetchResult{}, fmt.Errorf("image %s from %s: %v: %w", req.Name, where, err, ports.ErrInvalidArgument)
 	}
 	elapsed := time.Since(pw.start)
-	log.WithFields(logrus.Fields{"bytes": n, "seconds": elapsed.Seconds(), "MiBps": rate(n, elapsed), "format": info.Format, "digest": digest}).
+	log.WithFields(logrus.Fields{"bytes": n, "seconds": elapsed.Seconds(), "copySeconds": copied.Seconds(), "MiBps": rate(n, elapsed),
+		"format": info.Format, "digest": digest}).
 		Info("image downloaded")
 	return ports.FetchResult{Digest: digest, Size: n, Format: info.Format, VirtualSize: info.VirtualSize}, nil
 }

@@ -128,8 +128,10 @@ var benchDir string
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if benchDir != "" {
-		os.RemoveAll(benchDir)
+	for _, d := range []string{benchDir, binsDir} {
+		if d != "" {
+			os.RemoveAll(d)
+		}
 	}
 	os.Exit(code)
 }

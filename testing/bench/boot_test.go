@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,18 +30,8 @@ var phases = map[string][]time.Duration{}
 // same line; medians of 5 runs each. Target: ratio ≤ 1.10. Run it alone,
 // with -benchtime 1x (make bench does).
 func BenchmarkP1BootOverhead(b *testing.B) {
-	if err := harness.EnsureLibvirt(); err != nil {
-		b.Fatal(err)
-	}
 	tiny, err := harness.GuestImage("tiny")
 	if err != nil {
-		b.Fatal(err)
-	}
-	bins := b.TempDir()
-	if err := harness.Build(bins, map[string]string{
-		"virtlet-plugin-libvirt": "github.com/virtlet/virtlet/cmd/virtlet-plugin-libvirt",
-		"virtlet-plugin-images":  "github.com/virtlet/virtlet/cmd/virtlet-plugin-images",
-	}); err != nil {
 		b.Fatal(err)
 	}
 	www := b.TempDir()
@@ -55,10 +46,7 @@ func BenchmarkP1BootOverhead(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	d := harness.NewDaemon(b, filepath.Join(bins, "virtlet"), []harness.Plugin{
-		{Name: "libvirt", Kind: "hypervisor", Binary: filepath.Join(bins, "virtlet-plugin-libvirt")},
-		{Name: "images", Kind: "image", Binary: filepath.Join(bins, "virtlet-plugin-images")},
-	})
+	d := realDaemon(b)
 	d.Translate("bench.yaml", translation)
 	d.Start()
 	rt, img := d.CRI(b)
@@ -166,6 +154,35 @@ func bootBare(b *testing.B, image, accel string) time.Duration {
 	}
 	b.Fatalf("bare QEMU printed no console line: %v", sc.Err())
 	return 0
+}
+
+var (
+	buildOnce sync.Once
+	binsDir   string
+	buildErr  error
+)
+
+// realDaemon prepares a daemon with the shipped plugins (built once per run).
+func realDaemon(b *testing.B) *harness.Daemon {
+	if err := harness.EnsureLibvirt(); err != nil {
+		b.Fatal(err)
+	}
+	buildOnce.Do(func() {
+		if binsDir, buildErr = os.MkdirTemp("", "virtlet-bench-bin-"); buildErr != nil {
+			return
+		}
+		buildErr = harness.Build(binsDir, map[string]string{
+			"virtlet-plugin-libvirt": "github.com/virtlet/virtlet/cmd/virtlet-plugin-libvirt",
+			"virtlet-plugin-images":  "github.com/virtlet/virtlet/cmd/virtlet-plugin-images",
+		})
+	})
+	if buildErr != nil {
+		b.Fatal(buildErr)
+	}
+	return harness.NewDaemon(b, filepath.Join(binsDir, "virtlet"), []harness.Plugin{
+		{Name: "libvirt", Kind: "hypervisor", Binary: filepath.Join(binsDir, "virtlet-plugin-libvirt")},
+		{Name: "images", Kind: "image", Binary: filepath.Join(binsDir, "virtlet-plugin-images")},
+	})
 }
 
 func median(d []time.Duration) time.Duration {
