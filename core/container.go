@@ -353,7 +353,31 @@ func (r *Runtime) removeLocked(ctx context.Context, c *Container) error {
 		return err
 	}
 	r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name}).Info("VM removed")
+	r.collectNamelessImage(ctx, c.Image.ID)
 	return nil
+}
+
+// collectNamelessImage deletes an image whose names all moved to newer
+// content once its last VM is gone (it was kept only as that VM's base).
+func (r *Runtime) collectNamelessImage(ctx context.Context, id string) {
+	r.imgMu.Lock()
+	defer r.imgMu.Unlock()
+	r.mu.RLock()
+	img, ok := r.images[id]
+	unused := ok && len(img.Names) == 0 && !r.imageInUseLocked(id)
+	r.mu.RUnlock()
+	if !unused {
+		return
+	}
+	if err := r.commit(ctx, write{imageID: id}); err != nil {
+		r.log.WithError(err).WithField("id", id).Warn("forget nameless image")
+		return
+	}
+	if err := r.deps.ImageFiles.Remove(ctx, id); err != nil {
+		r.log.WithError(err).WithField("id", id).Warn("remove data of nameless image")
+		return
+	}
+	r.log.WithField("id", id).Info("removed an image whose names moved on, with its last VM")
 }
 
 // lockContainer resolves id, takes its pod's lock, and returns the

@@ -772,3 +772,41 @@ func TestListFilters(t *testing.T) {
 		t.Fatalf("notready %+v", got)
 	}
 }
+
+// A re-pulled name never changes a VM's base: the old content stays while
+// the VM exists, and goes with it.
+func TestRepullKeepsARunningVMsBase(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.runPod(t, "p", nil)
+	old := e.pull(t)
+	id, err := e.rt.CreateContainer(ctx, sb, vmContainer(old))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := e.hv.Spec(id)
+	base := spec.Disks[0].Overlay.BasePath
+	e.images.Content["https://example.com/tiny.qcow2"] = []byte("new content")
+	fresh := e.pull(t)
+	if fresh == old {
+		t.Fatal("the re-pull returned the old image")
+	}
+	if data, err := os.ReadFile(base); err != nil || strings.Contains(string(data), "new content") {
+		t.Fatalf("the VM's base changed: %q %v", data, err)
+	}
+	if img, err := e.rt.ImageStatus(ctx, testImage); err != nil || img.ID != fresh {
+		t.Fatalf("the name should now be the new image: %+v %v", img, err)
+	}
+	if imgs, _ := e.rt.ListImages(ctx, ""); len(imgs) != 2 {
+		t.Fatalf("the old image must stay while its VM exists: %+v", imgs)
+	}
+	if err := e.rt.RemoveContainer(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if imgs, _ := e.rt.ListImages(ctx, ""); len(imgs) != 1 || imgs[0].ID != fresh {
+		t.Fatalf("the nameless old image should go with its last VM: %+v", imgs)
+	}
+	if _, err := os.Stat(base); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the old data file stays: %v", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -146,8 +147,25 @@ func TestVMBootsFromEverySourceKind(t *testing.T) {
 			ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
 			c.Must(t, "start", ctr)
 			waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+			// The image cannot go while the VM's root disk is backed by it.
+			if _, errOut, err := c.Run("rmi", tc.image); err == nil || !strings.Contains(errOut, "in use by the VM of pod default/"+name) {
+				t.Fatalf("rmi of an image in use: %v %s", err, errOut)
+			}
 			c.Must(t, "rmp", "-f", sb)
 		})
+	}
+	var fs struct {
+		Status struct {
+			ImageFilesystems []struct {
+				UsedBytes struct {
+					Value string `json:"value"`
+				} `json:"usedBytes"`
+			} `json:"imageFilesystems"`
+		} `json:"status"`
+	}
+	c.JSON(t, &fs, "imagefsinfo")
+	if used, _ := strconv.Atoi(fs.Status.ImageFilesystems[0].UsedBytes.Value); used < len(mustRead(t, tiny)) {
+		t.Errorf("imagefsinfo reports %d bytes used for a %d-byte image", used, len(mustRead(t, tiny)))
 	}
 	// Every name refers to the one stored file; rmi of the ID removes it.
 	if files := storeFiles(d); len(files) != 1 || files[0] != "sha256/"+strings.TrimPrefix(digest, "sha256:") {
