@@ -1,0 +1,155 @@
+// Package iso writes cloud-init media: ISO 9660 images in pure Go, one per
+// VM, in a directory only the plugin can list (0711; the image files are
+// 0600 and libvirt hands them to QEMU while the VM runs). The nocloud and
+// configdrive packages give it their file layout and volume label.
+package iso
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+
+	"github.com/kdomanski/iso9660"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// Layout maps a media request to the files of the image, by path.
+type Layout func(req ports.MediaRequest) map[string][]byte
+
+// Media is a ports.Datasource writing ISO images.
+type Media struct {
+	Name   string // datasource name: "nocloud" or "configdrive"
+	Label  string // ISO volume label: "cidata" or "config-2"
+	Layout Layout
+	dir    string
+}
+
+func (m *Media) PluginInfo() ports.PluginInfo {
+	return ports.PluginInfo{Name: m.Name, Kind: ports.KindDatasource, Version: "0.1.0", Handles: []string{m.Name}}
+}
+
+// Configure takes the plugin's state directory. The ISO library stages
+// files under $TMPDIR, so Configure points the process's TMPDIR at a
+// private staging directory in the state directory and empties it of
+// anything a crashed build left: the files may hold secrets.
+func (m *Media) Configure(ctx context.Context, pc ports.PluginConfig) error {
+	if err := pc.Decode(&struct{}{}); err != nil {
+		return err
+	}
+	if pc.StateDir == "" {
+		return fmt.Errorf("%s: needs a state directory: %w", m.Name, ports.ErrInvalidArgument)
+	}
+	staging := filepath.Join(pc.StateDir, "staging")
+	if err := os.RemoveAll(staging); err != nil {
+		return fmt.Errorf("clean staging directory: %w", err)
+	}
+	if err := os.MkdirAll(staging, 0o700); err != nil {
+		return err
+	}
+	if err := os.Setenv("TMPDIR", staging); err != nil {
+		return err
+	}
+	return m.SetDir(filepath.Join(pc.StateDir, "media"), pc.StateDir)
+}
+
+// SetDir sets where images are written; every directory from parent down
+// is made traversable for QEMU (not listable).
+func (m *Media) SetDir(dir, parent string) error {
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return err
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o711); err != nil {
+			return err
+		}
+		if d == parent || d == filepath.Dir(d) {
+			break
+		}
+	}
+	m.dir = dir
+	return nil
+}
+
+var vmID = regexp.MustCompile(`^[0-9a-f]{8,64}$`)
+
+func (m *Media) path(id string) (string, error) {
+	if !vmID.MatchString(id) {
+		return "", &ports.InvalidError{Field: "VM ID", Value: id, Allowed: "8 to 64 lowercase hex digits"}
+	}
+	if m.dir == "" {
+		return "", fmt.Errorf("%s: not configured: %w", m.Name, ports.ErrUnavailable)
+	}
+	return filepath.Join(m.dir, id+".iso"), nil
+}
+
+// BuildMedia writes the VM's image (replacing an older one) and returns
+// the read-only CD-ROM to attach; the caller chooses the bus.
+func (m *Media) BuildMedia(ctx context.Context, req ports.MediaRequest) (ports.Disk, error) {
+	if req.Datasource != m.Name {
+		return ports.Disk{}, &ports.InvalidError{Field: "datasource", Value: req.Datasource, Allowed: m.Name}
+	}
+	p, err := m.path(req.VMID)
+	if err != nil {
+		return ports.Disk{}, err
+	}
+	if err := Write(p, m.Label, m.Layout(req)); err != nil {
+		return ports.Disk{}, fmt.Errorf("%s media of VM %s: %w", m.Name, req.VMID, err)
+	}
+	return ports.Disk{Name: "cloud-init", Device: ports.DeviceCDROM, ReadOnly: true,
+		Source: ports.DiskSource{Type: ports.SourceFile, Path: p, Format: "raw"}}, nil
+}
+
+// RemoveMedia deletes the VM's image.
+func (m *Media) RemoveMedia(ctx context.Context, id string) error {
+	p, err := m.path(id)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove %s media of VM %s: %w", m.Name, id, err)
+	}
+	return nil
+}
+
+// Write builds an ISO 9660 image of files at path, atomically, mode 0600.
+func Write(path, label string, files map[string][]byte) error {
+	w, err := iso9660.NewWriter()
+	if err != nil {
+		return fmt.Errorf("ISO writer: %w", err)
+	}
+	defer w.Cleanup()
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := w.AddFile(bytes.NewReader(files[name]), name); err != nil {
+			return fmt.Errorf("add %s: %w", name, err)
+		}
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := w.WriteTo(f, label); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("write ISO: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+var _ ports.Datasource = (*Media)(nil)
