@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/virtlet/virtlet/core/annotations"
+	"github.com/virtlet/virtlet/core/cloudinit"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -115,6 +116,19 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 			Allowed: "a size of at least the image's virtual size (the root disk can grow, not shrink)"})
 	}
 
+	ds, err := r.datasource(opts)
+	if err != nil {
+		return "", fmt.Errorf("pod %s: %w", pod, err)
+	}
+	ciInput, err := r.cloudInitInput(ctx, sb, opts, cfg)
+	if err != nil {
+		return "", fmt.Errorf("pod %s: %w", pod, err)
+	}
+	ci, err := cloudinit.Build(ciInput)
+	if err != nil {
+		return "", fmt.Errorf("pod %s: %w", pod, err)
+	}
+
 	id := newContainerID()
 	spec := ports.VMSpec{
 		ID: id, Name: domainName(id, sb.Name), UUID: opts.SystemUUID,
@@ -140,7 +154,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 		ID: id, SandboxID: sb.ID, Name: cfg.Name, Attempt: cfg.Attempt,
 		Image:  ImageRef{Spec: cfg.Image, UserSpecified: cfg.UserImage, ID: img.ID},
 		Labels: cfg.Labels, Annotations: cfg.Annotations, LogPath: cfg.LogPath, Mounts: cfg.Mounts,
-		Spec: spec, State: ContainerCreating, CreatedAt: r.opts.Now(),
+		Spec: spec, Datasource: opts.CloudInitImageType, State: ContainerCreating, CreatedAt: r.opts.Now(),
 	}
 	log := r.log.WithFields(logrus.Fields{"pod": pod, "container": short(id), "vm": spec.Name})
 	// Record the intent before the hypervisor acts: after a crash the
@@ -148,11 +162,19 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err := r.commit(ctx, write{container: c}); err != nil {
 		return "", err
 	}
+	media, err := ds.BuildMedia(ctx, ports.MediaRequest{VMID: id, Datasource: opts.CloudInitImageType,
+		MetaData: ci.MetaData, UserData: ci.UserData, NetworkConfig: ci.NetworkConfig})
+	if err != nil {
+		r.undoCreate(ctx, c, log)
+		return "", fmt.Errorf("pod %s: build %s cloud-init media: %w", pod, opts.CloudInitImageType, err)
+	}
+	spec.Disks = append(slices.Clip(spec.Disks), cloudInitDisk(media, opts.DiskDriver))
 	if err := r.deps.Hypervisor.Define(ctx, spec); err != nil {
 		r.undoCreate(ctx, c, log)
 		return "", fmt.Errorf("pod %s: define VM %s: %w", pod, spec.Name, err)
 	}
 	created := *c
+	created.Spec = spec
 	created.State = ContainerCreated
 	if err := r.commit(ctx, write{container: &created}); err != nil {
 		r.undoCreate(ctx, c, log)
@@ -164,14 +186,35 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 
 // undoCreate removes what a failed CreateContainer made.
 func (r *Runtime) undoCreate(ctx context.Context, c *Container, log logrus.FieldLogger) {
-	if err := r.deps.Hypervisor.Undefine(ctx, c.ID); err != nil && !errors.Is(err, ports.ErrNotFound) {
+	if err := r.releaseVM(ctx, c); err != nil {
 		// The record stays "creating" so that the reconciler retries.
-		log.WithError(err).Error("undo VM definition; will retry on resync")
+		log.WithError(err).Error("undo VM creation; will retry on resync")
 		return
 	}
 	if err := r.commit(ctx, write{containerID: c.ID}); err != nil {
 		log.WithError(err).Error("forget failed container")
 	}
+}
+
+// releaseVM undefines a VM and deletes its cloud-init media; both steps
+// tolerate what is already gone.
+func (r *Runtime) releaseVM(ctx context.Context, c *Container) error {
+	if err := r.deps.Hypervisor.Undefine(ctx, c.ID); err != nil && !errors.Is(err, ports.ErrNotFound) {
+		return err
+	}
+	if c.Datasource == "" {
+		return nil
+	}
+	ds, ok := r.deps.Datasources[c.Datasource]
+	if !ok {
+		r.log.WithFields(logrus.Fields{"container": short(c.ID), "datasource": c.Datasource}).
+			Warn("the datasource plugin that made this VM's cloud-init media is no longer installed; its media stays in the plugin's directory")
+		return nil
+	}
+	if err := ds.RemoveMedia(ctx, c.ID); err != nil {
+		return fmt.Errorf("remove %s cloud-init media: %w", c.Datasource, err)
+	}
+	return nil
 }
 
 // imageForContainer finds the stored image a container names, and checks
@@ -346,7 +389,7 @@ func (r *Runtime) removeLocked(ctx context.Context, c *Container) error {
 			return err
 		}
 	}
-	if err := r.deps.Hypervisor.Undefine(ctx, c.ID); err != nil && !errors.Is(err, ports.ErrNotFound) {
+	if err := r.releaseVM(ctx, c); err != nil {
 		return fmt.Errorf("remove VM %s: %w", c.Spec.Name, err)
 	}
 	if err := r.commit(ctx, write{containerID: c.ID}); err != nil {

@@ -94,6 +94,8 @@ type Container struct {
 	LogPath     string            `json:"logPath,omitempty"`
 	Mounts      []Mount           `json:"mounts,omitempty"`
 	Spec        ports.VMSpec      `json:"spec"`
+	// Datasource is the plugin holding the VM's cloud-init media.
+	Datasource string `json:"datasource,omitempty"`
 
 	State      ContainerState `json:"state"`
 	Revision   uint64         `json:"-"` // see Sandbox.Revision

@@ -158,7 +158,7 @@ func (r *Runtime) resyncContainer(ctx context.Context, id string, vms map[string
 	switch c.State {
 	case ContainerCreating:
 		log.Warn("cleaning up a VM whose creation was interrupted")
-		if err := r.deps.Hypervisor.Undefine(ctx, id); err != nil && !errors.Is(err, ports.ErrNotFound) {
+		if err := r.releaseVM(ctx, c); err != nil {
 			return fmt.Errorf("undo interrupted creation of VM %s: %w", c.Spec.Name, err)
 		}
 		return r.commit(ctx, write{containerID: id})

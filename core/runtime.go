@@ -27,7 +27,8 @@ type Deps struct {
 	Network      ports.Network               // nil: pods get no network
 	Volumes      map[string]ports.Volumes    // by volume type
 	Datasources  map[string]ports.Datasource // by datasource name
-	Kube         ports.KubeObjects
+	Kube         ports.KubeObjects           // nil: annotations naming ConfigMaps/Secrets fail
+	Files        ports.ProjectedFiles        // nil: ConfigMap/Secret volume mounts fail
 }
 
 // Options tune the runtime.

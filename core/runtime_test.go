@@ -28,6 +28,9 @@ type env struct {
 	images *fakes.ImageSource
 	files  *fakes.ImageFiles
 	net    *fakes.Network
+	nc, cd *fakes.Datasource
+	kube   *fakes.KubeObjects
+	vfiles fakes.ProjectedFiles
 	logDir string
 	cancel context.CancelFunc
 }
@@ -44,6 +47,8 @@ func newEnv(t *testing.T) *env {
 	e := &env{
 		hv: fakehypervisor.New(), store: fakes.NewStore(), images: fakes.NewImageSource(),
 		files: fakes.NewImageFiles(dir), net: fakes.NewNetwork(), logDir: t.TempDir(),
+		nc: fakes.NewDatasource("nocloud"), cd: fakes.NewDatasource("configdrive"),
+		kube: fakes.NewKubeObjects(), vfiles: fakes.ProjectedFiles{},
 	}
 	e.start(t)
 	return e
@@ -58,6 +63,8 @@ func (e *env) start(t *testing.T) {
 	rt, err := core.New(core.Deps{
 		Hypervisor: e.hv, ImageSources: map[string]ports.ImageSource{"https": e.images},
 		ImageFiles: e.files, Store: e.store, Network: e.net,
+		Datasources: map[string]ports.Datasource{"nocloud": e.nc, "configdrive": e.cd},
+		Kube:        e.kube, Files: e.vfiles,
 	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)

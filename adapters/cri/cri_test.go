@@ -25,7 +25,8 @@ func newServer(t *testing.T) *Server {
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	rt, err := core.New(core.Deps{Hypervisor: fakehypervisor.New(), ImageSources: map[string]ports.ImageSource{"https": fakes.NewImageSource()},
-		ImageFiles: fakes.NewImageFiles(t.TempDir()), Store: fakes.NewStore()}, core.Options{Log: log})
+		ImageFiles: fakes.NewImageFiles(t.TempDir()), Store: fakes.NewStore(),
+		Datasources: map[string]ports.Datasource{"nocloud": fakes.NewDatasource("nocloud")}}, core.Options{Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}

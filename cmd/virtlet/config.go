@@ -26,6 +26,12 @@ type config struct {
 	LogLevel          string        `json:"logLevel"`
 	DefaultVMMemory   string        `json:"defaultVMMemory"`
 	OperationTimeout  time.Duration `json:"operationTimeout"`
+	// Kubeconfig is how the daemon reads ConfigMaps and Secrets; empty
+	// means in-cluster when running in a pod, else none.
+	Kubeconfig string `json:"kubeconfig"`
+	// KubeObjectsDir serves ConfigMaps and Secrets from manifests instead
+	// of an API server.
+	KubeObjectsDir string `json:"kubeObjectsDir"`
 }
 
 func defaults() config {
@@ -50,7 +56,7 @@ func dirOf(p string) string {
 func parseConfig(args []string) (config, bool, error) {
 	cfg := defaults()
 	fs := flag.NewFlagSet("virtlet", flag.ContinueOnError)
-	configFile := fs.String("config", "", "YAML config file (keys: listen, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout); flags override it")
+	configFile := fs.String("config", "", "YAML config file (keys: listen, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir); flags override it")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	listen := fs.String("listen", cfg.Listen, "CRI endpoint to serve, unix:///path.sock")
 	stateDir := fs.String("state-dir", cfg.StateDir, "directory for the state database, images and plugin state")
@@ -61,6 +67,8 @@ func parseConfig(args []string) (config, bool, error) {
 	logLevel := fs.String("log-level", cfg.LogLevel, "log level: trace, debug, info, warn, error")
 	memory := fs.String("default-vm-memory", cfg.DefaultVMMemory, "memory of a VM whose container has no memory limit")
 	opTimeout := fs.Duration("operation-timeout", cfg.OperationTimeout, "bound of slow operations that outlive kubelet's request")
+	kubeconfig := fs.String("kubeconfig", cfg.Kubeconfig, "kubeconfig for reading the ConfigMaps and Secrets VM pods name (default: in-cluster config when running in a pod)")
+	kubeObjectsDir := fs.String("kube-objects-dir", cfg.KubeObjectsDir, "read ConfigMaps and Secrets from the Kubernetes manifests in this directory instead of an API server")
 	if err := fs.Parse(args); err != nil {
 		return cfg, false, err
 	}
@@ -94,6 +102,11 @@ func parseConfig(args []string) (config, bool, error) {
 	override("log-format", &cfg.LogFormat, *logFormat)
 	override("log-level", &cfg.LogLevel, *logLevel)
 	override("default-vm-memory", &cfg.DefaultVMMemory, *memory)
+	override("kubeconfig", &cfg.Kubeconfig, *kubeconfig)
+	override("kube-objects-dir", &cfg.KubeObjectsDir, *kubeObjectsDir)
+	if cfg.Kubeconfig != "" && cfg.KubeObjectsDir != "" {
+		return cfg, false, fmt.Errorf("kubeconfig and kube objects directory are both set: choose one source of ConfigMaps and Secrets")
+	}
 	if set["operation-timeout"] {
 		cfg.OperationTimeout = *opTimeout
 	}

@@ -20,10 +20,14 @@ import (
 	"github.com/virtlet/virtlet/adapters/cri"
 	"github.com/virtlet/virtlet/adapters/imagefiles"
 	"github.com/virtlet/virtlet/adapters/imagetranslations"
+	"github.com/virtlet/virtlet/adapters/kubeapi"
+	"github.com/virtlet/virtlet/adapters/kubedir"
+	"github.com/virtlet/virtlet/adapters/kubefiles"
 	"github.com/virtlet/virtlet/cmd/internal/buildinfo"
 	"github.com/virtlet/virtlet/core"
 	"github.com/virtlet/virtlet/plugins/host"
 	"github.com/virtlet/virtlet/plugins/manifest"
+	"github.com/virtlet/virtlet/ports"
 )
 
 func main() {
@@ -92,11 +96,16 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	}
 	defer plugins.Shutdown()
 
+	kube, err := kubeObjects(cfg, log)
+	if err != nil {
+		return err
+	}
 	memory, _ := cfg.memoryBytes()
 	rt, err := core.New(core.Deps{
 		Hypervisor: plugins.Hypervisor(), ImageSources: plugins.ImageSources(), ImageFiles: files, Store: store,
 		Translations: imagetranslations.New(cfg.ImageTranslations),
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
+		Kube: kube, Files: kubefiles.Reader{},
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: cfg.OperationTimeout, Log: log.WithField("component", "core")})
 	if err != nil {
 		return err
@@ -116,6 +125,25 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	}
 	log.WithField("listen", cfg.Listen).Info("serving CRI")
 	return cri.ServeUntil(ctx, server.GRPCServer(), listener)
+}
+
+// kubeObjects chooses where ConfigMaps and Secrets come from.
+func kubeObjects(cfg config, log logrus.FieldLogger) (ports.KubeObjects, error) {
+	switch {
+	case cfg.KubeObjectsDir != "":
+		log.WithField("dir", cfg.KubeObjectsDir).Info("reading ConfigMaps and Secrets from manifests")
+		return kubedir.New(cfg.KubeObjectsDir)
+	case cfg.Kubeconfig != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != "":
+		c, err := kubeapi.New(cfg.Kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		log.WithField("kubeconfig", cfg.Kubeconfig).Info("reading ConfigMaps and Secrets from the API server")
+		return c, nil
+	default:
+		log.Warn("no --kubeconfig or --kube-objects-dir, and not in a cluster: pods whose annotations name ConfigMaps or Secrets will fail")
+		return nil, nil
+	}
 }
 
 // pluginsByName keys the plugins' status by name (crictl info shows JSON

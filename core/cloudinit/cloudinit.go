@@ -60,8 +60,9 @@ type Input struct {
 	// UserDataSource holds the data of the object VirtletCloudInitUserDataSource
 	// names (nil without the annotation).
 	UserDataSource map[string][]byte
-	// SSHKeySource holds the key VirtletSSHKeySource names (nil without it).
-	SSHKeySource []byte
+	// SSHKeySource holds the data of the object VirtletSSHKeySource names
+	// (nil without the annotation).
+	SSHKeySource map[string][]byte
 	Env          []EnvVar
 	Files        []File // ConfigMap and Secret volume files, at their guest paths
 	Volumes      []Volume
@@ -110,8 +111,17 @@ func invalid(annotation, value, reason, allowed string) error {
 // source's when both are set.
 func sshKeys(in Input) ([]string, error) {
 	var fromSource []string
-	if in.SSHKeySource != nil {
-		for _, line := range strings.Split(string(in.SSHKeySource), "\n") {
+	if ref := in.Options.SSHKeySource; ref != nil && in.SSHKeySource != nil {
+		key := ref.Key
+		if key == "" {
+			key = annotations.DefaultSSHKeyName
+		}
+		raw, ok := in.SSHKeySource[key]
+		if !ok {
+			return nil, invalid(annotations.SSHKeySource, ref.String(),
+				fmt.Sprintf("%s %s has no key %q", ref.Kind, ref.Name, key), "one of its keys: "+keyList(in.SSHKeySource))
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
 			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
 				fromSource = append(fromSource, line)
 			}

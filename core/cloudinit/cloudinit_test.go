@@ -43,7 +43,7 @@ func seed004(t *testing.T) Input {
 		UserDataSource: map[string][]byte{
 			"write_files": []byte("- path: /foobar.txt\n  content: this part is from a configmap specified using VirtletCloudInitUserDataSource\n"),
 		},
-		SSHKeySource: []byte("ssh-rsa AAAA... source@localhost\n"),
+		SSHKeySource: map[string][]byte{"authorized_keys": []byte("ssh-rsa AAAA... source@localhost\n")},
 		Files: []File{
 			{Path: "/etc/foobar/some-file-from-configmap.conf", Data: []byte("# this is a sample config file\n# taken from a configmap\n"), Mode: 0o644},
 			{Path: "/etc/baz/a-file-taken-from-secrets.conf", Data: []byte("# some secret content\n"), Mode: 0o600},
@@ -109,12 +109,12 @@ func TestGolden(t *testing.T) {
 		"ssh-key-source-with-key": func(t *testing.T) Input {
 			return Input{PodName: "p", Namespace: "ns", Options: opts(t, annotations.SSHKeySource, "configmap/keys/admins",
 				annotations.SSHKeys, "ssh-ed25519 BBBB annotation@host"),
-				SSHKeySource: []byte("# admins\nssh-ed25519 AAAA admin@host\n\n")}
+				SSHKeySource: map[string][]byte{"admins": []byte("# admins\nssh-ed25519 AAAA admin@host\n\n"), "other": []byte("ssh-rsa BBBB ignored@host")}}
 		},
 		"ssh-keys-overwrite": func(t *testing.T) Input {
 			return Input{PodName: "p", Namespace: "ns", Options: opts(t, annotations.SSHKeySource, "secret/keys",
 				annotations.SSHKeys, "ssh-ed25519 BBBB annotation@host", annotations.CloudInitUserDataOverwrite, "true"),
-				SSHKeySource: []byte("ssh-ed25519 AAAA source@host\n")}
+				SSHKeySource: map[string][]byte{"authorized_keys": []byte("ssh-ed25519 AAAA source@host\n")}}
 		},
 		"env": func(t *testing.T) Input {
 			return Input{PodName: "p", Namespace: "ns", Options: annotations.Defaults(),
@@ -206,6 +206,12 @@ func TestSourceErrors(t *testing.T) {
 		{"value that is not YAML", Input{Options: opts(t, annotations.CloudInitUserDataSource, "configmap/ud"),
 			UserDataSource: map[string][]byte{"runcmd": []byte("[unclosed")}},
 			"annotation VirtletCloudInitUserDataSource", "key runcmd is not YAML"},
+		{"SSH key source without authorized_keys", Input{Options: opts(t, annotations.SSHKeySource, "secret/keys"),
+			SSHKeySource: map[string][]byte{"id_rsa.pub": []byte("ssh-rsa AAAA")}},
+			"annotation VirtletSSHKeySource", `secret keys has no key "authorized_keys" (allowed: one of its keys: id_rsa.pub)`},
+		{"SSH key source without the named key", Input{Options: opts(t, annotations.SSHKeySource, "configmap/keys/admins"),
+			SSHKeySource: map[string][]byte{}},
+			"annotation VirtletSSHKeySource", `configmap keys has no key "admins" (allowed: one of its keys: (none))`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.in.PodName, tc.in.Namespace = "p", "ns"

@@ -148,7 +148,8 @@ func setup500() (runtimeapi.RuntimeServiceClient, *cri.Server, error) {
 	}
 	images := fakes.NewImageSource()
 	rt, err := core.New(core.Deps{Hypervisor: fakehypervisor.New(), ImageSources: map[string]ports.ImageSource{"https": images},
-		ImageFiles: fakes.NewImageFiles(dir), Store: store}, core.Options{Log: quiet()})
+		ImageFiles: fakes.NewImageFiles(dir), Store: store,
+		Datasources: map[string]ports.Datasource{"nocloud": fakes.NewDatasource("nocloud")}}, core.Options{Log: quiet()})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -171,18 +171,12 @@ func realDaemon(b *testing.B) *harness.Daemon {
 		if binsDir, buildErr = os.MkdirTemp("", "virtlet-bench-bin-"); buildErr != nil {
 			return
 		}
-		buildErr = harness.Build(binsDir, map[string]string{
-			"virtlet-plugin-libvirt": "github.com/virtlet/virtlet/cmd/virtlet-plugin-libvirt",
-			"virtlet-plugin-images":  "github.com/virtlet/virtlet/cmd/virtlet-plugin-images",
-		})
+		buildErr = harness.Build(binsDir, harness.ShippedPlugins)
 	})
 	if buildErr != nil {
 		b.Fatal(buildErr)
 	}
-	return harness.NewDaemon(b, filepath.Join(binsDir, "virtlet"), []harness.Plugin{
-		{Name: "libvirt", Kind: "hypervisor", Binary: filepath.Join(binsDir, "virtlet-plugin-libvirt")},
-		{Name: "images", Kind: "image", Binary: filepath.Join(binsDir, "virtlet-plugin-images")},
-	})
+	return harness.NewDaemon(b, filepath.Join(binsDir, "virtlet"), harness.Shipped(binsDir))
 }
 
 func median(d []time.Duration) time.Duration {

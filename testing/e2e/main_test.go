@@ -48,10 +48,7 @@ func run(m *testing.M) int {
 		return fail(err)
 	}
 	defer os.RemoveAll(bins)
-	err = harness.Build(bins, map[string]string{
-		"virtlet-plugin-libvirt": "github.com/virtlet/virtlet/cmd/virtlet-plugin-libvirt",
-		"virtlet-plugin-images":  "github.com/virtlet/virtlet/cmd/virtlet-plugin-images",
-	})
+	err = harness.Build(bins, harness.ShippedPlugins)
 	if err != nil {
 		return fail(err)
 	}
@@ -78,9 +75,4 @@ func run(m *testing.M) int {
 }
 
 // plugins returns the manifests of the shipped plugins.
-func plugins() []harness.Plugin {
-	return []harness.Plugin{
-		{Name: "libvirt", Kind: "hypervisor", Binary: filepath.Join(bins, "virtlet-plugin-libvirt")},
-		{Name: "images", Kind: "image", Binary: filepath.Join(bins, "virtlet-plugin-images")},
-	}
-}
+func plugins() []harness.Plugin { return harness.Shipped(bins) }

@@ -134,6 +134,9 @@ func assertNothingLeft(t *testing.T, d *harness.Daemon, c *harness.Crictl) {
 	if ctrs := c.Must(t, "ps", "-a", "-q"); ctrs != "" {
 		t.Errorf("containers left: %s", ctrs)
 	}
+	if media, _ := filepath.Glob(filepath.Join(d.StateDir, "plugins", "*", "media", "*")); len(media) != 0 {
+		t.Errorf("cloud-init media left: %v", media)
+	}
 }
 
 // The story of issue 3: a VM pod defined as in the Virtlet docs boots,
@@ -189,10 +192,14 @@ func TestGuestSeesItsSpec(t *testing.T) {
 		size    int64
 		uuid    string
 		maxMemK int64
+		ciMedia string // what the guest's /init reports for the cloud-init media
+		ciFile  string
 	}{
 		{"two-vcpus-virtio-1gi", map[string]string{"VirtletVCPUCount": "2", "VirtletDiskDriver": "virtio", "VirtletRootVolumeSize": "1Gi", "VirtletSystemUUID": uuid},
-			256 << 20, "2", "vda", 1 << 30, uuid, 256 << 10},
-		{"defaults-scsi", nil, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10},
+			256 << 20, "2", "vda", 1 << 30, uuid, 256 << 10, "dev=/dev/vdb label=cidata", "/ci/meta-data"},
+		{"defaults-scsi", nil, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data"},
+		{"configdrive", map[string]string{"VirtletCloudInitImageType": "configdrive"}, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10,
+			"dev=/dev/sr0 label=config-2", "/ci/openstack/latest/meta_data.json"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			podJSON, ctrJSON := vmPod(t, d, tc.name, tc.ann, tc.memory)
@@ -210,6 +217,16 @@ func TestGuestSeesItsSpec(t *testing.T) {
 			wantDisk := fmt.Sprintf("@@DISK %s SIZE_BYTES=%d ", tc.disk, tc.size)
 			if !strings.Contains(logs, wantDisk) {
 				t.Errorf("console lacks %q:\n%s", wantDisk, logs)
+			}
+			// The guest kernel reads the cloud-init ISO with its exact names.
+			if want := "@@CIDATA-MOUNTED " + tc.ciMedia; !strings.Contains(logs, want) {
+				t.Errorf("console lacks %q:\n%s", want, logs)
+			}
+			if want := "----- " + tc.ciFile + "\n{"; !strings.Contains(logs, want) {
+				t.Errorf("console lacks the meta-data file %s", tc.ciFile)
+			}
+			if got := marker(t, logs, "HOSTNAME"); got != tc.name {
+				t.Errorf("meta-data hostname %q, want the pod name %q", got, tc.name)
 			}
 			if got := marker(t, logs, "SMBIOS_UUID"); tc.uuid != "" && !strings.EqualFold(got, tc.uuid) {
 				t.Errorf("guest SMBIOS UUID %q, want %q", got, tc.uuid)

@@ -65,6 +65,26 @@ func Tool(name, env string) (string, error) {
 	return p, nil
 }
 
+// ShippedPlugins are the plugin binaries shipped with the daemon, by
+// binary name, with their packages (for Build).
+var ShippedPlugins = map[string]string{
+	"virtlet-plugin-libvirt":     "github.com/virtlet/virtlet/cmd/virtlet-plugin-libvirt",
+	"virtlet-plugin-images":      "github.com/virtlet/virtlet/cmd/virtlet-plugin-images",
+	"virtlet-plugin-nocloud":     "github.com/virtlet/virtlet/cmd/virtlet-plugin-nocloud",
+	"virtlet-plugin-configdrive": "github.com/virtlet/virtlet/cmd/virtlet-plugin-configdrive",
+}
+
+// Shipped returns the manifests of the shipped plugins built into dir, as
+// the daemon's embedded defaults name them.
+func Shipped(dir string) []Plugin {
+	return []Plugin{
+		{Name: "libvirt", Kind: "hypervisor", Binary: filepath.Join(dir, "virtlet-plugin-libvirt")},
+		{Name: "images", Kind: "image", Binary: filepath.Join(dir, "virtlet-plugin-images")},
+		{Name: "nocloud", Kind: "datasource", Binary: filepath.Join(dir, "virtlet-plugin-nocloud")},
+		{Name: "configdrive", Kind: "datasource", Binary: filepath.Join(dir, "virtlet-plugin-configdrive")},
+	}
+}
+
 // Plugin is a plugin the daemon under test runs.
 type Plugin struct {
 	Name, Kind, Binary string
@@ -105,6 +125,9 @@ func NewDaemon(t testing.TB, bin string, plugins []Plugin) *Daemon {
 	if err := os.MkdirAll(mdir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.MkdirAll(d.KubeDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for i, p := range plugins {
 		sum, err := manifest.FileSHA256(p.Binary)
 		if err != nil {
@@ -138,6 +161,7 @@ func (d *Daemon) Start(extraArgs ...string) {
 	}
 	args := append([]string{"--listen", "unix://" + d.Socket, "--state-dir", d.StateDir,
 		"--plugins-dir", filepath.Join(d.Dir, "plugins.d"), "--image-translations-dir", d.TranslationsDir(),
+		"--kube-objects-dir", d.KubeDir(),
 		"--log-format", "json", "--log-level", "debug"}, extraArgs...)
 	cmd := exec.Command(d.Bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -164,6 +188,45 @@ func (d *Daemon) Start(extraArgs ...string) {
 		}
 	}
 	d.t.Fatalf("virtlet did not open %s:\n%s", d.Socket, d.Log())
+}
+
+// KubeDir is where the daemon reads ConfigMap and Secret manifests.
+func (d *Daemon) KubeDir() string { return filepath.Join(d.Dir, "kube") }
+
+// KubeObjects writes manifests (YAML documents) for the daemon to read.
+func (d *Daemon) KubeObjects(name, manifests string) {
+	d.t.Helper()
+	if err := os.WriteFile(filepath.Join(d.KubeDir(), name), []byte(manifests), 0o600); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+// ProjectedVolume lays out files as kubelet's atomic writer does for a
+// ConfigMap or Secret volume ("configmap", "secret"), with mode, and
+// returns the host path kubelet would mount.
+func (d *Daemon) ProjectedVolume(kind, name string, files map[string]string, mode os.FileMode) string {
+	d.t.Helper()
+	dir := filepath.Join(d.Dir, "kubelet", "pods", "uid", "volumes", "kubernetes.io~"+kind, name)
+	data := filepath.Join(dir, "..2026_11_22_00_00_00.000000001")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		d.t.Fatal(err)
+	}
+	for n, v := range files {
+		p := filepath.Join(data, n)
+		if err := os.WriteFile(p, []byte(v), mode); err != nil {
+			d.t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			d.t.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Join("..data", n), filepath.Join(dir, n)); err != nil {
+			d.t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Base(data), filepath.Join(dir, "..data")); err != nil {
+		d.t.Fatal(err)
+	}
+	return dir
 }
 
 // TranslationsDir is the daemon's image translations directory.

@@ -34,8 +34,10 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	err = harness.Build(bins, map[string]string{
-		"virtlet-fake-plugin":     "github.com/virtlet/virtlet/testing/fakeplugin",
-		"virtlet-example-scratch": "github.com/virtlet/virtlet/testing/exampleplugin",
+		"virtlet-fake-plugin":        "github.com/virtlet/virtlet/testing/fakeplugin",
+		"virtlet-example-scratch":    "github.com/virtlet/virtlet/testing/exampleplugin",
+		"virtlet-plugin-nocloud":     "github.com/virtlet/virtlet/cmd/virtlet-plugin-nocloud",
+		"virtlet-plugin-configdrive": "github.com/virtlet/virtlet/cmd/virtlet-plugin-configdrive",
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -53,10 +55,15 @@ func startDaemon(t *testing.T) (*harness.Daemon, *harness.Crictl) {
 		{Name: "fake-hypervisor", Kind: "hypervisor", Binary: fake, Args: []string{"hypervisor"}},
 		{Name: "fake-images", Kind: "image", Binary: fake, Args: []string{"image"}},
 		{Name: "scratch", Kind: "volume", Binary: filepath.Join(bins, "virtlet-example-scratch")},
+		{Name: "nocloud", Kind: "datasource", Binary: filepath.Join(bins, "virtlet-plugin-nocloud")},
+		{Name: "configdrive", Kind: "datasource", Binary: filepath.Join(bins, "virtlet-plugin-configdrive")},
 	})
 	d.Start()
 	return d, d.Crictl(crictl)
 }
+
+// pluginCount is the number of plugin processes startDaemon runs.
+const pluginCount = 5
 
 const image = "virtlet.cloud/example.com/tiny.qcow2"
 
@@ -400,7 +407,7 @@ func TestDaemonRestartKeepsState(t *testing.T) {
 	created := c.Must(t, "create", sbB, ctrB, podB)
 
 	plugins := d.Children()
-	if len(plugins) != 3 {
+	if len(plugins) != pluginCount {
 		t.Fatalf("plugin processes %v", plugins)
 	}
 	d.Stop()
@@ -446,7 +453,7 @@ func TestDaemonRestartKeepsState(t *testing.T) {
 func TestKilledDaemonLeavesNoPluginProcess(t *testing.T) {
 	d, _ := startDaemon(t)
 	plugins := d.Children()
-	if len(plugins) != 3 {
+	if len(plugins) != pluginCount {
 		t.Fatalf("plugin processes %v", plugins)
 	}
 	d.Kill()

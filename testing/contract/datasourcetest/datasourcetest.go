@@ -59,7 +59,7 @@ func Run(t *testing.T, env Env) {
 		if d.Device != ports.DeviceCDROM || !d.ReadOnly || d.Source.Type != ports.SourceFile || d.Source.Format != "raw" {
 			t.Fatalf("disk %+v: want a read-only raw file CD-ROM", d)
 		}
-		label, files := read(t, d.Source.Path)
+		label, files := ReadISO(t, d.Source.Path)
 		if label != env.Label {
 			t.Errorf("label %q, want %q", label, env.Label)
 		}
@@ -83,7 +83,7 @@ func Run(t *testing.T, env Env) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, files := read(t, d.Source.Path)
+		_, files := ReadISO(t, d.Source.Path)
 		want := map[string][]byte{}
 		for p, which := range env.Files {
 			if which == "meta" {
@@ -99,7 +99,7 @@ func Run(t *testing.T, env Env) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, files := read(t, d.Source.Path)
+		_, files := ReadISO(t, d.Source.Path)
 		for p, which := range env.Files {
 			if which == "meta" && string(files[p]) != string(req.MetaData) {
 				t.Errorf("%s = %q after rebuild", p, files[p])
@@ -159,8 +159,9 @@ func keys(m map[string][]byte) []string {
 	return out
 }
 
-// read returns the volume label and every regular file by path.
-func read(t *testing.T, p string) (string, map[string][]byte) {
+// ReadISO returns an ISO 9660 image's volume label and every regular
+// file by path.
+func ReadISO(t testing.TB, p string) (string, map[string][]byte) {
 	t.Helper()
 	f, err := os.Open(p)
 	if err != nil {

@@ -1,0 +1,102 @@
+// Package kubeapi reads ConfigMaps and Secrets from the Kubernetes API
+// server with client-go, as kubelet's node identity or any kubeconfig
+// allows.
+package kubeapi
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// CallTimeout bounds one API request.
+const CallTimeout = 15 * time.Second
+
+// Client is a ports.KubeObjects on the API server.
+type Client struct {
+	cs kubernetes.Interface
+}
+
+// New connects with a kubeconfig file, or with the in-cluster service
+// account when kubeconfig is empty.
+func New(kubeconfig string) (*Client, error) {
+	var (
+		cfg *rest.Config
+		err error
+	)
+	if kubeconfig == "" {
+		cfg, err = rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("in-cluster Kubernetes config (pass --kubeconfig outside a cluster): %w", err)
+		}
+	} else {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+		}
+	}
+	cfg.UserAgent = "virtlet"
+	cfg.Timeout = CallTimeout
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("Kubernetes client: %w", err)
+	}
+	return NewForClientset(cs), nil
+}
+
+// NewForClientset wraps an existing clientset.
+func NewForClientset(cs kubernetes.Interface) *Client { return &Client{cs: cs} }
+
+// ConfigMap returns the ConfigMap's data and binaryData.
+func (c *Client) ConfigMap(ctx context.Context, namespace, name string) (map[string][]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
+	cm, err := c.cs.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, apiError("configmap", namespace, name, err)
+	}
+	out := make(map[string][]byte, len(cm.Data)+len(cm.BinaryData))
+	for k, v := range cm.Data {
+		out[k] = []byte(v)
+	}
+	for k, v := range cm.BinaryData {
+		out[k] = v
+	}
+	return out, nil
+}
+
+// Secret returns the Secret's data.
+func (c *Client) Secret(ctx context.Context, namespace, name string) (map[string][]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
+	s, err := c.cs.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, apiError("secret", namespace, name, err)
+	}
+	out := make(map[string][]byte, len(s.Data))
+	for k, v := range s.Data {
+		out[k] = v
+	}
+	return out, nil
+}
+
+func apiError(kind, namespace, name string, err error) error {
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%s %s/%s: %w", kind, namespace, name, ports.ErrNotFound)
+	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
+		return fmt.Errorf("%s %s/%s: the node may not read it: %v: %w", kind, namespace, name, err, ports.ErrFailedPrecondition)
+	default:
+		return fmt.Errorf("get %s %s/%s: %v: %w", kind, namespace, name, err, ports.ErrUnavailable)
+	}
+}
+
+var _ ports.KubeObjects = (*Client)(nil)
