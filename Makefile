@@ -70,7 +70,7 @@ e2e: deps
 check: test e2e
 
 bench: deps
-	$(GO) test -run '^$$' -bench 'PluginRoundTrip|List' -benchtime 3000x ./testing/bench/
+	$(GO) test -run '^$$' -bench 'PluginRoundTrip|List|CloudInitISO' -benchtime 3000x ./testing/bench/
 	$(GO) test -run '^$$' -bench 'P1BootOverhead|P6PullVsCurl|P2SecondRootDisk' -benchtime 1x -timeout 30m ./testing/bench/
 	@echo "targets: PluginRoundTrip p50 <= 150 µs (grpc-floor-*: the bare transport on this machine, no Virtlet code);"
 	@echo "         List*500 server p99 <= 2000 µs (e2e-* adds the client's own decoding);"

@@ -12,13 +12,17 @@ PKGS=(
   syslinux syslinux-common mtools dosfstools fdisk     # test guest images
   kmod cpio busybox-static debootstrap e2fsprogs
   docker-registry curl                                 # registry pulls, benchmarks
+  cloud-init                                           # `cloud-init schema` checks generated user-data
 )
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+# cloud-init is installed for its schema validator only: keep it from ever
+# configuring this host (it honours this file at every boot).
+[ -e /etc/cloud/cloud-init.disabled ] || { $SUDO mkdir -p /etc/cloud && $SUDO touch /etc/cloud/cloud-init.disabled; }
 if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"

@@ -7,6 +7,8 @@
 //	List*500: ListPodSandbox / ListContainers with 500 VM pods: p99 ≤ 2 ms for the
 //	   runtime's own work (handler + encoding); also reported end to end over
 //	   the CRI socket, which adds the client's decoding.
+//	CloudInitISO: a typical pod's cloud-init data and NoCloud ISO, built by
+//	   the core and the real plugin process: ≤ 5 ms.
 package bench
 
 import (
