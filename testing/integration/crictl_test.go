@@ -175,7 +175,7 @@ func TestCrictlWalksEveryLayer(t *testing.T) {
 	if conds["RuntimeReady"] != "true/" || conds["NetworkReady"] != "false/NoNetworkPlugin" {
 		t.Errorf("conditions %v", conds)
 	}
-	if len(info.Plugins) != 3 {
+	if len(info.Plugins) != pluginCount {
 		t.Errorf("plugins %+v", info.Plugins)
 	}
 	for name, p := range info.Plugins {
