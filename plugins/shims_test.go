@@ -30,7 +30,7 @@ var (
 			Hosts: []ports.NetworkHost{{Name: "127.0.0.1", Port: "6789"}}, Auth: &ports.DiskAuth{Username: "admin", SecretType: "ceph", Secret: []byte("k")}}}
 	fsys       = ports.Filesystem{Source: "/var/lib/kubelet/pods/u/volumes/x", Tag: "x", AccessMode: "squash", ReadOnly: true}
 	attachment = ports.NetworkAttachment{NetNSPath: "/var/run/netns/p", DNS: &ports.DNSConfig{Servers: []string{"198.18.0.10"}, Searches: []string{"svc"}, Options: []string{"ndots:5"}},
-		Interfaces: []ports.NetworkInterface{{Name: "eth0", MAC: "52:54:00:00:00:01", MTU: 1450, TapName: "tap0",
+		Interfaces: []ports.NetworkInterface{{Name: "eth0", MAC: "52:54:00:00:00:01", MTU: 1450, Bridge: "vlb-0123456789a",
 			IPs: []ports.IPConfig{{Address: "198.18.0.5/24", Gateway: "198.18.0.1"}, {Address: "fd00::5/64", Gateway: "fd00::1"}}}},
 		Routes: []ports.Route{{Destination: "0.0.0.0/0", Gateway: "198.18.0.1"}}}
 )

@@ -234,7 +234,7 @@ type NIC struct {
 	Name string // interface name inside the pod network namespace
 	MAC  string
 	MTU  int
-	// NetNSPath and TapName locate the host side of the NIC.
-	NetNSPath string
-	TapName   string
+	// Bridge is the host bridge the NIC joins; the hypervisor makes the
+	// tap.
+	Bridge string
 }

@@ -40,11 +40,13 @@ type NetworkAttachment struct {
 
 // NetworkInterface is one pod interface and its addresses.
 type NetworkInterface struct {
-	Name    string
-	MAC     string
-	MTU     int
-	TapName string
-	IPs     []IPConfig
+	Name string
+	MAC  string
+	MTU  int
+	// Bridge is the host bridge the VM's NIC joins; the hypervisor makes
+	// the tap.
+	Bridge string
+	IPs    []IPConfig
 }
 
 // IPConfig is an address in CIDR form with its gateway.

@@ -13,6 +13,7 @@ PKGS=(
   kmod cpio busybox-static debootstrap e2fsprogs
   docker-registry curl                                 # registry pulls, benchmarks
   cloud-init                                           # `cloud-init schema` checks generated user-data
+  containernetworking-plugins iptables iproute2        # pod networks (CNI bridge + host-local) in test namespaces
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -101,7 +101,7 @@ func FilesystemsFromProto(in []*typesv1.Filesystem) []ports.Filesystem {
 func NICsToProto(in []ports.NIC) []*typesv1.NIC {
 	out := make([]*typesv1.NIC, 0, len(in))
 	for _, n := range in {
-		out = append(out, &typesv1.NIC{Name: n.Name, Mac: n.MAC, Mtu: int32(n.MTU), NetnsPath: n.NetNSPath, TapName: n.TapName})
+		out = append(out, &typesv1.NIC{Name: n.Name, Mac: n.MAC, Mtu: int32(n.MTU), Bridge: n.Bridge})
 	}
 	return out
 }
@@ -109,7 +109,7 @@ func NICsToProto(in []ports.NIC) []*typesv1.NIC {
 func NICsFromProto(in []*typesv1.NIC) []ports.NIC {
 	var out []ports.NIC
 	for _, n := range in {
-		out = append(out, ports.NIC{Name: n.Name, MAC: n.Mac, MTU: int(n.Mtu), NetNSPath: n.NetnsPath, TapName: n.TapName})
+		out = append(out, ports.NIC{Name: n.Name, MAC: n.Mac, MTU: int(n.Mtu), Bridge: n.Bridge})
 	}
 	return out
 }

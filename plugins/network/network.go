@@ -47,7 +47,7 @@ func requestFromProto(p *networkv1.NetworkRequest) ports.NetworkRequest {
 func attachmentToProto(a ports.NetworkAttachment) *networkv1.NetworkAttachment {
 	p := &networkv1.NetworkAttachment{NetnsPath: a.NetNSPath, Dns: base.DNSToProto(a.DNS)}
 	for _, i := range a.Interfaces {
-		pi := &networkv1.NetworkInterface{Name: i.Name, Mac: i.MAC, Mtu: int32(i.MTU), TapName: i.TapName}
+		pi := &networkv1.NetworkInterface{Name: i.Name, Mac: i.MAC, Mtu: int32(i.MTU), Bridge: i.Bridge}
 		for _, ip := range i.IPs {
 			pi.Ips = append(pi.Ips, &networkv1.IPConfig{Address: ip.Address, Gateway: ip.Gateway})
 		}
@@ -62,7 +62,7 @@ func attachmentToProto(a ports.NetworkAttachment) *networkv1.NetworkAttachment {
 func attachmentFromProto(p *networkv1.NetworkAttachment) ports.NetworkAttachment {
 	a := ports.NetworkAttachment{NetNSPath: p.NetnsPath, DNS: base.DNSFromProto(p.Dns)}
 	for _, pi := range p.Interfaces {
-		i := ports.NetworkInterface{Name: pi.Name, MAC: pi.Mac, MTU: int(pi.Mtu), TapName: pi.TapName}
+		i := ports.NetworkInterface{Name: pi.Name, MAC: pi.Mac, MTU: int(pi.Mtu), Bridge: pi.Bridge}
 		for _, ip := range pi.Ips {
 			i.IPs = append(i.IPs, ports.IPConfig{Address: ip.Address, Gateway: ip.Gateway})
 		}

@@ -347,12 +347,13 @@ func (x *NetworkAttachment) GetDns() *v1.DNSConfig {
 }
 
 type NetworkInterface struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Mac           string                 `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
-	Mtu           int32                  `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
-	TapName       string                 `protobuf:"bytes,4,opt,name=tap_name,json=tapName,proto3" json:"tap_name,omitempty"`
-	Ips           []*IPConfig            `protobuf:"bytes,5,rep,name=ips,proto3" json:"ips,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Mac   string                 `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	Mtu   int32                  `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// The host bridge the VM's NIC joins (the hypervisor makes the tap).
+	Bridge        string      `protobuf:"bytes,4,opt,name=bridge,proto3" json:"bridge,omitempty"`
+	Ips           []*IPConfig `protobuf:"bytes,5,rep,name=ips,proto3" json:"ips,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -408,9 +409,9 @@ func (x *NetworkInterface) GetMtu() int32 {
 	return 0
 }
 
-func (x *NetworkInterface) GetTapName() string {
+func (x *NetworkInterface) GetBridge() string {
 	if x != nil {
-		return x.TapName
+		return x.Bridge
 	}
 	return ""
 }
@@ -596,12 +597,12 @@ const file_network_v1_network_proto_rawDesc = "" +
 	"interfaces\x18\x02 \x03(\v2$.virtlet.network.v1.NetworkInterfaceR\n" +
 	"interfaces\x121\n" +
 	"\x06routes\x18\x03 \x03(\v2\x19.virtlet.network.v1.RouteR\x06routes\x12-\n" +
-	"\x03dns\x18\x04 \x01(\v2\x1b.virtlet.types.v1.DNSConfigR\x03dns\"\x95\x01\n" +
+	"\x03dns\x18\x04 \x01(\v2\x1b.virtlet.types.v1.DNSConfigR\x03dns\"\x92\x01\n" +
 	"\x10NetworkInterface\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x10\n" +
-	"\x03mtu\x18\x03 \x01(\x05R\x03mtu\x12\x19\n" +
-	"\btap_name\x18\x04 \x01(\tR\atapName\x12.\n" +
+	"\x03mtu\x18\x03 \x01(\x05R\x03mtu\x12\x16\n" +
+	"\x06bridge\x18\x04 \x01(\tR\x06bridge\x12.\n" +
 	"\x03ips\x18\x05 \x03(\v2\x1c.virtlet.network.v1.IPConfigR\x03ips\">\n" +
 	"\bIPConfig\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +

@@ -454,12 +454,12 @@ func (x *Filesystem) GetReadOnly() bool {
 }
 
 type NIC struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Mac           string                 `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
-	Mtu           int32                  `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
-	NetnsPath     string                 `protobuf:"bytes,4,opt,name=netns_path,json=netnsPath,proto3" json:"netns_path,omitempty"`
-	TapName       string                 `protobuf:"bytes,5,opt,name=tap_name,json=tapName,proto3" json:"tap_name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Mac   string                 `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	Mtu   int32                  `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// The host bridge the NIC joins (the hypervisor makes the tap).
+	Bridge        string `protobuf:"bytes,5,opt,name=bridge,proto3" json:"bridge,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -515,16 +515,9 @@ func (x *NIC) GetMtu() int32 {
 	return 0
 }
 
-func (x *NIC) GetNetnsPath() string {
+func (x *NIC) GetBridge() string {
 	if x != nil {
-		return x.NetnsPath
-	}
-	return ""
-}
-
-func (x *NIC) GetTapName() string {
-	if x != nil {
-		return x.TapName
+		return x.Bridge
 	}
 	return ""
 }
@@ -632,14 +625,12 @@ const file_types_v1_types_proto_rawDesc = "" +
 	"\x03tag\x18\x02 \x01(\tR\x03tag\x12\x1f\n" +
 	"\vaccess_mode\x18\x03 \x01(\tR\n" +
 	"accessMode\x12\x1b\n" +
-	"\tread_only\x18\x04 \x01(\bR\breadOnly\"w\n" +
+	"\tread_only\x18\x04 \x01(\bR\breadOnly\"[\n" +
 	"\x03NIC\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x10\n" +
-	"\x03mtu\x18\x03 \x01(\x05R\x03mtu\x12\x1d\n" +
-	"\n" +
-	"netns_path\x18\x04 \x01(\tR\tnetnsPath\x12\x19\n" +
-	"\btap_name\x18\x05 \x01(\tR\atapName\"[\n" +
+	"\x03mtu\x18\x03 \x01(\x05R\x03mtu\x12\x16\n" +
+	"\x06bridge\x18\x05 \x01(\tR\x06bridgeJ\x04\b\x04\x10\x05\"[\n" +
 	"\tDNSConfig\x12\x18\n" +
 	"\aservers\x18\x01 \x03(\tR\aservers\x12\x1a\n" +
 	"\bsearches\x18\x02 \x03(\tR\bsearches\x12\x18\n" +

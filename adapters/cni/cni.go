@@ -1,0 +1,488 @@
+// Package cni is the pod network of VM pods on CNI (libcni): a network
+// namespace per pod, CNI ADD/DEL/CHECK with kubelet's arguments, the CNI
+// interface handed over to the VM through a bridge and a veth pair to a
+// host bridge that libvirt plugs the VM's tap into, and a per-pod DHCP
+// server that answers the VM with the CNI result.
+package cni
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/containernetworking/cni/libcni"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/sirupsen/logrus"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// Config is the plugin's manifest config.
+type Config struct {
+	// ConfDir holds CNI network configs (*.conflist, *.conf, *.json); the
+	// first in lexical order is used, as kubelet-era runtimes do.
+	ConfDir string `json:"confDir"`
+	// BinDirs are searched for CNI plugin binaries.
+	BinDirs []string `json:"binDirs"`
+}
+
+// Defaults: the CNI conventions, plus where Debian installs its plugins.
+var (
+	DefaultConfDir = "/etc/cni/net.d"
+	DefaultBinDirs = []string{"/opt/cni/bin", "/usr/lib/cni"}
+)
+
+// IfName is the pod's CNI interface.
+const IfName = "eth0"
+
+// Network is the CNI network adapter.
+type Network struct {
+	Log logrus.FieldLogger
+
+	cfg      Config
+	cni      *libcni.CNIConfig
+	records  string // directory of per-pod records
+	mu       sync.Mutex
+	servers  map[string]*dhcpServer // by sandbox ID
+	configOK bool
+}
+
+// New returns an unconfigured adapter.
+func New(log logrus.FieldLogger) *Network {
+	return &Network{Log: log, servers: map[string]*dhcpServer{}}
+}
+
+func (n *Network) PluginInfo() ports.PluginInfo {
+	return ports.PluginInfo{Name: "cni", Kind: ports.KindNetwork, Version: "0.1.0"}
+}
+
+// Configure reads the config, and brings back the DHCP servers of the
+// pods set up before a restart; it tears down what a crash interrupted.
+func (n *Network) Configure(ctx context.Context, pc ports.PluginConfig) error {
+	cfg := Config{ConfDir: DefaultConfDir, BinDirs: DefaultBinDirs}
+	if err := pc.Decode(&cfg); err != nil {
+		return err
+	}
+	if pc.StateDir == "" {
+		return fmt.Errorf("cni: needs a state directory: %w", ports.ErrInvalidArgument)
+	}
+	n.cfg = cfg
+	n.cni = libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, filepath.Join(pc.StateDir, "cache"), nil)
+	n.records = filepath.Join(pc.StateDir, "pods")
+	if err := os.MkdirAll(n.records, 0o700); err != nil {
+		return err
+	}
+	n.configOK = true
+	return n.restore(ctx)
+}
+
+// networkConfig loads the first network config of ConfDir.
+func (n *Network) networkConfig() (*libcni.NetworkConfigList, string, error) {
+	files, err := libcni.ConfFiles(n.cfg.ConfDir, []string{".conflist", ".conf", ".json"})
+	if err != nil {
+		return nil, "", fmt.Errorf("read CNI config directory %s: %w", n.cfg.ConfDir, err)
+	}
+	sort.Strings(files)
+	if len(files) == 0 {
+		return nil, "", fmt.Errorf("no CNI network config in %s: %w", n.cfg.ConfDir, ports.ErrFailedPrecondition)
+	}
+	f := files[0]
+	var list *libcni.NetworkConfigList
+	if strings.HasSuffix(f, ".conflist") {
+		list, err = libcni.ConfListFromFile(f)
+	} else {
+		var c *libcni.NetworkConfig
+		if c, err = libcni.ConfFromFile(f); err == nil {
+			list, err = libcni.ConfListFromConf(c)
+		}
+	}
+	if err != nil {
+		return nil, f, fmt.Errorf("CNI config %s: %v: %w", f, err, ports.ErrFailedPrecondition)
+	}
+	return list, f, nil
+}
+
+// Ready reports whether a usable CNI config exists.
+func (n *Network) Ready(ctx context.Context) (ports.NetworkReadiness, error) {
+	if !n.configOK {
+		return ports.NetworkReadiness{Reason: "NotConfigured", Message: "the CNI plugin is not configured"}, nil
+	}
+	if _, _, err := n.networkConfig(); err != nil {
+		return ports.NetworkReadiness{Reason: "NoCNIConfig", Message: err.Error()}, nil
+	}
+	return ports.NetworkReadiness{Ready: true}, nil
+}
+
+// record is what the plugin keeps per pod, written before it acts so that
+// a crash can be undone.
+type record struct {
+	SandboxID  string                  `json:"sandboxID"`
+	PodName    string                  `json:"podName"`
+	Namespace  string                  `json:"namespace"`
+	PodUID     string                  `json:"podUID"`
+	NetNS      string                  `json:"netns"`
+	Plumbing   plumbing                `json:"plumbing"`
+	ConfList   json.RawMessage         `json:"confList"` // the config ADD used, for DEL
+	Ready      bool                    `json:"ready"`
+	Attachment ports.NetworkAttachment `json:"attachment"`
+	Lease      *lease                  `json:"lease,omitempty"`
+}
+
+func (n *Network) recordPath(id string) string { return filepath.Join(n.records, id+".json") }
+
+func (n *Network) save(r *record) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	tmp := n.recordPath(r.SandboxID) + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, n.recordPath(r.SandboxID))
+}
+
+func (n *Network) load(id string) (*record, error) {
+	data, err := os.ReadFile(n.recordPath(id))
+	if err != nil {
+		return nil, err
+	}
+	var r record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("pod network record %s: %w", id, err)
+	}
+	return &r, nil
+}
+
+func validSandboxID(id string) error {
+	if len(id) < 12 || strings.ContainsAny(id, "/.") {
+		return &ports.InvalidError{Field: "sandbox ID", Value: id, Allowed: "at least 12 characters, no '/' or '.'"}
+	}
+	return nil
+}
+
+func runtimeConf(r *record) *libcni.RuntimeConf {
+	return &libcni.RuntimeConf{
+		ContainerID: r.SandboxID, NetNS: r.NetNS, IfName: IfName,
+		Args: [][2]string{
+			{"IgnoreUnknown", "1"},
+			{"K8S_POD_NAMESPACE", r.Namespace},
+			{"K8S_POD_NAME", r.PodName},
+			{"K8S_POD_INFRA_CONTAINER_ID", r.SandboxID},
+			{"K8S_POD_UID", r.PodUID},
+		},
+	}
+}
+
+// Setup creates the pod's namespace, runs CNI ADD, hands the interface to
+// the VM side and starts the pod's DHCP server. On failure it undoes what
+// it did before returning the error.
+func (n *Network) Setup(ctx context.Context, req ports.NetworkRequest) (ports.NetworkAttachment, error) {
+	if err := validSandboxID(req.SandboxID); err != nil {
+		return ports.NetworkAttachment{}, err
+	}
+	list, file, err := n.networkConfig()
+	if err != nil {
+		return ports.NetworkAttachment{}, err
+	}
+	if r, err := n.load(req.SandboxID); err == nil && r.Ready {
+		return r.Attachment, nil // idempotent
+	}
+	r := &record{SandboxID: req.SandboxID, PodName: req.PodName, Namespace: req.PodNamespace, PodUID: req.PodUID,
+		NetNS: filepath.Join(NetNSDir, nsName(req.SandboxID)), Plumbing: plumbingFor(req.SandboxID), ConfList: list.Bytes}
+	if err := n.save(r); err != nil {
+		return ports.NetworkAttachment{}, fmt.Errorf("record pod network: %w", err)
+	}
+	att, err := n.setup(ctx, r, list, req)
+	if err != nil {
+		if terr := n.teardown(context.WithoutCancel(ctx), r); terr != nil {
+			n.Log.WithError(terr).WithField("sandbox", req.SandboxID).Warn("undo failed network setup")
+		}
+		return ports.NetworkAttachment{}, fmt.Errorf("CNI network %q (%s): %w", list.Name, file, err)
+	}
+	return att, nil
+}
+
+func nsName(sandboxID string) string {
+	if len(sandboxID) > 16 {
+		sandboxID = sandboxID[:16]
+	}
+	return "virtlet-" + sandboxID
+}
+
+func (n *Network) setup(ctx context.Context, r *record, list *libcni.NetworkConfigList, req ports.NetworkRequest) (ports.NetworkAttachment, error) {
+	if _, err := createNetNS(nsName(r.SandboxID)); err != nil {
+		return ports.NetworkAttachment{}, err
+	}
+	raw, err := n.cni.AddNetworkList(ctx, list, runtimeConf(r))
+	if err != nil {
+		return ports.NetworkAttachment{}, fmt.Errorf("CNI ADD: %w", err)
+	}
+	res, err := types100.NewResultFromResult(raw)
+	if err != nil {
+		return ports.NetworkAttachment{}, fmt.Errorf("CNI result: %w", err)
+	}
+	pi, err := wireVM(r.NetNS, IfName, r.Plumbing)
+	if err != nil {
+		return ports.NetworkAttachment{}, fmt.Errorf("hand the pod interface to the VM: %w", err)
+	}
+	att, l, err := attachment(r, res, pi, req)
+	if err != nil {
+		return ports.NetworkAttachment{}, err
+	}
+	r.Attachment, r.Lease, r.Ready = att, l, true
+	if err := n.save(r); err != nil {
+		return ports.NetworkAttachment{}, fmt.Errorf("record pod network: %w", err)
+	}
+	if l != nil {
+		if err := n.serve(r); err != nil {
+			return ports.NetworkAttachment{}, err
+		}
+	}
+	return att, nil
+}
+
+func (n *Network) serve(r *record) error {
+	srv, err := startDHCP(r.NetNS, *r.Lease, n.Log.WithField("sandbox", r.SandboxID))
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	if old := n.servers[r.SandboxID]; old != nil {
+		old.Close()
+	}
+	n.servers[r.SandboxID] = srv
+	n.mu.Unlock()
+	return nil
+}
+
+// attachment turns the CNI result into what the VM gets, and the DHCP
+// lease for its first IPv4 address.
+func attachment(r *record, res *types100.Result, pi podInterface, req ports.NetworkRequest) (ports.NetworkAttachment, *lease, error) {
+	iface := ports.NetworkInterface{Name: IfName, MAC: pi.MAC.String(), MTU: pi.MTU, Bridge: r.Plumbing.HostBridge}
+	podIdx := -1
+	for i, in := range res.Interfaces {
+		if in.Sandbox != "" && in.Name == IfName {
+			podIdx = i
+			if in.Mac != "" {
+				iface.MAC = in.Mac
+			}
+		}
+	}
+	for _, ip := range res.IPs {
+		if ip.Interface != nil && podIdx >= 0 && *ip.Interface != podIdx {
+			continue
+		}
+		c := ports.IPConfig{Address: ip.Address.String()}
+		if ip.Gateway != nil {
+			c.Gateway = ip.Gateway.String()
+		}
+		iface.IPs = append(iface.IPs, c)
+	}
+	if len(iface.IPs) == 0 {
+		return ports.NetworkAttachment{}, nil, errors.New("the CNI result has no IP address for the pod")
+	}
+	att := ports.NetworkAttachment{NetNSPath: r.NetNS, Interfaces: []ports.NetworkInterface{iface}}
+	for _, rt := range res.Routes {
+		route := ports.Route{Destination: rt.Dst.String()}
+		if rt.GW != nil {
+			route.Gateway = rt.GW.String()
+		}
+		att.Routes = append(att.Routes, route)
+	}
+	att.DNS = req.DNS
+	if att.DNS == nil && (len(res.DNS.Nameservers) > 0 || len(res.DNS.Search) > 0) {
+		att.DNS = &ports.DNSConfig{Servers: res.DNS.Nameservers, Searches: res.DNS.Search, Options: res.DNS.Options}
+	}
+	return att, leaseFor(att, req.PodName), nil
+}
+
+// leaseFor is the DHCP answer: the first IPv4 address of the interface,
+// its gateway, the IPv4 routes and DNS.
+func leaseFor(att ports.NetworkAttachment, hostname string) *lease {
+	iface := att.Interfaces[0]
+	mac, err := net.ParseMAC(iface.MAC)
+	if err != nil {
+		return nil
+	}
+	for _, c := range iface.IPs {
+		ip, ipnet, err := net.ParseCIDR(c.Address)
+		if err != nil || ip.To4() == nil {
+			continue
+		}
+		l := &lease{MAC: mac, IP: ip.To4(), Mask: ipnet.Mask, MTU: iface.MTU, Hostname: hostname}
+		if gw := net.ParseIP(c.Gateway); gw != nil && gw.To4() != nil {
+			l.Gateway = gw.To4()
+		}
+		for _, rt := range att.Routes {
+			_, dst, err := net.ParseCIDR(rt.Destination)
+			if err != nil || dst.IP.To4() == nil {
+				continue
+			}
+			via := l.Gateway
+			if g := net.ParseIP(rt.Gateway); g != nil {
+				via = g.To4()
+			}
+			if via == nil {
+				continue
+			}
+			l.Routes = append(l.Routes, &dhcpv4.Route{Dest: dst, Router: via})
+		}
+		if len(l.Routes) > 0 && l.Gateway != nil {
+			// Clients that take classless routes ignore the router option:
+			// the default route must be among them.
+			hasDefault := false
+			for _, rt := range l.Routes {
+				if ones, _ := rt.Dest.Mask.Size(); ones == 0 {
+					hasDefault = true
+				}
+			}
+			if !hasDefault {
+				l.Routes = append(l.Routes, &dhcpv4.Route{Dest: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Router: l.Gateway})
+			}
+		}
+		if att.DNS != nil {
+			for _, s := range att.DNS.Servers {
+				if ip := net.ParseIP(s); ip != nil && ip.To4() != nil {
+					l.DNS = append(l.DNS, ip.To4())
+				}
+			}
+			l.Search = att.DNS.Searches
+		}
+		return l
+	}
+	return nil
+}
+
+// Teardown stops the DHCP server, removes the host links, runs CNI DEL and
+// deletes the namespace. Every step tolerates what is already gone.
+func (n *Network) Teardown(ctx context.Context, req ports.NetworkRequest) error {
+	if err := validSandboxID(req.SandboxID); err != nil {
+		return err
+	}
+	r, err := n.load(req.SandboxID)
+	if errors.Is(err, os.ErrNotExist) {
+		// Nothing recorded: Setup never started, or a teardown finished.
+		// Remove what the names point to anyway.
+		r = &record{SandboxID: req.SandboxID, NetNS: filepath.Join(NetNSDir, nsName(req.SandboxID)), Plumbing: plumbingFor(req.SandboxID)}
+	} else if err != nil {
+		return err
+	}
+	return n.teardown(ctx, r)
+}
+
+func (n *Network) teardown(ctx context.Context, r *record) error {
+	n.mu.Lock()
+	if srv := n.servers[r.SandboxID]; srv != nil {
+		srv.Close()
+		delete(n.servers, r.SandboxID)
+	}
+	n.mu.Unlock()
+	var errs []error
+	if err := unwireHost(r.Plumbing); err != nil {
+		errs = append(errs, err)
+	}
+	if len(r.ConfList) > 0 {
+		list, err := libcni.ConfListFromBytes(r.ConfList)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("recorded CNI config: %w", err))
+		} else {
+			rt := runtimeConf(r)
+			if _, err := os.Stat(r.NetNS); err != nil {
+				rt.NetNS = "" // CNI DEL without a namespace still releases IPs
+			}
+			err := n.cni.DelNetworkList(ctx, list, rt)
+			if err != nil && strings.Contains(err.Error(), "failed to find plugin") {
+				// A plugin that is not installed allocated nothing; retrying
+				// would keep the pod forever.
+				n.Log.WithError(err).WithField("sandbox", r.SandboxID).Warn("CNI DEL skipped: plugin not installed")
+				err = nil
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("CNI DEL: %w", err))
+			}
+		}
+	}
+	if err := deleteNetNS(nsName(r.SandboxID)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("tear down network of pod %s/%s: %w", r.Namespace, r.PodName, err)
+	}
+	if err := os.Remove(n.recordPath(r.SandboxID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// restore restarts the DHCP servers of ready pods and undoes interrupted
+// setups.
+func (n *Network) restore(ctx context.Context) error {
+	entries, err := os.ReadDir(n.records)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		r, err := n.load(id)
+		if err != nil {
+			n.Log.WithError(err).Warn("unreadable pod network record")
+			continue
+		}
+		log := n.Log.WithFields(logrus.Fields{"sandbox": id, "pod": r.Namespace + "/" + r.PodName})
+		if !r.Ready {
+			log.Warn("tearing down a network setup that was interrupted")
+			if err := n.teardown(ctx, r); err != nil {
+				log.WithError(err).Warn("tear down interrupted network setup")
+			}
+			continue
+		}
+		if r.Lease != nil {
+			if err := n.serve(r); err != nil {
+				log.WithError(err).Warn("restart DHCP server")
+				continue
+			}
+			log.Info("DHCP server back for lease renewals")
+		}
+	}
+	return nil
+}
+
+// Check runs CNI CHECK for a pod.
+func (n *Network) Check(ctx context.Context, sandboxID string) error {
+	r, err := n.load(sandboxID)
+	if err != nil {
+		return err
+	}
+	list, err := libcni.ConfListFromBytes(r.ConfList)
+	if err != nil {
+		return err
+	}
+	return n.cni.CheckNetworkList(ctx, list, runtimeConf(r))
+}
+
+var (
+	_ ports.Network    = (*Network)(nil)
+	_ ports.Configurer = (*Network)(nil)
+)
+
+// Close stops the DHCP servers (the pods' networks stay).
+func (n *Network) Close() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for id, srv := range n.servers {
+		srv.Close()
+		delete(n.servers, id)
+	}
+}

@@ -1,0 +1,277 @@
+package cni
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
+	"github.com/sirupsen/logrus"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// These tests run the real CNI plugins of Debian's
+// containernetworking-plugins (bridge + host-local) in namespaces they
+// create, on a test bridge with 198.18.5.0/24 that iptables keeps off the
+// machine's routes.
+
+func randHex(n int) string {
+	b := make([]byte, n/2)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+type testNet struct {
+	n      *Network
+	state  string
+	ipam   string
+	bridge string
+	conf   string
+}
+
+func quiet() logrus.FieldLogger {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	return l
+}
+
+func newTestNet(t *testing.T, pluginType string) *testNet {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the CNI tests need root (network namespaces, links)")
+	}
+	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
+		t.Fatal("Debian's containernetworking-plugins are missing: testing/setup.sh installs them")
+	}
+	tn := &testNet{state: t.TempDir(), ipam: t.TempDir(), bridge: "vlt-" + randHex(8), conf: t.TempDir()}
+	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "virtlet-test", "plugins": [{
+	  "type": %q, "bridge": %q, "isGateway": true, "ipMasq": false,
+	  "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": "198.18.5.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}`,
+		pluginType, tn.bridge, tn.ipam)
+	if err := os.WriteFile(filepath.Join(tn.conf, "10-test.conflist"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{"-i", "-o"} {
+		if out, err := exec.Command("iptables", "-I", "FORWARD", dir, tn.bridge, "-j", "DROP").CombinedOutput(); err != nil {
+			t.Fatalf("iptables: %v\n%s", err, out)
+		}
+		t.Cleanup(func() { exec.Command("iptables", "-D", "FORWARD", dir, tn.bridge, "-j", "DROP").Run() })
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(tn.bridge); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
+	tn.n = tn.start(t)
+	return tn
+}
+
+func (tn *testNet) start(t *testing.T) *Network {
+	t.Helper()
+	n := New(quiet())
+	cfg := fmt.Sprintf(`{"confDir": %q, "binDirs": ["/usr/lib/cni"]}`, tn.conf)
+	if err := n.Configure(context.Background(), ports.PluginConfig{Config: []byte(cfg), StateDir: tn.state}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Close)
+	return n
+}
+
+func request(id string) ports.NetworkRequest {
+	return ports.NetworkRequest{SandboxID: id, PodName: "vm", PodNamespace: "default", PodUID: "uid-" + id[:8],
+		DNS: &ports.DNSConfig{Servers: []string{"198.18.5.53"}, Searches: []string{"default.svc.cluster.local"}}}
+}
+
+func linkExists(name string) bool { _, err := netlink.LinkByName(name); return err == nil }
+
+// dhcpAsVM asks the pod's DHCP server for a lease the way the VM does: from
+// a client namespace whose interface has the VM's MAC and joins the host
+// bridge libvirt would plug the VM's tap into.
+func dhcpAsVM(t *testing.T, att ports.NetworkAttachment) *nclient4.Lease {
+	t.Helper()
+	iface := att.Interfaces[0]
+	name := "virtlet-test-" + randHex(8)
+	nsPath, err := createNetNS(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer deleteNetNS(name)
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	mac, _ := net.ParseMAC(iface.MAC)
+	hostEnd := "vlc-" + randHex(8)
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostEnd}, PeerName: "vmnic", PeerHardwareAddr: mac, PeerNamespace: netlink.NsFd(int(ns))}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatal(err)
+	}
+	defer netlink.LinkDel(veth)
+	br, err := netlink.LinkByName(iface.Bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetMaster(veth, br); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(veth); err != nil {
+		t.Fatal(err)
+	}
+	var lease *nclient4.Lease
+	err = inNetNS(nsPath, func() error {
+		l, err := netlink.LinkByName("vmnic")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		c, err := nclient4.New("vmnic", nclient4.WithTimeout(2*time.Second))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		lease, err = c.Request(ctx)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("DHCP as the VM: %v", err)
+	}
+	return lease
+}
+
+func TestSetupDHCPTeardown(t *testing.T) {
+	tn := newTestNet(t, "bridge")
+	ctx := context.Background()
+	if r, err := tn.n.Ready(ctx); err != nil || !r.Ready {
+		t.Fatalf("ready %+v %v", r, err)
+	}
+	id := randHex(64)
+	req := request(id)
+	t.Cleanup(func() { tn.n.Teardown(ctx, req) })
+	att, err := tn.n.Setup(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	iface := att.Interfaces[0]
+	if len(iface.IPs) != 1 || !strings.HasPrefix(iface.IPs[0].Address, "198.18.5.") || iface.IPs[0].Gateway != "198.18.5.1" ||
+		iface.Bridge != "vlb-"+id[:11] || iface.MAC == "" || iface.MTU == 0 {
+		t.Fatalf("attachment %+v", att)
+	}
+	if _, err := os.Stat(att.NetNSPath); err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	for _, l := range []string{"vlb-" + id[:11], "vlh-" + id[:11]} {
+		if !linkExists(l) {
+			t.Errorf("host link %s missing", l)
+		}
+	}
+	// Inside the pod: eth0 lost its address and MAC to the VM.
+	err = inNetNS(att.NetNSPath, func() error {
+		eth, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		addrs, _ := netlink.AddrList(eth, netlink.FAMILY_V4)
+		if len(addrs) != 0 || eth.Attrs().HardwareAddr.String() == iface.MAC || eth.Attrs().MasterIndex == 0 {
+			return fmt.Errorf("eth0 still carries the pod's address or MAC: %v %s", addrs, eth.Attrs().HardwareAddr)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	lease := dhcpAsVM(t, att)
+	ip, _, _ := net.ParseCIDR(iface.IPs[0].Address)
+	ack := lease.ACK
+	if !ack.YourIPAddr.Equal(ip) || len(ack.Router()) != 1 || !ack.Router()[0].Equal(net.ParseIP("198.18.5.1")) ||
+		ack.SubnetMask().String() != "ffffff00" || len(ack.DNS()) != 1 || !ack.DNS()[0].Equal(net.ParseIP("198.18.5.53")) ||
+		ack.HostName() != "vm" {
+		t.Fatalf("lease %s", ack.Summary())
+	}
+	if s := ack.DomainSearch(); s == nil || len(s.Labels) != 1 || s.Labels[0] != "default.svc.cluster.local" {
+		t.Errorf("search list %v", s)
+	}
+
+	again, err := tn.n.Setup(ctx, req)
+	if err != nil || again.Interfaces[0].IPs[0] != iface.IPs[0] {
+		t.Fatalf("second Setup: %+v %v", again, err)
+	}
+
+	// A restarted plugin serves the lease again.
+	tn.n.Close()
+	tn.n = tn.start(t)
+	if l := dhcpAsVM(t, att); !l.ACK.YourIPAddr.Equal(ip) {
+		t.Fatalf("after restart: %s", l.ACK.Summary())
+	}
+
+	for i := 0; i < 2; i++ {
+		if err := tn.n.Teardown(ctx, req); err != nil {
+			t.Fatalf("teardown #%d: %v", i+1, err)
+		}
+	}
+	assertGone(t, tn, id, ip)
+}
+
+func assertGone(t *testing.T, tn *testNet, id string, ip net.IP) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(NetNSDir, nsName(id))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("netns left: %v", err)
+	}
+	for _, l := range []string{"vlb-" + id[:11], "vlh-" + id[:11]} {
+		if linkExists(l) {
+			t.Errorf("link %s left", l)
+		}
+	}
+	if ip != nil {
+		if _, err := os.Stat(filepath.Join(tn.ipam, "virtlet-test", ip.String())); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("host-local still holds %s: %v", ip, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(tn.state, "pods", id+".json")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("record left: %v", err)
+	}
+}
+
+func TestFailingPluginLeavesNothing(t *testing.T) {
+	tn := newTestNet(t, "no-such-cni-plugin")
+	id := randHex(64)
+	_, err := tn.n.Setup(context.Background(), request(id))
+	if err == nil || !strings.Contains(err.Error(), "no-such-cni-plugin") || !strings.Contains(err.Error(), "virtlet-test") {
+		t.Fatalf("err %v", err)
+	}
+	assertGone(t, tn, id, nil)
+}
+
+func TestNoConfigIsNotReady(t *testing.T) {
+	n := New(quiet())
+	cfg := fmt.Sprintf(`{"confDir": %q}`, t.TempDir())
+	if err := n.Configure(context.Background(), ports.PluginConfig{Config: []byte(cfg), StateDir: t.TempDir()}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := n.Ready(context.Background())
+	if err != nil || r.Ready || r.Reason != "NoCNIConfig" || !strings.Contains(r.Message, "no CNI network config") {
+		t.Fatalf("ready %+v %v", r, err)
+	}
+	_, err = n.Setup(context.Background(), request(randHex(64)))
+	if !errors.Is(err, ports.ErrFailedPrecondition) {
+		t.Fatalf("setup without config: %v", err)
+	}
+}
