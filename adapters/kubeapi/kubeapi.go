@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -63,14 +64,7 @@ func (c *Client) ConfigMap(ctx context.Context, namespace, name string) (map[str
 	if err != nil {
 		return nil, apiError("configmap", namespace, name, err)
 	}
-	out := make(map[string][]byte, len(cm.Data)+len(cm.BinaryData))
-	for k, v := range cm.Data {
-		out[k] = []byte(v)
-	}
-	for k, v := range cm.BinaryData {
-		out[k] = v
-	}
-	return out, nil
+	return ConfigMapData(cm), nil
 }
 
 // Secret returns the Secret's data.
@@ -81,11 +75,32 @@ func (c *Client) Secret(ctx context.Context, namespace, name string) (map[string
 	if err != nil {
 		return nil, apiError("secret", namespace, name, err)
 	}
-	out := make(map[string][]byte, len(s.Data))
+	return SecretData(s), nil
+}
+
+// ConfigMapData is a ConfigMap's data and binaryData keys.
+func ConfigMapData(cm *corev1.ConfigMap) map[string][]byte {
+	out := make(map[string][]byte, len(cm.Data)+len(cm.BinaryData))
+	for k, v := range cm.Data {
+		out[k] = []byte(v)
+	}
+	for k, v := range cm.BinaryData {
+		out[k] = v
+	}
+	return out
+}
+
+// SecretData is a Secret's data, with stringData merged in as the API
+// server does on write.
+func SecretData(s *corev1.Secret) map[string][]byte {
+	out := make(map[string][]byte, len(s.Data)+len(s.StringData))
 	for k, v := range s.Data {
 		out[k] = v
 	}
-	return out, nil
+	for k, v := range s.StringData {
+		out[k] = []byte(v)
+	}
+	return out
 }
 
 func apiError(kind, namespace, name string, err error) error {

@@ -21,6 +21,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/virtlet/virtlet/adapters/kubeapi"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -102,14 +103,7 @@ func (d *Dir) ConfigMap(ctx context.Context, namespace, name string) (map[string
 	if err := yaml.UnmarshalStrict(doc, &cm); err != nil {
 		return nil, fmt.Errorf("configmap %s/%s: %w", namespace, name, err)
 	}
-	out := make(map[string][]byte, len(cm.Data)+len(cm.BinaryData))
-	for k, v := range cm.Data {
-		out[k] = []byte(v)
-	}
-	for k, v := range cm.BinaryData {
-		out[k] = v
-	}
-	return out, nil
+	return kubeapi.ConfigMapData(&cm), nil
 }
 
 // Secret returns a Secret's data, with stringData merged in.
@@ -123,14 +117,7 @@ func (d *Dir) Secret(ctx context.Context, namespace, name string) (map[string][]
 		// The decoder's message may quote the document: keep it out.
 		return nil, fmt.Errorf("secret %s/%s: not a valid Secret manifest", namespace, name)
 	}
-	out := make(map[string][]byte, len(s.Data)+len(s.StringData))
-	for k, v := range s.Data {
-		out[k] = v
-	}
-	for k, v := range s.StringData {
-		out[k] = []byte(v)
-	}
-	return out, nil
+	return kubeapi.SecretData(&s), nil
 }
 
 var _ ports.KubeObjects = (*Dir)(nil)
