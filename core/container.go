@@ -141,6 +141,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 			Overlay: &ports.DiskOverlay{BasePath: imagePath, BaseFormat: formatOr(img.Format, "qcow2"), SizeBytes: opts.RootVolumeSize},
 		}},
 	}
+	spec.NICs = vmNICs(sb.Network)
 	if spec.UUID == "" {
 		spec.UUID = uuid.NewSHA1(vmUUIDSpace, []byte(id)).String()
 	} else if other := r.uuidUser(spec.UUID); other != nil {
@@ -485,4 +486,18 @@ func (r *Runtime) ListContainers(f ContainerFilter) []*Container {
 	r.mu.RUnlock()
 	slices.SortFunc(out, func(a, b *Container) int { return b.CreatedAt.Compare(a.CreatedAt) })
 	return out
+}
+
+// vmNICs gives the VM one NIC per pod interface, with the interface's MAC
+// (so the pod's addresses, DHCP lease and cloud-init network-config all
+// match it) on the host bridge the network plugin made for it.
+func vmNICs(att *ports.NetworkAttachment) []ports.NIC {
+	if att == nil {
+		return nil
+	}
+	nics := make([]ports.NIC, 0, len(att.Interfaces))
+	for _, iface := range att.Interfaces {
+		nics = append(nics, ports.NIC{Name: iface.Name, MAC: iface.MAC, MTU: iface.MTU, Bridge: iface.Bridge})
+	}
+	return nics
 }

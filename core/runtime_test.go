@@ -260,6 +260,10 @@ func TestVMLifecycle(t *testing.T) {
 		!strings.HasPrefix(spec.Name, "virtlet-"+id[:12]) || spec.UUID == "" {
 		t.Fatalf("spec %+v", spec)
 	}
+	att := e.net.Active[sb]
+	if len(spec.NICs) != 1 || spec.NICs[0] != (ports.NIC{Name: "eth0", MAC: att.Interfaces[0].MAC, MTU: 1500, Bridge: att.Interfaces[0].Bridge}) {
+		t.Fatalf("NICs %+v, want the pod interface %+v", spec.NICs, att.Interfaces)
+	}
 	if want := filepath.Join(e.logDir, "cirros-vm", "vm/0.log"); spec.ConsoleLogPath != want {
 		t.Fatalf("console log %q, want %q", spec.ConsoleLogPath, want)
 	}

@@ -51,13 +51,13 @@ type Network struct {
 	cni      *libcni.CNIConfig
 	records  string // directory of per-pod records
 	mu       sync.Mutex
-	servers  map[string]*dhcpServer // by sandbox ID
+	servers  map[string][]*dhcpServer // by sandbox ID
 	configOK bool
 }
 
 // New returns an unconfigured adapter.
 func New(log logrus.FieldLogger) *Network {
-	return &Network{Log: log, servers: map[string]*dhcpServer{}}
+	return &Network{Log: log, servers: map[string][]*dhcpServer{}}
 }
 
 func (n *Network) PluginInfo() ports.PluginInfo {
@@ -129,11 +129,11 @@ type record struct {
 	Namespace  string                  `json:"namespace"`
 	PodUID     string                  `json:"podUID"`
 	NetNS      string                  `json:"netns"`
-	Plumbing   plumbing                `json:"plumbing"`
+	Links      []plumbing              `json:"links,omitempty"`
 	ConfList   json.RawMessage         `json:"confList"` // the config ADD used, for DEL
 	Ready      bool                    `json:"ready"`
 	Attachment ports.NetworkAttachment `json:"attachment"`
-	Lease      *lease                  `json:"lease,omitempty"`
+	Leases     []lease                 `json:"leases,omitempty"`
 }
 
 func (n *Network) recordPath(id string) string { return filepath.Join(n.records, id+".json") }
@@ -197,7 +197,7 @@ func (n *Network) Setup(ctx context.Context, req ports.NetworkRequest) (ports.Ne
 		return r.Attachment, nil // idempotent
 	}
 	r := &record{SandboxID: req.SandboxID, PodName: req.PodName, Namespace: req.PodNamespace, PodUID: req.PodUID,
-		NetNS: filepath.Join(NetNSDir, nsName(req.SandboxID)), Plumbing: plumbingFor(req.SandboxID), ConfList: list.Bytes}
+		NetNS: filepath.Join(NetNSDir, nsName(req.SandboxID)), ConfList: list.Bytes}
 	if err := n.save(r); err != nil {
 		return ports.NetworkAttachment{}, fmt.Errorf("record pod network: %w", err)
 	}
@@ -230,71 +230,127 @@ func (n *Network) setup(ctx context.Context, r *record, list *libcni.NetworkConf
 	if err != nil {
 		return ports.NetworkAttachment{}, fmt.Errorf("CNI result: %w", err)
 	}
-	pi, err := wireVM(r.NetNS, IfName, r.Plumbing)
-	if err != nil {
-		return ports.NetworkAttachment{}, fmt.Errorf("hand the pod interface to the VM: %w", err)
-	}
-	att, l, err := attachment(r, res, pi, req)
+	ifaces, err := podInterfaces(res)
 	if err != nil {
 		return ports.NetworkAttachment{}, err
 	}
-	r.Attachment, r.Lease, r.Ready = att, l, true
+	for i, pi := range ifaces {
+		r.Links = append(r.Links, plumbingFor(r.SandboxID, i, pi.name))
+	}
+	// The link names are recorded before the links exist, so that a crash
+	// in between leaves nothing a teardown cannot find.
 	if err := n.save(r); err != nil {
 		return ports.NetworkAttachment{}, fmt.Errorf("record pod network: %w", err)
 	}
-	if l != nil {
-		if err := n.serve(r); err != nil {
-			return ports.NetworkAttachment{}, err
+	for i := range ifaces {
+		wired, err := wireVM(r.NetNS, r.Links[i])
+		if err != nil {
+			return ports.NetworkAttachment{}, fmt.Errorf("hand pod interface %s to the VM: %w", ifaces[i].name, err)
 		}
+		ifaces[i].wired = wired
+	}
+	att, err := attachment(r, res, ifaces, req)
+	if err != nil {
+		return ports.NetworkAttachment{}, err
+	}
+	r.Attachment, r.Leases, r.Ready = att, leasesFor(att, r.Links, req.PodName), true
+	if err := n.save(r); err != nil {
+		return ports.NetworkAttachment{}, fmt.Errorf("record pod network: %w", err)
+	}
+	if err := n.serve(r); err != nil {
+		return ports.NetworkAttachment{}, err
 	}
 	return att, nil
 }
 
+// serve starts one DHCP server per NIC that has an IPv4 lease.
 func (n *Network) serve(r *record) error {
-	srv, err := startDHCP(r.NetNS, *r.Lease, n.Log.WithField("sandbox", r.SandboxID))
-	if err != nil {
-		return err
+	var srvs []*dhcpServer
+	for _, l := range r.Leases {
+		srv, err := startDHCP(r.NetNS, l, n.Log.WithFields(logrus.Fields{"sandbox": r.SandboxID, "bridge": l.Bridge}))
+		if err != nil {
+			for _, s := range srvs {
+				s.Close()
+			}
+			return err
+		}
+		srvs = append(srvs, srv)
 	}
 	n.mu.Lock()
-	if old := n.servers[r.SandboxID]; old != nil {
+	for _, old := range n.servers[r.SandboxID] {
 		old.Close()
 	}
-	n.servers[r.SandboxID] = srv
+	n.servers[r.SandboxID] = srvs
 	n.mu.Unlock()
 	return nil
 }
 
-// attachment turns the CNI result into what the VM gets, and the DHCP
-// lease for its first IPv4 address.
-func attachment(r *record, res *types100.Result, pi podInterface, req ports.NetworkRequest) (ports.NetworkAttachment, *lease, error) {
-	iface := ports.NetworkInterface{Name: IfName, MAC: pi.MAC.String(), MTU: pi.MTU, Bridge: r.Plumbing.HostBridge}
-	podIdx := -1
+// podIface is one interface CNI made in the pod's namespace.
+type podIface struct {
+	name  string
+	index int    // in the CNI result's interfaces, -1 when the result lists none
+	mac   string // as the result reports it
+	wired podInterface
+}
+
+// podInterfaces lists the pod's interfaces in the CNI result: those with a
+// sandbox path, in the result's order (a meta plugin like Multus reports
+// several). A result that lists no interface (some plugins do not) means
+// the one interface runtimes always ask for.
+func podInterfaces(res *types100.Result) ([]podIface, error) {
+	var out []podIface
 	for i, in := range res.Interfaces {
-		if in.Sandbox != "" && in.Name == IfName {
-			podIdx = i
-			if in.Mac != "" {
-				iface.MAC = in.Mac
+		if in.Sandbox != "" {
+			out = append(out, podIface{name: in.Name, index: i, mac: in.Mac})
+		}
+	}
+	if len(out) == 0 {
+		out = []podIface{{name: IfName, index: -1}}
+	}
+	if len(out) > maxInterfaces {
+		return nil, fmt.Errorf("the CNI result has %d pod interfaces; a VM pod takes at most %d", len(out), maxInterfaces)
+	}
+	return out, nil
+}
+
+// attachment turns the CNI result into what the VM gets: per interface the
+// CNI MAC and the addresses CNI gave it, the routes with their gateways
+// filled in (a CNI route without one goes through the interface's
+// gateway), and the pod's DNS.
+func attachment(r *record, res *types100.Result, ifaces []podIface, req ports.NetworkRequest) (ports.NetworkAttachment, error) {
+	att := ports.NetworkAttachment{NetNSPath: r.NetNS}
+	for k, pi := range ifaces {
+		iface := ports.NetworkInterface{Name: pi.name, MAC: pi.wired.MAC.String(), MTU: pi.wired.MTU, Bridge: r.Links[k].HostBridge}
+		if pi.mac != "" {
+			iface.MAC = pi.mac
+		}
+		for _, ip := range res.IPs {
+			switch {
+			case ip.Interface != nil && *ip.Interface == pi.index:
+			case ip.Interface == nil && k == 0: // unattributed addresses belong to the first interface
+			case ip.Interface != nil && pi.index == -1 && k == 0:
+			default:
+				continue
 			}
+			c := ports.IPConfig{Address: ip.Address.String()}
+			if ip.Gateway != nil {
+				c.Gateway = ip.Gateway.String()
+			}
+			iface.IPs = append(iface.IPs, c)
 		}
+		att.Interfaces = append(att.Interfaces, iface)
 	}
-	for _, ip := range res.IPs {
-		if ip.Interface != nil && podIdx >= 0 && *ip.Interface != podIdx {
-			continue
-		}
-		c := ports.IPConfig{Address: ip.Address.String()}
-		if ip.Gateway != nil {
-			c.Gateway = ip.Gateway.String()
-		}
-		iface.IPs = append(iface.IPs, c)
+	if len(att.Interfaces[0].IPs) == 0 {
+		return ports.NetworkAttachment{}, errors.New("the CNI result has no IP address for the pod")
 	}
-	if len(iface.IPs) == 0 {
-		return ports.NetworkAttachment{}, nil, errors.New("the CNI result has no IP address for the pod")
-	}
-	att := ports.NetworkAttachment{NetNSPath: r.NetNS, Interfaces: []ports.NetworkInterface{iface}}
 	for _, rt := range res.Routes {
 		route := ports.Route{Destination: rt.Dst.String()}
 		if rt.GW != nil {
 			route.Gateway = rt.GW.String()
+		} else if gw := gatewayFor(att.Interfaces, rt.Dst.IP.To4() != nil); gw != "" {
+			route.Gateway = gw
+		} else {
+			continue // no next hop known: the route cannot be expressed
 		}
 		att.Routes = append(att.Routes, route)
 	}
@@ -302,13 +358,37 @@ func attachment(r *record, res *types100.Result, pi podInterface, req ports.Netw
 	if att.DNS == nil && (len(res.DNS.Nameservers) > 0 || len(res.DNS.Search) > 0) {
 		att.DNS = &ports.DNSConfig{Servers: res.DNS.Nameservers, Searches: res.DNS.Search, Options: res.DNS.Options}
 	}
-	return att, leaseFor(att, req.PodName), nil
+	return att, nil
 }
 
-// leaseFor is the DHCP answer: the first IPv4 address of the interface,
-// its gateway, the IPv4 routes and DNS.
-func leaseFor(att ports.NetworkAttachment, hostname string) *lease {
-	iface := att.Interfaces[0]
+// gatewayFor is the first gateway of the family among the interfaces.
+func gatewayFor(ifaces []ports.NetworkInterface, v4 bool) string {
+	for _, iface := range ifaces {
+		for _, c := range iface.IPs {
+			if gw := net.ParseIP(c.Gateway); gw != nil && (gw.To4() != nil) == v4 {
+				return gw.String()
+			}
+		}
+	}
+	return ""
+}
+
+// leasesFor is the DHCP answer for each NIC with an IPv4 address: its first
+// IPv4 address; the first such NIC also gets the gateway, the routes and
+// DNS (a second default route would fight the first).
+func leasesFor(att ports.NetworkAttachment, links []plumbing, hostname string) []lease {
+	var out []lease
+	for k, iface := range att.Interfaces {
+		l := leaseFor(iface, att, len(out) == 0, hostname)
+		if l != nil {
+			l.Bridge = links[k].PodBridge
+			out = append(out, *l)
+		}
+	}
+	return out
+}
+
+func leaseFor(iface ports.NetworkInterface, att ports.NetworkAttachment, primary bool, hostname string) *lease {
 	mac, err := net.ParseMAC(iface.MAC)
 	if err != nil {
 		return nil
@@ -319,22 +399,19 @@ func leaseFor(att ports.NetworkAttachment, hostname string) *lease {
 			continue
 		}
 		l := &lease{MAC: mac, IP: ip.To4(), Mask: ipnet.Mask, MTU: iface.MTU, Hostname: hostname}
+		if !primary {
+			return l
+		}
 		if gw := net.ParseIP(c.Gateway); gw != nil && gw.To4() != nil {
 			l.Gateway = gw.To4()
 		}
 		for _, rt := range att.Routes {
 			_, dst, err := net.ParseCIDR(rt.Destination)
-			if err != nil || dst.IP.To4() == nil {
+			via := net.ParseIP(rt.Gateway)
+			if err != nil || dst.IP.To4() == nil || via == nil || via.To4() == nil {
 				continue
 			}
-			via := l.Gateway
-			if g := net.ParseIP(rt.Gateway); g != nil {
-				via = g.To4()
-			}
-			if via == nil {
-				continue
-			}
-			l.Routes = append(l.Routes, &dhcpv4.Route{Dest: dst, Router: via})
+			l.Routes = append(l.Routes, &dhcpv4.Route{Dest: dst, Router: via.To4()})
 		}
 		if len(l.Routes) > 0 && l.Gateway != nil {
 			// Clients that take classless routes ignore the router option:
@@ -372,7 +449,7 @@ func (n *Network) Teardown(ctx context.Context, req ports.NetworkRequest) error 
 	if errors.Is(err, os.ErrNotExist) {
 		// Nothing recorded: Setup never started, or a teardown finished.
 		// Remove what the names point to anyway.
-		r = &record{SandboxID: req.SandboxID, NetNS: filepath.Join(NetNSDir, nsName(req.SandboxID)), Plumbing: plumbingFor(req.SandboxID)}
+		r = &record{SandboxID: req.SandboxID, NetNS: filepath.Join(NetNSDir, nsName(req.SandboxID))}
 	} else if err != nil {
 		return err
 	}
@@ -381,14 +458,24 @@ func (n *Network) Teardown(ctx context.Context, req ports.NetworkRequest) error 
 
 func (n *Network) teardown(ctx context.Context, r *record) error {
 	n.mu.Lock()
-	if srv := n.servers[r.SandboxID]; srv != nil {
+	for _, srv := range n.servers[r.SandboxID] {
 		srv.Close()
-		delete(n.servers, r.SandboxID)
 	}
+	delete(n.servers, r.SandboxID)
 	n.mu.Unlock()
 	var errs []error
-	if err := unwireHost(r.Plumbing); err != nil {
-		errs = append(errs, err)
+	links := r.Links
+	if len(links) == 0 {
+		// Not recorded (an interrupted setup, or no record at all): every
+		// name this pod's links could have.
+		for i := 0; i < maxInterfaces; i++ {
+			links = append(links, plumbingFor(r.SandboxID, i, ""))
+		}
+	}
+	for _, p := range links {
+		if err := unwireHost(p); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if len(r.ConfList) > 0 {
 		list, err := libcni.ConfListFromBytes(r.ConfList)
@@ -448,7 +535,7 @@ func (n *Network) restore(ctx context.Context) error {
 			}
 			continue
 		}
-		if r.Lease != nil {
+		if len(r.Leases) > 0 {
 			if err := n.serve(r); err != nil {
 				log.WithError(err).Warn("restart DHCP server")
 				continue
@@ -481,8 +568,10 @@ var (
 func (n *Network) Close() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	for id, srv := range n.servers {
-		srv.Close()
+	for id, srvs := range n.servers {
+		for _, srv := range srvs {
+			srv.Close()
+		}
 		delete(n.servers, id)
 	}
 }

@@ -19,6 +19,7 @@ const LeaseTime = 24 * time.Hour
 // lease is the one answer the per-pod DHCP server gives: the CNI result
 // for the VM's MAC.
 type lease struct {
+	Bridge   string // the pod bridge the VM's NIC is on
 	MAC      net.HardwareAddr
 	IP       net.IP
 	Mask     net.IPMask
@@ -30,8 +31,8 @@ type lease struct {
 	Hostname string
 }
 
-// dhcpServer answers the VM of one pod, on br0 inside the pod's network
-// namespace.
+// dhcpServer answers one NIC of a pod's VM, on the pod bridge of that NIC
+// inside the pod's network namespace.
 type dhcpServer struct {
 	srv *server4.Server
 }
@@ -42,7 +43,7 @@ func startDHCP(nsPath string, l lease, log logrus.FieldLogger) (*dhcpServer, err
 	var srv *server4.Server
 	err := inNetNS(nsPath, func() error {
 		var err error
-		srv, err = server4.NewServer(podBridge, &net.UDPAddr{IP: net.IPv4zero, Port: dhcpv4.ServerPort}, l.handler(log))
+		srv, err = server4.NewServer(l.Bridge, &net.UDPAddr{IP: net.IPv4zero, Port: dhcpv4.ServerPort}, l.handler(log))
 		return err
 	})
 	if err != nil {

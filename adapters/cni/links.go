@@ -5,30 +5,44 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
 
-// Names of the links inside a pod's network namespace.
-const (
-	podBridge = "br0" // joins the CNI interface and the link to the VM
-	podVeth   = "vm0" // pod end of the veth pair towards the host bridge
-)
-
-// plumbing names the host-side links of one pod (15 characters at most).
+// plumbing names the links that hand one pod interface to the VM: two in
+// the pod's namespace and two on the host (15 characters at most).
 type plumbing struct {
+	IfName     string `json:"ifName"`     // the CNI interface in the pod
+	PodBridge  string `json:"podBridge"`  // joins it and the link to the VM
+	PodVeth    string `json:"podVeth"`    // pod end of the veth pair towards the host
 	HostBridge string `json:"hostBridge"` // the bridge libvirt attaches the VM's tap to
 	HostVeth   string `json:"hostVeth"`   // host end of the veth pair into the pod
 }
 
-func plumbingFor(sandboxID string) plumbing {
-	id := sandboxID
-	if len(id) > 11 {
-		id = id[:11]
+// plumbingFor names the links of the pod's i-th interface. The first keeps
+// the short names (br0, vm0, vlb-<id>, vlh-<id>).
+func plumbingFor(sandboxID string, i int, ifName string) plumbing {
+	if i == 0 {
+		id := sandboxID
+		if len(id) > 11 {
+			id = id[:11]
+		}
+		return plumbing{IfName: ifName, PodBridge: "br0", PodVeth: "vm0", HostBridge: "vlb-" + id, HostVeth: "vlh-" + id}
 	}
-	return plumbing{HostBridge: "vlb-" + id, HostVeth: "vlh-" + id}
+	id := sandboxID
+	if len(id) > 10 {
+		id = id[:10]
+	}
+	return plumbing{IfName: ifName, PodBridge: fmt.Sprintf("br%d", i), PodVeth: fmt.Sprintf("vm%d", i),
+		HostBridge: fmt.Sprintf("vb%d-%s", i, id), HostVeth: fmt.Sprintf("vh%d-%s", i, id)}
 }
+
+// maxInterfaces bounds the interfaces a pod may have (the link names hold
+// one digit).
+const maxInterfaces = 10
 
 // podInterface is what CNI configured on the pod's interface, before the
 // VM takes it over.
@@ -45,8 +59,11 @@ type podInterface struct {
 //
 //	VM ─tap─ vlb-<id> (host) ─ vlh-<id> ══ vm0 ─ br0 ─ eth0 (CNI) ─▶ pod network
 //
-// The DHCP server listens on br0.
-func wireVM(nsPath, ifName string, p plumbing) (podInterface, error) {
+// The DHCP server listens on br0. The host bridge takes no part in IP: it
+// answers no ARP or neighbour discovery and forwards nothing, so the VM's
+// traffic always goes through the pod's namespace, never around it.
+func wireVM(nsPath string, p plumbing) (podInterface, error) {
+	ifName := p.IfName
 	var pi podInterface
 	ns, err := netns.GetFromPath(nsPath)
 	if err != nil {
@@ -88,22 +105,22 @@ func wireVM(nsPath, ifName string, p plumbing) (podInterface, error) {
 	if err := pod.LinkSetHardwareAddr(eth, randomMAC()); err != nil {
 		return pi, fmt.Errorf("new MAC for %s: %w", ifName, err)
 	}
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: podBridge, MTU: pi.MTU}}
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: p.PodBridge, MTU: pi.MTU}}
 	if err := pod.LinkAdd(br); err != nil {
-		return pi, fmt.Errorf("pod bridge: %w", err)
+		return pi, fmt.Errorf("pod bridge %s: %w", p.PodBridge, err)
 	}
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: podVeth, MTU: pi.MTU},
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: p.PodVeth, MTU: pi.MTU},
 		PeerName: p.HostVeth, PeerNamespace: netlink.NsFd(int(host))}
 	if err := pod.LinkAdd(veth); err != nil {
-		return pi, fmt.Errorf("veth pair %s/%s: %w", podVeth, p.HostVeth, err)
+		return pi, fmt.Errorf("veth pair %s/%s: %w", p.PodVeth, p.HostVeth, err)
 	}
-	for _, name := range []string{ifName, podVeth} {
+	for _, name := range []string{ifName, p.PodVeth} {
 		l, err := pod.LinkByName(name)
 		if err != nil {
 			return pi, err
 		}
 		if err := pod.LinkSetMaster(l, br); err != nil {
-			return pi, fmt.Errorf("join %s to %s: %w", name, podBridge, err)
+			return pi, fmt.Errorf("join %s to %s: %w", name, p.PodBridge, err)
 		}
 		if err := pod.LinkSetUp(l); err != nil {
 			return pi, err
@@ -120,6 +137,11 @@ func wireVM(nsPath, ifName string, p plumbing) (podInterface, error) {
 	hveth, err := netlink.LinkByName(p.HostVeth)
 	if err != nil {
 		return pi, err
+	}
+	for _, name := range []string{p.HostBridge, p.HostVeth} {
+		if err := noIP(name); err != nil {
+			return pi, err
+		}
 	}
 	if err := netlink.LinkSetMaster(hveth, hbr); err != nil {
 		return pi, fmt.Errorf("join %s to %s: %w", p.HostVeth, p.HostBridge, err)
@@ -159,4 +181,19 @@ func randomMAC() net.HardwareAddr {
 	rand.Read(mac)
 	mac[0] = (mac[0] | 0x02) &^ 0x01
 	return mac
+}
+
+// noIP keeps a host link out of IP: no IPv6, no ARP answers for the host's
+// addresses, no forwarding of what arrives on it.
+func noIP(link string) error {
+	for _, kv := range [][2]string{
+		{"ipv6/conf/" + link + "/disable_ipv6", "1"},
+		{"ipv4/conf/" + link + "/arp_ignore", "8"},
+		{"ipv4/conf/" + link + "/forwarding", "0"},
+	} {
+		if err := os.WriteFile("/proc/sys/net/"+kv[0], []byte(kv[1]), 0o644); err != nil {
+			return fmt.Errorf("sysctl net.%s: %w", strings.ReplaceAll(kv[0], "/", "."), err)
+		}
+	}
+	return nil
 }

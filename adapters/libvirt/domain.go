@@ -3,6 +3,7 @@ package libvirt
 import (
 	"encoding/xml"
 	"fmt"
+	"net"
 	"strings"
 
 	"libvirt.org/go/libvirtxml"
@@ -113,10 +114,37 @@ func domainXML(in domainInput) (string, error) {
 		}
 		d.Devices.Filesystems = append(d.Devices.Filesystems, f)
 	}
-	if len(s.NICs) > 0 {
-		return "", fmt.Errorf("VM %s: network interfaces are not supported by this hypervisor plugin yet: %w", s.Name, ports.ErrUnimplemented)
+	for i, nic := range s.NICs {
+		iface, err := domainInterface(i, nic)
+		if err != nil {
+			return "", fmt.Errorf("VM %s: %w", s.Name, err)
+		}
+		d.Devices.Interfaces = append(d.Devices.Interfaces, iface)
 	}
 	return d.Marshal()
+}
+
+// domainInterface is a virtio NIC on the pod's host bridge: libvirt makes
+// the tap, plugs it into the bridge, and removes it when the VM stops, so
+// QEMU needs no privileges and no file descriptor crosses a process.
+func domainInterface(i int, nic ports.NIC) (libvirtxml.DomainInterface, error) {
+	field := fmt.Sprintf("NIC %d (%s)", i, nic.Name)
+	if nic.Bridge == "" {
+		return libvirtxml.DomainInterface{}, &ports.InvalidError{Field: field + " bridge", Allowed: "the host bridge the network plugin made"}
+	}
+	mac, err := net.ParseMAC(nic.MAC)
+	if err != nil || len(mac) != 6 || mac[0]&1 != 0 {
+		return libvirtxml.DomainInterface{}, &ports.InvalidError{Field: field + " MAC", Value: nic.MAC, Allowed: "a unicast Ethernet address"}
+	}
+	iface := libvirtxml.DomainInterface{
+		MAC:    &libvirtxml.DomainInterfaceMAC{Address: mac.String()},
+		Source: &libvirtxml.DomainInterfaceSource{Bridge: &libvirtxml.DomainInterfaceSourceBridge{Bridge: nic.Bridge}},
+		Model:  &libvirtxml.DomainInterfaceModel{Type: "virtio"},
+	}
+	if nic.MTU > 0 {
+		iface.MTU = &libvirtxml.DomainInterfaceMTU{Size: uint(nic.MTU)}
+	}
+	return iface, nil
 }
 
 func domainCPU(c ports.CPUSpec) (*libvirtxml.DomainCPU, error) {

@@ -72,6 +72,12 @@ func TestDomainGolden(t *testing.T) {
 				ports.Disk{Name: "vol-data", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Source: ports.DiskSource{Type: ports.SourceBlock, Path: "/dev/loop7", Format: "raw"}})
 			s.Filesystems = []ports.Filesystem{{Source: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~empty-dir/data", Tag: "data", AccessMode: "squash"}}
 		}, true},
+		{"pod-network", with(), func(s *ports.VMSpec) {
+			s.NICs = []ports.NIC{
+				{Name: "eth0", MAC: "0A:58:C6:12:05:02", MTU: 1500, Bridge: "vlb-fedcba98765"},
+				{Name: "net1", MAC: "0a:58:c6:13:00:07", Bridge: "vb1-fedcba9876"},
+			}
+		}, true},
 	}
 	validate, _ := exec.LookPath("virt-xml-validate")
 	for _, tc := range cases {
@@ -126,7 +132,10 @@ func TestDomainRefusals(t *testing.T) {
 			s.Disks[0].Source.Path = "/x"
 			s.Disks[0].Source.Format = "vmdk"
 		}, "qcow2 or raw"},
-		{"nics", func(s *ports.VMSpec) { s.NICs = []ports.NIC{{Name: "eth0"}} }, "network interfaces are not supported"},
+		{"nic without bridge", func(s *ports.VMSpec) { s.NICs = []ports.NIC{{Name: "eth0", MAC: "0a:58:c6:12:05:02"}} }, "NIC 0 (eth0) bridge"},
+		{"nic with multicast MAC", func(s *ports.VMSpec) {
+			s.NICs = []ports.NIC{{Name: "eth0", MAC: "01:00:5e:00:00:01", Bridge: "vlb-x"}}
+		}, "NIC 0 (eth0) MAC"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := spec

@@ -133,6 +133,32 @@ func TestGolden(t *testing.T) {
 		"network-configdrive": func(t *testing.T) Input {
 			return Input{PodName: "p", Namespace: "ns", Options: opts(t, annotations.CloudInitImageType, "configdrive"), Network: network}
 		},
+		// A meta plugin's result: two interfaces, each with a gateway; only
+		// the first gives the default routes, and the second interface's
+		// route goes where its gateway is reachable.
+		"network-two-interfaces": func(t *testing.T) Input {
+			two := &ports.NetworkAttachment{
+				Interfaces: []ports.NetworkInterface{
+					{Name: "eth0", MAC: "0a:58:c6:12:10:05", MTU: 1500, IPs: []ports.IPConfig{
+						{Address: "198.18.16.5/24", Gateway: "198.18.16.1"}, {Address: "fd00:198:18:10::5/64", Gateway: "fd00:198:18:10::1"}}},
+					{Name: "net1", MAC: "0a:58:c6:12:11:07", IPs: []ports.IPConfig{{Address: "198.18.17.7/24", Gateway: "198.18.17.1"}}},
+				},
+				Routes: []ports.Route{{Destination: "0.0.0.0/0", Gateway: "198.18.16.1"}, {Destination: "::/0", Gateway: "fd00:198:18:10::1"},
+					{Destination: "198.19.128.0/17", Gateway: "198.18.17.1"}},
+			}
+			return Input{PodName: "p", Namespace: "ns", Options: annotations.Defaults(), Network: two}
+		},
+		"network-two-interfaces-configdrive": func(t *testing.T) Input {
+			in := Input{PodName: "p", Namespace: "ns", Options: opts(t, annotations.CloudInitImageType, "configdrive")}
+			in.Network = &ports.NetworkAttachment{
+				Interfaces: []ports.NetworkInterface{
+					{Name: "eth0", MAC: "0a:58:c6:12:10:05", IPs: []ports.IPConfig{{Address: "198.18.16.5/24", Gateway: "198.18.16.1"}}},
+					{Name: "net1", MAC: "0a:58:c6:12:11:07", IPs: []ports.IPConfig{{Address: "198.18.17.7/24", Gateway: "198.18.17.1"}}},
+				},
+				Routes: []ports.Route{{Destination: "0.0.0.0/0", Gateway: "198.18.16.1"}, {Destination: "198.19.128.0/17", Gateway: "198.18.17.1"}},
+			}
+			return in
+		},
 		"network-force-dhcp": func(t *testing.T) Input {
 			return Input{PodName: "p", Namespace: "ns", Options: opts(t, annotations.ForceDHCPNetworkConfig, "true"), Network: network}
 		},

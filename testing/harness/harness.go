@@ -72,10 +72,13 @@ var ShippedPlugins = map[string]string{
 	"virtlet-plugin-images":      "github.com/virtlet/virtlet/cmd/virtlet-plugin-images",
 	"virtlet-plugin-nocloud":     "github.com/virtlet/virtlet/cmd/virtlet-plugin-nocloud",
 	"virtlet-plugin-configdrive": "github.com/virtlet/virtlet/cmd/virtlet-plugin-configdrive",
+	"virtlet-plugin-cni":         "github.com/virtlet/virtlet/cmd/virtlet-plugin-cni",
 }
 
 // Shipped returns the manifests of the shipped plugins built into dir, as
-// the daemon's embedded defaults name them.
+// the daemon's embedded defaults name them, but for the network plugin: a
+// test that runs pods on a network adds TestNetwork.Plugin (its own CNI
+// config), the others run pods without a network.
 func Shipped(dir string) []Plugin {
 	return []Plugin{
 		{Name: "libvirt", Kind: "hypervisor", Binary: filepath.Join(dir, "virtlet-plugin-libvirt")},

@@ -1,0 +1,142 @@
+package harness
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// CNIBinDir is where Debian's containernetworking-plugins live.
+const CNIBinDir = "/usr/lib/cni"
+
+// TestNetwork is a pod network for tests: a CNI config for Debian's bridge
+// and host-local plugins on a bridge of its own, with addresses from
+// 198.18.0.0/15 (and fd00:198:18::/48 when dual-stack), kept off the
+// machine's routes by iptables: nothing is forwarded between the bridge
+// and any other interface, while traffic within the bridge (pod to pod)
+// and to the host (the gateway) flows.
+type TestNetwork struct {
+	Name     string // CNI network name
+	Bridge   string // the CNI bridge on the host (the pods' gateway)
+	ConfDir  string // holds the conflist
+	IPAMDir  string // host-local's allocations
+	Subnet   string // IPv4 subnet, e.g. 198.18.16.0/24
+	Gateway  string // IPv4 gateway: the bridge's address
+	Subnet6  string // IPv6 subnet when dual-stack
+	Gateway6 string
+}
+
+// NetworkOptions shape a test network.
+type NetworkOptions struct {
+	// Index picks the subnet: 198.18.<Index>.0/24 (1–255); each concurrent
+	// test network needs its own.
+	Index int
+	// DualStack adds fd00:198:18:<Index>::/64.
+	DualStack bool
+	// RangeStart and RangeEnd narrow the IPv4 pool (IP exhaustion tests).
+	RangeStart, RangeEnd string
+	// PluginType replaces "bridge" (e.g. a missing plugin).
+	PluginType string
+}
+
+// NewTestNetwork writes the CNI config and sets up the iptables rules; the
+// bridge itself is made by the CNI bridge plugin on the first pod, and
+// everything is removed after the test.
+func NewTestNetwork(t testing.TB, o NetworkOptions) *TestNetwork {
+	t.Helper()
+	if o.Index < 1 || o.Index > 255 {
+		t.Fatalf("test network index %d out of 1..255", o.Index)
+	}
+	if _, err := os.Stat(filepath.Join(CNIBinDir, "bridge")); err != nil {
+		t.Fatalf("Debian's containernetworking-plugins are missing (testing/setup.sh installs them): %v", err)
+	}
+	tn := &TestNetwork{
+		Name:    fmt.Sprintf("virtlet-test-%d", o.Index),
+		Bridge:  fmt.Sprintf("vltest%d", o.Index),
+		ConfDir: t.TempDir(), IPAMDir: t.TempDir(),
+		Subnet:  fmt.Sprintf("198.18.%d.0/24", o.Index),
+		Gateway: fmt.Sprintf("198.18.%d.1", o.Index),
+	}
+	// A bridge left by a crashed run would hold the same subnet.
+	exec.Command("ip", "link", "del", tn.Bridge).Run()
+	rng := map[string]string{"subnet": tn.Subnet, "gateway": tn.Gateway}
+	if o.RangeStart != "" {
+		rng["rangeStart"], rng["rangeEnd"] = o.RangeStart, o.RangeEnd
+	}
+	ranges := []string{jsonObj(rng)}
+	routes := []string{`{"dst": "0.0.0.0/0"}`}
+	if o.DualStack {
+		tn.Subnet6 = fmt.Sprintf("fd00:198:18:%x::/64", o.Index)
+		tn.Gateway6 = fmt.Sprintf("fd00:198:18:%x::1", o.Index)
+		ranges = append(ranges, jsonObj(map[string]string{"subnet": tn.Subnet6, "gateway": tn.Gateway6}))
+		routes = append(routes, `{"dst": "::/0"}`)
+	}
+	typ := o.PluginType
+	if typ == "" {
+		typ = "bridge"
+	}
+	var rangeSets []string
+	for _, r := range ranges {
+		rangeSets = append(rangeSets, "["+r+"]")
+	}
+	conf := fmt.Sprintf(`{
+  "cniVersion": "1.0.0",
+  "name": %q,
+  "plugins": [{
+    "type": %q, "bridge": %q, "isGateway": true, "ipMasq": false, "hairpinMode": false,
+    "ipam": {"type": "host-local", "dataDir": %q, "ranges": [%s], "routes": [%s]}
+  }]
+}
+`, tn.Name, typ, tn.Bridge, tn.IPAMDir, strings.Join(rangeSets, ", "), strings.Join(routes, ", "))
+	if err := os.WriteFile(filepath.Join(tn.ConfDir, "10-"+tn.Name+".conflist"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing routed between the test bridge and the rest of the machine.
+	rules := [][]string{
+		{"FORWARD", "-i", tn.Bridge, "!", "-o", tn.Bridge, "-j", "DROP"},
+		{"FORWARD", "-o", tn.Bridge, "!", "-i", tn.Bridge, "-j", "DROP"},
+	}
+	for _, ipt := range []string{"iptables", "ip6tables"} {
+		for _, r := range rules {
+			if out, err := exec.Command(ipt, append([]string{"-I"}, r...)...).CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v\n%s", ipt, err, out)
+			}
+			t.Cleanup(func() { exec.Command(ipt, append([]string{"-D"}, r...)...).Run() })
+		}
+	}
+	t.Cleanup(func() { exec.Command("ip", "link", "del", tn.Bridge).Run() })
+	return tn
+}
+
+func jsonObj(m map[string]string) string {
+	var parts []string
+	for _, k := range []string{"subnet", "gateway", "rangeStart", "rangeEnd"} {
+		if v, ok := m[k]; ok {
+			parts = append(parts, fmt.Sprintf("%q: %q", k, v))
+		}
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
+// Plugin is the manifest of the shipped CNI network plugin (built into
+// dir) using this network.
+func (tn *TestNetwork) Plugin(dir string) Plugin {
+	return Plugin{Name: "cni", Kind: "network", Binary: filepath.Join(dir, "virtlet-plugin-cni"),
+		Config: fmt.Sprintf("{confDir: %q, binDirs: [%q]}", tn.ConfDir, CNIBinDir)}
+}
+
+// Allocated lists the addresses host-local holds for the network.
+func (tn *TestNetwork) Allocated() []string {
+	entries, _ := os.ReadDir(filepath.Join(tn.IPAMDir, tn.Name))
+	var out []string
+	for _, e := range entries {
+		if net.ParseIP(e.Name()) != nil {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
