@@ -203,7 +203,7 @@ func (n *Network) Setup(ctx context.Context, req ports.NetworkRequest) (ports.Ne
 	}
 	att, err := n.setup(ctx, r, list, req)
 	if err != nil {
-		if terr := n.teardown(context.WithoutCancel(ctx), r); terr != nil {
+		if terr := n.teardown(context.WithoutCancel(ctx), r, true); terr != nil {
 			n.Log.WithError(terr).WithField("sandbox", req.SandboxID).Warn("undo failed network setup")
 		}
 		return ports.NetworkAttachment{}, fmt.Errorf("CNI network %q (%s): %w", list.Name, file, err)
@@ -219,6 +219,11 @@ func nsName(sandboxID string) string {
 }
 
 func (n *Network) setup(ctx context.Context, r *record, list *libcni.NetworkConfigList, req ports.NetworkRequest) (ports.NetworkAttachment, error) {
+	// A namespace of this name can only be a lost earlier setup of this
+	// very sandbox (its record gone with a wiped state directory).
+	if err := deleteNetNS(nsName(r.SandboxID)); err != nil {
+		return ports.NetworkAttachment{}, err
+	}
 	if _, err := createNetNS(nsName(r.SandboxID)); err != nil {
 		return ports.NetworkAttachment{}, err
 	}
@@ -453,10 +458,15 @@ func (n *Network) Teardown(ctx context.Context, req ports.NetworkRequest) error 
 	} else if err != nil {
 		return err
 	}
-	return n.teardown(ctx, r)
+	return n.teardown(ctx, r, false)
 }
 
-func (n *Network) teardown(ctx context.Context, r *record) error {
+// teardown removes a pod's network. undo marks the undoing of a setup that
+// did not finish: a CNI DEL failure is then logged, not kept (a config
+// that ADD refused is refused by DEL too, and nobody would ever retry it),
+// as containerd does; a DEL failure of a pod that was up is returned, so
+// that kubelet's StopPodSandbox retries it.
+func (n *Network) teardown(ctx context.Context, r *record, undo bool) error {
 	n.mu.Lock()
 	for _, srv := range n.servers[r.SandboxID] {
 		srv.Close()
@@ -491,6 +501,10 @@ func (n *Network) teardown(ctx context.Context, r *record) error {
 				// A plugin that is not installed allocated nothing; retrying
 				// would keep the pod forever.
 				n.Log.WithError(err).WithField("sandbox", r.SandboxID).Warn("CNI DEL skipped: plugin not installed")
+				err = nil
+			}
+			if err != nil && undo {
+				n.Log.WithError(err).WithField("sandbox", r.SandboxID).Warn("CNI DEL while undoing a failed setup")
 				err = nil
 			}
 			if err != nil {
@@ -530,7 +544,7 @@ func (n *Network) restore(ctx context.Context) error {
 		log := n.Log.WithFields(logrus.Fields{"sandbox": id, "pod": r.Namespace + "/" + r.PodName})
 		if !r.Ready {
 			log.Warn("tearing down a network setup that was interrupted")
-			if err := n.teardown(ctx, r); err != nil {
+			if err := n.teardown(ctx, r, true); err != nil {
 				log.WithError(err).Warn("tear down interrupted network setup")
 			}
 			continue

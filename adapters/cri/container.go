@@ -65,7 +65,7 @@ func (s *Server) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerS
 	if req.Verbose {
 		resp.Info = jsonInfo(map[string]interface{}{
 			"vm": map[string]interface{}{"name": c.Spec.Name, "uuid": c.Spec.UUID, "vcpus": c.Spec.VCPUs, "memoryBytes": c.Spec.MemoryBytes,
-				"cpu": c.Spec.CPU, "disks": diskSummary(c.Spec.Disks)},
+				"cpu": c.Spec.CPU, "disks": diskSummary(c.Spec.Disks), "nics": c.Spec.NICs},
 			"sandboxID": c.SandboxID,
 		})
 	}

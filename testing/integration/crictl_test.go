@@ -38,6 +38,7 @@ func TestMain(m *testing.M) {
 		"virtlet-example-scratch":    "github.com/virtlet/virtlet/testing/exampleplugin",
 		"virtlet-plugin-nocloud":     "github.com/virtlet/virtlet/cmd/virtlet-plugin-nocloud",
 		"virtlet-plugin-configdrive": "github.com/virtlet/virtlet/cmd/virtlet-plugin-configdrive",
+		"virtlet-plugin-cni":         "github.com/virtlet/virtlet/cmd/virtlet-plugin-cni",
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -48,16 +49,16 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func startDaemon(t *testing.T) (*harness.Daemon, *harness.Crictl) {
+func startDaemon(t *testing.T, extra ...harness.Plugin) (*harness.Daemon, *harness.Crictl) {
 	t.Helper()
 	fake := filepath.Join(bins, "virtlet-fake-plugin")
-	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), []harness.Plugin{
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append([]harness.Plugin{
 		{Name: "fake-hypervisor", Kind: "hypervisor", Binary: fake, Args: []string{"hypervisor"}},
 		{Name: "fake-images", Kind: "image", Binary: fake, Args: []string{"image"}},
 		{Name: "scratch", Kind: "volume", Binary: filepath.Join(bins, "virtlet-example-scratch")},
 		{Name: "nocloud", Kind: "datasource", Binary: filepath.Join(bins, "virtlet-plugin-nocloud")},
 		{Name: "configdrive", Kind: "datasource", Binary: filepath.Join(bins, "virtlet-plugin-configdrive")},
-	})
+	}, extra...))
 	d.Start()
 	return d, d.Crictl(crictl)
 }

@@ -1,0 +1,268 @@
+package integration
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/testing/contract/datasourcetest"
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// Pod networking through crictl: the daemon with the shipped CNI plugin
+// (a process, from a manifest) running Debian's bridge and host-local
+// CNI plugins on a test bridge; the hypervisor is the fake plugin (the
+// real-VM network suites are in testing/e2e).
+
+// Subnets 198.18.20-29.0/24 belong to these tests.
+
+type sandboxNet struct {
+	Status struct {
+		ID      string `json:"id"`
+		State   string `json:"state"`
+		Network struct {
+			IP            string `json:"ip"`
+			AdditionalIPs []struct {
+				IP string `json:"ip"`
+			} `json:"additionalIps"`
+		} `json:"network"`
+	} `json:"status"`
+	// crictl merges the verbose info into the top level (a null value
+	// becomes the string "null").
+	RawNetwork json.RawMessage `json:"network"`
+	Network    struct {
+		NetNSPath  string `json:"NetNSPath"`
+		Interfaces []struct {
+			Name, MAC, Bridge string
+			MTU               int
+		} `json:"Interfaces"`
+	} `json:"-"`
+}
+
+func inspectNet(t *testing.T, c *harness.Crictl, sb string) sandboxNet {
+	t.Helper()
+	var s sandboxNet
+	c.JSON(t, &s, "inspectp", sb)
+	if len(s.RawNetwork) > 0 && s.RawNetwork[0] == '{' {
+		if err := json.Unmarshal(s.RawNetwork, &s.Network); err != nil {
+			t.Fatalf("inspectp network info: %v", err)
+		}
+	}
+	return s
+}
+
+// podLeftovers lists what a pod's network may leave: its namespace, host
+// links, the plugin's record.
+func podLeftovers(d *harness.Daemon, sb string) []string {
+	var left []string
+	if _, err := os.Stat(filepath.Join("/var/run/netns", "virtlet-"+sb[:16])); !errors.Is(err, os.ErrNotExist) {
+		left = append(left, "netns virtlet-"+sb[:16])
+	}
+	links, _ := netlink.LinkList()
+	for _, l := range links {
+		name := l.Attrs().Name
+		if strings.HasSuffix(name, "-"+sb[:11]) || strings.HasSuffix(name, "-"+sb[:10]) {
+			left = append(left, "link "+name)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(d.StateDir, "plugins", "cni", "pods", sb+".json")); !errors.Is(err, os.ErrNotExist) {
+		left = append(left, "record "+sb)
+	}
+	return left
+}
+
+func networkCondition(t *testing.T, c *harness.Crictl) (ready bool, reason, message string) {
+	t.Helper()
+	var info struct {
+		Status struct {
+			Conditions []struct {
+				Type    string `json:"type"`
+				Status  bool   `json:"status"`
+				Reason  string `json:"reason"`
+				Message string `json:"message"`
+			} `json:"conditions"`
+		} `json:"status"`
+	}
+	c.JSON(t, &info, "info")
+	for _, cond := range info.Status.Conditions {
+		if cond.Type == "NetworkReady" {
+			return cond.Status, cond.Reason, cond.Message
+		}
+	}
+	t.Fatal("no NetworkReady condition")
+	return
+}
+
+func TestPodNetworkThroughCrictl(t *testing.T) {
+	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 20, DualStack: true})
+	d, c := startDaemon(t, tn.Plugin(bins))
+	if ready, reason, msg := networkCondition(t, c); !ready {
+		t.Fatalf("NetworkReady false: %s: %s", reason, msg)
+	}
+	c.Must(t, "pull", image)
+
+	podJSON, ctrJSON := vmPod(t, d, "net-vm", nil)
+	sb := c.Must(t, "runp", podJSON)
+	t.Cleanup(func() { c.Run("rmp", "-f", sb) })
+	st := inspectNet(t, c, sb)
+	ip4, ip6 := net.ParseIP(st.Status.Network.IP), net.IP(nil)
+	if len(st.Status.Network.AdditionalIPs) == 1 {
+		ip6 = net.ParseIP(st.Status.Network.AdditionalIPs[0].IP)
+	}
+	_, sub4, _ := net.ParseCIDR(tn.Subnet)
+	_, sub6, _ := net.ParseCIDR(tn.Subnet6)
+	if ip4 == nil || !sub4.Contains(ip4) || ip6 == nil || !sub6.Contains(ip6) {
+		t.Fatalf("inspectp network %+v: want an IPv4 address in %s and an additional IPv6 one in %s", st.Status.Network, tn.Subnet, tn.Subnet6)
+	}
+	// host-local holds exactly those addresses for the pod.
+	held := strings.Join(tn.Allocated(), " ")
+	if !strings.Contains(held, ip4.String()) || !strings.Contains(held, ip6.String()) {
+		t.Fatalf("host-local holds %q, the pod reports %s and %s", held, ip4, ip6)
+	}
+	ifaces := st.Network.Interfaces
+	if len(ifaces) != 1 || ifaces[0].Bridge != "vlb-"+sb[:11] || ifaces[0].MAC == "" || st.Network.NetNSPath == "" {
+		t.Fatalf("network info %+v", st.Network)
+	}
+	if left := podLeftovers(d, sb); len(left) != 4 {
+		t.Fatalf("a running pod has its namespace, host links and record; found %v", left)
+	}
+	// The host reaches the gateway side of the pod network: the CNI bridge.
+	if br, err := netlink.LinkByName(tn.Bridge); err != nil || br.Attrs().OperState == netlink.OperDown {
+		t.Fatalf("CNI bridge %s: %v", tn.Bridge, err)
+	}
+
+	// The VM gets a NIC with the pod's MAC on the pod's host bridge, and
+	// cloud-init network-config with the same addresses.
+	ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
+	var ci struct {
+		VM struct {
+			NICs []struct{ Name, MAC, Bridge string } `json:"nics"`
+		} `json:"vm"`
+	}
+	c.JSON(t, &ci, "inspect", ctr)
+	if n := ci.VM.NICs; len(n) != 1 || n[0].MAC != ifaces[0].MAC || n[0].Bridge != ifaces[0].Bridge || n[0].Name != "eth0" {
+		t.Fatalf("VM NICs %+v, pod interface %+v", ci.VM.NICs, ifaces)
+	}
+	iso, _, _ := cloudInitDisk(t, c, ctr)
+	_, files := datasourcetest.ReadISO(t, iso)
+	nc := string(files["network-config"])
+	for _, want := range []string{"mac_address: " + ifaces[0].MAC, "address: " + ip4.String() + "/24", "gateway: " + tn.Gateway,
+		"address: " + ip6.String() + "/64", "gateway: " + tn.Gateway6} {
+		if !strings.Contains(nc, want) {
+			t.Errorf("network-config lacks %q:\n%s", want, nc)
+		}
+	}
+
+	// A daemon crash: the pod keeps its network, the record its addresses.
+	d.Kill()
+	d.Start()
+	if again := inspectNet(t, c, sb); again.Status.Network.IP != ip4.String() {
+		t.Fatalf("after a daemon restart the pod reports %+v", again.Status.Network)
+	}
+	harness.Eventually(t, 10e9, "the DHCP server back for renewals", func() bool {
+		return strings.Contains(d.Log(), "DHCP server back for lease renewals")
+	})
+
+	c.Must(t, "stopp", sb)
+	if left := podLeftovers(d, sb); len(left) != 0 {
+		t.Errorf("after stopp: %v left", left)
+	}
+	if held := tn.Allocated(); len(held) != 0 {
+		t.Errorf("after stopp host-local still holds %v", held)
+	}
+	if st := inspectNet(t, c, sb); st.Status.State != "SANDBOX_NOTREADY" || st.Status.Network.IP != "" {
+		t.Errorf("stopped pod %+v", st.Status)
+	}
+	c.Must(t, "stopp", sb) // idempotent
+	c.Must(t, "rmp", sb)
+	if left := podLeftovers(d, sb); len(left) != 0 {
+		t.Errorf("after rmp: %v left", left)
+	}
+}
+
+func TestPodNetworkBadInput(t *testing.T) {
+	t.Run("no CNI config", func(t *testing.T) {
+		empty := t.TempDir()
+		d, c := startDaemon(t, harness.Plugin{Name: "cni", Kind: "network", Binary: filepath.Join(bins, "virtlet-plugin-cni"),
+			Config: fmt.Sprintf("{confDir: %q}", empty)})
+		ready, reason, msg := networkCondition(t, c)
+		if ready || reason != "NoCNIConfig" || !strings.Contains(msg, "no CNI network config in "+empty) {
+			t.Fatalf("NetworkReady %v %s %q", ready, reason, msg)
+		}
+		podJSON, _ := vmPod(t, d, "no-net", nil)
+		_, errOut, err := c.Run("runp", podJSON)
+		if err == nil || !strings.Contains(errOut, "no CNI network config in "+empty) {
+			t.Fatalf("runp without CNI config: %v %s", err, errOut)
+		}
+		if out := c.Must(t, "pods", "-q"); out != "" {
+			t.Errorf("pods after a failed runp: %s", out)
+		}
+	})
+
+	t.Run("failing CNI plugin", func(t *testing.T) {
+		// host-local refuses a range outside its subnet, with its own message.
+		tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 21, RangeStart: "198.18.99.5", RangeEnd: "198.18.99.9"})
+		d, c := startDaemon(t, tn.Plugin(bins))
+		podJSON, _ := vmPod(t, d, "bad-ipam", nil)
+		_, errOut, err := c.Run("runp", podJSON)
+		if err == nil || !strings.Contains(errOut, "198.18.99.5") || !strings.Contains(errOut, tn.Name) {
+			t.Fatalf("runp with a failing plugin: %v\n%s", err, errOut)
+		}
+		if out := c.Must(t, "pods", "-q"); out != "" {
+			t.Errorf("pods after a failed runp: %s", out)
+		}
+		assertNoPodNetworks(t, d, "bad-ipam")
+	})
+
+	t.Run("IP exhaustion", func(t *testing.T) {
+		tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 22, RangeStart: "198.18.22.10", RangeEnd: "198.18.22.10"})
+		d, c := startDaemon(t, tn.Plugin(bins))
+		first, _ := vmPod(t, d, "first", nil)
+		second, _ := vmPod(t, d, "second", nil)
+		sb := c.Must(t, "runp", first)
+		if ip := inspectNet(t, c, sb).Status.Network.IP; ip != "198.18.22.10" {
+			t.Fatalf("first pod got %q", ip)
+		}
+		_, errOut, err := c.Run("runp", second)
+		if err == nil || !strings.Contains(errOut, "no IP addresses available") {
+			t.Fatalf("runp on a full network: %v\n%s", err, errOut)
+		}
+		if pods := strings.Fields(c.Must(t, "pods", "-q")); len(pods) != 1 || pods[0] != sb {
+			t.Errorf("pods %v", pods)
+		}
+		// Freeing the address lets the second pod in.
+		c.Must(t, "stopp", sb)
+		c.Must(t, "rmp", sb)
+		sb2 := c.Must(t, "runp", second)
+		if ip := inspectNet(t, c, sb2).Status.Network.IP; ip != "198.18.22.10" {
+			t.Fatalf("second pod got %q", ip)
+		}
+		c.Must(t, "rmp", "-f", sb2)
+		assertNoPodNetworks(t, d, "first", "second")
+	})
+}
+
+// assertNoPodNetworks checks that nothing of the named pods' networks
+// remains (namespace, host links, plugin record), and that the CNI plugin
+// keeps no record at all.
+func assertNoPodNetworks(t *testing.T, d *harness.Daemon, pods ...string) {
+	t.Helper()
+	for _, name := range pods {
+		// vmPod's pods: namespace default, uid "uid-<name>", attempt 0.
+		if left := podLeftovers(d, core.SandboxID("default", name, "uid-"+name, 0)); len(left) != 0 {
+			t.Errorf("pod %s left %v", name, left)
+		}
+	}
+	recs, _ := os.ReadDir(filepath.Join(d.StateDir, "plugins", "cni", "pods"))
+	for _, r := range recs {
+		t.Errorf("CNI plugin record left: %s", r.Name())
+	}
+}
