@@ -14,6 +14,7 @@ PKGS=(
   docker-registry curl                                 # registry pulls, benchmarks
   cloud-init                                           # `cloud-init schema` checks generated user-data
   containernetworking-plugins iptables iproute2        # pod networks (CNI bridge + host-local) in test namespaces
+  iputils-ping openssh-client                          # reach VM pods from the host in the network e2e
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job (`make demo`): the daemon up with its default plugins, a VM
-# pod booted through the CRI API with crictl, its serial console shown.
+# pod booted through the CRI API with crictl on a CNI pod network, its
+# serial console shown, the VM reached at the pod's IP.
 # Ctrl-C stops the VM, the pod and the daemon cleanly. With
 # VIRTLET_DEMO_ONCE=1 (or without a terminal) it stops by itself once the
 # guest is up.
@@ -30,6 +31,8 @@ sock=$work/virtlet.sock
 crictl() { "$crictl_bin" --config /dev/null -r "unix://$sock" -i "unix://$sock" --timeout 3m "$@"; }
 
 pids=()
+demo_bridge=virtlet-demo0
+fw_rules=()
 cleanup() {
   trap - INT TERM EXIT
   say "stopping"
@@ -37,6 +40,8 @@ cleanup() {
   if [ -n "${sb:-}" ]; then crictl rmp -f "$sb" >/dev/null 2>&1 || true; fi
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  ip link del "$demo_bridge" 2>/dev/null || true
+  for r in "${fw_rules[@]}"; do iptables -D FORWARD $r 2>/dev/null || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -59,6 +64,30 @@ host=$(cat "$work/imageserver.addr")
   echo "      - cert: |"
   sed 's/^/          /' "$work/image-server-ca.pem"
 } > "$work/images.d/demo.yaml"
+
+# The pod network: Debian's CNI bridge + host-local plugins on a bridge of
+# the demo's own, 198.19.0.0/24, never routed off this machine.
+for r in "-i $demo_bridge ! -o $demo_bridge -j DROP" "-o $demo_bridge ! -i $demo_bridge -j DROP"; do
+  iptables -I FORWARD $r; fw_rules+=("$r")
+done
+mkdir -p "$work/cni"
+cat > "$work/cni/10-demo.conflist" <<JSON
+{"cniVersion": "1.0.0", "name": "virtlet-demo", "plugins": [{
+  "type": "bridge", "bridge": "$demo_bridge", "isGateway": true, "ipMasq": false,
+  "ipam": {"type": "host-local", "dataDir": "$work/cni/ipam", "ranges": [[{"subnet": "198.19.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}
+JSON
+# The shipped plugins, as the embedded defaults name them, with the demo's
+# CNI config: what an operator writes into /etc/virtlet/plugins.d.
+mkdir -p "$work/plugins.d"
+for f in plugins/manifest/defaults/*.yaml; do
+  name=$(sed -n 's/^name: *//p' "$f"); cmd=$(sed -n 's/^command: *//p' "$f")
+  {
+    grep -v '^command:' "$f"
+    echo "command: $bin/$cmd"
+    echo "sha256: $(sha256sum "$bin/$cmd" | cut -d' ' -f1)"
+    if [ "$name" = cni ]; then echo "config: {confDir: $work/cni, binDirs: [/usr/lib/cni, /opt/cni/bin]}"; fi
+  } > "$work/plugins.d/$(basename "$f")"
+done
 
 say "starting virtlet (log: $work/virtlet.log)"
 "$bin/virtlet" --listen "unix://$sock" --state-dir "$work/state" --plugins-dir "$work/plugins.d" \
@@ -109,6 +138,10 @@ done
 crictl logs "$ctr" | grep -q "@@TINY-READY" || { say "the guest did not come up; see $work/virtlet.log"; exit 1; }
 sleep 0.5
 say "the VM pod is up: $(crictl inspect -o go-template --template '{{.status.state}}' "$ctr" 2>/dev/null || echo running)"
+ip=$(crictl inspectp -o go-template --template '{{.status.network.ip}}' "$sb")
+say "the pod's IP (crictl inspectp): $ip; the VM took it by DHCP: $(crictl logs "$ctr" | grep -o '@@DHCP-BOUND.*' | head -1)"
+say "ping $ip from the host:"
+ping -c 2 -W 3 "$ip"
 if [ "${VIRTLET_DEMO_ONCE:-}" = 1 ] || [ ! -t 0 ]; then
   exit 0
 fi

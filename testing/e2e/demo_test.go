@@ -18,12 +18,19 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("make demo: %v\n%s", err, out)
 	}
-	for _, want := range []string{"RuntimeName:  virtlet", "@@TINY-READY", "the VM pod is up: CONTAINER_RUNNING", "stopping"} {
+	for _, want := range []string{"RuntimeName:  virtlet", "@@TINY-READY", "the VM pod is up: CONTAINER_RUNNING",
+		"the VM took it by DHCP: @@DHCP-BOUND iface=eth0 ip=198.19.0.", ", 0% packet loss", "stopping"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
 	}
 	if procs, _ := exec.Command("pgrep", "-f", "virtlet-demo").Output(); len(procs) != 0 {
 		t.Errorf("the demo left processes: %s", procs)
+	}
+	if out, err := exec.Command("ip", "link", "show", "virtlet-demo0").CombinedOutput(); err == nil {
+		t.Errorf("the demo left its bridge: %s", out)
+	}
+	if rules, _ := exec.Command("iptables", "-S", "FORWARD").Output(); strings.Contains(string(rules), "virtlet-demo0") {
+		t.Errorf("the demo left its iptables rules:\n%s", rules)
 	}
 }

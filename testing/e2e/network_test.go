@@ -1,0 +1,287 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// Subnets 198.18.40-49.0/24 belong to the real-VM network suites.
+
+type podNet struct {
+	Status struct {
+		State   string `json:"state"`
+		Network struct {
+			IP            string `json:"ip"`
+			AdditionalIPs []struct {
+				IP string `json:"ip"`
+			} `json:"additionalIps"`
+		} `json:"network"`
+	} `json:"status"`
+}
+
+// hostLinks lists the host's network links.
+func hostLinks(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.Command("ip", "-o", "link", "show").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 {
+			names = append(names, strings.SplitN(strings.TrimSuffix(f[1], ":"), "@", 2)[0])
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// sockets counts a process's open sockets (the CNI plugin holds one per
+// DHCP server).
+func sockets(pid int) int {
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	n := 0
+	for _, fd := range fds {
+		if target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && strings.HasPrefix(target, "socket:") {
+			n++
+		}
+	}
+	return n
+}
+
+func pluginPID(t *testing.T, c *harness.Crictl, name string) int {
+	t.Helper()
+	var info struct {
+		Plugins map[string]struct {
+			PID int `json:"pid"`
+		} `json:"plugins"`
+	}
+	c.JSON(t, &info, "info")
+	return info.Plugins[name].PID
+}
+
+func ping(t *testing.T, ip string) error {
+	t.Helper()
+	out, err := exec.Command("ping", "-c", "1", "-W", "3", ip).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ping %s: %v\n%s", ip, err, out)
+	}
+	return nil
+}
+
+// sshTo runs a command in the guest as the cloud image's default user.
+func sshTo(key, ip, command string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ssh", "-i", key, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+		"-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR",
+		"debian@"+ip, command).CombinedOutput()
+	return string(out), err
+}
+
+// cloudTranslation serves the cloud test image as virtlet.cloud/debian-cloud.
+func cloudTranslation(t *testing.T) string {
+	t.Helper()
+	cloud, err := harness.GuestImage("cloud")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(cloud)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(imgDir, "cloud.qcow2"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := images.Translation(map[string]string{"debian-cloud": "cloud.qcow2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// VM pods are members of a dual-stack pod network made by Debian's CNI
+// plugins: each VM carries exactly the addresses inspectp reports (the
+// cloud image statically from cloud-init's network-config, the tiny one by
+// DHCP with VirtletForceDHCPNetworkConfig); the host reaches them (ping,
+// ssh with the key cloud-init injected); they reach the gateway and each
+// other; a daemon crash disturbs none of it; and stopping and removing the
+// pods leaves no namespace, link, tap, DHCP listener or address behind.
+func TestVMPodsOnThePodNetwork(t *testing.T) {
+	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 40, DualStack: true})
+	cloudTr := cloudTranslation(t)
+	before := hostLinks(t)
+
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), tn.Plugin(bins)))
+	d.Translate("test-images.yaml", translation)
+	d.Translate("cloud.yaml", cloudTr)
+	d.Start()
+	c := d.Crictl(crictl)
+	c.Timeout = 3 * time.Minute
+	c.Must(t, "pull", tinyRef)
+	c.Must(t, "pull", "virtlet.cloud/debian-cloud")
+	cni := pluginPID(t, c, "cni")
+	baseSockets := sockets(cni)
+
+	keyDir := t.TempDir()
+	key := filepath.Join(keyDir, "id_ed25519")
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "e2e@virtlet", "-f", key).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, out)
+	}
+	pub, err := os.ReadFile(key + ".pub")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The tiny guest: DHCP only.
+	tinyPod, tinyCtr := vmPod(t, d, "net-tiny", map[string]string{"VirtletForceDHCPNetworkConfig": "true"}, 160<<20)
+	// The cloud guest: static network-config from the CNI result.
+	cloudPod, _ := vmPod(t, d, "net-cloud", map[string]string{"VirtletVCPUCount": "1", "VirtletSSHKeys": string(pub)}, 512<<20)
+	cloudCtr := harness.WriteJSON(t, d.Dir, "net-cloud-ctr.json", map[string]interface{}{
+		"metadata": map[string]string{"name": "net-cloud"}, "image": map[string]string{"image": "virtlet.cloud/debian-cloud"},
+		"log_path": "net-cloud/0.log", "linux": map[string]interface{}{"resources": map[string]interface{}{"memory_limit_in_bytes": 512 << 20}},
+	})
+
+	tinySB := c.Must(t, "runp", tinyPod)
+	cloudSB := c.Must(t, "runp", cloudPod)
+	t.Cleanup(func() { c.Run("rmp", "-f", tinySB, cloudSB) })
+	var tinyNet, cloudNet podNet
+	c.JSON(t, &tinyNet, "inspectp", tinySB)
+	c.JSON(t, &cloudNet, "inspectp", cloudSB)
+	tinyIP, cloudIP := tinyNet.Status.Network.IP, cloudNet.Status.Network.IP
+	_, sub4, _ := net.ParseCIDR(tn.Subnet)
+	_, sub6, _ := net.ParseCIDR(tn.Subnet6)
+	if ip := net.ParseIP(tinyIP); ip == nil || !sub4.Contains(ip) {
+		t.Fatalf("tiny pod IP %q not in %s", tinyIP, tn.Subnet)
+	}
+	if ip := net.ParseIP(cloudIP); ip == nil || !sub4.Contains(ip) || len(cloudNet.Status.Network.AdditionalIPs) != 1 {
+		t.Fatalf("cloud pod network %+v", cloudNet.Status.Network)
+	}
+	cloudIP6 := cloudNet.Status.Network.AdditionalIPs[0].IP
+	if ip := net.ParseIP(cloudIP6); ip == nil || !sub6.Contains(ip) {
+		t.Fatalf("cloud pod IPv6 %q not in %s", cloudIP6, tn.Subnet6)
+	}
+
+	cloudID := c.Must(t, "create", cloudSB, cloudCtr, cloudPod)
+	c.Must(t, "start", cloudID)
+	cloudStart := time.Now()
+	tinyID := c.Must(t, "create", tinySB, tinyCtr, tinyPod)
+	c.Must(t, "start", tinyID)
+
+	logs := waitLog(t, c, tinyID, "@@TINY-READY", 3*time.Minute)
+	bound := fmt.Sprintf("@@DHCP-BOUND iface=eth0 ip=%s mask=24 router=%s", tinyIP, tn.Gateway)
+	if !strings.Contains(logs, bound) || !strings.Contains(logs, "hostname=net-tiny") {
+		t.Errorf("the tiny guest's DHCP lease is not the pod's address (want %q):\n%s", bound, logs)
+	}
+	if !strings.Contains(logs, "@@PING-GW-OK gw="+tn.Gateway) {
+		t.Errorf("the tiny guest does not reach its gateway:\n%s", logs)
+	}
+	if strings.Contains(logs, "----- /ci/network-config") {
+		t.Errorf("VirtletForceDHCPNetworkConfig: the cloud-init media still has network-config")
+	}
+	if err := ping(t, tinyIP); err != nil {
+		t.Errorf("host → tiny VM: %v", err)
+	}
+
+	// ssh into the cloud guest at the address inspectp reports.
+	var out string
+	deadline := time.Now().Add(8 * time.Minute)
+	for {
+		out, err = sshTo(key, cloudIP, "echo ssh-ok")
+		if err == nil && strings.Contains(out, "ssh-ok") {
+			break
+		}
+		if time.Now().After(deadline) {
+			l, _, _ := c.Run("logs", "--tail", "40", cloudID)
+			t.Fatalf("no ssh to the cloud VM at %s after %s: %v %s\nconsole tail:\n%s", cloudIP, time.Since(cloudStart), err, out, l)
+		}
+		time.Sleep(3 * time.Second)
+	}
+	t.Logf("ssh into the cloud VM %s after %s", cloudIP, time.Since(cloudStart).Round(time.Second))
+	out, err = sshTo(key, cloudIP, fmt.Sprintf(
+		"set -e; ip -o addr show dev eth0; ip -6 route show default; ping -c 1 -W 3 %s >/dev/null && echo gw-ok; "+
+			"ping -c 1 -W 3 %s >/dev/null && echo peer-ok; ping -6 -c 1 -W 3 %s >/dev/null && echo gw6-ok; hostname",
+		tn.Gateway, tinyIP, tn.Gateway6))
+	if err != nil {
+		t.Fatalf("in the cloud VM: %v\n%s", err, out)
+	}
+	for _, want := range []string{"inet " + cloudIP + "/24", "inet6 " + cloudIP6 + "/64", "via " + tn.Gateway6, "gw-ok", "peer-ok", "gw6-ok", "net-cloud"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the cloud VM lacks %q:\n%s", want, out)
+		}
+	}
+	if err := ping(t, cloudIP6); err != nil {
+		t.Errorf("host → cloud VM over IPv6: %v", err)
+	}
+
+	// A daemon crash (its plugins die with it): the VMs keep their network;
+	// the CNI plugin, restarted, serves their leases again.
+	if got := sockets(cni); got < baseSockets+2 {
+		t.Errorf("the CNI plugin holds %d sockets with two pods up, %d before: no DHCP listeners?", got, baseSockets)
+	}
+	d.Kill()
+	d.Start()
+	cni = pluginPID(t, c, "cni")
+	harness.Eventually(t, 20*time.Second, "DHCP servers back", func() bool { return sockets(cni) >= baseSockets+2 })
+	for _, ip := range []string{tinyIP, cloudIP, cloudIP6} {
+		if err := ping(t, ip); err != nil {
+			t.Errorf("after a daemon restart: %v", err)
+		}
+	}
+	if out, err := sshTo(key, cloudIP, "ping -c 1 -W 3 "+tinyIP+" >/dev/null && echo peer-ok"); err != nil || !strings.Contains(out, "peer-ok") {
+		t.Errorf("after a daemon restart, VM → VM: %v %s", err, out)
+	}
+
+	for _, ctr := range []string{tinyID, cloudID} {
+		c.Must(t, "stop", "--timeout", "60", ctr)
+	}
+	for _, sb := range []string{tinySB, cloudSB} {
+		c.Must(t, "stopp", sb)
+	}
+	for _, sb := range []string{tinySB, cloudSB} {
+		if _, err := os.Stat("/var/run/netns/virtlet-" + sb[:16]); !os.IsNotExist(err) {
+			t.Errorf("netns of %s left: %v", sb[:12], err)
+		}
+	}
+	after := hostLinks(t)
+	var extra []string
+	for _, l := range after {
+		if l != tn.Bridge && !contains(before, l) {
+			extra = append(extra, l)
+		}
+	}
+	if len(extra) != 0 {
+		t.Errorf("links left on the host after stopp (veths, taps or bridges): %v", extra)
+	}
+	if held := tn.Allocated(); len(held) != 0 {
+		t.Errorf("host-local still holds %v", held)
+	}
+	if got := sockets(cni); got != baseSockets {
+		t.Errorf("the CNI plugin holds %d sockets after stopp, %d before the pods: a DHCP listener is left", got, baseSockets)
+	}
+	c.Must(t, "rmp", tinySB, cloudSB)
+	if recs, _ := os.ReadDir(filepath.Join(d.StateDir, "plugins", "cni", "pods")); len(recs) != 0 {
+		t.Errorf("CNI plugin records left: %v", recs)
+	}
+	assertNothingLeft(t, d, c)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
