@@ -202,9 +202,9 @@ func TestVMPodsOnThePodNetwork(t *testing.T) {
 		if err == nil && strings.Contains(out, "ssh-ok") {
 			break
 		}
-		if time.Now().After(deadline) {
-			l, _, _ := c.Run("logs", "--tail", "40", cloudID)
-			t.Fatalf("no ssh to the cloud VM at %s after %s: %v %s\nconsole tail:\n%s", cloudIP, time.Since(cloudStart), err, out, l)
+		console, _, _ := c.Run("logs", cloudID)
+		if time.Now().After(deadline) || (strings.Contains(console, "finished at") && strings.Contains(out, "Permission denied")) {
+			t.Fatalf("no ssh to the cloud VM at %s after %s: %v %s\nconsole:\n%s", cloudIP, time.Since(cloudStart), err, out, console)
 		}
 		time.Sleep(3 * time.Second)
 	}

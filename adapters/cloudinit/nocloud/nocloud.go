@@ -7,13 +7,20 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
+// EmptyUserData is the user-data of a pod that has none.
+const EmptyUserData = "#cloud-config\n"
+
 // New returns the NoCloud datasource adapter.
 func New() *iso.Media {
 	return &iso.Media{Name: "nocloud", Label: "cidata", Layout: func(req ports.MediaRequest) map[string][]byte {
-		files := map[string][]byte{"meta-data": req.MetaData}
-		if len(req.UserData) > 0 {
-			files["user-data"] = req.UserData
+		// cloud-init refuses a NoCloud seed without user-data ("not a
+		// valid seed"): a pod with nothing to say gets an empty
+		// #cloud-config.
+		ud := req.UserData
+		if len(ud) == 0 {
+			ud = []byte(EmptyUserData)
 		}
+		files := map[string][]byte{"meta-data": req.MetaData, "user-data": ud}
 		if len(req.NetworkConfig) > 0 {
 			files["network-config"] = req.NetworkConfig
 		}

@@ -26,6 +26,9 @@ type Env struct {
 	// Files maps an ISO path to the request field it must hold:
 	// "meta", "user" or "network".
 	Files map[string]string
+	// EmptyUserData is what the user-data file holds when the request has
+	// none; nil: the file is left out.
+	EmptyUserData []byte
 }
 
 // Run checks the contract.
@@ -76,7 +79,7 @@ func Run(t *testing.T, env Env) {
 			t.Errorf("image mode %v, want 0600 (it may carry secrets)", st.Mode().Perm())
 		}
 	})
-	t.Run("empty user-data and network config leave their files out", func(t *testing.T) {
+	t.Run("empty user-data and network config", func(t *testing.T) {
 		req := full
 		req.UserData, req.NetworkConfig = nil, nil
 		d, err := env.Datasource.BuildMedia(ctx, req)
@@ -86,8 +89,11 @@ func Run(t *testing.T, env Env) {
 		_, files := ReadISO(t, d.Source.Path)
 		want := map[string][]byte{}
 		for p, which := range env.Files {
-			if which == "meta" {
+			switch {
+			case which == "meta":
 				want[p] = req.MetaData
+			case which == "user" && env.EmptyUserData != nil:
+				want[p] = env.EmptyUserData
 			}
 		}
 		compare(t, files, want)
