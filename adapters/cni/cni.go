@@ -128,6 +128,7 @@ type record struct {
 	PodName    string                  `json:"podName"`
 	Namespace  string                  `json:"namespace"`
 	PodUID     string                  `json:"podUID"`
+	Ports      []ports.PortMapping     `json:"ports,omitempty"`
 	NetNS      string                  `json:"netns"`
 	Links      []plumbing              `json:"links,omitempty"`
 	ConfList   json.RawMessage         `json:"confList"` // the config ADD used, for DEL
@@ -169,8 +170,11 @@ func validSandboxID(id string) error {
 	return nil
 }
 
+// runtimeConf is what kubelet-era runtimes hand CNI: the pod's identity as
+// CNI_ARGS, and the pod's hostPort mappings as the portMappings capability
+// (for plugins such as portmap that ask for it).
 func runtimeConf(r *record) *libcni.RuntimeConf {
-	return &libcni.RuntimeConf{
+	rt := &libcni.RuntimeConf{
 		ContainerID: r.SandboxID, NetNS: r.NetNS, IfName: IfName,
 		Args: [][2]string{
 			{"IgnoreUnknown", "1"},
@@ -180,6 +184,21 @@ func runtimeConf(r *record) *libcni.RuntimeConf {
 			{"K8S_POD_UID", r.PodUID},
 		},
 	}
+	var pm []map[string]interface{}
+	for _, p := range r.Ports {
+		if p.HostPort <= 0 {
+			continue // kubelet passes container ports without a host port too
+		}
+		m := map[string]interface{}{"hostPort": p.HostPort, "containerPort": p.ContainerPort, "protocol": strings.ToLower(p.Protocol)}
+		if p.HostIP != "" {
+			m["hostIP"] = p.HostIP
+		}
+		pm = append(pm, m)
+	}
+	if len(pm) > 0 {
+		rt.CapabilityArgs = map[string]interface{}{"portMappings": pm}
+	}
+	return rt
 }
 
 // Setup creates the pod's namespace, runs CNI ADD, hands the interface to
@@ -196,7 +215,7 @@ func (n *Network) Setup(ctx context.Context, req ports.NetworkRequest) (ports.Ne
 	if r, err := n.load(req.SandboxID); err == nil && r.Ready {
 		return r.Attachment, nil // idempotent
 	}
-	r := &record{SandboxID: req.SandboxID, PodName: req.PodName, Namespace: req.PodNamespace, PodUID: req.PodUID,
+	r := &record{SandboxID: req.SandboxID, PodName: req.PodName, Namespace: req.PodNamespace, PodUID: req.PodUID, Ports: req.PortMappings,
 		NetNS: filepath.Join(NetNSDir, nsName(req.SandboxID)), ConfList: list.Bytes}
 	if err := n.save(r); err != nil {
 		return ports.NetworkAttachment{}, fmt.Errorf("record pod network: %w", err)

@@ -49,6 +49,11 @@ func quiet() logrus.FieldLogger {
 }
 
 func newTestNet(t *testing.T, pluginType string) *testNet {
+	return newTestNetWith(t, pluginType, "")
+}
+
+// newTestNetWith chains more plugins (JSON objects) after the first.
+func newTestNetWith(t *testing.T, pluginType, chained string) *testNet {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("the CNI tests need root (network namespaces, links)")
@@ -59,8 +64,8 @@ func newTestNet(t *testing.T, pluginType string) *testNet {
 	tn := &testNet{state: t.TempDir(), ipam: t.TempDir(), bridge: "vlt-" + randHex(8), conf: t.TempDir()}
 	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "virtlet-test", "plugins": [{
 	  "type": %q, "bridge": %q, "isGateway": true, "ipMasq": false,
-	  "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": "198.18.5.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}`,
-		pluginType, tn.bridge, tn.ipam)
+	  "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": "198.18.5.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}}%s]}`,
+		pluginType, tn.bridge, tn.ipam, chained)
 	if err := os.WriteFile(filepath.Join(tn.conf, "10-test.conflist"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -273,5 +278,39 @@ func TestNoConfigIsNotReady(t *testing.T) {
 	_, err = n.Setup(context.Background(), request(randHex(64)))
 	if !errors.Is(err, ports.ErrFailedPrecondition) {
 		t.Fatalf("setup without config: %v", err)
+	}
+}
+
+// hostPort mappings reach a chained portmap plugin (the portMappings
+// capability), which DNATs the host port to the pod's address; teardown
+// removes its rules.
+func TestPortMappingsReachPortmap(t *testing.T) {
+	tn := newTestNetWith(t, "bridge", `, {"type": "portmap", "capabilities": {"portMappings": true}}`)
+	ctx := context.Background()
+	req := request(randHex(64))
+	req.PortMappings = []ports.PortMapping{{Protocol: "TCP", ContainerPort: 22, HostPort: 32022, HostIP: "127.0.0.1"},
+		{Protocol: "UDP", ContainerPort: 53}} // no host port: not mapped
+	t.Cleanup(func() { tn.n.Teardown(ctx, req) })
+	att, err := tn.n.Setup(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, _, _ := net.ParseCIDR(att.Interfaces[0].IPs[0].Address)
+	nat := func() string {
+		out, _ := exec.Command("iptables-save", "-t", "nat").Output()
+		return string(out)
+	}
+	rules := nat()
+	if !strings.Contains(rules, "--dport 32022") || !strings.Contains(rules, "--to-destination "+ip.String()+":22") {
+		t.Fatalf("no DNAT of host port 32022 to %s:22:\n%s", ip, rules)
+	}
+	if strings.Contains(rules, ":53") {
+		t.Errorf("a container port without a host port was mapped:\n%s", rules)
+	}
+	if err := tn.n.Teardown(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if rules := nat(); strings.Contains(rules, "--dport 32022") {
+		t.Errorf("DNAT rule left after teardown:\n%s", rules)
 	}
 }

@@ -14,7 +14,7 @@ mkdir -p "$work/debcache"
 rm -rf "$root"
 # debootstrap does not resolve virtual packages: python3-cffi-backend must be named.
 debootstrap --variant=minbase --cache-dir="$work/debcache" \
-  --include=systemd-sysv,udev,dbus,linux-image-amd64,initramfs-tools,cloud-init,python3-cffi-backend,openssh-server,ifupdown,isc-dhcp-client,iproute2,netbase,sudo,qemu-guest-agent \
+  --include=systemd-sysv,udev,dbus,linux-image-amd64,initramfs-tools,cloud-init,python3-cffi-backend,openssh-server,ifupdown,isc-dhcp-client,iproute2,netbase,sudo,qemu-guest-agent,iputils-ping \
   bookworm "$root" "$mirror" >&2
 
 kv=$(ls "$root"/boot/vmlinuz-* | sort -V | tail -1 | sed 's|.*/vmlinuz-||')
