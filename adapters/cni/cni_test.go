@@ -35,11 +35,29 @@ func randHex(n int) string {
 }
 
 type testNet struct {
-	n      *Network
-	state  string
-	ipam   string
-	bridge string
-	conf   string
+	n        *Network
+	state    string
+	ipam     string
+	bridge   string
+	conf     string
+	extraBin string // a directory of test CNI plugins
+}
+
+// isolate keeps a test bridge off the machine's routes, and removes it
+// after the test.
+func isolate(t *testing.T, bridge string) {
+	t.Helper()
+	for _, dir := range []string{"-i", "-o"} {
+		if out, err := exec.Command("iptables", "-I", "FORWARD", dir, bridge, "-j", "DROP").CombinedOutput(); err != nil {
+			t.Fatalf("iptables: %v\n%s", err, out)
+		}
+		t.Cleanup(func() { exec.Command("iptables", "-D", "FORWARD", dir, bridge, "-j", "DROP").Run() })
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(bridge); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
 }
 
 func quiet() logrus.FieldLogger {
@@ -69,17 +87,7 @@ func newTestNetWith(t *testing.T, pluginType, chained string) *testNet {
 	if err := os.WriteFile(filepath.Join(tn.conf, "10-test.conflist"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, dir := range []string{"-i", "-o"} {
-		if out, err := exec.Command("iptables", "-I", "FORWARD", dir, tn.bridge, "-j", "DROP").CombinedOutput(); err != nil {
-			t.Fatalf("iptables: %v\n%s", err, out)
-		}
-		t.Cleanup(func() { exec.Command("iptables", "-D", "FORWARD", dir, tn.bridge, "-j", "DROP").Run() })
-	}
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(tn.bridge); err == nil {
-			netlink.LinkDel(l)
-		}
-	})
+	isolate(t, tn.bridge)
 	tn.n = tn.start(t)
 	return tn
 }
@@ -87,7 +95,11 @@ func newTestNetWith(t *testing.T, pluginType, chained string) *testNet {
 func (tn *testNet) start(t *testing.T) *Network {
 	t.Helper()
 	n := New(quiet())
-	cfg := fmt.Sprintf(`{"confDir": %q, "binDirs": ["/usr/lib/cni"]}`, tn.conf)
+	bins := `"/usr/lib/cni"`
+	if tn.extraBin != "" {
+		bins = fmt.Sprintf("%q, %s", tn.extraBin, bins)
+	}
+	cfg := fmt.Sprintf(`{"confDir": %q, "binDirs": [%s]}`, tn.conf, bins)
 	if err := n.Configure(context.Background(), ports.PluginConfig{Config: []byte(cfg), StateDir: tn.state}); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +119,11 @@ func linkExists(name string) bool { _, err := netlink.LinkByName(name); return e
 // bridge libvirt would plug the VM's tap into.
 func dhcpAsVM(t *testing.T, att ports.NetworkAttachment) *nclient4.Lease {
 	t.Helper()
-	iface := att.Interfaces[0]
+	return dhcpAsVMOn(t, att.Interfaces[0])
+}
+
+func dhcpAsVMOn(t *testing.T, iface ports.NetworkInterface) *nclient4.Lease {
+	t.Helper()
 	name := "virtlet-test-" + randHex(8)
 	nsPath, err := createNetNS(name)
 	if err != nil {
@@ -312,5 +328,78 @@ func TestPortMappingsReachPortmap(t *testing.T) {
 	}
 	if rules := nat(); strings.Contains(rules, "--dport 32022") {
 		t.Errorf("DNAT rule left after teardown:\n%s", rules)
+	}
+}
+
+// A meta plugin (Multus-like, testing/cnimulti) reports two pod interfaces
+// on two networks: each gets its links, its own host bridge, a DHCP server
+// answering its MAC with its address (the gateway and routes only on the
+// first), and teardown removes all of it.
+func TestSeveralPodInterfaces(t *testing.T) {
+	bin := t.TempDir()
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "virtlet-test-cni-multi"), "github.com/virtlet/virtlet/testing/cnimulti").CombinedOutput(); err != nil {
+		t.Fatalf("build the meta plugin: %v\n%s", err, out)
+	}
+	tn := &testNet{state: t.TempDir(), ipam: t.TempDir(), bridge: "vlt-" + randHex(8), conf: t.TempDir(), extraBin: bin}
+	second := "vlt-" + randHex(8)
+	isolate(t, tn.bridge)
+	isolate(t, second)
+	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "virtlet-multi", "type": "virtlet-test-cni-multi", "delegates": [
+	  {"type": "bridge", "bridge": %q, "isGateway": true, "ipam": {"type": "host-local", "dataDir": %q,
+	   "ranges": [[{"subnet": "198.18.5.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+	  {"type": "bridge", "bridge": %q, "isGateway": true, "ipam": {"type": "host-local", "dataDir": %q,
+	   "ranges": [[{"subnet": "198.18.6.0/24"}]], "routes": [{"dst": "198.19.128.0/17"}]}}]}`, tn.bridge, tn.ipam, second, tn.ipam)
+	if err := os.WriteFile(filepath.Join(tn.conf, "10-multi.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tn.n = tn.start(t)
+	ctx := context.Background()
+	id := randHex(64)
+	req := request(id)
+	t.Cleanup(func() { tn.n.Teardown(ctx, req) })
+	att, err := tn.n.Setup(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(att.Interfaces) != 2 {
+		t.Fatalf("attachment %+v: want two interfaces", att)
+	}
+	eth0, net1 := att.Interfaces[0], att.Interfaces[1]
+	if eth0.Name != "eth0" || net1.Name != "net1" || eth0.Bridge != "vlb-"+id[:11] || net1.Bridge != "vb1-"+id[:10] ||
+		len(eth0.IPs) != 1 || len(net1.IPs) != 1 || !strings.HasPrefix(eth0.IPs[0].Address, "198.18.5.") ||
+		!strings.HasPrefix(net1.IPs[0].Address, "198.18.6.") || eth0.MAC == net1.MAC {
+		t.Fatalf("interfaces %+v", att.Interfaces)
+	}
+	// Routes without a gateway in the CNI result go through the first
+	// interface's gateway of their family.
+	if len(att.Routes) != 1 || att.Routes[0] != (ports.Route{Destination: "0.0.0.0/0", Gateway: "198.18.5.1"}) {
+		t.Errorf("routes %+v", att.Routes)
+	}
+	l0 := dhcpAsVMOn(t, eth0)
+	l1 := dhcpAsVMOn(t, net1)
+	ip0, _, _ := net.ParseCIDR(eth0.IPs[0].Address)
+	ip1, _, _ := net.ParseCIDR(net1.IPs[0].Address)
+	if !l0.ACK.YourIPAddr.Equal(ip0) || len(l0.ACK.Router()) != 1 {
+		t.Errorf("eth0 lease %s", l0.ACK.Summary())
+	}
+	if !l1.ACK.YourIPAddr.Equal(ip1) || len(l1.ACK.Router()) != 0 {
+		t.Errorf("net1 lease %s: want its address and no router", l1.ACK.Summary())
+	}
+	if _, err := os.Stat(filepath.Join(tn.ipam, "virtlet-multi-1", ip1.String())); err != nil {
+		t.Fatalf("host-local holds no %s for net1: %v", ip1, err)
+	}
+	if err := tn.n.Teardown(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, tn, id, nil)
+	for _, l := range []string{"vb1-" + id[:10], "vh1-" + id[:10]} {
+		if linkExists(l) {
+			t.Errorf("link %s left", l)
+		}
+	}
+	for network, ip := range map[string]net.IP{"virtlet-multi-0": ip0, "virtlet-multi-1": ip1} {
+		if _, err := os.Stat(filepath.Join(tn.ipam, network, ip.String())); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("host-local still holds %s in %s: %v", ip, network, err)
+		}
 	}
 }
