@@ -285,3 +285,80 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// A pod with two interfaces (a Multus-like meta plugin over two bridge
+// networks): the VM gets two NICs, each takes its pod interface's address
+// by DHCP, inspectp lists both, and the host reaches the VM on both.
+func TestVMWithTwoPodInterfaces(t *testing.T) {
+	first := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 41})
+	second := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 42})
+	metaBin := t.TempDir()
+	build := exec.Command("go", "build", "-o", filepath.Join(metaBin, "virtlet-test-cni-multi"), "github.com/virtlet/virtlet/testing/cnimulti")
+	build.Dir = harness.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the meta plugin: %v\n%s", err, out)
+	}
+	confDir := t.TempDir()
+	delegate := func(tn *harness.TestNetwork) string {
+		return fmt.Sprintf(`{"type": "bridge", "bridge": %q, "isGateway": true, "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}]}}`,
+			tn.Bridge, tn.IPAMDir, tn.Subnet)
+	}
+	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "virtlet-two", "type": "virtlet-test-cni-multi", "delegates": [%s, %s]}`,
+		delegate(first), delegate(second))
+	if err := os.WriteFile(filepath.Join(confDir, "10-two.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cni := harness.Plugin{Name: "cni", Kind: "network", Binary: filepath.Join(bins, "virtlet-plugin-cni"),
+		Config: fmt.Sprintf("{confDir: %q, binDirs: [%q, %q]}", confDir, metaBin, harness.CNIBinDir)}
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), cni))
+	d.Translate("test-images.yaml", translation)
+	d.Start()
+	c := d.Crictl(crictl)
+	c.Timeout = 3 * time.Minute
+	c.Must(t, "pull", tinyRef)
+
+	podJSON, ctrJSON := vmPod(t, d, "two-nics", nil, 160<<20)
+	sb := c.Must(t, "runp", podJSON)
+	t.Cleanup(func() { c.Run("rmp", "-f", sb) })
+	var pn podNet
+	c.JSON(t, &pn, "inspectp", sb)
+	if len(pn.Status.Network.AdditionalIPs) != 1 {
+		t.Fatalf("inspectp network %+v: want two addresses", pn.Status.Network)
+	}
+	ip0, ip1 := pn.Status.Network.IP, pn.Status.Network.AdditionalIPs[0].IP
+	_, sub0, _ := net.ParseCIDR(first.Subnet)
+	_, sub1, _ := net.ParseCIDR(second.Subnet)
+	if !sub0.Contains(net.ParseIP(ip0)) || !sub1.Contains(net.ParseIP(ip1)) {
+		t.Fatalf("pod IPs %s, %s: want one in %s and one in %s", ip0, ip1, first.Subnet, second.Subnet)
+	}
+	ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
+	c.Must(t, "start", ctr)
+	logs := waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	for _, want := range []string{
+		fmt.Sprintf("@@DHCP-BOUND iface=eth0 ip=%s mask=24 router=%s ", ip0, first.Gateway),
+		fmt.Sprintf("@@DHCP-BOUND iface=eth1 ip=%s mask=24 router= ", ip1),
+		"@@PING-GW-OK gw=" + first.Gateway,
+	} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("console lacks %q:\n%s", want, logs)
+		}
+	}
+	for _, ip := range []string{ip0, ip1} {
+		if err := ping(t, ip); err != nil {
+			t.Errorf("host → VM: %v", err)
+		}
+	}
+	delegates := map[string]*harness.TestNetwork{"virtlet-two-0": first, "virtlet-two-1": second}
+	for name, tn := range delegates {
+		if held := tn.AllocatedAs(name); len(held) != 1 {
+			t.Errorf("host-local holds %v in %s while the pod runs, want its address", held, name)
+		}
+	}
+	c.Must(t, "rmp", "-f", sb)
+	for name, tn := range delegates {
+		if held := tn.AllocatedAs(name); len(held) != 0 {
+			t.Errorf("host-local still holds %v in %s", held, name)
+		}
+	}
+	assertNothingLeft(t, d, c)
+}

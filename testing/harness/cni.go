@@ -130,8 +130,13 @@ func (tn *TestNetwork) Plugin(dir string) Plugin {
 }
 
 // Allocated lists the addresses host-local holds for the network.
-func (tn *TestNetwork) Allocated() []string {
-	entries, _ := os.ReadDir(filepath.Join(tn.IPAMDir, tn.Name))
+func (tn *TestNetwork) Allocated() []string { return tn.AllocatedAs(tn.Name) }
+
+// AllocatedAs lists the addresses host-local holds in the pool of this
+// network's IPAM directory that a CNI network named name uses (a meta
+// plugin names its delegates).
+func (tn *TestNetwork) AllocatedAs(name string) []string {
+	entries, _ := os.ReadDir(filepath.Join(tn.IPAMDir, name))
 	var out []string
 	for _, e := range entries {
 		if net.ParseIP(e.Name()) != nil {
