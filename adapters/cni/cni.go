@@ -201,19 +201,19 @@ func runtimeConf(r *record) *libcni.RuntimeConf {
 	return rt
 }
 
-// Setup creates the pod's namespace, runs CNI ADD, hands the interface to
-// the VM side and starts the pod's DHCP server. On failure it undoes what
-// it did before returning the error.
+// Setup creates the pod's namespace, runs CNI ADD, hands each pod
+// interface to the VM side and starts its DHCP server. On failure it undoes
+// what it did before returning the error.
 func (n *Network) Setup(ctx context.Context, req ports.NetworkRequest) (ports.NetworkAttachment, error) {
 	if err := validSandboxID(req.SandboxID); err != nil {
 		return ports.NetworkAttachment{}, err
 	}
+	if r, err := n.load(req.SandboxID); err == nil && r.Ready {
+		return r.Attachment, nil // idempotent, even if the config changed since
+	}
 	list, file, err := n.networkConfig()
 	if err != nil {
 		return ports.NetworkAttachment{}, err
-	}
-	if r, err := n.load(req.SandboxID); err == nil && r.Ready {
-		return r.Attachment, nil // idempotent
 	}
 	r := &record{SandboxID: req.SandboxID, PodName: req.PodName, Namespace: req.PodNamespace, PodUID: req.PodUID, Ports: req.PortMappings,
 		NetNS: filepath.Join(NetNSDir, nsName(req.SandboxID)), ConfList: list.Bytes}
@@ -577,19 +577,6 @@ func (n *Network) restore(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// Check runs CNI CHECK for a pod.
-func (n *Network) Check(ctx context.Context, sandboxID string) error {
-	r, err := n.load(sandboxID)
-	if err != nil {
-		return err
-	}
-	list, err := libcni.ConfListFromBytes(r.ConfList)
-	if err != nil {
-		return err
-	}
-	return n.cni.CheckNetworkList(ctx, list, runtimeConf(r))
 }
 
 var (

@@ -177,19 +177,26 @@ func dhcpAsVMOn(t *testing.T, iface ports.NetworkInterface) *nclient4.Lease {
 	return lease
 }
 
+// setupPod sets up a new pod's network, torn down after the test.
+func setupPod(t *testing.T, tn *testNet) (string, ports.NetworkRequest, ports.NetworkAttachment) {
+	t.Helper()
+	id := randHex(64)
+	req := request(id)
+	t.Cleanup(func() { tn.n.Teardown(context.Background(), req) })
+	att, err := tn.n.Setup(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id, req, att
+}
+
 func TestSetupDHCPTeardown(t *testing.T) {
 	tn := newTestNet(t, "bridge")
 	ctx := context.Background()
 	if r, err := tn.n.Ready(ctx); err != nil || !r.Ready {
 		t.Fatalf("ready %+v %v", r, err)
 	}
-	id := randHex(64)
-	req := request(id)
-	t.Cleanup(func() { tn.n.Teardown(ctx, req) })
-	att, err := tn.n.Setup(ctx, req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	id, req, att := setupPod(t, tn)
 	iface := att.Interfaces[0]
 	if len(iface.IPs) != 1 || !strings.HasPrefix(iface.IPs[0].Address, "198.18.5.") || iface.IPs[0].Gateway != "198.18.5.1" ||
 		iface.Bridge != "vlb-"+id[:11] || iface.MAC == "" || iface.MTU == 0 {
@@ -204,7 +211,7 @@ func TestSetupDHCPTeardown(t *testing.T) {
 		}
 	}
 	// Inside the pod: eth0 lost its address and MAC to the VM.
-	err = inNetNS(att.NetNSPath, func() error {
+	err := inNetNS(att.NetNSPath, func() error {
 		eth, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err
@@ -354,13 +361,7 @@ func TestSeveralPodInterfaces(t *testing.T) {
 	}
 	tn.n = tn.start(t)
 	ctx := context.Background()
-	id := randHex(64)
-	req := request(id)
-	t.Cleanup(func() { tn.n.Teardown(ctx, req) })
-	att, err := tn.n.Setup(ctx, req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	id, req, att := setupPod(t, tn)
 	if len(att.Interfaces) != 2 {
 		t.Fatalf("attachment %+v: want two interfaces", att)
 	}

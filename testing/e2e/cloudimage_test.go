@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -63,21 +62,7 @@ echo "@@CI-REPORT-DONE"
 // their modes, the environment file and runcmd; with NoCloud and with
 // ConfigDrive.
 func TestCloudInitInRealGuest(t *testing.T) {
-	cloud, err := harness.GuestImage("cloud")
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(cloud)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(imgDir, "cloud.qcow2"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := images.Translation(map[string]string{"debian-cloud": "cloud.qcow2"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := cloudTranslation(t)
 	d, c := startDaemon(t)
 	d.Translate("cloud.yaml", tr)
 	d.KubeObjects("objects.yaml", cloudObjects)

@@ -17,18 +17,6 @@ import (
 
 // Subnets 198.18.40-49.0/24 belong to the real-VM network suites.
 
-type podNet struct {
-	Status struct {
-		State   string `json:"state"`
-		Network struct {
-			IP            string `json:"ip"`
-			AdditionalIPs []struct {
-				IP string `json:"ip"`
-			} `json:"additionalIps"`
-		} `json:"network"`
-	} `json:"status"`
-}
-
 // hostLinks lists the host's network links.
 func hostLinks(t *testing.T) []string {
 	t.Helper()
@@ -156,22 +144,16 @@ func TestVMPodsOnThePodNetwork(t *testing.T) {
 	tinySB := c.Must(t, "runp", tinyPod)
 	cloudSB := c.Must(t, "runp", cloudPod)
 	t.Cleanup(func() { c.Run("rmp", "-f", tinySB, cloudSB) })
-	var tinyNet, cloudNet podNet
-	c.JSON(t, &tinyNet, "inspectp", tinySB)
-	c.JSON(t, &cloudNet, "inspectp", cloudSB)
-	tinyIP, cloudIP := tinyNet.Status.Network.IP, cloudNet.Status.Network.IP
+	tinyIPs, cloudIPs := c.PodNetwork(t, tinySB).IPs, c.PodNetwork(t, cloudSB).IPs
 	_, sub4, _ := net.ParseCIDR(tn.Subnet)
 	_, sub6, _ := net.ParseCIDR(tn.Subnet6)
-	if ip := net.ParseIP(tinyIP); ip == nil || !sub4.Contains(ip) {
-		t.Fatalf("tiny pod IP %q not in %s", tinyIP, tn.Subnet)
+	in := func(ips []string, i int, sub *net.IPNet) bool {
+		return len(ips) == 2 && sub.Contains(net.ParseIP(ips[i]))
 	}
-	if ip := net.ParseIP(cloudIP); ip == nil || !sub4.Contains(ip) || len(cloudNet.Status.Network.AdditionalIPs) != 1 {
-		t.Fatalf("cloud pod network %+v", cloudNet.Status.Network)
+	if !in(tinyIPs, 0, sub4) || !in(tinyIPs, 1, sub6) || !in(cloudIPs, 0, sub4) || !in(cloudIPs, 1, sub6) {
+		t.Fatalf("pod IPs: tiny %v, cloud %v; want an address in %s and one in %s each", tinyIPs, cloudIPs, tn.Subnet, tn.Subnet6)
 	}
-	cloudIP6 := cloudNet.Status.Network.AdditionalIPs[0].IP
-	if ip := net.ParseIP(cloudIP6); ip == nil || !sub6.Contains(ip) {
-		t.Fatalf("cloud pod IPv6 %q not in %s", cloudIP6, tn.Subnet6)
-	}
+	tinyIP, cloudIP, cloudIP6 := tinyIPs[0], cloudIPs[0], cloudIPs[1]
 
 	cloudID := c.Must(t, "create", cloudSB, cloudCtr, cloudPod)
 	c.Must(t, "start", cloudID)
@@ -320,12 +302,11 @@ func TestVMWithTwoPodInterfaces(t *testing.T) {
 	podJSON, ctrJSON := vmPod(t, d, "two-nics", nil, 160<<20)
 	sb := c.Must(t, "runp", podJSON)
 	t.Cleanup(func() { c.Run("rmp", "-f", sb) })
-	var pn podNet
-	c.JSON(t, &pn, "inspectp", sb)
-	if len(pn.Status.Network.AdditionalIPs) != 1 {
-		t.Fatalf("inspectp network %+v: want two addresses", pn.Status.Network)
+	ips := c.PodNetwork(t, sb).IPs
+	if len(ips) != 2 {
+		t.Fatalf("inspectp IPs %v: want two addresses", ips)
 	}
-	ip0, ip1 := pn.Status.Network.IP, pn.Status.Network.AdditionalIPs[0].IP
+	ip0, ip1 := ips[0], ips[1]
 	_, sub0, _ := net.ParseCIDR(first.Subnet)
 	_, sub1, _ := net.ParseCIDR(second.Subnet)
 	if !sub0.Contains(net.ParseIP(ip0)) || !sub1.Contains(net.ParseIP(ip1)) {

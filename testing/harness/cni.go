@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -142,6 +143,80 @@ func (tn *TestNetwork) AllocatedAs(name string) []string {
 		if net.ParseIP(e.Name()) != nil {
 			out = append(out, e.Name())
 		}
+	}
+	return out
+}
+
+// PodNetwork is what `crictl inspectp` tells of a pod's network.
+type PodNetwork struct {
+	State string
+	IPs   []string // primary first
+	// Info is the verbose network info (nil once the pod is stopped).
+	Info *struct {
+		NetNSPath  string
+		Interfaces []struct {
+			Name, MAC, Bridge string
+			MTU               int
+		}
+	}
+}
+
+// PodNetwork inspects a pod's network with crictl.
+func (c *Crictl) PodNetwork(t testing.TB, sandbox string) PodNetwork {
+	t.Helper()
+	var raw struct {
+		Status struct {
+			State   string `json:"state"`
+			Network struct {
+				IP            string `json:"ip"`
+				AdditionalIPs []struct {
+					IP string `json:"ip"`
+				} `json:"additionalIps"`
+			} `json:"network"`
+		} `json:"status"`
+		// crictl merges the verbose info into the top level (a null value
+		// becomes the string "null").
+		Network json.RawMessage `json:"network"`
+	}
+	c.JSON(t, &raw, "inspectp", sandbox)
+	pn := PodNetwork{State: raw.Status.State}
+	if ip := raw.Status.Network.IP; ip != "" {
+		pn.IPs = append(pn.IPs, ip)
+	}
+	for _, a := range raw.Status.Network.AdditionalIPs {
+		pn.IPs = append(pn.IPs, a.IP)
+	}
+	if len(raw.Network) > 0 && raw.Network[0] == '{' {
+		if err := json.Unmarshal(raw.Network, &pn.Info); err != nil {
+			t.Fatalf("inspectp %s: network info: %v", sandbox, err)
+		}
+	}
+	return pn
+}
+
+// Condition is one of the runtime's conditions in `crictl info`.
+type Condition struct {
+	Status          bool
+	Reason, Message string
+}
+
+// Conditions reads the runtime's conditions with crictl info, by type.
+func (c *Crictl) Conditions(t testing.TB) map[string]Condition {
+	t.Helper()
+	var info struct {
+		Status struct {
+			Conditions []struct {
+				Type    string `json:"type"`
+				Status  bool   `json:"status"`
+				Reason  string `json:"reason"`
+				Message string `json:"message"`
+			} `json:"conditions"`
+		} `json:"status"`
+	}
+	c.JSON(t, &info, "info")
+	out := map[string]Condition{}
+	for _, cond := range info.Status.Conditions {
+		out[cond.Type] = Condition{Status: cond.Status, Reason: cond.Reason, Message: cond.Message}
 	}
 	return out
 }

@@ -155,13 +155,6 @@ func TestCrictlWalksEveryLayer(t *testing.T) {
 
 	// info: real readiness, probed through the plugins.
 	var info struct {
-		Status struct {
-			Conditions []struct {
-				Type   string `json:"type"`
-				Status bool   `json:"status"`
-				Reason string `json:"reason"`
-			} `json:"conditions"`
-		} `json:"status"`
 		Plugins map[string]struct {
 			State    string `json:"state"`
 			PID      int    `json:"pid"`
@@ -169,12 +162,9 @@ func TestCrictlWalksEveryLayer(t *testing.T) {
 		} `json:"plugins"`
 	}
 	c.JSON(t, &info, "info")
-	conds := map[string]string{}
-	for _, cond := range info.Status.Conditions {
-		conds[cond.Type] = fmt.Sprintf("%v/%s", cond.Status, cond.Reason)
-	}
-	if conds["RuntimeReady"] != "true/" || conds["NetworkReady"] != "false/NoNetworkPlugin" {
-		t.Errorf("conditions %v", conds)
+	conds := c.Conditions(t)
+	if rr, nr := conds["RuntimeReady"], conds["NetworkReady"]; !rr.Status || rr.Reason != "" || nr.Status || nr.Reason != "NoNetworkPlugin" {
+		t.Errorf("conditions %+v", conds)
 	}
 	if len(info.Plugins) != pluginCount {
 		t.Errorf("plugins %+v", info.Plugins)

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -24,41 +23,6 @@ import (
 
 // Subnets 198.18.20-29.0/24 belong to these tests.
 
-type sandboxNet struct {
-	Status struct {
-		ID      string `json:"id"`
-		State   string `json:"state"`
-		Network struct {
-			IP            string `json:"ip"`
-			AdditionalIPs []struct {
-				IP string `json:"ip"`
-			} `json:"additionalIps"`
-		} `json:"network"`
-	} `json:"status"`
-	// crictl merges the verbose info into the top level (a null value
-	// becomes the string "null").
-	RawNetwork json.RawMessage `json:"network"`
-	Network    struct {
-		NetNSPath  string `json:"NetNSPath"`
-		Interfaces []struct {
-			Name, MAC, Bridge string
-			MTU               int
-		} `json:"Interfaces"`
-	} `json:"-"`
-}
-
-func inspectNet(t *testing.T, c *harness.Crictl, sb string) sandboxNet {
-	t.Helper()
-	var s sandboxNet
-	c.JSON(t, &s, "inspectp", sb)
-	if len(s.RawNetwork) > 0 && s.RawNetwork[0] == '{' {
-		if err := json.Unmarshal(s.RawNetwork, &s.Network); err != nil {
-			t.Fatalf("inspectp network info: %v", err)
-		}
-	}
-	return s
-}
-
 // podLeftovers lists what a pod's network may leave: its namespace, host
 // links, the plugin's record.
 func podLeftovers(d *harness.Daemon, sb string) []string {
@@ -79,57 +43,38 @@ func podLeftovers(d *harness.Daemon, sb string) []string {
 	return left
 }
 
-func networkCondition(t *testing.T, c *harness.Crictl) (ready bool, reason, message string) {
-	t.Helper()
-	var info struct {
-		Status struct {
-			Conditions []struct {
-				Type    string `json:"type"`
-				Status  bool   `json:"status"`
-				Reason  string `json:"reason"`
-				Message string `json:"message"`
-			} `json:"conditions"`
-		} `json:"status"`
-	}
-	c.JSON(t, &info, "info")
-	for _, cond := range info.Status.Conditions {
-		if cond.Type == "NetworkReady" {
-			return cond.Status, cond.Reason, cond.Message
-		}
-	}
-	t.Fatal("no NetworkReady condition")
-	return
-}
-
 func TestPodNetworkThroughCrictl(t *testing.T) {
 	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 20, DualStack: true})
 	d, c := startDaemon(t, tn.Plugin(bins))
-	if ready, reason, msg := networkCondition(t, c); !ready {
-		t.Fatalf("NetworkReady false: %s: %s", reason, msg)
+	if nr := c.Conditions(t)["NetworkReady"]; !nr.Status {
+		t.Fatalf("NetworkReady false: %s: %s", nr.Reason, nr.Message)
 	}
 	c.Must(t, "pull", image)
 
 	podJSON, ctrJSON := vmPod(t, d, "net-vm", nil)
 	sb := c.Must(t, "runp", podJSON)
 	t.Cleanup(func() { c.Run("rmp", "-f", sb) })
-	st := inspectNet(t, c, sb)
-	ip4, ip6 := net.ParseIP(st.Status.Network.IP), net.IP(nil)
-	if len(st.Status.Network.AdditionalIPs) == 1 {
-		ip6 = net.ParseIP(st.Status.Network.AdditionalIPs[0].IP)
+	st := c.PodNetwork(t, sb)
+	var ip4, ip6 net.IP
+	if len(st.IPs) == 2 {
+		ip4, ip6 = net.ParseIP(st.IPs[0]), net.ParseIP(st.IPs[1])
 	}
 	_, sub4, _ := net.ParseCIDR(tn.Subnet)
 	_, sub6, _ := net.ParseCIDR(tn.Subnet6)
 	if ip4 == nil || !sub4.Contains(ip4) || ip6 == nil || !sub6.Contains(ip6) {
-		t.Fatalf("inspectp network %+v: want an IPv4 address in %s and an additional IPv6 one in %s", st.Status.Network, tn.Subnet, tn.Subnet6)
+		t.Fatalf("inspectp IPs %v: want an IPv4 address in %s and an additional IPv6 one in %s", st.IPs, tn.Subnet, tn.Subnet6)
 	}
 	// host-local holds exactly those addresses for the pod.
 	held := strings.Join(tn.Allocated(), " ")
 	if !strings.Contains(held, ip4.String()) || !strings.Contains(held, ip6.String()) {
 		t.Fatalf("host-local holds %q, the pod reports %s and %s", held, ip4, ip6)
 	}
-	ifaces := st.Network.Interfaces
-	if len(ifaces) != 1 || ifaces[0].Bridge != "vlb-"+sb[:11] || ifaces[0].MAC == "" || st.Network.NetNSPath == "" {
-		t.Fatalf("network info %+v", st.Network)
+	if st.Info == nil {
+		t.Fatal("inspectp has no network info")
+	}
+	ifaces := st.Info.Interfaces
+	if len(ifaces) != 1 || ifaces[0].Bridge != "vlb-"+sb[:11] || ifaces[0].MAC == "" || st.Info.NetNSPath == "" {
+		t.Fatalf("network info %+v", *st.Info)
 	}
 	if left := podLeftovers(d, sb); len(left) != 4 {
 		t.Fatalf("a running pod has its namespace, host links and record; found %v", left)
@@ -164,8 +109,8 @@ func TestPodNetworkThroughCrictl(t *testing.T) {
 	// A daemon crash: the pod keeps its network, the record its addresses.
 	d.Kill()
 	d.Start()
-	if again := inspectNet(t, c, sb); again.Status.Network.IP != ip4.String() {
-		t.Fatalf("after a daemon restart the pod reports %+v", again.Status.Network)
+	if again := c.PodNetwork(t, sb); len(again.IPs) == 0 || again.IPs[0] != ip4.String() {
+		t.Fatalf("after a daemon restart the pod reports %v", again.IPs)
 	}
 	harness.Eventually(t, 10e9, "the DHCP server back for renewals", func() bool {
 		return strings.Contains(d.Log(), "DHCP server back for lease renewals")
@@ -178,8 +123,8 @@ func TestPodNetworkThroughCrictl(t *testing.T) {
 	if held := tn.Allocated(); len(held) != 0 {
 		t.Errorf("after stopp host-local still holds %v", held)
 	}
-	if st := inspectNet(t, c, sb); st.Status.State != "SANDBOX_NOTREADY" || st.Status.Network.IP != "" {
-		t.Errorf("stopped pod %+v", st.Status)
+	if st := c.PodNetwork(t, sb); st.State != "SANDBOX_NOTREADY" || len(st.IPs) != 0 || st.Info != nil {
+		t.Errorf("stopped pod %+v", st)
 	}
 	c.Must(t, "stopp", sb) // idempotent
 	c.Must(t, "rmp", sb)
@@ -193,9 +138,9 @@ func TestPodNetworkBadInput(t *testing.T) {
 		empty := t.TempDir()
 		d, c := startDaemon(t, harness.Plugin{Name: "cni", Kind: "network", Binary: filepath.Join(bins, "virtlet-plugin-cni"),
 			Config: fmt.Sprintf("{confDir: %q}", empty)})
-		ready, reason, msg := networkCondition(t, c)
-		if ready || reason != "NoCNIConfig" || !strings.Contains(msg, "no CNI network config in "+empty) {
-			t.Fatalf("NetworkReady %v %s %q", ready, reason, msg)
+		nr := c.Conditions(t)["NetworkReady"]
+		if nr.Status || nr.Reason != "NoCNIConfig" || !strings.Contains(nr.Message, "no CNI network config in "+empty) {
+			t.Fatalf("NetworkReady %+v", nr)
 		}
 		podJSON, _ := vmPod(t, d, "no-net", nil)
 		_, errOut, err := c.Run("runp", podJSON)
@@ -228,8 +173,8 @@ func TestPodNetworkBadInput(t *testing.T) {
 		first, _ := vmPod(t, d, "first", nil)
 		second, _ := vmPod(t, d, "second", nil)
 		sb := c.Must(t, "runp", first)
-		if ip := inspectNet(t, c, sb).Status.Network.IP; ip != "198.18.22.10" {
-			t.Fatalf("first pod got %q", ip)
+		if ips := c.PodNetwork(t, sb).IPs; len(ips) != 1 || ips[0] != "198.18.22.10" {
+			t.Fatalf("first pod got %v", ips)
 		}
 		_, errOut, err := c.Run("runp", second)
 		if err == nil || !strings.Contains(errOut, "no IP addresses available") {
@@ -242,8 +187,8 @@ func TestPodNetworkBadInput(t *testing.T) {
 		c.Must(t, "stopp", sb)
 		c.Must(t, "rmp", sb)
 		sb2 := c.Must(t, "runp", second)
-		if ip := inspectNet(t, c, sb2).Status.Network.IP; ip != "198.18.22.10" {
-			t.Fatalf("second pod got %q", ip)
+		if ips := c.PodNetwork(t, sb2).IPs; len(ips) != 1 || ips[0] != "198.18.22.10" {
+			t.Fatalf("second pod got %v", ips)
 		}
 		c.Must(t, "rmp", "-f", sb2)
 		assertNoPodNetworks(t, d, "first", "second")
