@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -80,6 +81,9 @@ func (n *Network) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if err := os.MkdirAll(n.records, 0o700); err != nil {
 		return err
 	}
+	if err := ensureHostBridgeRules(); err != nil {
+		return err
+	}
 	n.configOK = true
 	return n.restore(ctx)
 }
@@ -132,7 +136,8 @@ type record struct {
 	NetNS      string                  `json:"netns"`
 	Links      []plumbing              `json:"links,omitempty"`
 	ConfList   json.RawMessage         `json:"confList"` // the config ADD used, for DEL
-	Ready      bool                    `json:"ready"`
+	Added      bool                    `json:"added"`    // CNI ADD succeeded: DEL must too, or the record stays
+	Ready      bool                    `json:"ready"`    // set up completely, DHCP servers included
 	Attachment ports.NetworkAttachment `json:"attachment"`
 	Leases     []lease                 `json:"leases,omitempty"`
 }
@@ -222,7 +227,7 @@ func (n *Network) Setup(ctx context.Context, req ports.NetworkRequest) (ports.Ne
 	}
 	att, err := n.setup(ctx, r, list, req)
 	if err != nil {
-		if terr := n.teardown(context.WithoutCancel(ctx), r, true); terr != nil {
+		if terr := n.teardown(context.WithoutCancel(ctx), r, !r.Added); terr != nil {
 			n.Log.WithError(terr).WithField("sandbox", req.SandboxID).Warn("undo failed network setup")
 		}
 		return ports.NetworkAttachment{}, fmt.Errorf("CNI network %q (%s): %w", list.Name, file, err)
@@ -250,6 +255,7 @@ func (n *Network) setup(ctx context.Context, r *record, list *libcni.NetworkConf
 	if err != nil {
 		return ports.NetworkAttachment{}, fmt.Errorf("CNI ADD: %w", err)
 	}
+	r.Added = true
 	res, err := types100.NewResultFromResult(raw)
 	if err != nil {
 		return ports.NetworkAttachment{}, fmt.Errorf("CNI result: %w", err)
@@ -266,6 +272,13 @@ func (n *Network) setup(ctx context.Context, r *record, list *libcni.NetworkConf
 	if err := n.save(r); err != nil {
 		return ports.NetworkAttachment{}, fmt.Errorf("record pod network: %w", err)
 	}
+	for _, p := range r.Links {
+		// Links of these names can only be left by a lost earlier setup of
+		// this sandbox.
+		if err := unwireHost(p); err != nil {
+			return ports.NetworkAttachment{}, err
+		}
+	}
 	for i := range ifaces {
 		wired, err := wireVM(r.NetNS, r.Links[i])
 		if err != nil {
@@ -277,12 +290,13 @@ func (n *Network) setup(ctx context.Context, r *record, list *libcni.NetworkConf
 	if err != nil {
 		return ports.NetworkAttachment{}, err
 	}
-	r.Attachment, r.Leases, r.Ready = att, leasesFor(att, r.Links, req.PodName), true
-	if err := n.save(r); err != nil {
-		return ports.NetworkAttachment{}, fmt.Errorf("record pod network: %w", err)
-	}
+	r.Attachment, r.Leases = att, leasesFor(att, r.Links, req.PodName)
 	if err := n.serve(r); err != nil {
 		return ports.NetworkAttachment{}, err
+	}
+	r.Ready = true
+	if err := n.save(r); err != nil {
+		return ports.NetworkAttachment{}, fmt.Errorf("record pod network: %w", err)
 	}
 	return att, nil
 }
@@ -376,6 +390,9 @@ func attachment(r *record, res *types100.Result, ifaces []podIface, req ports.Ne
 		} else {
 			continue // no next hop known: the route cannot be expressed
 		}
+		if slices.Contains(att.Routes, route) {
+			continue // a meta plugin's delegates may each report it
+		}
 		att.Routes = append(att.Routes, route)
 	}
 	att.DNS = req.DNS
@@ -398,21 +415,65 @@ func gatewayFor(ifaces []ports.NetworkInterface, v4 bool) string {
 }
 
 // leasesFor is the DHCP answer for each NIC with an IPv4 address: its first
-// IPv4 address; the first such NIC also gets the gateway, the routes and
-// DNS (a second default route would fight the first).
+// IPv4 address and the routes whose gateway its subnet reaches. Only the
+// first such NIC gets the gateway as router, the default route, the routes
+// no subnet reaches, and DNS (a second default route would fight the
+// first).
 func leasesFor(att ports.NetworkAttachment, links []plumbing, hostname string) []lease {
 	var out []lease
 	for k, iface := range att.Interfaces {
-		l := leaseFor(iface, att, len(out) == 0, hostname)
-		if l != nil {
+		if l := baseLease(iface, hostname); l != nil {
 			l.Bridge = links[k].PodBridge
 			out = append(out, *l)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	primary := &out[0]
+	primary.Gateway = primary.ServerID
+	if att.DNS != nil {
+		for _, s := range att.DNS.Servers {
+			if ip := net.ParseIP(s); ip != nil && ip.To4() != nil {
+				primary.DNS = append(primary.DNS, ip.To4())
+			}
+		}
+		primary.Search = att.DNS.Searches
+	}
+	for _, rt := range att.Routes {
+		_, dst, err := net.ParseCIDR(rt.Destination)
+		via := net.ParseIP(rt.Gateway)
+		if err != nil || dst.IP.To4() == nil || via == nil || via.To4() == nil {
+			continue
+		}
+		target := primary
+		for i := range out {
+			if (&net.IPNet{IP: out[i].IP.Mask(out[i].Mask), Mask: out[i].Mask}).Contains(via) {
+				target = &out[i]
+				break
+			}
+		}
+		target.Routes = append(target.Routes, &dhcpv4.Route{Dest: dst, Router: via.To4()})
+	}
+	if len(primary.Routes) > 0 && primary.Gateway != nil {
+		// Clients that take classless routes ignore the router option:
+		// the default route must be among them.
+		hasDefault := false
+		for _, rt := range primary.Routes {
+			if ones, _ := rt.Dest.Mask.Size(); ones == 0 {
+				hasDefault = true
+			}
+		}
+		if !hasDefault {
+			primary.Routes = append(primary.Routes, &dhcpv4.Route{Dest: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Router: primary.Gateway})
 		}
 	}
 	return out
 }
 
-func leaseFor(iface ports.NetworkInterface, att ports.NetworkAttachment, primary bool, hostname string) *lease {
+// baseLease is a NIC's first IPv4 address, with its CNI gateway as the
+// server identifier.
+func baseLease(iface ports.NetworkInterface, hostname string) *lease {
 	mac, err := net.ParseMAC(iface.MAC)
 	if err != nil {
 		return nil
@@ -423,40 +484,8 @@ func leaseFor(iface ports.NetworkInterface, att ports.NetworkAttachment, primary
 			continue
 		}
 		l := &lease{MAC: mac, IP: ip.To4(), Mask: ipnet.Mask, MTU: iface.MTU, Hostname: hostname}
-		if !primary {
-			return l
-		}
 		if gw := net.ParseIP(c.Gateway); gw != nil && gw.To4() != nil {
-			l.Gateway = gw.To4()
-		}
-		for _, rt := range att.Routes {
-			_, dst, err := net.ParseCIDR(rt.Destination)
-			via := net.ParseIP(rt.Gateway)
-			if err != nil || dst.IP.To4() == nil || via == nil || via.To4() == nil {
-				continue
-			}
-			l.Routes = append(l.Routes, &dhcpv4.Route{Dest: dst, Router: via.To4()})
-		}
-		if len(l.Routes) > 0 && l.Gateway != nil {
-			// Clients that take classless routes ignore the router option:
-			// the default route must be among them.
-			hasDefault := false
-			for _, rt := range l.Routes {
-				if ones, _ := rt.Dest.Mask.Size(); ones == 0 {
-					hasDefault = true
-				}
-			}
-			if !hasDefault {
-				l.Routes = append(l.Routes, &dhcpv4.Route{Dest: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Router: l.Gateway})
-			}
-		}
-		if att.DNS != nil {
-			for _, s := range att.DNS.Servers {
-				if ip := net.ParseIP(s); ip != nil && ip.To4() != nil {
-					l.DNS = append(l.DNS, ip.To4())
-				}
-			}
-			l.Search = att.DNS.Searches
+			l.ServerID = gw.To4()
 		}
 		return l
 	}
@@ -480,12 +509,19 @@ func (n *Network) Teardown(ctx context.Context, req ports.NetworkRequest) error 
 	return n.teardown(ctx, r, false)
 }
 
-// teardown removes a pod's network. undo marks the undoing of a setup that
-// did not finish: a CNI DEL failure is then logged, not kept (a config
-// that ADD refused is refused by DEL too, and nobody would ever retry it),
-// as containerd does; a DEL failure of a pod that was up is returned, so
-// that kubelet's StopPodSandbox retries it.
-func (n *Network) teardown(ctx context.Context, r *record, undo bool) error {
+// teardown removes a pod's network. forgiveDEL is set when CNI ADD never
+// succeeded: a CNI DEL failure is then logged, not kept (a config that ADD
+// refused is refused by DEL too, and nothing was allocated), as containerd
+// does. Otherwise a DEL failure is returned and the record stays, not
+// ready, so that StopPodSandbox (or the plugin's next start) retries it.
+func (n *Network) teardown(ctx context.Context, r *record, forgiveDEL bool) error {
+	if r.Ready {
+		// From here on the pod is no longer set up, whatever happens.
+		r.Ready = false
+		if err := n.save(r); err != nil {
+			return fmt.Errorf("record pod network: %w", err)
+		}
+	}
 	n.mu.Lock()
 	for _, srv := range n.servers[r.SandboxID] {
 		srv.Close()
@@ -522,8 +558,8 @@ func (n *Network) teardown(ctx context.Context, r *record, undo bool) error {
 				n.Log.WithError(err).WithField("sandbox", r.SandboxID).Warn("CNI DEL skipped: plugin not installed")
 				err = nil
 			}
-			if err != nil && undo {
-				n.Log.WithError(err).WithField("sandbox", r.SandboxID).Warn("CNI DEL while undoing a failed setup")
+			if err != nil && forgiveDEL {
+				n.Log.WithError(err).WithField("sandbox", r.SandboxID).Warn("CNI DEL after a failed CNI ADD")
 				err = nil
 			}
 			if err != nil {
@@ -563,7 +599,7 @@ func (n *Network) restore(ctx context.Context) error {
 		log := n.Log.WithFields(logrus.Fields{"sandbox": id, "pod": r.Namespace + "/" + r.PodName})
 		if !r.Ready {
 			log.Warn("tearing down a network setup that was interrupted")
-			if err := n.teardown(ctx, r, true); err != nil {
+			if err := n.teardown(ctx, r, !r.Added); err != nil {
 				log.WithError(err).Warn("tear down interrupted network setup")
 			}
 			continue

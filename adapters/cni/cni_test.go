@@ -355,7 +355,7 @@ func TestSeveralPodInterfaces(t *testing.T) {
 	  {"type": "bridge", "bridge": %q, "isGateway": true, "ipam": {"type": "host-local", "dataDir": %q,
 	   "ranges": [[{"subnet": "198.18.5.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
 	  {"type": "bridge", "bridge": %q, "isGateway": true, "ipam": {"type": "host-local", "dataDir": %q,
-	   "ranges": [[{"subnet": "198.18.6.0/24"}]], "routes": [{"dst": "198.19.128.0/17"}]}}]}`, tn.bridge, tn.ipam, second, tn.ipam)
+	   "ranges": [[{"subnet": "198.18.6.0/24"}]], "routes": [{"dst": "198.19.128.0/17", "gw": "198.18.6.1"}]}}]}`, tn.bridge, tn.ipam, second, tn.ipam)
 	if err := os.WriteFile(filepath.Join(tn.conf, "10-multi.conf"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -366,14 +366,15 @@ func TestSeveralPodInterfaces(t *testing.T) {
 		t.Fatalf("attachment %+v: want two interfaces", att)
 	}
 	eth0, net1 := att.Interfaces[0], att.Interfaces[1]
-	if eth0.Name != "eth0" || net1.Name != "net1" || eth0.Bridge != "vlb-"+id[:11] || net1.Bridge != "vb1-"+id[:10] ||
+	if eth0.Name != "eth0" || net1.Name != "net1" || eth0.Bridge != "vlb-"+id[:11] || net1.Bridge != "vlb1"+id[:11] ||
 		len(eth0.IPs) != 1 || len(net1.IPs) != 1 || !strings.HasPrefix(eth0.IPs[0].Address, "198.18.5.") ||
 		!strings.HasPrefix(net1.IPs[0].Address, "198.18.6.") || eth0.MAC == net1.MAC {
 		t.Fatalf("interfaces %+v", att.Interfaces)
 	}
-	// Routes without a gateway in the CNI result go through the first
-	// interface's gateway of their family.
-	if len(att.Routes) != 1 || att.Routes[0] != (ports.Route{Destination: "0.0.0.0/0", Gateway: "198.18.5.1"}) {
+	// A route without a gateway in the CNI result goes through the first
+	// interface's gateway of its family.
+	if len(att.Routes) != 2 || att.Routes[0] != (ports.Route{Destination: "0.0.0.0/0", Gateway: "198.18.5.1"}) ||
+		att.Routes[1] != (ports.Route{Destination: "198.19.128.0/17", Gateway: "198.18.6.1"}) {
 		t.Errorf("routes %+v", att.Routes)
 	}
 	l0 := dhcpAsVMOn(t, eth0)
@@ -383,8 +384,16 @@ func TestSeveralPodInterfaces(t *testing.T) {
 	if !l0.ACK.YourIPAddr.Equal(ip0) || len(l0.ACK.Router()) != 1 {
 		t.Errorf("eth0 lease %s", l0.ACK.Summary())
 	}
-	if !l1.ACK.YourIPAddr.Equal(ip1) || len(l1.ACK.Router()) != 0 {
-		t.Errorf("net1 lease %s: want its address and no router", l1.ACK.Summary())
+	if !l1.ACK.YourIPAddr.Equal(ip1) || len(l1.ACK.Router()) != 0 || !l1.ACK.ServerIdentifier().Equal(net.ParseIP("198.18.6.1")) {
+		t.Errorf("net1 lease %s: want its address, no router, its gateway as server", l1.ACK.Summary())
+	}
+	// Each lease carries the routes its subnet reaches: net1 the route via
+	// its gateway, eth0 the default route only.
+	if r := l1.ACK.ClasslessStaticRoute(); len(r) != 1 || r[0].Dest.String() != "198.19.128.0/17" || !r[0].Router.Equal(net.ParseIP("198.18.6.1")) {
+		t.Errorf("net1 routes %v", r)
+	}
+	if r := l0.ACK.ClasslessStaticRoute(); len(r) != 1 || r[0].Dest.String() != "0.0.0.0/0" {
+		t.Errorf("eth0 routes %v", r)
 	}
 	if _, err := os.Stat(filepath.Join(tn.ipam, "virtlet-multi-1", ip1.String())); err != nil {
 		t.Fatalf("host-local holds no %s for net1: %v", ip1, err)
@@ -393,7 +402,7 @@ func TestSeveralPodInterfaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertGone(t, tn, id, nil)
-	for _, l := range []string{"vb1-" + id[:10], "vh1-" + id[:10]} {
+	for _, l := range []string{"vlb1" + id[:11], "vlh1" + id[:11]} {
 		if linkExists(l) {
 			t.Errorf("link %s left", l)
 		}

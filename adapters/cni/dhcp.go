@@ -23,7 +23,8 @@ type lease struct {
 	MAC      net.HardwareAddr
 	IP       net.IP
 	Mask     net.IPMask
-	Gateway  net.IP
+	Gateway  net.IP          // the router option: the primary NIC's gateway
+	ServerID net.IP          // the NIC's CNI gateway, named as the server
 	Routes   []*dhcpv4.Route // classless static routes, the default route included
 	DNS      []net.IP
 	Search   []string
@@ -126,10 +127,13 @@ func (l lease) reply(m *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, error) {
 	return dhcpv4.NewReplyFromRequest(m, mods...)
 }
 
-// serverID is the gateway (the pod's next hop), or the VM's own address
-// when the network has none.
+// serverID is the NIC's gateway (the pod's next hop), or the VM's own
+// address when the network has none.
 func (l lease) serverID() net.IP {
-	if l.Gateway != nil {
+	switch {
+	case l.ServerID != nil:
+		return l.ServerID
+	case l.Gateway != nil:
 		return l.Gateway
 	}
 	return l.IP

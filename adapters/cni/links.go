@@ -22,22 +22,19 @@ type plumbing struct {
 	HostVeth   string `json:"hostVeth"`   // host end of the veth pair into the pod
 }
 
-// plumbingFor names the links of the pod's i-th interface. The first keeps
-// the short names (br0, vm0, vlb-<id>, vlh-<id>).
+// plumbingFor names the links of the pod's i-th interface. Every host
+// bridge is named vlb…: the first vlb-<id11>, the i-th vlb<i><id11>, so
+// that one pattern (vlb+) names them all.
 func plumbingFor(sandboxID string, i int, ifName string) plumbing {
+	id := sandboxID
+	if len(id) > 11 {
+		id = id[:11]
+	}
 	if i == 0 {
-		id := sandboxID
-		if len(id) > 11 {
-			id = id[:11]
-		}
 		return plumbing{IfName: ifName, PodBridge: "br0", PodVeth: "vm0", HostBridge: "vlb-" + id, HostVeth: "vlh-" + id}
 	}
-	id := sandboxID
-	if len(id) > 10 {
-		id = id[:10]
-	}
 	return plumbing{IfName: ifName, PodBridge: fmt.Sprintf("br%d", i), PodVeth: fmt.Sprintf("vm%d", i),
-		HostBridge: fmt.Sprintf("vb%d-%s", i, id), HostVeth: fmt.Sprintf("vh%d-%s", i, id)}
+		HostBridge: fmt.Sprintf("vlb%d%s", i, id), HostVeth: fmt.Sprintf("vlh%d%s", i, id)}
 }
 
 // maxInterfaces bounds the interfaces a pod may have (the link names hold
@@ -191,7 +188,11 @@ func noIP(link string) error {
 		{"ipv4/conf/" + link + "/arp_ignore", "8"},
 		{"ipv4/conf/" + link + "/forwarding", "0"},
 	} {
-		if err := os.WriteFile("/proc/sys/net/"+kv[0], []byte(kv[1]), 0o644); err != nil {
+		err := os.WriteFile("/proc/sys/net/"+kv[0], []byte(kv[1]), 0o644)
+		if errors.Is(err, os.ErrNotExist) && strings.HasPrefix(kv[0], "ipv6/") {
+			continue // a host booted without IPv6
+		}
+		if err != nil {
 			return fmt.Errorf("sysctl net.%s: %w", strings.ReplaceAll(kv[0], "/", "."), err)
 		}
 	}

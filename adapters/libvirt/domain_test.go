@@ -75,7 +75,7 @@ func TestDomainGolden(t *testing.T) {
 		{"pod-network", with(), func(s *ports.VMSpec) {
 			s.NICs = []ports.NIC{
 				{Name: "eth0", MAC: "0A:58:C6:12:05:02", MTU: 1500, Bridge: "vlb-fedcba98765"},
-				{Name: "net1", MAC: "0a:58:c6:13:00:07", Bridge: "vb1-fedcba9876"},
+				{Name: "net1", MAC: "0a:58:c6:13:00:07", Bridge: "vlb1fedcba98765"},
 			}
 		}, true},
 	}

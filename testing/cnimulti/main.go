@@ -82,8 +82,9 @@ func cmdAdd(args *skel.CmdArgs) error {
 			}
 			merged.IPs = append(merged.IPs, ip)
 		}
+		merged.Routes = append(merged.Routes, res.Routes...)
 		if i == 0 {
-			merged.Routes, merged.DNS = res.Routes, res.DNS
+			merged.DNS = res.DNS
 		}
 	}
 	return types.PrintResult(merged, c.CNIVersion)

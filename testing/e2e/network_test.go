@@ -100,9 +100,10 @@ func cloudTranslation(t *testing.T) string {
 }
 
 // VM pods are members of a dual-stack pod network made by Debian's CNI
-// plugins: each VM carries exactly the addresses inspectp reports (the
-// cloud image statically from cloud-init's network-config, the tiny one by
-// DHCP with VirtletForceDHCPNetworkConfig); the host reaches them (ping,
+// plugins: each VM carries the addresses inspectp reports (the cloud image
+// both, statically from cloud-init's network-config; the tiny one its IPv4
+// address by DHCP with VirtletForceDHCPNetworkConfig); Service-style DNAT
+// on the host works for them; the host reaches them (ping,
 // ssh with the key cloud-init injected); they reach the gateway and each
 // other; a daemon crash disturbs none of it; and stopping and removing the
 // pods leaves no namespace, link, tap, DHCP listener or address behind.
@@ -191,14 +192,25 @@ func TestVMPodsOnThePodNetwork(t *testing.T) {
 		time.Sleep(3 * time.Second)
 	}
 	t.Logf("ssh into the cloud VM %s after %s", cloudIP, time.Since(cloudStart).Round(time.Second))
+	// A Service address as kube-proxy makes one: the host DNATs it to the
+	// tiny VM. The cloud VM reaches it through its gateway (br_netfilter is
+	// on here, as on nodes: the VM's hop through its host bridge must not
+	// be NATed or filtered on the way).
+	const serviceIP = "198.18.43.10"
+	dnat := []string{"PREROUTING", "-t", "nat", "-d", serviceIP, "-p", "icmp", "-j", "DNAT", "--to-destination", tinyIP}
+	if out, err := exec.Command("iptables", append([]string{"-I"}, dnat...)...).CombinedOutput(); err != nil {
+		t.Fatalf("iptables: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("iptables", append([]string{"-D"}, dnat...)...).Run() })
 	out, err = sshTo(key, cloudIP, fmt.Sprintf(
 		"ip -o addr show dev eth0; ip -6 route show default; ping -c 1 -W 3 %s >/dev/null && echo gw-ok; "+
-			"ping -c 1 -W 3 %s >/dev/null && echo peer-ok; ping -6 -c 1 -W 3 %s >/dev/null && echo gw6-ok; hostname",
-		tn.Gateway, tinyIP, tn.Gateway6))
+			"ping -c 1 -W 3 %s >/dev/null && echo peer-ok; ping -6 -c 1 -W 3 %s >/dev/null && echo gw6-ok; "+
+			"ping -c 1 -W 3 %s >/dev/null && echo service-ok; hostname",
+		tn.Gateway, tinyIP, tn.Gateway6, serviceIP))
 	if err != nil {
 		t.Fatalf("in the cloud VM: %v\n%s", err, out)
 	}
-	for _, want := range []string{"inet " + cloudIP + "/24", "inet6 " + cloudIP6 + "/64", "via " + tn.Gateway6, "gw-ok", "peer-ok", "gw6-ok", "net-cloud"} {
+	for _, want := range []string{"inet " + cloudIP + "/24", "inet6 " + cloudIP6 + "/64", "via " + tn.Gateway6, "gw-ok", "peer-ok", "gw6-ok", "service-ok", "net-cloud"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the cloud VM lacks %q:\n%s", want, out)
 		}

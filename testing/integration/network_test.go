@@ -33,7 +33,7 @@ func podLeftovers(d *harness.Daemon, sb string) []string {
 	links, _ := netlink.LinkList()
 	for _, l := range links {
 		name := l.Attrs().Name
-		if strings.HasSuffix(name, "-"+sb[:11]) || strings.HasSuffix(name, "-"+sb[:10]) {
+		if strings.HasPrefix(name, "vl") && strings.HasSuffix(name, sb[:11]) {
 			left = append(left, "link "+name)
 		}
 	}

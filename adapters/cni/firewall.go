@@ -1,0 +1,52 @@
+package cni
+
+import (
+	"fmt"
+	"os/exec"
+	"strings"
+)
+
+// HostBridgePattern matches every host bridge the plugin makes (iptables'
+// interface wildcard).
+const HostBridgePattern = "vlb+"
+
+// hostBridgeRules keep the host's netfilter out of the VM's hop through
+// its host bridge. Nodes run br_netfilter (kube-proxy needs it), so frames
+// bridged between the VM's tap and the veth into the pod would pass the
+// host's iptables twice: once on the host bridge, once on the pod
+// network's bridge. On the first pass kube-proxy would rewrite a Service
+// address before the packet has even reached the pod's namespace, and a
+// FORWARD policy of DROP would drop it. The frame is only crossing a
+// cable there: no connection tracking, and forwarded as is.
+var hostBridgeRules = [][]string{
+	{"-t", "raw", "PREROUTING", "-i", HostBridgePattern, "-j", "NOTRACK", "-m", "comment", "--comment", "virtlet: VM to pod namespace, not routed here"},
+	{"-t", "filter", "FORWARD", "-i", HostBridgePattern, "-o", HostBridgePattern, "-j", "ACCEPT", "-m", "comment", "--comment", "virtlet: VM to pod namespace, bridged"},
+}
+
+// ensureHostBridgeRules inserts the rules for IPv4 and IPv6 unless they are
+// there. A host without ip6tables (or without IPv6) gets the IPv4 rules.
+func ensureHostBridgeRules() error {
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if tool == "iptables" {
+				return fmt.Errorf("iptables is needed for the VMs' host bridges: %w", err)
+			}
+			continue
+		}
+		for _, r := range hostBridgeRules {
+			table, chain, spec := r[:2], r[2], r[3:]
+			check := append(append(append([]string{}, table...), "-C", chain), spec...)
+			if exec.Command(tool, check...).Run() == nil {
+				continue
+			}
+			insert := append(append(append([]string{}, table...), "-I", chain), spec...)
+			if out, err := exec.Command(tool, insert...).CombinedOutput(); err != nil {
+				if tool == "ip6tables" {
+					continue // no IPv6 netfilter on this host
+				}
+				return fmt.Errorf("%s %s: %v: %s", tool, strings.Join(insert, " "), err, strings.TrimSpace(string(out)))
+			}
+		}
+	}
+	return nil
+}
