@@ -21,7 +21,7 @@ func TestCoreImportsOnlyPortsAndPureLibraries(t *testing.T) {
 		"github.com/virtlet/virtlet/cmd",
 		"github.com/virtlet/virtlet/testing",
 		"google.golang.org/grpc",
-		"google.golang.org/protobuf",
+		"k8s.io/apimachinery", // its resource package brought in gogo/protobuf
 		"github.com/hashicorp/go-plugin",
 		"libvirt.org/",
 		"github.com/containers/image",
@@ -40,6 +40,9 @@ func TestCoreImportsOnlyPortsAndPureLibraries(t *testing.T) {
 			if strings.HasPrefix(dep, bad) {
 				t.Errorf("core depends on %s", dep)
 			}
+		}
+		if strings.Contains(dep, "protobuf") { // any protobuf runtime: Google's, gogo's, golang's
+			t.Errorf("core depends on %s: a protocol library", dep)
 		}
 	}
 }

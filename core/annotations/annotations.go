@@ -13,7 +13,6 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
 	"github.com/virtlet/virtlet/ports"
@@ -428,14 +427,9 @@ func (p *parser) rootVolume() {
 		return
 	}
 	const allowed = "a positive Kubernetes quantity such as 1Gi, 512Mi or 10G"
-	q, err := resource.ParseQuantity(strings.TrimSpace(v))
+	n, err := parseBytes(strings.TrimSpace(v))
 	if err != nil {
-		p.fail(RootVolumeSize, v, allowed, "not a quantity")
-		return
-	}
-	n, exact := q.AsInt64()
-	if !exact || n <= 0 {
-		p.fail(RootVolumeSize, v, allowed, "not a positive whole number of bytes")
+		p.fail(RootVolumeSize, v, allowed, err.Error())
 		return
 	}
 	p.opts.RootVolumeSize = n
