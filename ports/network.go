@@ -1,6 +1,10 @@
 package ports
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"net"
+)
 
 // Network attaches VM pods to the pod network.
 type Network interface {
@@ -74,4 +78,73 @@ type PortMapping struct {
 	ContainerPort int32
 	HostPort      int32
 	HostIP        string
+}
+
+// AddressRole is what one address of a pod's interfaces carries into the
+// guest's network configuration (cloud-init network-config, DHCP).
+type AddressRole struct {
+	// Gateway is set on the first address of each family that has one: a
+	// guest gets one default route per family (two would fight, and
+	// ifupdown fails on the second).
+	Gateway string
+	// Routes are the pod's routes (other than that default route) whose
+	// gateway this address's subnet reaches; a route no subnet reaches goes
+	// with the first address of its family.
+	Routes []Route
+}
+
+// AddressRoles decides, for every address of every interface (keyed by
+// interface and address index), its gateway and routes.
+func (att *NetworkAttachment) AddressRoles() (map[[2]int]*AddressRole, error) {
+	roles := map[[2]int]*AddressRole{}
+	type subnet struct {
+		key [2]int
+		net *net.IPNet
+		v4  bool
+	}
+	var subnets []subnet
+	gwDone := map[bool]bool{}
+	for i, iface := range att.Interfaces {
+		for j, ip := range iface.IPs {
+			addr, ipnet, err := net.ParseCIDR(ip.Address)
+			if err != nil {
+				return nil, fmt.Errorf("interface %s address %q: %w", iface.Name, ip.Address, err)
+			}
+			v4 := addr.To4() != nil
+			role := &AddressRole{}
+			if ip.Gateway != "" && !gwDone[v4] {
+				role.Gateway, gwDone[v4] = ip.Gateway, true
+			}
+			roles[[2]int{i, j}] = role
+			subnets = append(subnets, subnet{key: [2]int{i, j}, net: ipnet, v4: v4})
+		}
+	}
+	for _, r := range att.Routes {
+		_, dst, err := net.ParseCIDR(r.Destination)
+		gw := net.ParseIP(r.Gateway)
+		if err != nil || gw == nil {
+			return nil, fmt.Errorf("route to %q via %q: a route needs a destination CIDR and a gateway", r.Destination, r.Gateway)
+		}
+		v4 := dst.IP.To4() != nil
+		var target *AddressRole
+		for _, sn := range subnets {
+			if sn.v4 != v4 {
+				continue
+			}
+			if target == nil || sn.net.Contains(gw) {
+				target = roles[sn.key]
+				if sn.net.Contains(gw) {
+					break
+				}
+			}
+		}
+		if target == nil {
+			continue // no address of the family: the guest cannot use it
+		}
+		if ones, _ := dst.Mask.Size(); ones == 0 && gw.Equal(net.ParseIP(target.Gateway)) {
+			continue // the subnet's gateway is this default route already
+		}
+		target.Routes = append(target.Routes, r)
+	}
+	return roles, nil
 }

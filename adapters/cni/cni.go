@@ -415,79 +415,70 @@ func gatewayFor(ifaces []ports.NetworkInterface, v4 bool) string {
 }
 
 // leasesFor is the DHCP answer for each NIC with an IPv4 address: its first
-// IPv4 address and the routes whose gateway its subnet reaches. Only the
-// first such NIC gets the gateway as router, the default route, the routes
-// no subnet reaches, and DNS (a second default route would fight the
-// first).
+// IPv4 address, its CNI gateway as server, and the gateway and routes that
+// ports.NetworkAttachment.AddressRoles gives its IPv4 addresses (the rule
+// cloud-init's network-config follows too: one default route, other routes
+// with the subnet that reaches them). The first lease carries DNS.
 func leasesFor(att ports.NetworkAttachment, links []plumbing, hostname string) []lease {
+	roles, err := att.AddressRoles()
+	if err != nil {
+		return nil // attachment() built att from a parsed CNI result
+	}
+	hasV4Routes := slices.ContainsFunc(att.Routes, func(r ports.Route) bool {
+		_, dst, err := net.ParseCIDR(r.Destination)
+		return err == nil && dst.IP.To4() != nil
+	})
 	var out []lease
 	for k, iface := range att.Interfaces {
-		if l := baseLease(iface, hostname); l != nil {
-			l.Bridge = links[k].PodBridge
-			out = append(out, *l)
-		}
-	}
-	if len(out) == 0 {
-		return nil
-	}
-	primary := &out[0]
-	primary.Gateway = primary.ServerID
-	if att.DNS != nil {
-		for _, s := range att.DNS.Servers {
-			if ip := net.ParseIP(s); ip != nil && ip.To4() != nil {
-				primary.DNS = append(primary.DNS, ip.To4())
-			}
-		}
-		primary.Search = att.DNS.Searches
-	}
-	for _, rt := range att.Routes {
-		_, dst, err := net.ParseCIDR(rt.Destination)
-		via := net.ParseIP(rt.Gateway)
-		if err != nil || dst.IP.To4() == nil || via == nil || via.To4() == nil {
+		mac, err := net.ParseMAC(iface.MAC)
+		if err != nil {
 			continue
 		}
-		target := primary
-		for i := range out {
-			if (&net.IPNet{IP: out[i].IP.Mask(out[i].Mask), Mask: out[i].Mask}).Contains(via) {
-				target = &out[i]
-				break
+		var l *lease
+		for j, c := range iface.IPs {
+			ip, ipnet, err := net.ParseCIDR(c.Address)
+			if err != nil || ip.To4() == nil {
+				continue
+			}
+			if l == nil {
+				l = &lease{Bridge: links[k].PodBridge, MAC: mac, IP: ip.To4(), Mask: ipnet.Mask, MTU: iface.MTU,
+					Hostname: hostname, ServerID: ipv4(c.Gateway)}
+			}
+			role := roles[[2]int{k, j}]
+			if gw := ipv4(role.Gateway); gw != nil {
+				l.Gateway = gw
+			}
+			for _, r := range role.Routes {
+				_, dst, _ := net.ParseCIDR(r.Destination) // checked by AddressRoles
+				l.Routes = append(l.Routes, &dhcpv4.Route{Dest: dst, Router: ipv4(r.Gateway)})
 			}
 		}
-		target.Routes = append(target.Routes, &dhcpv4.Route{Dest: dst, Router: via.To4()})
+		if l == nil {
+			continue
+		}
+		// Clients that take classless routes ignore the router option: the
+		// default route must be among them.
+		hasDefault := slices.ContainsFunc(l.Routes, func(r *dhcpv4.Route) bool { ones, _ := r.Dest.Mask.Size(); return ones == 0 })
+		if l.Gateway != nil && hasV4Routes && !hasDefault {
+			l.Routes = append([]*dhcpv4.Route{{Dest: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Router: l.Gateway}}, l.Routes...)
+		}
+		out = append(out, *l)
 	}
-	if len(primary.Routes) > 0 && primary.Gateway != nil {
-		// Clients that take classless routes ignore the router option:
-		// the default route must be among them.
-		hasDefault := false
-		for _, rt := range primary.Routes {
-			if ones, _ := rt.Dest.Mask.Size(); ones == 0 {
-				hasDefault = true
+	if len(out) > 0 && att.DNS != nil {
+		for _, s := range att.DNS.Servers {
+			if ip := ipv4(s); ip != nil {
+				out[0].DNS = append(out[0].DNS, ip)
 			}
 		}
-		if !hasDefault {
-			primary.Routes = append(primary.Routes, &dhcpv4.Route{Dest: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Router: primary.Gateway})
-		}
+		out[0].Search = att.DNS.Searches
 	}
 	return out
 }
 
-// baseLease is a NIC's first IPv4 address, with its CNI gateway as the
-// server identifier.
-func baseLease(iface ports.NetworkInterface, hostname string) *lease {
-	mac, err := net.ParseMAC(iface.MAC)
-	if err != nil {
-		return nil
-	}
-	for _, c := range iface.IPs {
-		ip, ipnet, err := net.ParseCIDR(c.Address)
-		if err != nil || ip.To4() == nil {
-			continue
-		}
-		l := &lease{MAC: mac, IP: ip.To4(), Mask: ipnet.Mask, MTU: iface.MTU, Hostname: hostname}
-		if gw := net.ParseIP(c.Gateway); gw != nil && gw.To4() != nil {
-			l.ServerID = gw.To4()
-		}
-		return l
+// ipv4 parses an IPv4 address; anything else is nil.
+func ipv4(s string) net.IP {
+	if ip := net.ParseIP(s); ip != nil {
+		return ip.To4()
 	}
 	return nil
 }

@@ -10,80 +10,11 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
-// subnetRole says what one address of the pod's interfaces carries into
-// the guest's network configuration.
-type subnetRole struct {
-	// Gateway is set on the first address of each family that has one: a
-	// guest gets one default route per family (two would fight, and
-	// ifupdown fails on the second).
-	Gateway string
-	// Routes are the pod's routes (other than that default route) whose
-	// gateway this address's subnet reaches; a route no subnet reaches goes
-	// with the first address of its family.
-	Routes []ports.Route
-}
-
-// subnetRoles decides, for every address of every interface (by interface
-// and address index), its gateway and routes.
-func subnetRoles(att *ports.NetworkAttachment) (map[[2]int]*subnetRole, error) {
-	roles := map[[2]int]*subnetRole{}
-	type subnet struct {
-		key [2]int
-		net *net.IPNet
-		v4  bool
-	}
-	var subnets []subnet
-	gwDone := map[bool]bool{}
-	for i, iface := range att.Interfaces {
-		for j, ip := range iface.IPs {
-			addr, ipnet, err := net.ParseCIDR(ip.Address)
-			if err != nil {
-				return nil, fmt.Errorf("interface %s address %q: %w", iface.Name, ip.Address, err)
-			}
-			v4 := addr.To4() != nil
-			role := &subnetRole{}
-			if ip.Gateway != "" && !gwDone[v4] {
-				role.Gateway, gwDone[v4] = ip.Gateway, true
-			}
-			roles[[2]int{i, j}] = role
-			subnets = append(subnets, subnet{key: [2]int{i, j}, net: ipnet, v4: v4})
-		}
-	}
-	for _, r := range att.Routes {
-		_, dst, err := net.ParseCIDR(r.Destination)
-		gw := net.ParseIP(r.Gateway)
-		if err != nil || gw == nil {
-			return nil, fmt.Errorf("route to %q via %q: a route needs a destination CIDR and a gateway", r.Destination, r.Gateway)
-		}
-		v4 := dst.IP.To4() != nil
-		var target *subnetRole
-		for _, sn := range subnets {
-			if sn.v4 != v4 {
-				continue
-			}
-			if target == nil || sn.net.Contains(gw) {
-				target = roles[sn.key]
-				if sn.net.Contains(gw) {
-					break
-				}
-			}
-		}
-		if target == nil {
-			continue // no address of the family: the guest cannot use it
-		}
-		if ones, _ := dst.Mask.Size(); ones == 0 && gw.Equal(net.ParseIP(target.Gateway)) {
-			continue // the subnet's gateway is this default route already
-		}
-		target.Routes = append(target.Routes, r)
-	}
-	return roles, nil
-}
-
 // networkConfigV1 is NoCloud's network-config (version 1): one physical
 // interface per pod interface, matched by MAC, with static addresses,
 // routes and the pod's DNS.
 func networkConfigV1(att *ports.NetworkAttachment) ([]byte, error) {
-	roles, err := subnetRoles(att)
+	roles, err := att.AddressRoles()
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +61,7 @@ func networkConfigV1(att *ports.NetworkAttachment) ([]byte, error) {
 
 // networkData is ConfigDrive's network_data.json (OpenStack's format).
 func networkData(att *ports.NetworkAttachment) ([]byte, error) {
-	roles, err := subnetRoles(att)
+	roles, err := att.AddressRoles()
 	if err != nil {
 		return nil, err
 	}
@@ -142,7 +73,7 @@ func networkData(att *ports.NetworkAttachment) ([]byte, error) {
 		}
 		links = append(links, link)
 		for j, ip := range iface.IPs {
-			addr, ipnet, _ := net.ParseCIDR(ip.Address) // checked by subnetRoles
+			addr, ipnet, _ := net.ParseCIDR(ip.Address) // checked by AddressRoles
 			kind, mask := "ipv4", net.IP(ipnet.Mask).String()
 			if addr.To4() == nil {
 				kind = "ipv6"
