@@ -10,6 +10,8 @@
 SHELL := /bin/bash
 GO ?= go
 export GONOSUMDB := k8s.io,sigs.k8s.io
+# go-ceph is built against the node's Ceph release: Debian 12's Ceph 16 (pacific).
+export GOFLAGS := -tags=pacific
 VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 PKG := github.com/virtlet/virtlet
 BUILDINFO := $(PKG)/cmd/internal/buildinfo
@@ -35,7 +37,7 @@ proto:
 bin/virtlet-fake-plugin: FORCE
 	$(GO) build -o $@ ./testing/fakeplugin
 bin/virtlet-example-scratch: FORCE
-	$(GO) build -o $@ ./testing/exampleplugin
+	$(GO) build -o $@ ./examples/scratch-volume
 bin/virtlet-plugin-%: FORCE
 	$(GO) build -o $@ ./cmd/virtlet-plugin-$*
 
@@ -46,7 +48,10 @@ bin/virtlet: FORCE $(addprefix bin/,$(DEFAULT_PLUGINS))
 	  sums="$$sums$$name=$$(sha256sum bin/$$cmd | cut -d' ' -f1),"; done; \
 	$(GO) build -ldflags "-X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).pluginChecksums=$$sums" -o $@ ./cmd/virtlet
 
-build: bin/virtlet $(TEST_PLUGINS)
+bin/virtlet-flexvolume-driver: FORCE
+	$(GO) build -o $@ ./cmd/virtlet-flexvolume-driver
+
+build: bin/virtlet bin/virtlet-flexvolume-driver $(TEST_PLUGINS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

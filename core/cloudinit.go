@@ -2,26 +2,27 @@ package core
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"maps"
+	"os"
 	"path"
-	"regexp"
+	"slices"
+	"strings"
 
 	"github.com/virtlet/virtlet/core/annotations"
 	"github.com/virtlet/virtlet/core/cloudinit"
 	"github.com/virtlet/virtlet/ports"
 )
 
-// projectedVolume matches the host paths kubelet mounts ConfigMap, Secret,
-// projected and downward API volumes from. A VM cannot see the node's
-// files, so their files travel into the guest by cloud-init write_files.
-var projectedVolume = regexp.MustCompile(`/volumes/kubernetes\.io~(configmap|secret|projected|downward-api)/[^/]+/?$`)
-
 // cloudInitInput gathers what a VM's cloud-init data is built from: the
-// objects the annotations name, the files of projected volume mounts, the
+// objects the annotations name, the files of the ConfigMap, Secret,
+// projected and downward API volume mounts (a VM cannot see the node's
+// files, so they travel into the guest by cloud-init write_files), the
 // container's env and the pod's network. Errors name the annotation or
 // mount at fault.
-func (r *Runtime) cloudInitInput(ctx context.Context, sb *Sandbox, opts annotations.VMOptions, cfg ContainerConfig) (cloudinit.Input, error) {
+func (r *Runtime) cloudInitInput(ctx context.Context, sb *Sandbox, opts annotations.VMOptions, cfg ContainerConfig, projected []Mount) (cloudinit.Input, error) {
 	in := cloudinit.Input{PodName: sb.Name, Namespace: sb.Namespace, Options: opts, Network: sb.Network}
 	if ref := opts.UserDataSource; ref != nil {
 		data, err := r.kubeObject(ctx, sb.Namespace, *ref, annotations.CloudInitUserDataSource)
@@ -40,10 +41,7 @@ func (r *Runtime) cloudInitInput(ctx context.Context, sb *Sandbox, opts annotati
 	for _, e := range cfg.Env {
 		in.Env = append(in.Env, cloudinit.EnvVar{Name: e.Name, Value: e.Value})
 	}
-	for _, m := range cfg.Mounts {
-		if !projectedVolume.MatchString(m.HostPath) {
-			continue
-		}
+	for _, m := range projected {
 		if r.deps.Files == nil {
 			return in, fmt.Errorf("mount %s: the runtime cannot read projected volume files: %w", m.ContainerPath, ports.ErrFailedPrecondition)
 		}
@@ -86,22 +84,94 @@ func (r *Runtime) kubeObject(ctx context.Context, namespace string, ref annotati
 	return data, nil
 }
 
-// datasource returns the plugin for the pod's VirtletCloudInitImageType.
+// datasource returns the plugin for the pod's VirtletCloudInitImageType:
+// any type an installed datasource plugin handles.
 func (r *Runtime) datasource(opts annotations.VMOptions) (ports.Datasource, error) {
 	ds, ok := r.deps.Datasources[opts.CloudInitImageType]
 	if !ok {
-		return nil, fmt.Errorf("annotation %s: no datasource plugin %q is installed, so the VM cannot get its cloud-init data (add its plugin manifest): %w",
-			annotations.CloudInitImageType, opts.CloudInitImageType, ports.ErrFailedPrecondition)
+		installed := slices.Sorted(maps.Keys(r.deps.Datasources))
+		allowed := strings.Join(installed, ", ")
+		if len(installed) == 0 {
+			allowed = "none: no datasource plugin is installed (add one's manifest)"
+		}
+		return nil, &ports.InvalidError{Field: "annotation " + annotations.CloudInitImageType, Value: opts.CloudInitImageType,
+			Reason: "no installed datasource plugin handles this type", Allowed: allowed}
 	}
 	return ds, nil
 }
 
-// cloudInitDisk is the media disk on the pod's disk bus: a CD-ROM on SCSI,
-// a read-only disk on virtio-blk (which has no CD-ROMs).
+// filesFromDataSource reads the files VirtletFilesFromDataSource names:
+// every key X of the ConfigMap or Secret is a file, written at the path in
+// X_path, its value encoded as X_encoding says (base64, the default, or
+// plain), as Virtlet did. Errors name the key and the path.
+func (r *Runtime) filesFromDataSource(ctx context.Context, sb *Sandbox, opts annotations.VMOptions) ([]ports.GuestFile, error) {
+	ref := opts.FilesFromDataSource
+	if ref == nil {
+		return nil, nil
+	}
+	data, err := r.kubeObject(ctx, sb.Namespace, *ref, annotations.FilesFromDataSource)
+	if err != nil {
+		return nil, err
+	}
+	mode := os.FileMode(0o644)
+	if ref.Kind == annotations.Secret {
+		mode = 0o600
+	}
+	fail := func(key, value, reason, allowed string) error {
+		return &ports.InvalidError{Field: fmt.Sprintf("annotation %s (%s), key %s", annotations.FilesFromDataSource, ref, key),
+			Value: value, Reason: reason, Allowed: allowed}
+	}
+	var files []ports.GuestFile
+	seen := map[string]string{}
+	for _, key := range slices.Sorted(maps.Keys(data)) {
+		if strings.HasSuffix(key, "_path") || strings.HasSuffix(key, "_encoding") {
+			if _, ok := data[strings.TrimSuffix(strings.TrimSuffix(key, "_path"), "_encoding")]; !ok {
+				return nil, fail(key, "", "it belongs to no file key", "X_path and X_encoding keys next to a key X holding the content")
+			}
+			continue
+		}
+		rawPath, ok := data[key+"_path"]
+		if !ok {
+			return nil, fail(key+"_path", "", "missing: every file key needs the path to write it at", "an absolute guest path, e.g. /etc/app.conf")
+		}
+		p := strings.TrimSpace(string(rawPath))
+		if !path.IsAbs(p) || path.Clean(p) != p || p == "/" {
+			return nil, fail(key+"_path", p, "not a clean absolute file path", "an absolute guest path without '..', e.g. /etc/app.conf")
+		}
+		if prev, dup := seen[p]; dup {
+			return nil, fail(key+"_path", p, "key "+prev+" writes the same path", "one key per path")
+		}
+		seen[p] = key
+		content := data[key]
+		switch enc := strings.TrimSpace(string(data[key+"_encoding"])); enc {
+		case "", annotations.EncodingBase64:
+			dec, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(content)))
+			if err != nil {
+				return nil, fail(key, "", fmt.Sprintf("the content for %s is not valid base64 (%v)", p, err),
+					"base64 content, or "+key+"_encoding: plain")
+			}
+			content = dec
+		case annotations.EncodingPlain:
+		default:
+			return nil, fail(key+"_encoding", enc, "unknown encoding", "base64 (the default) or plain")
+		}
+		files = append(files, ports.GuestFile{Path: p, Data: content, Mode: mode})
+	}
+	if len(files) == 0 {
+		return nil, fail("(none)", "", fmt.Sprintf("%s %s has no file keys", ref.Kind, ref.Name), "keys X with X_path (and optionally X_encoding)")
+	}
+	return files, nil
+}
+
+// cloudInitDisk is the media disk on the pod's disk bus, read-only: a
+// CD-ROM on SCSI unless the plugin made a disk image, always a disk on
+// virtio-blk (which has no CD-ROMs).
 func cloudInitDisk(d ports.Disk, bus ports.DiskBus) ports.Disk {
 	d.Bus = bus
 	d.ReadOnly = true
-	d.Device = ports.DeviceCDROM
+	if d.Device == "" {
+		d.Device = ports.DeviceCDROM
+	}
 	if bus == ports.BusVirtio {
 		d.Device = ports.DeviceDisk
 	}

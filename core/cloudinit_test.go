@@ -50,12 +50,15 @@ func TestVMGetsCloudInitMedia(t *testing.T) {
 			t.Errorf("user-data lacks %q:\n%s", want, ud)
 		}
 	}
-	if strings.Contains(ud, "/data") {
+	if strings.Contains(ud, "path: /data") {
 		t.Errorf("an emptyDir mount became files:\n%s", ud)
 	}
 	spec, _ := e.hv.Spec(id)
 	if n := len(spec.Disks); n != 2 {
 		t.Fatalf("%d disks", n)
+	}
+	if len(spec.Filesystems) != 1 || spec.Filesystems[0].Tag != "data" {
+		t.Errorf("the emptyDir is not a share: %+v", spec.Filesystems)
 	}
 	if d := spec.Disks[1]; d.Name != "cloud-init" || d.Device != ports.DeviceCDROM || d.Bus != ports.BusSCSI || !d.ReadOnly {
 		t.Errorf("cloud-init disk %+v", d)
@@ -80,8 +83,10 @@ func TestCloudInitDatasourceAndBus(t *testing.T) {
 	if !ok || e.nc.Count() != 0 {
 		t.Fatalf("configdrive media %v, nocloud %d", ok, e.nc.Count())
 	}
-	if !strings.Contains(string(req.MetaData), `"uuid"`) {
-		t.Errorf("configdrive meta-data without uuid: %s", req.MetaData)
+	// The datasource owns its format: the core hands the same neutral
+	// meta-data to every datasource.
+	if strings.Contains(string(req.MetaData), `"uuid"`) || !strings.Contains(string(req.MetaData), `"instance-id": "p.default"`) {
+		t.Errorf("meta-data handed to the configdrive plugin: %s", req.MetaData)
 	}
 	spec, _ := e.hv.Spec(id)
 	if d := spec.Disks[1]; d.Device != ports.DeviceDisk || d.Bus != ports.BusVirtio || !d.ReadOnly {
@@ -174,7 +179,13 @@ func TestMissingDatasourcePlugin(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = rt.CreateContainer(context.Background(), sb, vmContainer(img))
-	if !errors.Is(err, ports.ErrFailedPrecondition) || !strings.Contains(err.Error(), `annotation VirtletCloudInitImageType: no datasource plugin "nocloud"`) {
+	if !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), `annotation VirtletCloudInitImageType: invalid value "nocloud": no installed datasource plugin handles this type`) {
+		t.Fatalf("err %v", err)
+	}
+	// A type no installed plugin handles: the error lists those that are.
+	sb = e.runPod(t, "q", map[string]string{annotations.CloudInitImageType: "vfat"})
+	_, err = e.rt.CreateContainer(context.Background(), sb, vmContainer(img))
+	if !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), "(allowed: configdrive, nocloud)") {
 		t.Fatalf("err %v", err)
 	}
 }

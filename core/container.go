@@ -30,6 +30,7 @@ type ContainerConfig struct {
 	LogPath     string // relative to the sandbox's log directory
 	Env         []EnvVar
 	Mounts      []Mount
+	Devices     []Device
 	// MemoryLimitBytes is the container's memory limit (0: none).
 	MemoryLimitBytes int64
 }
@@ -109,7 +110,23 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
-	if opts.RootVolumeSize > 0 && opts.RootVolumeSize < img.VirtualSize {
+	plan, err := r.planVolumes(ctx, cfg, opts)
+	if err != nil {
+		return "", fmt.Errorf("pod %s: %w", pod, err)
+	}
+	root := plan.rootfs()
+	switch {
+	case root != nil && opts.RootVolumeSize > 0:
+		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
+			Field: "annotation " + annotations.RootVolumeSize, Value: sb.Annotations[annotations.RootVolumeSize],
+			Reason:  fmt.Sprintf("the VM's root is the persistent root filesystem on block volume %s, whose size is the device's", root.Name),
+			Allowed: "no " + annotations.RootVolumeSize + " with a persistent root filesystem"})
+	case root == nil && opts.RootfsReinit:
+		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
+			Field: "annotation " + annotations.PersistentRootfsReinit, Value: sb.Annotations[annotations.PersistentRootfsReinit],
+			Reason:  "the pod has no persistent root filesystem",
+			Allowed: "only with a block volume at devicePath \"/\""})
+	case opts.RootVolumeSize > 0 && opts.RootVolumeSize < img.VirtualSize:
 		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
 			Field: "annotation " + annotations.RootVolumeSize, Value: sb.Annotations[annotations.RootVolumeSize],
 			Reason:  fmt.Sprintf("smaller than the image's virtual size (%d bytes)", img.VirtualSize),
@@ -120,14 +137,17 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
-	ciInput, err := r.cloudInitInput(ctx, sb, opts, cfg)
+	rootFiles, err := r.filesFromDataSource(ctx, sb, opts)
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
-	ci, err := cloudinit.Build(ciInput)
+	ciInput, err := r.cloudInitInput(ctx, sb, opts, cfg, plan.projected)
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
+	// A persistent root keeps the network configuration of its first pod;
+	// later pods get theirs by DHCP (seed 004).
+	ciInput.PersistentRoot = root != nil
 
 	id := newContainerID()
 	spec := ports.VMSpec{
@@ -136,7 +156,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 		VCPUs: opts.VCPUCount, MemoryBytes: memory,
 		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting},
 		Disks: []ports.Disk{{
-			Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true,
+			Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true, Serial: RootSerial,
 			Source:  ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"},
 			Overlay: &ports.DiskOverlay{BasePath: imagePath, BaseFormat: formatOr(img.Format, "qcow2"), SizeBytes: opts.RootVolumeSize},
 		}},
@@ -154,35 +174,82 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	c := &Container{
 		ID: id, SandboxID: sb.ID, Name: cfg.Name, Attempt: cfg.Attempt,
 		Image:  ImageRef{Spec: cfg.Image, UserSpecified: cfg.UserImage, ID: img.ID},
-		Labels: cfg.Labels, Annotations: cfg.Annotations, LogPath: cfg.LogPath, Mounts: cfg.Mounts,
+		Labels: cfg.Labels, Annotations: cfg.Annotations, LogPath: cfg.LogPath, Mounts: cfg.Mounts, Volumes: plan.uses,
 		Spec: spec, Datasource: opts.CloudInitImageType, State: ContainerCreating, CreatedAt: r.opts.Now(),
 	}
 	log := r.log.WithFields(logrus.Fields{"pod": pod, "container": short(id), "vm": spec.Name})
-	// Record the intent before the hypervisor acts: after a crash the
+	// Record the intent before anything is made: after a crash the
 	// reconciler finds a "creating" record and undoes what was done.
 	if err := r.commit(ctx, write{container: c}); err != nil {
 		return "", err
 	}
-	media, err := ds.BuildMedia(ctx, ports.MediaRequest{VMID: id, Datasource: opts.CloudInitImageType,
-		MetaData: ci.MetaData, UserData: ci.UserData, NetworkConfig: ci.NetworkConfig})
-	if err != nil {
+	fail := func(err error) (string, error) {
 		r.undoCreate(ctx, c, log)
-		return "", fmt.Errorf("pod %s: build %s cloud-init media: %w", pod, opts.CloudInitImageType, err)
+		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
-	spec.Disks = append(slices.Clip(spec.Disks), cloudInitDisk(media, opts.DiskDriver))
+	var rootfs *ports.RootfsRequest
+	if root != nil {
+		rootfs = &ports.RootfsRequest{ImagePath: imagePath, ImageFormat: formatOr(img.Format, "qcow2"), ImageDigest: img.ID,
+			ImageName: cfg.UserImage, ImageVirtualSize: img.VirtualSize, Reinitialize: opts.RootfsReinit}
+	}
+	vols, err := r.prepareVolumes(ctx, c, opts.DiskDriver, rootfs)
+	if err != nil {
+		return fail(err)
+	}
+	if vols.root != nil {
+		spec.Disks[0] = *vols.root
+	}
+	spec.Disks = append(spec.Disks, vols.disks...)
+	spec.Filesystems = vols.filesystems
+	ciInput.Volumes = guestVolumes(plan.uses, vols.formats, opts.DiskDriver)
+	ci, err := cloudinit.Build(ciInput)
+	if err != nil {
+		return fail(err)
+	}
+	media, err := ds.BuildMedia(ctx, ports.MediaRequest{VMID: id, Datasource: opts.CloudInitImageType,
+		MetaData: ci.MetaData, UserData: ci.UserData, NetworkConfig: ci.NetworkConfig, Network: ci.Network})
+	if err != nil {
+		return fail(fmt.Errorf("build %s cloud-init media: %w", opts.CloudInitImageType, err))
+	}
+	media.Serial = CIDataSerial
+	spec.Disks = append(spec.Disks, cloudInitDisk(media, opts.DiskDriver))
+	if err := checkDiskCount(spec.Disks); err != nil {
+		return fail(err)
+	}
 	if err := r.deps.Hypervisor.Define(ctx, spec); err != nil {
-		r.undoCreate(ctx, c, log)
-		return "", fmt.Errorf("pod %s: define VM %s: %w", pod, spec.Name, err)
+		return fail(fmt.Errorf("define VM %s: %w", spec.Name, err))
+	}
+	if len(rootFiles) > 0 {
+		if err := r.deps.Hypervisor.WriteFiles(ctx, id, rootFiles); err != nil {
+			return fail(fmt.Errorf("annotation %s: write the files of %s into the root file system: %w",
+				annotations.FilesFromDataSource, opts.FilesFromDataSource, err))
+		}
 	}
 	created := *c
-	created.Spec = spec
+	created.Spec = spec.WithoutSecrets()
 	created.State = ContainerCreated
 	if err := r.commit(ctx, write{container: &created}); err != nil {
 		r.undoCreate(ctx, c, log)
 		return "", err
 	}
-	log.WithFields(logrus.Fields{"vcpus": spec.VCPUs, "memory": spec.MemoryBytes, "image": img.ID}).Info("VM defined")
+	log.WithFields(logrus.Fields{"vcpus": spec.VCPUs, "memory": spec.MemoryBytes, "image": img.ID, "volumes": len(plan.uses)}).Info("VM defined")
 	return id, nil
+}
+
+// maxDisksPerBus bounds a VM's disks: the guest names them sda…sdz or
+// vda…vdz.
+const maxDisksPerBus = 26
+
+func checkDiskCount(disks []ports.Disk) error {
+	per := map[ports.DiskBus]int{}
+	for _, d := range disks {
+		per[d.Bus]++
+		if per[d.Bus] > maxDisksPerBus {
+			return fmt.Errorf("the VM would have more than %d disks on its %s bus (root, volumes and cloud-init media): %w",
+				maxDisksPerBus, d.Bus, ports.ErrInvalidArgument)
+		}
+	}
+	return nil
 }
 
 // undoCreate removes what a failed CreateContainer made.
@@ -197,10 +264,13 @@ func (r *Runtime) undoCreate(ctx context.Context, c *Container, log logrus.Field
 	}
 }
 
-// releaseVM undefines a VM and deletes its cloud-init media; both steps
-// tolerate what is already gone.
+// releaseVM undefines a VM, releases its volumes and deletes its
+// cloud-init media; each step tolerates what is already gone.
 func (r *Runtime) releaseVM(ctx context.Context, c *Container) error {
 	if err := r.deps.Hypervisor.Undefine(ctx, c.ID); err != nil && !errors.Is(err, ports.ErrNotFound) {
+		return err
+	}
+	if err := r.releaseVolumes(ctx, c); err != nil {
 		return err
 	}
 	if c.Datasource == "" {

@@ -93,7 +93,9 @@ type Container struct {
 	Annotations map[string]string `json:"annotations,omitempty"`
 	LogPath     string            `json:"logPath,omitempty"`
 	Mounts      []Mount           `json:"mounts,omitempty"`
-	Spec        ports.VMSpec      `json:"spec"`
+	// Volumes are the VM's volumes, as its volume plugins prepared them.
+	Volumes []VolumeUse  `json:"volumes,omitempty"`
+	Spec    ports.VMSpec `json:"spec"`
 	// Datasource is the plugin holding the VM's cloud-init media.
 	Datasource string `json:"datasource,omitempty"`
 
@@ -122,6 +124,9 @@ type Mount struct {
 	ContainerPath string `json:"containerPath"`
 	HostPath      string `json:"hostPath"`
 	ReadOnly      bool   `json:"readOnly,omitempty"`
+	// Image, for an image volume, names the OCI image to mount (not
+	// supported for VMs).
+	Image string `json:"image,omitempty"`
 }
 
 // Image is a VM disk image in the local store.

@@ -29,6 +29,7 @@ type Deps struct {
 	Datasources  map[string]ports.Datasource // by datasource name
 	Kube         ports.KubeObjects           // nil: annotations naming ConfigMaps/Secrets fail
 	Files        ports.ProjectedFiles        // nil: ConfigMap/Secret volume mounts fail
+	VolumeDirs   ports.VolumeDirs            // nil: flexvolume mounts fail
 }
 
 // Options tune the runtime.

@@ -31,6 +31,8 @@ type env struct {
 	nc, cd *fakes.Datasource
 	kube   *fakes.KubeObjects
 	vfiles fakes.ProjectedFiles
+	vols   *fakes.Volumes
+	vdirs  fakes.VolumeDirs
 	logDir string
 	cancel context.CancelFunc
 }
@@ -49,6 +51,7 @@ func newEnv(t *testing.T) *env {
 		files: fakes.NewImageFiles(dir), net: fakes.NewNetwork(), logDir: t.TempDir(),
 		nc: fakes.NewDatasource("nocloud"), cd: fakes.NewDatasource("configdrive"),
 		kube: fakes.NewKubeObjects(), vfiles: fakes.ProjectedFiles{},
+		vols: fakes.NewVolumes(), vdirs: fakes.VolumeDirs{},
 	}
 	e.start(t)
 	return e
@@ -64,7 +67,8 @@ func (e *env) start(t *testing.T) {
 		Hypervisor: e.hv, ImageSources: map[string]ports.ImageSource{"https": e.images},
 		ImageFiles: e.files, Store: e.store, Network: e.net,
 		Datasources: map[string]ports.Datasource{"nocloud": e.nc, "configdrive": e.cd},
-		Kube:        e.kube, Files: e.vfiles,
+		Kube:        e.kube, Files: e.vfiles, VolumeDirs: e.vdirs,
+		Volumes: map[string]ports.Volumes{ports.VolumeShare: e.vols, ports.VolumeBlock: e.vols, "qcow2": e.vols, "ceph": e.vols, "sized": e.vols},
 	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)

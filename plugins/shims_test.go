@@ -28,6 +28,8 @@ var (
 	disk = ports.Disk{Name: "vol-ceph", Device: ports.DeviceDisk, Bus: ports.BusSCSI, ReadOnly: true, Serial: "s1",
 		Source: ports.DiskSource{Type: ports.SourceNetwork, Format: "raw", Protocol: "rbd", Name: "pool/img",
 			Hosts: []ports.NetworkHost{{Name: "127.0.0.1", Port: "6789"}}, Auth: &ports.DiskAuth{Username: "admin", SecretType: "ceph", Secret: []byte("k")}}}
+	slice = ports.Disk{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true,
+		Source: ports.DiskSource{Type: ports.SourceBlock, Path: "/dev/loop3", Format: "raw", Offset: 1 << 20, Size: 1 << 30}}
 	fsys       = ports.Filesystem{Source: "/var/lib/kubelet/pods/u/volumes/x", Tag: "x", AccessMode: "squash", ReadOnly: true}
 	attachment = ports.NetworkAttachment{NetNSPath: "/var/run/netns/p", DNS: &ports.DNSConfig{Servers: []string{"198.18.0.10"}, Searches: []string{"svc"}, Options: []string{"ndots:5"}},
 		Interfaces: []ports.NetworkInterface{{Name: "eth0", MAC: "52:54:00:00:00:01", MTU: 1450, Bridge: "vlb-0123456789a",
@@ -39,9 +41,14 @@ func (e *echo) Fetch(ctx context.Context, req ports.FetchRequest) (ports.FetchRe
 	e.got = req
 	return ports.FetchResult{Digest: "sha256:ab", Size: 7, Format: "raw", VirtualSize: 1 << 20}, nil
 }
+func (e *echo) Validate(ctx context.Context, req ports.VolumeRequest) (map[string]string, error) {
+	e.got = req
+	return map[string]string{"kept": "yes"}, nil
+}
+func (e *echo) Forget(ctx context.Context, req ports.VolumeRequest) error { e.got = req; return nil }
 func (e *echo) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.VolumeAttachment, error) {
 	e.got = req
-	return ports.VolumeAttachment{Disks: []ports.Disk{disk}, Filesystems: []ports.Filesystem{fsys}}, nil
+	return ports.VolumeAttachment{Disks: []ports.Disk{disk, slice}, Filesystems: []ports.Filesystem{fsys}, Format: "ext4", FormatUUID: "u-1"}, nil
 }
 func (e *echo) Release(ctx context.Context, req ports.VolumeRequest) error { e.got = req; return nil }
 func (e *echo) BuildMedia(ctx context.Context, req ports.MediaRequest) (ports.Disk, error) {
@@ -82,13 +89,25 @@ func TestImageShim(t *testing.T) {
 func TestVolumeShim(t *testing.T) {
 	e := &echo{kind: ports.KindVolume}
 	c := volume.NewClient(sdktest.Conn(t, e))
-	req := ports.VolumeRequest{VMID: "vm", PodUID: "u", PodNamespace: "ns", Name: "data", Type: "ceph", Options: map[string]string{"pool": "rbd"}, HostPath: "/h"}
+	req := ports.VolumeRequest{VMID: "vm", PodUID: "u", PodNamespace: "ns", PodName: "p", Name: "data", Type: "ceph",
+		Options: map[string]string{"pool": "rbd"}, HostPath: "/h", ReadOnly: true, Chown: true,
+		Rootfs: &ports.RootfsRequest{ImagePath: "/i", ImageFormat: "qcow2", ImageDigest: "sha256:ab", ImageName: "virtlet.cloud/x",
+			ImageVirtualSize: 1 << 30, Reinitialize: true}}
 	att, err := c.Prepare(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	same(t, "request", e.got, req)
-	same(t, "attachment", att, ports.VolumeAttachment{Disks: []ports.Disk{disk}, Filesystems: []ports.Filesystem{fsys}})
+	same(t, "attachment", att, ports.VolumeAttachment{Disks: []ports.Disk{disk, slice}, Filesystems: []ports.Filesystem{fsys}, Format: "ext4", FormatUUID: "u-1"})
+	kept, err := c.Validate(context.Background(), req)
+	if err != nil || kept["kept"] != "yes" {
+		t.Fatalf("Validate: %v %v", kept, err)
+	}
+	same(t, "validate request", e.got, req)
+	if err := c.Forget(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	same(t, "forget request", e.got, req)
 	if err := c.Release(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +117,8 @@ func TestVolumeShim(t *testing.T) {
 func TestDatasourceShim(t *testing.T) {
 	e := &echo{kind: ports.KindDatasource}
 	c := datasource.NewClient(sdktest.Conn(t, e))
-	req := ports.MediaRequest{VMID: "vm", Datasource: "nocloud", MetaData: []byte(`{"a":1}`), UserData: []byte("#cloud-config\n"), NetworkConfig: []byte("version: 1\n")}
+	req := ports.MediaRequest{VMID: "vm", Datasource: "nocloud", MetaData: []byte(`{"a":1}`), UserData: []byte("#cloud-config\n"),
+		NetworkConfig: []byte("version: 1\n"), Network: &attachment}
 	d, err := c.BuildMedia(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)

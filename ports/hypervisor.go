@@ -2,6 +2,7 @@ package ports
 
 import (
 	"context"
+	"os"
 	"time"
 )
 
@@ -33,6 +34,34 @@ type Hypervisor interface {
 	Watch(ctx context.Context) (<-chan VMStatus, error)
 	// ReopenLog reopens the VM's console log file after kubelet rotated it.
 	ReopenLog(ctx context.Context, id string) error
+	// WriteFiles writes files into the root file system of a defined VM's
+	// boot disk before it first boots (VirtletFilesFromDataSource). The
+	// files may be secret and are never logged or kept.
+	WriteFiles(ctx context.Context, id string, files []GuestFile) error
+}
+
+// WithoutSecrets returns a copy of the spec whose disks carry no
+// authentication secret: the form kept in records.
+func (s VMSpec) WithoutSecrets() VMSpec {
+	disks := make([]Disk, len(s.Disks))
+	for i, d := range s.Disks {
+		if d.Source.Auth != nil {
+			auth := *d.Source.Auth
+			auth.Secret = nil
+			d.Source.Auth = &auth
+		}
+		disks[i] = d
+	}
+	s.Disks = disks
+	return s
+}
+
+// GuestFile is a file to write into a guest's file system. Data may be
+// secret.
+type GuestFile struct {
+	Path string // absolute path in the guest
+	Data []byte
+	Mode os.FileMode
 }
 
 // HypervisorCapabilities describe the hypervisor behind a Hypervisor port.
@@ -194,6 +223,11 @@ type DiskSource struct {
 	Type   DiskSourceType
 	Path   string // file or block device path
 	Format string // "qcow2" or "raw"
+	// Offset and Size, when Offset is set, make the guest see only that
+	// slice of a raw source (a persistent root filesystem behind its
+	// header).
+	Offset int64
+	Size   int64
 	// Network sources (e.g. Ceph RBD).
 	Protocol string // "rbd"
 	Name     string // "pool/image"
@@ -207,7 +241,10 @@ type NetworkHost struct {
 	Port string
 }
 
-// DiskAuth authenticates to a network disk; Secret is sensitive and never logged.
+// DiskAuth authenticates to a network disk. Secret is sensitive: it is
+// never logged, and never kept in a record on disk (see
+// VMSpec.WithoutSecrets); the hypervisor keeps it where the hypervisor keeps
+// such keys (a libvirt secret).
 type DiskAuth struct {
 	Username   string
 	SecretType string // e.g. "ceph"

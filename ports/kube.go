@@ -30,3 +30,18 @@ type ProjectedFile struct {
 	Data []byte
 	Mode os.FileMode
 }
+
+// FlexvolumeOptionsFile is the file in a Virtlet flexvolume's directory
+// (kubelet's <pod>/volumes/virtlet~flexvolume_driver/<name>) where the
+// flexvolume driver keeps the volume's options, as a JSON object of
+// strings.
+const FlexvolumeOptionsFile = "virtlet-flexvolume.json"
+
+// VolumeDirs reads what volume drivers left in kubelet's volume
+// directories on the node.
+type VolumeDirs interface {
+	// FlexvolumeOptions returns the options the Virtlet flexvolume driver
+	// kept in a volume's directory. A directory without them is
+	// ErrNotFound.
+	FlexvolumeOptions(ctx context.Context, dir string) (map[string]string, error)
+}

@@ -24,7 +24,11 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 		cfg.Env = append(cfg.Env, core.EnvVar{Name: e.Key, Value: e.Value})
 	}
 	for _, m := range c.GetMounts() {
-		cfg.Mounts = append(cfg.Mounts, core.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.Readonly})
+		cfg.Mounts = append(cfg.Mounts, core.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath,
+			ReadOnly: m.Readonly || m.RecursiveReadOnly, Image: m.GetImage().GetImage()})
+	}
+	for _, d := range c.GetDevices() {
+		cfg.Devices = append(cfg.Devices, core.Device{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
 	}
 	id, err := s.rt.CreateContainer(ctx, req.PodSandboxId, cfg)
 	if err != nil {

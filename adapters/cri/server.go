@@ -9,8 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/virtlet/virtlet/adapters/unixsock"
 	"github.com/virtlet/virtlet/core"
 )
 
@@ -66,27 +65,7 @@ func Listen(endpoint string) (net.Listener, error) {
 	if strings.Contains(path, "://") {
 		return nil, fmt.Errorf("listen %s: only unix:// endpoints are supported", endpoint)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("listen %s: %w", endpoint, err)
-	}
-	if _, err := os.Stat(path); err == nil {
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("listen %s: another process serves this socket", endpoint)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("listen %s: remove stale socket: %w", endpoint, err)
-		}
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", endpoint, err)
-	}
-	if err := os.Chmod(path, 0o660); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("listen %s: %w", endpoint, err)
-	}
-	return l, nil
+	return unixsock.Listen(path, 0o660)
 }
 
 // ServeUntil serves on l until ctx ends, then stops gracefully (bounded).

@@ -9,6 +9,7 @@ package kubefiles
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -86,4 +87,25 @@ func (Reader) Read(ctx context.Context, hostPath string) ([]ports.ProjectedFile,
 	return out, nil
 }
 
-var _ ports.ProjectedFiles = Reader{}
+// FlexvolumeOptions reads the options the Virtlet flexvolume driver kept
+// in a volume's directory.
+func (Reader) FlexvolumeOptions(ctx context.Context, dir string) (map[string]string, error) {
+	p := filepath.Join(dir, ports.FlexvolumeOptionsFile)
+	raw, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s is missing (was the volume set up by the virtlet flexvolume driver?): %w", p, ports.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read flexvolume options: %w", err)
+	}
+	opts := map[string]string{}
+	if err := json.Unmarshal(raw, &opts); err != nil {
+		return nil, fmt.Errorf("%s: not a JSON object of strings: %v: %w", p, err, ports.ErrInvalidArgument)
+	}
+	return opts, nil
+}
+
+var (
+	_ ports.ProjectedFiles = Reader{}
+	_ ports.VolumeDirs     = Reader{}
+)

@@ -48,6 +48,13 @@ func TestChooseAccelerator(t *testing.T) {
 		}
 	}
 	a := chooseAccelerator(context.Background(), "auto", "qemu-system-x86_64", t.TempDir())
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		// Without KVM the probe is not run at all.
+		if a.Name != "tcg" || a.Reason != "no /dev/kvm" {
+			t.Fatalf("auto without /dev/kvm: %+v", a)
+		}
+		return
+	}
 	if (a.Name != "kvm" && a.Name != "tcg") || !strings.Contains(a.Reason, "TCG") || strings.Contains(a.Reason, "both KVM") {
 		t.Fatalf("auto: %+v", a)
 	}

@@ -35,6 +35,9 @@ type domainInput struct {
 	DomainType string            // "kvm" or "qemu" (TCG)
 	DiskPaths  map[string]string // resolved paths of overlay disks, by disk name
 	ConsoleLog string            // raw serial log written by virtlogd
+	// Secrets are the UUIDs of the libvirt secrets holding network disks'
+	// keys, by disk name: the domain names the secret, never the key.
+	Secrets map[string]string
 }
 
 // domainXML renders the libvirt domain of a VM. It is deterministic, so
@@ -218,12 +221,29 @@ func addDisks(d *libvirtxml.Domain, in domainInput) error {
 			}
 			dd.Source = &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: path}}
 		case ports.SourceBlock:
+			if !strings.HasPrefix(disk.Source.Path, "/dev/") {
+				return &ports.InvalidError{Field: "disk " + disk.Name + " device", Value: disk.Source.Path, Allowed: "a block device under /dev"}
+			}
 			dd.Source = &libvirtxml.DomainDiskSource{Block: &libvirtxml.DomainDiskSourceBlock{Dev: disk.Source.Path}}
+		case ports.SourceNetwork:
+			src, err := networkSource(disk, in.Secrets[disk.Name])
+			if err != nil {
+				return err
+			}
+			dd.Source = &libvirtxml.DomainDiskSource{Network: src}
 		default:
-			return fmt.Errorf("disk %s: %s disks are not supported by this hypervisor plugin yet: %w", disk.Name, disk.Source.Type, ports.ErrUnimplemented)
+			return &ports.InvalidError{Field: "disk " + disk.Name + " source type", Value: string(disk.Source.Type), Allowed: "file, block or network"}
 		}
 		if format != "qcow2" && format != "raw" {
 			return &ports.InvalidError{Field: "disk " + disk.Name + " format", Value: format, Allowed: "qcow2 or raw"}
+		}
+		if disk.Source.Offset > 0 || disk.Source.Size > 0 {
+			if format != "raw" || disk.Source.Offset < 0 || disk.Source.Size <= 0 {
+				return &ports.InvalidError{Field: "disk " + disk.Name + " slice",
+					Value: fmt.Sprintf("offset %d size %d (%s)", disk.Source.Offset, disk.Source.Size, format), Allowed: "a positive size and an offset on a raw disk"}
+			}
+			dd.Source.Slices = &libvirtxml.DomainDiskSlices{Slices: []libvirtxml.DomainDiskSlice{{
+				Type: "storage", Offset: uint(disk.Source.Offset), Size: uint(disk.Source.Size)}}}
 		}
 		dd.Driver = &libvirtxml.DomainDiskDriver{Name: "qemu", Type: format}
 		switch disk.Bus {
@@ -259,3 +279,26 @@ func addDisks(d *libvirtxml.Domain, in domainInput) error {
 }
 
 func uintp(v uint) *uint { return &v }
+
+// networkSource is a network disk (Ceph RBD) whose key the domain finds in
+// the libvirt secret secretUUID.
+func networkSource(disk ports.Disk, secretUUID string) (*libvirtxml.DomainDiskSourceNetwork, error) {
+	src := disk.Source
+	if src.Protocol != "rbd" {
+		return nil, &ports.InvalidError{Field: "disk " + disk.Name + " protocol", Value: src.Protocol, Allowed: "rbd"}
+	}
+	if src.Name == "" || len(src.Hosts) == 0 {
+		return nil, &ports.InvalidError{Field: "disk " + disk.Name + " source", Reason: "an RBD disk needs pool/image and monitor hosts"}
+	}
+	n := &libvirtxml.DomainDiskSourceNetwork{Protocol: src.Protocol, Name: src.Name}
+	for _, h := range src.Hosts {
+		n.Hosts = append(n.Hosts, libvirtxml.DomainDiskSourceHost{Name: h.Name, Port: h.Port})
+	}
+	if a := src.Auth; a != nil {
+		if secretUUID == "" {
+			return nil, fmt.Errorf("disk %s: no libvirt secret holds its key: %w", disk.Name, ports.ErrInvalidArgument)
+		}
+		n.Auth = &libvirtxml.DomainDiskAuth{Username: a.Username, Secret: &libvirtxml.DomainDiskSecret{Type: a.SecretType, UUID: secretUUID}}
+	}
+	return n, nil
+}

@@ -72,6 +72,31 @@ func TestDomainGolden(t *testing.T) {
 				ports.Disk{Name: "vol-data", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Source: ports.DiskSource{Type: ports.SourceBlock, Path: "/dev/loop7", Format: "raw"}})
 			s.Filesystems = []ports.Filesystem{{Source: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~empty-dir/data", Tag: "data", AccessMode: "squash"}}
 		}, true},
+		// seed 004's volumes: a qcow2 flexvolume, a raw device, a Ceph RBD
+		// image (its key in a libvirt secret the domain names), 9p shares
+		// read-write and read-only; every disk with its serial.
+		{"volumes", with(), func(s *ports.VMSpec) {
+			s.Disks[0].Serial = "virtlet-root"
+			s.Disks = append(s.Disks,
+				ports.Disk{Name: "vol-extra", Device: ports.DeviceDisk, Bus: ports.BusSCSI, Serial: "vol-extra",
+					Source: ports.DiskSource{Type: ports.SourceFile, Path: "/var/lib/virtlet/plugins/qcow2/disks/x-extra.qcow2", Format: "qcow2"}},
+				ports.Disk{Name: "vol-raw", Device: ports.DeviceDisk, Bus: ports.BusSCSI, Serial: "vol-raw", ReadOnly: true,
+					Source: ports.DiskSource{Type: ports.SourceBlock, Path: "/dev/mapper/somevg", Format: "raw"}},
+				ports.Disk{Name: "vol-ceph", Device: ports.DeviceDisk, Bus: ports.BusSCSI, Serial: "vol-ceph",
+					Source: ports.DiskSource{Type: ports.SourceNetwork, Protocol: "rbd", Name: "libvirt-pool/rbd-test-image", Format: "raw",
+						Hosts: []ports.NetworkHost{{Name: "10.0.0.1", Port: "6789"}},
+						Auth:  &ports.DiskAuth{Username: "libvirt", SecretType: "ceph", Secret: []byte("never in the XML")}}},
+				ports.Disk{Name: "cloud-init", Device: ports.DeviceCDROM, Bus: ports.BusSCSI, ReadOnly: true, Serial: "virtlet-cidata",
+					Source: ports.DiskSource{Type: ports.SourceFile, Path: "/run/ci.iso", Format: "raw"}})
+			s.Filesystems = []ports.Filesystem{
+				{Source: "/var/lib/virtlet/plugins/ninep/shares/x/data", Tag: "data", AccessMode: "squash"},
+				{Source: "/var/lib/virtlet/plugins/ninep/shares/x/config", Tag: "config", AccessMode: "squash", ReadOnly: true}}
+		}, true},
+		// A persistent root: the block device behind its 1 MiB header.
+		{"persistent-root", with(annotations.DiskDriver, "virtio"), func(s *ports.VMSpec) {
+			s.Disks[0] = ports.Disk{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true, Serial: "virtlet-root",
+				Source: ports.DiskSource{Type: ports.SourceBlock, Path: "/dev/loop3", Format: "raw", Offset: 1 << 20, Size: 4<<30 - 1<<20}}
+		}, true},
 		{"pod-network", with(), func(s *ports.VMSpec) {
 			s.NICs = []ports.NIC{
 				{Name: "eth0", MAC: "0A:58:C6:12:05:02", MTU: 1500, Bridge: "vlb-fedcba98765"},
@@ -91,9 +116,13 @@ func TestDomainGolden(t *testing.T) {
 				dt = "qemu"
 			}
 			got, err := domainXML(domainInput{Spec: spec, DomainType: dt,
-				DiskPaths: map[string]string{"root": "/var/lib/virtlet/vms/" + spec.ID + "-root.qcow2"}, ConsoleLog: "/var/lib/virtlet/vms/" + spec.ID + ".console"})
+				DiskPaths: map[string]string{"root": "/var/lib/virtlet/vms/" + spec.ID + "-root.qcow2"}, ConsoleLog: "/var/lib/virtlet/vms/" + spec.ID + ".console",
+				Secrets: map[string]string{"vol-ceph": "1c0a2b3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d"}})
 			if err != nil {
 				t.Fatal(err)
+			}
+			if strings.Contains(got, "never in the XML") {
+				t.Fatal("a disk's key is in the domain XML")
 			}
 			golden := filepath.Join("testdata", tc.name+".xml")
 			if *update {
@@ -123,9 +152,20 @@ func TestDomainRefusals(t *testing.T) {
 		want string
 	}{
 		{"foreign name", func(s *ports.VMSpec) { s.Name = "my-vm" }, "a name starting with virtlet-"},
-		{"network disk", func(s *ports.VMSpec) {
-			s.Disks[0] = ports.Disk{Name: "ceph", Bus: ports.BusSCSI, Source: ports.DiskSource{Type: ports.SourceNetwork}}
-		}, "not supported"},
+		{"network disk of another protocol", func(s *ports.VMSpec) {
+			s.Disks[0] = ports.Disk{Name: "ceph", Bus: ports.BusSCSI, Source: ports.DiskSource{Type: ports.SourceNetwork, Protocol: "nbd"}}
+		}, "disk ceph protocol"},
+		{"RBD disk without monitors", func(s *ports.VMSpec) {
+			s.Disks[0] = ports.Disk{Name: "ceph", Bus: ports.BusSCSI, Source: ports.DiskSource{Type: ports.SourceNetwork, Protocol: "rbd", Name: "p/i", Format: "raw"}}
+		}, "monitor hosts"},
+		{"RBD disk whose key has no secret", func(s *ports.VMSpec) {
+			s.Disks[0] = ports.Disk{Name: "ceph", Bus: ports.BusSCSI, Source: ports.DiskSource{Type: ports.SourceNetwork, Protocol: "rbd", Name: "p/i", Format: "raw",
+				Hosts: []ports.NetworkHost{{Name: "h", Port: "6789"}}, Auth: &ports.DiskAuth{Username: "u", SecretType: "ceph", Secret: []byte("k")}}}
+		}, "no libvirt secret"},
+		{"slice of a qcow2 disk", func(s *ports.VMSpec) {
+			s.Disks[0].Source.Offset, s.Disks[0].Source.Size = 512, 1024
+		}, "slice"},
+		{"unknown source type", func(s *ports.VMSpec) { s.Disks[0].Source.Type = "nvme" }, "file, block or network"},
 		{"bad bus", func(s *ports.VMSpec) { s.Disks[0].Bus = "floppy" }, "scsi, virtio, ide or sata"},
 		{"bad format", func(s *ports.VMSpec) {
 			s.Disks[0].Overlay = nil

@@ -20,6 +20,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"libvirt.org/go/libvirt"
 
+	"github.com/virtlet/virtlet/adapters/diskfiles"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -110,6 +111,11 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	records, err := h.loadRecords()
 	if err != nil {
 		return err
+	}
+	// A WriteFiles the previous process did not finish leaves mounts and
+	// loop devices.
+	if err := diskfiles.Cleanup(filepath.Join(pc.StateDir, injectDir)); err != nil {
+		h.log.WithError(err).Warn("clean up after interrupted file writes")
 	}
 	accel, cached := cachedAccelerator(ctx, cfg.Accelerator, cfg.QEMU, pc.StateDir)
 	h.log.WithFields(logrus.Fields{"accelerator": accel.Name, "domainType": accel.DomainType, "why": accel.Reason, "cached": cached}).
@@ -470,7 +476,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	h.mu.Lock()
 	if r, ok := h.records[spec.ID]; ok {
 		h.mu.Unlock()
-		if reflect.DeepEqual(r.Spec, spec) {
+		if reflect.DeepEqual(r.Spec, spec.WithoutSecrets()) {
 			return nil
 		}
 		return fmt.Errorf("VM %s is defined with another spec: %w", spec.ID, ports.ErrAlreadyExists)
@@ -479,9 +485,14 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	h.mu.Unlock()
 
 	log := h.log.WithFields(logrus.Fields{"vm": spec.Name, "pod": spec.PodNamespace + "/" + spec.PodName})
-	r := &record{Spec: spec, DiskPaths: map[string]string{}, ConsoleLog: filepath.Join(vmDir, spec.ID+".console"), State: ports.VMDefined}
+	r := &record{Spec: spec.WithoutSecrets(), DiskPaths: map[string]string{}, ConsoleLog: filepath.Join(vmDir, spec.ID+".console"), State: ports.VMDefined}
 	var made []string
-	undo := func() { removeFiles(made...) }
+	undo := func() {
+		removeFiles(made...)
+		if len(r.Secrets) > 0 {
+			undefineSecrets(conn, spec.ID)
+		}
+	}
 	for _, d := range spec.Disks {
 		if d.Overlay == nil {
 			continue
@@ -497,7 +508,11 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		log.WithFields(logrus.Fields{"disk": d.Name, "base": d.Overlay.BasePath, "millis": took.Milliseconds()}).Info("root disk overlay created")
 	}
 	removeFiles(append(rotatedLogs(r.ConsoleLog), r.ConsoleLog)...) // a stale log of a reused ID
-	domXML, err := domainXML(domainInput{Spec: spec, DomainType: accel.DomainType, DiskPaths: r.DiskPaths, ConsoleLog: r.ConsoleLog})
+	if r.Secrets, err = defineSecrets(conn, spec); err != nil {
+		undo()
+		return fmt.Errorf("VM %s: %w", spec.Name, err)
+	}
+	domXML, err := domainXML(domainInput{Spec: spec, DomainType: accel.DomainType, DiskPaths: r.DiskPaths, ConsoleLog: r.ConsoleLog, Secrets: r.Secrets})
 	if err != nil {
 		undo()
 		return err
@@ -701,6 +716,9 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 			return libvirtError("undefine domain of VM "+id, err)
 		}
 	}
+	if err := undefineSecrets(conn, id); err != nil {
+		return fmt.Errorf("VM %s: %w", id, err)
+	}
 	if r == nil {
 		h.log.WithField("vm", id).Info("orphan domain undefined")
 		return nil
@@ -845,6 +863,56 @@ func (h *Hypervisor) ReopenLog(ctx context.Context, id string) error {
 		return fmt.Errorf("VM %s has no console stream (not running): %w", id, ports.ErrFailedPrecondition)
 	}
 	return t.reopen()
+}
+
+// WriteFiles writes files into the root file system of a VM's boot disk
+// before its first boot.
+func (h *Hypervisor) WriteFiles(ctx context.Context, id string, files []ports.GuestFile) error {
+	h.mu.Lock()
+	r := h.records[id]
+	var disk diskfiles.Disk
+	var state ports.VMState
+	if r != nil {
+		state = r.State
+		disk = bootDisk(r)
+	}
+	stateDir := h.stateDir
+	h.mu.Unlock()
+	switch {
+	case r == nil:
+		return fmt.Errorf("VM %s: %w", id, ports.ErrNotFound)
+	case state != ports.VMDefined:
+		return fmt.Errorf("VM %s has booted already; files are written before the first boot: %w", r.Spec.Name, ports.ErrFailedPrecondition)
+	case disk.Path == "":
+		return fmt.Errorf("VM %s has no boot disk on a file or block device to write files into: %w", r.Spec.Name, ports.ErrFailedPrecondition)
+	}
+	start := time.Now()
+	if err := diskfiles.Write(ctx, disk, files, filepath.Join(stateDir, injectDir, id)); err != nil {
+		return fmt.Errorf("VM %s: %w", r.Spec.Name, err)
+	}
+	h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "files": len(files), "millis": time.Since(start).Milliseconds()}).
+		Info("files written into the root file system")
+	return nil
+}
+
+// injectDir, below the state directory, holds WriteFiles' work.
+const injectDir = "inject"
+
+// bootDisk is the disk a VM boots from, as diskfiles reads it.
+func bootDisk(r *record) diskfiles.Disk {
+	for _, d := range r.Spec.Disks {
+		if !d.Boot {
+			continue
+		}
+		switch {
+		case d.Overlay != nil:
+			return diskfiles.Disk{Path: r.DiskPaths[d.Name], Format: "qcow2"}
+		case d.Source.Type == ports.SourceFile || d.Source.Type == ports.SourceBlock:
+			return diskfiles.Disk{Path: d.Source.Path, Format: d.Source.Format, Offset: d.Source.Offset, Size: d.Source.Size}
+		}
+		break
+	}
+	return diskfiles.Disk{}
 }
 
 var _ ports.Hypervisor = (*Hypervisor)(nil)

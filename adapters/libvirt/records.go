@@ -19,6 +19,8 @@ type record struct {
 	Spec       ports.VMSpec      `json:"spec"`
 	DiskPaths  map[string]string `json:"diskPaths"`
 	ConsoleLog string            `json:"consoleLog"`
+	// Secrets are the UUIDs of the libvirt secrets of network disks.
+	Secrets map[string]string `json:"secrets,omitempty"`
 
 	State      ports.VMState `json:"state"`
 	StartedAt  time.Time     `json:"startedAt,omitempty"`

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
+	"github.com/virtlet/virtlet/adapters/admin"
 	"github.com/virtlet/virtlet/adapters/imagetranslations"
 	"github.com/virtlet/virtlet/plugins/manifest"
 )
@@ -18,6 +19,7 @@ import (
 // then command-line flags.
 type config struct {
 	Listen            string        `json:"listen"`
+	AdminSocket       string        `json:"adminSocket"`
 	StateDir          string        `json:"stateDir"`
 	PluginsDir        string        `json:"pluginsDir"`
 	PluginBinDir      string        `json:"pluginBinDir"`
@@ -40,7 +42,7 @@ func defaults() config {
 		bin = dirOf(exe)
 	}
 	return config{
-		Listen: "unix:///run/virtlet.sock", StateDir: "/var/lib/virtlet", PluginsDir: manifest.DefaultDir,
+		Listen: "unix:///run/virtlet.sock", AdminSocket: admin.DefaultSocket, StateDir: "/var/lib/virtlet", PluginsDir: manifest.DefaultDir,
 		PluginBinDir: bin, ImageTranslations: imagetranslations.DefaultDir, LogFormat: "text", LogLevel: "info", DefaultVMMemory: "1Gi", OperationTimeout: 15 * time.Minute,
 	}
 }
@@ -56,9 +58,10 @@ func dirOf(p string) string {
 func parseConfig(args []string) (config, bool, error) {
 	cfg := defaults()
 	fs := flag.NewFlagSet("virtlet", flag.ContinueOnError)
-	configFile := fs.String("config", "", "YAML config file (keys: listen, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir); flags override it")
+	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir); flags override it")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	listen := fs.String("listen", cfg.Listen, "CRI endpoint to serve, unix:///path.sock")
+	adminSocket := fs.String("admin-socket", cfg.AdminSocket, "unix socket of the admin API (mode 0600) the flexvolume driver and node tools use")
 	stateDir := fs.String("state-dir", cfg.StateDir, "directory for the state database, images and plugin state")
 	pluginsDir := fs.String("plugins-dir", cfg.PluginsDir, "directory of plugin manifests; when it does not exist the embedded default set is used")
 	pluginBinDir := fs.String("plugin-bin-dir", cfg.PluginBinDir, "where the default plugins' binaries are")
@@ -95,6 +98,7 @@ func parseConfig(args []string) (config, bool, error) {
 		}
 	}
 	override("listen", &cfg.Listen, *listen)
+	override("admin-socket", &cfg.AdminSocket, *adminSocket)
 	override("state-dir", &cfg.StateDir, *stateDir)
 	override("plugins-dir", &cfg.PluginsDir, *pluginsDir)
 	override("plugin-bin-dir", &cfg.PluginBinDir, *pluginBinDir)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/virtlet/virtlet/adapters/admin"
 	"github.com/virtlet/virtlet/adapters/boltstore"
 	"github.com/virtlet/virtlet/adapters/cri"
 	"github.com/virtlet/virtlet/adapters/imagefiles"
@@ -105,7 +106,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		Hypervisor: plugins.Hypervisor(), ImageSources: plugins.ImageSources(), ImageFiles: files, Store: store,
 		Translations: imagetranslations.New(cfg.ImageTranslations),
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
-		Kube: kube, Files: kubefiles.Reader{},
+		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{},
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: cfg.OperationTimeout, Log: log.WithField("component", "core")})
 	if err != nil {
 		return err
@@ -123,7 +124,15 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	if err != nil {
 		return err
 	}
-	log.WithField("listen", cfg.Listen).Info("serving CRI")
+	adminListener, err := admin.Listen(cfg.AdminSocket)
+	if err != nil {
+		listener.Close()
+		return err
+	}
+	adminServer := admin.NewServer(rt, buildinfo.Version(), log.WithField("component", "admin")).GRPCServer()
+	go adminServer.Serve(adminListener)
+	defer adminServer.Stop()
+	log.WithFields(logrus.Fields{"listen": cfg.Listen, "admin": cfg.AdminSocket}).Info("serving CRI")
 	return cri.ServeUntil(ctx, server.GRPCServer(), listener)
 }
 

@@ -42,6 +42,9 @@ const (
 	Chown9pfsMounts                 = "VirtletChown9pfsMounts"
 	SystemUUID                      = "VirtletSystemUUID"
 	ForceDHCPNetworkConfig          = "VirtletForceDHCPNetworkConfig"
+	// PersistentRootfsReinit lets a pod overwrite a persistent root
+	// filesystem that holds another image (or data that is not one).
+	PersistentRootfsReinit = "VirtletPersistentRootfsReinit"
 )
 
 // Known lists every Virtlet annotation this package understands.
@@ -51,6 +54,7 @@ var Known = []string{
 	CloudInitUserDataScript, CloudInitUserDataSource, CloudInitUserDataSourceKey,
 	CloudInitUserDataSourceEncoding, SSHKeys, SSHKeySource, FilesFromDataSource,
 	RootVolumeSize, Chown9pfsMounts, SystemUUID, ForceDHCPNetworkConfig,
+	PersistentRootfsReinit,
 }
 
 // MaxVCPUs is the largest VirtletVCPUCount accepted.
@@ -124,6 +128,9 @@ type VMOptions struct {
 	Chown9pfsMounts bool   `json:"chown9pfsMounts,omitempty"`
 	SystemUUID      string `json:"systemUUID,omitempty"`
 	ForceDHCP       bool   `json:"forceDHCPNetworkConfig,omitempty"`
+	// RootfsReinit allows overwriting a persistent root filesystem that
+	// holds something else than the pod's image.
+	RootfsReinit bool `json:"persistentRootfsReinit,omitempty"`
 }
 
 // Defaults returns the options of a VM pod without Virtlet annotations.
@@ -313,11 +320,13 @@ func (p *parser) cpu() {
 
 func (p *parser) cloudInit() {
 	if v, ok := p.get(CloudInitImageType); ok {
-		switch v {
-		case ImageTypeNoCloud, ImageTypeConfigDrive:
+		// Any datasource plugin's type is allowed; the runtime checks that
+		// one is installed.
+		if dnsLabel.MatchString(v) {
 			p.opts.CloudInitImageType = v
-		default:
-			p.fail(CloudInitImageType, v, `"nocloud" or "configdrive"`, "")
+		} else {
+			p.fail(CloudInitImageType, v, `"nocloud", "configdrive", or the type of another installed datasource plugin`,
+				"not a datasource type name (lowercase letters, digits and '-')")
 		}
 	}
 	p.opts.MetaData = p.mapping(CloudInitMetaData, "a JSON or YAML mapping of meta-data keys")
@@ -438,6 +447,7 @@ func (p *parser) rootVolume() {
 func (p *parser) misc() {
 	p.opts.Chown9pfsMounts = p.boolean(Chown9pfsMounts)
 	p.opts.ForceDHCP = p.boolean(ForceDHCPNetworkConfig)
+	p.opts.RootfsReinit = p.boolean(PersistentRootfsReinit)
 	if v, ok := p.get(SystemUUID); ok {
 		id, err := uuid.Parse(strings.TrimSpace(v))
 		switch {
@@ -452,6 +462,7 @@ func (p *parser) misc() {
 }
 
 var (
+	dnsLabel     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 	dnsSubdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 	configKey    = regexp.MustCompile(`^[-._a-zA-Z0-9]+$`)
 )

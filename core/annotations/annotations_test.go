@@ -131,7 +131,7 @@ func TestInvalid(t *testing.T) {
 		{"cpu setting bad match", map[string]string{LibvirtCPUSetting: "Match: fuzzy\n"}, []string{"VirtletLibvirtCPUSetting", "Match is not valid", "minimum, exact, strict"}},
 		{"cpu setting feature policy", map[string]string{LibvirtCPUSetting: "Features: [{Policy: maybe, Name: vmx}]"}, []string{"Features[0].Policy"}},
 		{"cpu setting feature name", map[string]string{LibvirtCPUSetting: "Features: [{Policy: require}]"}, []string{"Features[0].Name is empty"}},
-		{"image type", map[string]string{CloudInitImageType: "iso"}, []string{"VirtletCloudInitImageType", `"nocloud" or "configdrive"`}},
+		{"image type", map[string]string{CloudInitImageType: "No Cloud!"}, []string{"VirtletCloudInitImageType", `"nocloud", "configdrive", or the type of another installed datasource plugin`}},
 		{"user-data yaml", map[string]string{CloudInitUserData: "users: [\n  - name: x\n"}, []string{"annotation VirtletCloudInitUserData", "cannot parse"}},
 		{"user-data list", map[string]string{CloudInitUserData: "- a\n- b\n"}, []string{"VirtletCloudInitUserData", "list, not a mapping"}},
 		{"meta-data scalar", map[string]string{CloudInitMetaData: "hello"}, []string{"VirtletCloudInitMetaData", "string, not a mapping"}},

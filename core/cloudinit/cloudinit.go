@@ -37,15 +37,22 @@ type File struct {
 	Mode os.FileMode
 }
 
-// Volume is a disk or share the guest mounts, or a raw block device it
-// links to a path.
+// Volume is a disk or share the guest mounts at MountPath, or a block
+// device it links to DevicePath.
 type Volume struct {
-	Name       string
-	Serial     string // the disk's serial, to find its device through sysfs
-	Tag        string // a 9p share's mount tag (instead of Serial)
-	MountPath  string // where to mount it; "" for a raw block device
-	FSType     string // "" lets mount probe
-	DevicePath string // raw block: the path the guest should see it at
+	Name string
+	// A disk is found by GuestPath (the udev link of its serial on its
+	// bus), or without udev by Serial through sysfs.
+	Serial    string
+	GuestPath string
+	Tag       string // a 9p share's mount tag (instead of a serial)
+	MountPath string
+	// Format is the file system the mount script makes on a blank disk
+	// ("ext4"); empty: the disk is mounted as it is, its type probed.
+	Format     string
+	FormatUUID string // the new file system's UUID, if set
+	DevicePath string
+	ReadOnly   bool
 }
 
 // EnvVar is a container environment variable.
@@ -67,16 +74,23 @@ type Input struct {
 	Files        []File // ConfigMap and Secret volume files, at their guest paths
 	Volumes      []Volume
 	Network      *ports.NetworkAttachment
+	// PersistentRoot: the VM boots a persistent root file system, which
+	// keeps the network configuration of its first boot; it gets no
+	// network-config (its address comes by DHCP), as in Virtlet.
+	PersistentRoot bool
 }
 
-// Data is the generated cloud-init data.
+// Data is the generated cloud-init data, in cloud-init's own forms: a
+// datasource plugin lays it out on its medium.
 type Data struct {
 	MetaData      []byte // JSON
 	UserData      []byte // empty when there is nothing to say
-	NetworkConfig []byte // network-config v1 YAML (NoCloud) or network_data.json (ConfigDrive); empty for DHCP
+	NetworkConfig []byte // network config version 1 (YAML); empty for DHCP
+	// Network is the attachment NetworkConfig describes; nil for DHCP.
+	Network *ports.NetworkAttachment
 }
 
-// Build generates the data for the datasource the options select.
+// Build generates the data.
 func Build(in Input) (Data, error) {
 	keys, err := sshKeys(in)
 	if err != nil {
@@ -89,15 +103,11 @@ func Build(in Input) (Data, error) {
 	if d.UserData, err = userData(in); err != nil {
 		return Data{}, err
 	}
-	if !in.Options.ForceDHCP && in.Network != nil && len(in.Network.Interfaces) > 0 {
-		if in.Options.CloudInitImageType == annotations.ImageTypeConfigDrive {
-			d.NetworkConfig, err = networkData(in.Network)
-		} else {
-			d.NetworkConfig, err = networkConfigV1(in.Network)
-		}
-		if err != nil {
+	if !in.Options.ForceDHCP && !in.PersistentRoot && in.Network != nil && len(in.Network.Interfaces) > 0 {
+		if d.NetworkConfig, err = networkConfigV1(in.Network); err != nil {
 			return Data{}, err
 		}
+		d.Network = in.Network
 	}
 	return d, nil
 }
@@ -134,8 +144,8 @@ func sshKeys(in Input) ([]string, error) {
 }
 
 // metaData is the meta-data JSON: instance-id, local-hostname and
-// public-keys, overridden by VirtletCloudInitMetaData; ConfigDrive repeats
-// the instance-id as uuid and the hostname as hostname.
+// public-keys, overridden by VirtletCloudInitMetaData. (A datasource adds
+// what its format repeats, e.g. ConfigDrive's uuid and hostname.)
 func metaData(in Input, keys []string) ([]byte, error) {
 	md := map[string]interface{}{
 		"instance-id":    in.PodName + "." + in.Namespace,
@@ -146,23 +156,6 @@ func metaData(in Input, keys []string) ([]byte, error) {
 	}
 	for k, v := range in.Options.MetaData {
 		md[k] = v
-	}
-	if in.Options.CloudInitImageType == annotations.ImageTypeConfigDrive {
-		if _, ok := in.Options.MetaData["uuid"]; !ok {
-			md["uuid"] = md["instance-id"]
-		}
-		if _, ok := in.Options.MetaData["hostname"]; !ok {
-			md["hostname"] = md["local-hostname"]
-		}
-		// OpenStack's own name for the keys, which cloud-init's ConfigDrive
-		// reader also understands.
-		if list, ok := md["public-keys"].([]string); ok {
-			named := map[string]string{}
-			for i, k := range list {
-				named[fmt.Sprintf("key%d", i)] = k
-			}
-			md["public_keys"] = named
-		}
 	}
 	return json.MarshalIndent(md, "", "  ")
 }
@@ -191,6 +184,7 @@ func userData(in Input) ([]byte, error) {
 	if o.UserData != nil {
 		ud = merge(ud, copyValue(o.UserData).(map[string]interface{}))
 	}
+	linkMountsToDisks(ud, in.Volumes)
 	if len(ud) == 0 {
 		return nil, nil
 	}
@@ -285,27 +279,34 @@ func generated(in Input) map[string]interface{} {
 		})
 	}
 	var mounts []interface{}
-	haveBlock := false
+	haveBlock, haveMounts := false, false
 	for _, v := range in.Volumes {
 		switch {
-		case v.Tag != "" && v.MountPath != "":
-			mounts = append(mounts, []interface{}{v.Tag, v.MountPath, "9p", "trans=virtio,version=9p2000.L,nofail", "0", "0"})
-		case v.MountPath != "":
-			mounts = append(mounts, []interface{}{diskByID(v.Serial), v.MountPath, fsType(v.FSType), "defaults,nofail", "0", "2"})
+		case v.MountPath == "":
+		case v.Tag != "":
+			mounts = append(mounts, []interface{}{v.Tag, v.MountPath, "9p", mountOptions("trans=virtio,version=9p2000.L,nofail", v.ReadOnly), "0", "0"})
+		default:
+			mounts = append(mounts, []interface{}{v.GuestPath, v.MountPath, fsType(v.Format), mountOptions("defaults,nofail", v.ReadOnly), "0", "2"})
 		}
-		if v.DevicePath != "" {
-			haveBlock = true
-		}
+		haveMounts = haveMounts || v.MountPath != ""
+		haveBlock = haveBlock || v.DevicePath != ""
 	}
-	if len(in.Volumes) > 0 {
-		files = append(files, map[string]interface{}{"path": MountScriptFile, "permissions": "0755", "content": mountScript(in.Volumes)})
-	}
+	// The scripts find devices without udev, make file systems on blank
+	// ephemeral disks (which cloud-init's mounts cannot), and run at every
+	// boot: the block links live in /dev, which a reboot empties.
+	var runcmd []interface{}
 	if haveBlock {
 		files = append(files, map[string]interface{}{"path": SymlinkScriptFile, "permissions": "0755", "content": symlinkScript(in.Volumes)})
-		ud["runcmd"] = []interface{}{
-			SymlinkScriptFile,
-			[]interface{}{"ln", "-sf", SymlinkScriptFile, "/var/lib/cloud/scripts/per-boot/symlink-devs.sh"},
-		}
+		runcmd = append(runcmd, SymlinkScriptFile,
+			[]interface{}{"ln", "-sf", SymlinkScriptFile, "/var/lib/cloud/scripts/per-boot/symlink-devs.sh"})
+	}
+	if haveMounts {
+		files = append(files, map[string]interface{}{"path": MountScriptFile, "permissions": "0755", "content": mountScript(in.Volumes)})
+		runcmd = append(runcmd, MountScriptFile,
+			[]interface{}{"ln", "-sf", MountScriptFile, "/var/lib/cloud/scripts/per-boot/mount-volumes.sh"})
+	}
+	if len(runcmd) > 0 {
+		ud["runcmd"] = runcmd
 	}
 	if len(files) > 0 {
 		ud["write_files"] = files
@@ -316,10 +317,12 @@ func generated(in Input) map[string]interface{} {
 	return ud
 }
 
-// diskByID is where udev links a disk with this serial (virtio-blk; SCSI
-// disks get a scsi-0QEMU_QEMU_HARDDISK_ link, which the mount script finds
-// without udev anyway).
-func diskByID(serial string) string { return "/dev/disk/by-id/virtio-" + serial }
+func mountOptions(opts string, readOnly bool) string {
+	if readOnly {
+		return opts + ",ro"
+	}
+	return opts
+}
 
 func fsType(t string) string {
 	if t == "" {
@@ -328,53 +331,97 @@ func fsType(t string) string {
 	return t
 }
 
-// findDevice is shell that sets dev to the block device with serial $1,
-// from sysfs: virtio-blk exposes the serial, SCSI disks their VPD page 0x80.
+// linkMountsToDisks points the user's own mounts entries that name a block
+// volume's device path at its disk instead: cloud-init mounts file systems
+// before runcmd makes the links (seed 004).
+func linkMountsToDisks(ud map[string]interface{}, vols []Volume) {
+	list, ok := ud["mounts"].([]interface{})
+	if !ok {
+		return
+	}
+	for _, entry := range list {
+		fields, ok := entry.([]interface{})
+		if !ok || len(fields) == 0 {
+			continue
+		}
+		dev, _ := fields[0].(string)
+		for _, v := range vols {
+			if v.DevicePath != "" && v.DevicePath == dev {
+				fields[0] = v.GuestPath
+			}
+		}
+	}
+}
+
+// findDevice is shell that prints the block device of a disk: through
+// its udev link ($1) when the guest has udev, else by its serial ($2) from
+// sysfs (virtio-blk shows the serial, SCSI disks their VPD page 0x80).
 const findDevice = `find_dev() {
+  if [ -b "$1" ]; then readlink -f "$1"; return 0; fi
   for b in /sys/block/*; do
     s=$(cat "$b/serial" 2>/dev/null || tail -c +5 "$b/device/vpd_pg80" 2>/dev/null | tr -d '\0 ')
-    if [ "$s" = "$1" ]; then echo "/dev/${b##*/}"; return 0; fi
+    if [ "$s" = "$2" ]; then echo "/dev/${b##*/}"; return 0; fi
   done
   return 1
 }
 `
 
-// mountScript mounts the volumes that are not mounted yet (idempotent).
+// blank is shell that says whether a device's first 64 KiB are zeros: a
+// disk never written, on which a file system may be made.
+const blank = `blank() { [ "$(dd if="$1" bs=65536 count=1 2>/dev/null | tr -d '\0' | wc -c)" -eq 0 ]; }
+`
+
+// mountScript mounts the volumes that are not mounted yet (idempotent),
+// making a file system first on a blank disk that asks for one.
 func mountScript(vols []Volume) string {
 	var b strings.Builder
 	b.WriteString("#!/bin/sh\n# Mounts the VM pod's volumes; safe to run again.\n")
 	b.WriteString(findDevice)
 	for _, v := range vols {
+		if v.Format != "" {
+			b.WriteString(blank)
+			break
+		}
+	}
+	for _, v := range vols {
 		if v.MountPath == "" {
 			continue
 		}
-		fmt.Fprintf(&b, "mkdir -p %s\n", shellQuote(v.MountPath))
+		mp := shellQuote(v.MountPath)
+		fmt.Fprintf(&b, "mkdir -p %s\n", mp)
 		if v.Tag != "" {
-			fmt.Fprintf(&b, "grep -q ' %s ' /proc/mounts || mount -t 9p -o trans=virtio,version=9p2000.L %s %s\n",
-				v.MountPath, shellQuote(v.Tag), shellQuote(v.MountPath))
+			fmt.Fprintf(&b, "mountpoint -q %s || mount -t 9p -o %s %s %s\n",
+				mp, mountOptions("trans=virtio,version=9p2000.L", v.ReadOnly), shellQuote(v.Tag), mp)
 			continue
 		}
-		typeFlag := ""
-		if v.FSType != "" {
-			typeFlag = "-t " + v.FSType + " "
+		fmt.Fprintf(&b, "if ! mountpoint -q %s && dev=$(find_dev %s %s); then\n", mp, shellQuote(v.GuestPath), shellQuote(v.Serial))
+		if v.Format != "" {
+			uuid := ""
+			if v.FormatUUID != "" {
+				uuid = "-U " + shellQuote(v.FormatUUID) + " "
+			}
+			fmt.Fprintf(&b, "  if blank \"$dev\"; then mkfs.%s -q %s\"$dev\"; fi\n", v.Format, uuid)
 		}
-		fmt.Fprintf(&b, "if ! grep -q ' %s ' /proc/mounts && dev=$(find_dev %s); then mount %s\"$dev\" %s; fi\n",
-			v.MountPath, shellQuote(v.Serial), typeFlag, shellQuote(v.MountPath))
+		opts := ""
+		if v.ReadOnly {
+			opts = "-o ro "
+		}
+		fmt.Fprintf(&b, "  mount %s\"$dev\" %s\nfi\n", opts, mp)
 	}
 	return b.String()
 }
 
-// symlinkScript links raw block volumes to the paths the pod asked for.
+// symlinkScript links block volumes to the paths the pod asked for.
 func symlinkScript(vols []Volume) string {
 	var b strings.Builder
-	b.WriteString("#!/bin/sh\n# Links the VM pod's raw block volumes; safe to run again.\n")
+	b.WriteString("#!/bin/sh\n# Links the VM pod's block volumes; safe to run again.\n")
 	b.WriteString(findDevice)
 	for _, v := range vols {
 		if v.DevicePath == "" {
 			continue
 		}
-		fmt.Fprintf(&b, "if dev=$(find_dev %s); then mkdir -p \"$(dirname %s)\"; ln -sf \"$dev\" %s; fi\n",
-			shellQuote(v.Serial), shellQuote(v.DevicePath), shellQuote(v.DevicePath))
+		fmt.Fprintf(&b, "if dev=$(find_dev %s %s); then mkdir -p \"$(dirname %s)\"; ln -sf \"$dev\" %s; fi\n",
+			shellQuote(v.GuestPath), shellQuote(v.Serial), shellQuote(v.DevicePath), shellQuote(v.DevicePath))
 	}
 	return b.String()
 }

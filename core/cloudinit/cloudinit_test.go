@@ -49,9 +49,9 @@ func seed004(t *testing.T) Input {
 			{Path: "/etc/baz/a-file-taken-from-secrets.conf", Data: []byte("# some secret content\n"), Mode: 0o600},
 		},
 		Volumes: []Volume{
-			{Name: "extra", Serial: "virtlet-extra", MountPath: "/var/lib/docker"},
-			{Name: "raw", Serial: "virtlet-raw", MountPath: "/var/lib/postgresql"},
-			{Name: "ceph", Serial: "virtlet-ceph", MountPath: "/cephdata"},
+			{Name: "extra", Serial: "vol-extra", GuestPath: "/dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_vol-extra", MountPath: "/var/lib/docker", Format: "ext4"},
+			{Name: "raw", Serial: "vol-raw", GuestPath: "/dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_vol-raw", MountPath: "/var/lib/postgresql"},
+			{Name: "ceph", Serial: "vol-ceph", GuestPath: "/dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_vol-ceph", MountPath: "/cephdata"},
 		},
 	}
 }
@@ -76,11 +76,6 @@ func TestGolden(t *testing.T) {
 		"defaults": func(t *testing.T) Input {
 			return Input{PodName: "cirros-vm", Namespace: "default", Options: annotations.Defaults()}
 		},
-		"seed-004-configdrive": func(t *testing.T) Input {
-			in := seed004(t)
-			in.Options.CloudInitImageType = annotations.ImageTypeConfigDrive
-			return in
-		},
 		"overwrite": func(t *testing.T) Input {
 			in := seed004(t)
 			in.Options.UserDataOverwrite = true
@@ -90,7 +85,7 @@ func TestGolden(t *testing.T) {
 		"script-with-placeholder": func(t *testing.T) Input {
 			in := seed004(t)
 			in.Options.UserDataScript = "#!/bin/sh\n" + MountScriptPlaceholder + "\necho hello world\n"
-			in.Volumes = append(in.Volumes, Volume{Name: "block", Serial: "virtlet-block", DevicePath: "/dev/database"})
+			in.Volumes = append(in.Volumes, Volume{Name: "block", Serial: "vol-block", GuestPath: "/dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_vol-block", DevicePath: "/dev/database"})
 			return in
 		},
 		"source-key-plain": func(t *testing.T) Input {
@@ -120,18 +115,28 @@ func TestGolden(t *testing.T) {
 			return Input{PodName: "p", Namespace: "ns", Options: annotations.Defaults(),
 				Env: []EnvVar{{"MY_FOO_VAR", "foo"}, {"MY_FOOBAR_VAR", "foobar"}}}
 		},
+		// virtio disks: a blank ephemeral disk (formatted with its UUID), a
+		// read-only disk, shares read-write and read-only, a block device
+		// linked to a path and mounted by the user's own mounts entry.
 		"block-and-9p-volumes": func(t *testing.T) Input {
-			return Input{PodName: "p", Namespace: "ns", Options: annotations.Defaults(), Volumes: []Volume{
-				{Name: "data", Serial: "virtlet-data", MountPath: "/data", FSType: "ext4"},
-				{Name: "share", Tag: "share", MountPath: "/srv/share"},
-				{Name: "db", Serial: "virtlet-db", DevicePath: "/dev/database"},
-			}}
+			return Input{PodName: "p", Namespace: "ns",
+				Options: opts(t, annotations.DiskDriver, "virtio", annotations.CloudInitUserData, "mounts:\n- [/dev/database, /var/lib/db]\n"),
+				Volumes: []Volume{
+					{Name: "data", Serial: "vol-data", GuestPath: "/dev/disk/by-id/virtio-vol-data", MountPath: "/data", Format: "ext4",
+						FormatUUID: "7a4d2c1e-9c2b-4e54-9a57-33c1a8b2d0f1"},
+					{Name: "ro", Serial: "vol-ro", GuestPath: "/dev/disk/by-id/virtio-vol-ro", MountPath: "/ro", ReadOnly: true},
+					{Name: "share", Tag: "share", MountPath: "/srv/share"},
+					{Name: "config", Tag: "config", MountPath: "/etc/app", ReadOnly: true},
+					{Name: "db", Serial: "vol-db", GuestPath: "/dev/disk/by-id/virtio-vol-db", DevicePath: "/dev/database"},
+				}}
+		},
+		// A persistent root keeps its first pod's network configuration:
+		// no network-config, the VM asks DHCP.
+		"persistent-root": func(t *testing.T) Input {
+			return Input{PodName: "p", Namespace: "ns", Options: annotations.Defaults(), Network: network, PersistentRoot: true}
 		},
 		"network-nocloud": func(t *testing.T) Input {
 			return Input{PodName: "p", Namespace: "ns", Options: annotations.Defaults(), Network: network}
-		},
-		"network-configdrive": func(t *testing.T) Input {
-			return Input{PodName: "p", Namespace: "ns", Options: opts(t, annotations.CloudInitImageType, "configdrive"), Network: network}
 		},
 		// A meta plugin's result: two interfaces, each with a gateway; only
 		// the first gives the default routes, and the second interface's
@@ -147,17 +152,6 @@ func TestGolden(t *testing.T) {
 					{Destination: "198.19.128.0/17", Gateway: "198.18.17.1"}},
 			}
 			return Input{PodName: "p", Namespace: "ns", Options: annotations.Defaults(), Network: two}
-		},
-		"network-two-interfaces-configdrive": func(t *testing.T) Input {
-			in := Input{PodName: "p", Namespace: "ns", Options: opts(t, annotations.CloudInitImageType, "configdrive")}
-			in.Network = &ports.NetworkAttachment{
-				Interfaces: []ports.NetworkInterface{
-					{Name: "eth0", MAC: "0a:58:c6:12:10:05", IPs: []ports.IPConfig{{Address: "198.18.16.5/24", Gateway: "198.18.16.1"}}},
-					{Name: "net1", MAC: "0a:58:c6:12:11:07", IPs: []ports.IPConfig{{Address: "198.18.17.7/24", Gateway: "198.18.17.1"}}},
-				},
-				Routes: []ports.Route{{Destination: "0.0.0.0/0", Gateway: "198.18.16.1"}, {Destination: "198.19.128.0/17", Gateway: "198.18.17.1"}},
-			}
-			return in
 		},
 		"network-force-dhcp": func(t *testing.T) Input {
 			return Input{PodName: "p", Namespace: "ns", Options: opts(t, annotations.ForceDHCPNetworkConfig, "true"), Network: network}
@@ -200,7 +194,7 @@ func TestGolden(t *testing.T) {
 				out, err := exec.Command(schema, "schema", "-c", f).CombinedOutput()
 				seedUser := "users.0: {'gecos': 'Magic Cloud App Daemon User', 'inactive': True, 'name': 'cloudy', 'system': True} is not valid"
 				switch {
-				case strings.HasPrefix(name, "seed-004-ex") || name == "seed-004-configdrive" || name == "overwrite":
+				case strings.HasPrefix(name, "seed-004-ex") || name == "overwrite":
 					// The seed's own user entry is the only problem.
 					if err == nil || strings.Count(string(out), "is not") != 1 || !strings.Contains(string(out), seedUser) {
 						t.Errorf("want exactly the seed's user refused by cloud-init schema, got %v:\n%s", err, out)

@@ -39,7 +39,7 @@ func DiskToProto(d ports.Disk) *typesv1.Disk {
 		Name: d.Name, Device: string(d.Device), Bus: string(d.Bus), ReadOnly: d.ReadOnly, Boot: d.Boot, Serial: d.Serial,
 		Source: &typesv1.DiskSource{
 			Type: string(d.Source.Type), Path: d.Source.Path, Format: d.Source.Format,
-			Protocol: d.Source.Protocol, Name: d.Source.Name,
+			Protocol: d.Source.Protocol, Name: d.Source.Name, Offset: d.Source.Offset, Size: d.Source.Size,
 		},
 	}
 	for _, h := range d.Source.Hosts {
@@ -68,7 +68,8 @@ func DiskFromProto(pd *typesv1.Disk) ports.Disk {
 		ReadOnly: pd.GetReadOnly(), Boot: pd.GetBoot(), Serial: pd.GetSerial(),
 	}
 	if s := pd.GetSource(); s != nil {
-		d.Source = ports.DiskSource{Type: ports.DiskSourceType(s.Type), Path: s.Path, Format: s.Format, Protocol: s.Protocol, Name: s.Name}
+		d.Source = ports.DiskSource{Type: ports.DiskSourceType(s.Type), Path: s.Path, Format: s.Format, Protocol: s.Protocol, Name: s.Name,
+			Offset: s.Offset, Size: s.Size}
 		for _, h := range s.Hosts {
 			d.Source.Hosts = append(d.Source.Hosts, ports.NetworkHost{Name: h.Name, Port: h.Port})
 		}
@@ -126,4 +127,36 @@ func DNSFromProto(d *typesv1.DNSConfig) *ports.DNSConfig {
 		return nil
 	}
 	return &ports.DNSConfig{Servers: d.Servers, Searches: d.Searches, Options: d.Options}
+}
+
+// AttachmentToProto converts a pod's network attachment.
+func AttachmentToProto(a ports.NetworkAttachment) *typesv1.NetworkAttachment {
+	p := &typesv1.NetworkAttachment{NetnsPath: a.NetNSPath, Dns: DNSToProto(a.DNS)}
+	for _, i := range a.Interfaces {
+		pi := &typesv1.NetworkInterface{Name: i.Name, Mac: i.MAC, Mtu: int32(i.MTU), Bridge: i.Bridge}
+		for _, ip := range i.IPs {
+			pi.Ips = append(pi.Ips, &typesv1.IPConfig{Address: ip.Address, Gateway: ip.Gateway})
+		}
+		p.Interfaces = append(p.Interfaces, pi)
+	}
+	for _, r := range a.Routes {
+		p.Routes = append(p.Routes, &typesv1.Route{Destination: r.Destination, Gateway: r.Gateway})
+	}
+	return p
+}
+
+// AttachmentFromProto converts a pod's network attachment back.
+func AttachmentFromProto(p *typesv1.NetworkAttachment) ports.NetworkAttachment {
+	a := ports.NetworkAttachment{NetNSPath: p.GetNetnsPath(), DNS: DNSFromProto(p.GetDns())}
+	for _, pi := range p.GetInterfaces() {
+		i := ports.NetworkInterface{Name: pi.Name, MAC: pi.Mac, MTU: int(pi.Mtu), Bridge: pi.Bridge}
+		for _, ip := range pi.Ips {
+			i.IPs = append(i.IPs, ports.IPConfig{Address: ip.Address, Gateway: ip.Gateway})
+		}
+		a.Interfaces = append(a.Interfaces, i)
+	}
+	for _, r := range p.GetRoutes() {
+		a.Routes = append(a.Routes, ports.Route{Destination: r.Destination, Gateway: r.Gateway})
+	}
+	return a
 }

@@ -40,9 +40,13 @@ func (c *Client) BuildMedia(ctx context.Context, req ports.MediaRequest) (ports.
 	}
 	ctx, cancel := base.WithTimeout(ctx, base.SlowCallTimeout)
 	defer cancel()
-	resp, err := datasourcev1.NewDatasourceClient(conn).BuildMedia(ctx, &datasourcev1.MediaRequest{
+	p := &datasourcev1.MediaRequest{
 		VmId: req.VMID, Datasource: req.Datasource, MetaData: req.MetaData, UserData: req.UserData, NetworkConfig: req.NetworkConfig,
-	})
+	}
+	if req.Network != nil {
+		p.Network = base.AttachmentToProto(*req.Network)
+	}
+	resp, err := datasourcev1.NewDatasourceClient(conn).BuildMedia(ctx, p)
 	if err != nil {
 		return ports.Disk{}, c.conn.Error(err)
 	}
@@ -67,9 +71,14 @@ type Server struct {
 }
 
 func (s *Server) BuildMedia(ctx context.Context, p *datasourcev1.MediaRequest) (*typesv1.Disk, error) {
-	d, err := s.impl.BuildMedia(ctx, ports.MediaRequest{
+	req := ports.MediaRequest{
 		VMID: p.VmId, Datasource: p.Datasource, MetaData: p.MetaData, UserData: p.UserData, NetworkConfig: p.NetworkConfig,
-	})
+	}
+	if p.Network != nil {
+		att := base.AttachmentFromProto(p.Network)
+		req.Network = &att
+	}
+	d, err := s.impl.BuildMedia(ctx, req)
 	if err != nil {
 		return nil, base.ToRPC(err)
 	}

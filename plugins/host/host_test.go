@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 	bins = dir
 	for out, pkg := range map[string]string{
 		"virtlet-fake-plugin":     "github.com/virtlet/virtlet/testing/fakeplugin",
-		"virtlet-example-scratch": "github.com/virtlet/virtlet/testing/exampleplugin",
+		"virtlet-example-scratch": "github.com/virtlet/virtlet/examples/scratch-volume",
 	} {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, out), pkg)
 		if b, err := cmd.CombinedOutput(); err != nil {

@@ -161,4 +161,19 @@ func (c *Client) ReopenLog(ctx context.Context, id string) error {
 	return c.conn.Error(err)
 }
 
+func (c *Client) WriteFiles(ctx context.Context, id string, files []ports.GuestFile) error {
+	rpc, err := c.rpc()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := base.WithTimeout(ctx, base.SlowCallTimeout)
+	defer cancel()
+	req := &hypervisorv1.WriteFilesRequest{Id: id}
+	for _, f := range files {
+		req.Files = append(req.Files, &hypervisorv1.GuestFile{Path: f.Path, Data: f.Data, Mode: uint32(f.Mode)})
+	}
+	_, err = rpc.WriteFiles(ctx, req)
+	return c.conn.Error(err)
+}
+
 var _ ports.Hypervisor = (*Client)(nil)

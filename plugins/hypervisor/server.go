@@ -2,6 +2,7 @@ package hypervisor
 
 import (
 	"context"
+	"os"
 	"time"
 
 	"google.golang.org/grpc"
@@ -86,6 +87,14 @@ func (s *Server) List(ctx context.Context, _ *hypervisorv1.ListRequest) (*hyperv
 
 func (s *Server) ReopenLog(ctx context.Context, req *hypervisorv1.VMRequest) (*hypervisorv1.ReopenLogResponse, error) {
 	return &hypervisorv1.ReopenLogResponse{}, base.ToRPC(s.impl.ReopenLog(ctx, req.Id))
+}
+
+func (s *Server) WriteFiles(ctx context.Context, req *hypervisorv1.WriteFilesRequest) (*hypervisorv1.WriteFilesResponse, error) {
+	files := make([]ports.GuestFile, 0, len(req.Files))
+	for _, f := range req.Files {
+		files = append(files, ports.GuestFile{Path: f.Path, Data: f.Data, Mode: os.FileMode(f.Mode)})
+	}
+	return &hypervisorv1.WriteFilesResponse{}, base.ToRPC(s.impl.WriteFiles(ctx, req.Id, files))
 }
 
 func (s *Server) Watch(_ *hypervisorv1.WatchRequest, stream hypervisorv1.Hypervisor_WatchServer) error {

@@ -10,6 +10,7 @@ import (
 	"github.com/virtlet/virtlet/ports"
 	basev1 "github.com/virtlet/virtlet/proto/base/v1"
 	networkv1 "github.com/virtlet/virtlet/proto/network/v1"
+	typesv1 "github.com/virtlet/virtlet/proto/types/v1"
 )
 
 // Adapter is what a network plugin implements.
@@ -44,36 +45,6 @@ func requestFromProto(p *networkv1.NetworkRequest) ports.NetworkRequest {
 	return r
 }
 
-func attachmentToProto(a ports.NetworkAttachment) *networkv1.NetworkAttachment {
-	p := &networkv1.NetworkAttachment{NetnsPath: a.NetNSPath, Dns: base.DNSToProto(a.DNS)}
-	for _, i := range a.Interfaces {
-		pi := &networkv1.NetworkInterface{Name: i.Name, Mac: i.MAC, Mtu: int32(i.MTU), Bridge: i.Bridge}
-		for _, ip := range i.IPs {
-			pi.Ips = append(pi.Ips, &networkv1.IPConfig{Address: ip.Address, Gateway: ip.Gateway})
-		}
-		p.Interfaces = append(p.Interfaces, pi)
-	}
-	for _, r := range a.Routes {
-		p.Routes = append(p.Routes, &networkv1.Route{Destination: r.Destination, Gateway: r.Gateway})
-	}
-	return p
-}
-
-func attachmentFromProto(p *networkv1.NetworkAttachment) ports.NetworkAttachment {
-	a := ports.NetworkAttachment{NetNSPath: p.NetnsPath, DNS: base.DNSFromProto(p.Dns)}
-	for _, pi := range p.Interfaces {
-		i := ports.NetworkInterface{Name: pi.Name, MAC: pi.Mac, MTU: int(pi.Mtu), Bridge: pi.Bridge}
-		for _, ip := range pi.Ips {
-			i.IPs = append(i.IPs, ports.IPConfig{Address: ip.Address, Gateway: ip.Gateway})
-		}
-		a.Interfaces = append(a.Interfaces, i)
-	}
-	for _, r := range p.Routes {
-		a.Routes = append(a.Routes, ports.Route{Destination: r.Destination, Gateway: r.Gateway})
-	}
-	return a
-}
-
 // Client is a ports.Network served by a plugin.
 type Client struct{ conn base.Conn }
 
@@ -105,7 +76,7 @@ func (c *Client) Setup(ctx context.Context, req ports.NetworkRequest) (ports.Net
 	if err != nil {
 		return ports.NetworkAttachment{}, c.conn.Error(err)
 	}
-	return attachmentFromProto(resp), nil
+	return base.AttachmentFromProto(resp), nil
 }
 
 func (c *Client) Teardown(ctx context.Context, req ports.NetworkRequest) error {
@@ -133,12 +104,12 @@ func (s *Server) Ready(ctx context.Context, _ *networkv1.ReadyRequest) (*network
 	return &networkv1.ReadyResponse{Ready: r.Ready, Reason: r.Reason, Message: r.Message}, nil
 }
 
-func (s *Server) Setup(ctx context.Context, p *networkv1.NetworkRequest) (*networkv1.NetworkAttachment, error) {
+func (s *Server) Setup(ctx context.Context, p *networkv1.NetworkRequest) (*typesv1.NetworkAttachment, error) {
 	a, err := s.impl.Setup(ctx, requestFromProto(p))
 	if err != nil {
 		return nil, base.ToRPC(err)
 	}
-	return attachmentToProto(a), nil
+	return base.AttachmentToProto(a), nil
 }
 
 func (s *Server) Teardown(ctx context.Context, p *networkv1.NetworkRequest) (*networkv1.TeardownResponse, error) {

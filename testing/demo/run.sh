@@ -90,7 +90,7 @@ for f in plugins/manifest/defaults/*.yaml; do
 done
 
 say "starting virtlet (log: $work/virtlet.log)"
-"$bin/virtlet" --listen "unix://$sock" --state-dir "$work/state" --plugins-dir "$work/plugins.d" \
+"$bin/virtlet" --listen "unix://$sock" --admin-socket "$work/admin.sock" --state-dir "$work/state" --plugins-dir "$work/plugins.d" \
   --image-translations-dir "$work/images.d" > "$work/virtlet.log" 2>&1 &
 pids+=($!)
 for i in $(seq 1 200); do [ -S "$sock" ] && crictl version >/dev/null 2>&1 && break; sleep 0.1; done

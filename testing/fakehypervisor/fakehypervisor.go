@@ -44,6 +44,9 @@ type Hypervisor struct {
 type vm struct {
 	Spec   ports.VMSpec   `json:"spec"`
 	Status ports.VMStatus `json:"status"`
+	// Files lists what WriteFiles wrote, as "path mode size" (never the
+	// data, which may be secret).
+	Files []string `json:"files,omitempty"`
 }
 
 // New returns an empty in-memory hypervisor.
@@ -151,6 +154,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	case spec.VCPUs < 1 || spec.MemoryBytes <= 0:
 		return fmt.Errorf("fake define %s: %d vCPUs, %d bytes: %w", spec.Name, spec.VCPUs, spec.MemoryBytes, ports.ErrInvalidArgument)
 	}
+	spec = spec.WithoutSecrets() // like a real hypervisor, keep no key in a record
 	if old, ok := h.vms[spec.ID]; ok {
 		if reflect.DeepEqual(old.Spec, spec) {
 			return nil
@@ -357,6 +361,36 @@ func (h *Hypervisor) ReopenLog(ctx context.Context, id string) error {
 		return fmt.Errorf("fake reopen log %s: %w", id, ports.ErrNotFound)
 	}
 	h.reopened[id]++
+	return nil
+}
+
+// WriteFiles records which files a VM's root file system received.
+func (h *Hypervisor) WriteFiles(ctx context.Context, id string, files []ports.GuestFile) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.fail("WriteFiles"); err != nil {
+		return err
+	}
+	v, ok := h.vms[id]
+	if !ok {
+		return fmt.Errorf("fake write files %s: %w", id, ports.ErrNotFound)
+	}
+	if v.Status.State != ports.VMDefined {
+		return fmt.Errorf("fake write files %s: the VM has booted already: %w", id, ports.ErrFailedPrecondition)
+	}
+	for _, f := range files {
+		v.Files = append(v.Files, fmt.Sprintf("%s %04o %d", f.Path, f.Mode.Perm(), len(f.Data)))
+	}
+	return h.save()
+}
+
+// Files returns what WriteFiles recorded for a VM ("path mode size").
+func (h *Hypervisor) Files(id string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if v, ok := h.vms[id]; ok {
+		return append([]string(nil), v.Files...)
+	}
 	return nil
 }
 

@@ -39,7 +39,8 @@ func Build(dir string, extra map[string]string) error {
 		pkgs[k] = v
 	}
 	for name, pkg := range pkgs {
-		args := []string{"build", "-o", filepath.Join(dir, name)}
+		// pacific: go-ceph against Debian 12's Ceph 16 (the ceph plugin).
+		args := []string{"build", "-tags", "pacific", "-o", filepath.Join(dir, name)}
 		if name == "virtlet" {
 			args = append(args, "-ldflags", "-X github.com/virtlet/virtlet/cmd/internal/buildinfo.version="+Version)
 		}
@@ -73,6 +74,10 @@ var ShippedPlugins = map[string]string{
 	"virtlet-plugin-nocloud":     "github.com/virtlet/virtlet/cmd/virtlet-plugin-nocloud",
 	"virtlet-plugin-configdrive": "github.com/virtlet/virtlet/cmd/virtlet-plugin-configdrive",
 	"virtlet-plugin-cni":         "github.com/virtlet/virtlet/cmd/virtlet-plugin-cni",
+	"virtlet-plugin-qcow2":       "github.com/virtlet/virtlet/cmd/virtlet-plugin-qcow2",
+	"virtlet-plugin-raw":         "github.com/virtlet/virtlet/cmd/virtlet-plugin-raw",
+	"virtlet-plugin-ninep":       "github.com/virtlet/virtlet/cmd/virtlet-plugin-ninep",
+	"virtlet-plugin-ceph":        "github.com/virtlet/virtlet/cmd/virtlet-plugin-ceph",
 }
 
 // Shipped returns the manifests of the shipped plugins built into dir, as
@@ -85,6 +90,10 @@ func Shipped(dir string) []Plugin {
 		{Name: "images", Kind: "image", Binary: filepath.Join(dir, "virtlet-plugin-images")},
 		{Name: "nocloud", Kind: "datasource", Binary: filepath.Join(dir, "virtlet-plugin-nocloud")},
 		{Name: "configdrive", Kind: "datasource", Binary: filepath.Join(dir, "virtlet-plugin-configdrive")},
+		{Name: "qcow2", Kind: "volume", Binary: filepath.Join(dir, "virtlet-plugin-qcow2")},
+		{Name: "raw", Kind: "volume", Binary: filepath.Join(dir, "virtlet-plugin-raw")},
+		{Name: "ninep", Kind: "volume", Binary: filepath.Join(dir, "virtlet-plugin-ninep")},
+		{Name: "ceph", Kind: "volume", Binary: filepath.Join(dir, "virtlet-plugin-ceph")},
 	}
 }
 
@@ -162,7 +171,7 @@ func (d *Daemon) Start(extraArgs ...string) {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	args := append([]string{"--listen", "unix://" + d.Socket, "--state-dir", d.StateDir,
+	args := append([]string{"--listen", "unix://" + d.Socket, "--admin-socket", d.AdminSocket(), "--state-dir", d.StateDir,
 		"--plugins-dir", filepath.Join(d.Dir, "plugins.d"), "--image-translations-dir", d.TranslationsDir(),
 		"--kube-objects-dir", d.KubeDir(),
 		"--log-format", "json", "--log-level", "debug"}, extraArgs...)
@@ -192,6 +201,9 @@ func (d *Daemon) Start(extraArgs ...string) {
 	}
 	d.t.Fatalf("virtlet did not open %s:\n%s", d.Socket, d.Log())
 }
+
+// AdminSocket is where the daemon serves its admin API.
+func (d *Daemon) AdminSocket() string { return filepath.Join(d.Dir, "admin.sock") }
 
 // KubeDir is where the daemon reads ConfigMap and Secret manifests.
 func (d *Daemon) KubeDir() string { return filepath.Join(d.Dir, "kube") }

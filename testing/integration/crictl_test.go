@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 	}
 	err = harness.Build(bins, map[string]string{
 		"virtlet-fake-plugin":        "github.com/virtlet/virtlet/testing/fakeplugin",
-		"virtlet-example-scratch":    "github.com/virtlet/virtlet/testing/exampleplugin",
+		"virtlet-example-scratch":    "github.com/virtlet/virtlet/examples/scratch-volume",
 		"virtlet-plugin-nocloud":     "github.com/virtlet/virtlet/cmd/virtlet-plugin-nocloud",
 		"virtlet-plugin-configdrive": "github.com/virtlet/virtlet/cmd/virtlet-plugin-configdrive",
 		"virtlet-plugin-cni":         "github.com/virtlet/virtlet/cmd/virtlet-plugin-cni",
@@ -475,7 +475,7 @@ func TestBadManifestStopsStartup(t *testing.T) {
 
 // runDaemonUntilExit runs the daemon expecting it to refuse to start.
 func runDaemonUntilExit(d *harness.Daemon) (string, error) {
-	cmd := exec.Command(d.Bin, "--listen", "unix://"+d.Socket, "--state-dir", d.StateDir,
+	cmd := exec.Command(d.Bin, "--listen", "unix://"+d.Socket, "--admin-socket", d.AdminSocket(), "--state-dir", d.StateDir,
 		"--plugins-dir", filepath.Join(d.Dir, "plugins.d"), "--log-format", "json")
 	out, err := cmd.CombinedOutput()
 	return string(out), err

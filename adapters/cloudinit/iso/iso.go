@@ -21,7 +21,7 @@ import (
 )
 
 // Layout maps a media request to the files of the image, by path.
-type Layout func(req ports.MediaRequest) map[string][]byte
+type Layout func(req ports.MediaRequest) (map[string][]byte, error)
 
 // Media is a ports.Datasource writing ISO images.
 type Media struct {
@@ -99,7 +99,11 @@ func (m *Media) BuildMedia(ctx context.Context, req ports.MediaRequest) (ports.D
 	if err != nil {
 		return ports.Disk{}, err
 	}
-	if err := Write(p, m.Label, m.Layout(req)); err != nil {
+	files, err := m.Layout(req)
+	if err != nil {
+		return ports.Disk{}, fmt.Errorf("%s media of VM %s: %w", m.Name, req.VMID, err)
+	}
+	if err := Write(p, m.Label, files); err != nil {
 		return ports.Disk{}, fmt.Errorf("%s media of VM %s: %w", m.Name, req.VMID, err)
 	}
 	return ports.Disk{Name: "cloud-init", Device: ports.DeviceCDROM, ReadOnly: true,

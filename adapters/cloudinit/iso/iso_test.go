@@ -18,17 +18,14 @@ import (
 // shims, with seed 004's file layout.
 func TestDatasourceContract(t *testing.T) {
 	for _, tc := range []struct {
-		new   func() *iso.Media
-		name  string
-		label string
-		files map[string]string
-		empty []byte // user-data of a pod without any
+		new      func() *iso.Media
+		name     string
+		label    string
+		layout   iso.Layout
+		userData string
 	}{
-		// cloud-init needs NoCloud's user-data file, even when empty.
-		{nocloud.New, "nocloud", "cidata", map[string]string{"meta-data": "meta", "user-data": "user", "network-config": "network"},
-			[]byte(nocloud.EmptyUserData)},
-		{configdrive.New, "configdrive", "config-2", map[string]string{"openstack/latest/meta_data.json": "meta",
-			"openstack/latest/user_data": "user", "openstack/latest/network_data.json": "network"}, nil},
+		{nocloud.New, "nocloud", "cidata", nocloud.Layout, "user-data"},
+		{configdrive.New, "configdrive", "config-2", configdrive.Layout, "openstack/latest/user_data"},
 	} {
 		configured := func(t *testing.T) datasource.Adapter {
 			t.Setenv("TMPDIR", os.TempDir()) // Configure moves it into the state directory
@@ -39,11 +36,11 @@ func TestDatasourceContract(t *testing.T) {
 			return m
 		}
 		t.Run(tc.name, func(t *testing.T) {
-			datasourcetest.Run(t, datasourcetest.Env{Datasource: configured(t), Name: tc.name, Label: tc.label, Files: tc.files, EmptyUserData: tc.empty})
+			datasourcetest.Run(t, datasourcetest.Env{Datasource: configured(t), Name: tc.name, Label: tc.label, Layout: tc.layout, UserData: tc.userData})
 		})
 		t.Run(tc.name+" over the plugin", func(t *testing.T) {
 			c := datasource.NewClient(sdktest.Conn(t, configured(t)))
-			datasourcetest.Run(t, datasourcetest.Env{Datasource: c, Name: tc.name, Label: tc.label, Files: tc.files, EmptyUserData: tc.empty})
+			datasourcetest.Run(t, datasourcetest.Env{Datasource: c, Name: tc.name, Label: tc.label, Layout: tc.layout, UserData: tc.userData})
 		})
 	}
 }

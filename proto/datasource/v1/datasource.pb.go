@@ -23,12 +23,15 @@ const (
 )
 
 type MediaRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	VmId          string                 `protobuf:"bytes,1,opt,name=vm_id,json=vmId,proto3" json:"vm_id,omitempty"`
-	Datasource    string                 `protobuf:"bytes,2,opt,name=datasource,proto3" json:"datasource,omitempty"`
-	MetaData      []byte                 `protobuf:"bytes,3,opt,name=meta_data,json=metaData,proto3" json:"meta_data,omitempty"`
-	UserData      []byte                 `protobuf:"bytes,4,opt,name=user_data,json=userData,proto3" json:"user_data,omitempty"`
-	NetworkConfig []byte                 `protobuf:"bytes,5,opt,name=network_config,json=networkConfig,proto3" json:"network_config,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	VmId       string                 `protobuf:"bytes,1,opt,name=vm_id,json=vmId,proto3" json:"vm_id,omitempty"`
+	Datasource string                 `protobuf:"bytes,2,opt,name=datasource,proto3" json:"datasource,omitempty"`
+	MetaData   []byte                 `protobuf:"bytes,3,opt,name=meta_data,json=metaData,proto3" json:"meta_data,omitempty"`
+	UserData   []byte                 `protobuf:"bytes,4,opt,name=user_data,json=userData,proto3" json:"user_data,omitempty"`
+	// cloud-init network config v1 (YAML); empty for DHCP.
+	NetworkConfig []byte `protobuf:"bytes,5,opt,name=network_config,json=networkConfig,proto3" json:"network_config,omitempty"`
+	// The same network, structured; unset for DHCP.
+	Network       *v1.NetworkAttachment `protobuf:"bytes,6,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -94,6 +97,13 @@ func (x *MediaRequest) GetUserData() []byte {
 func (x *MediaRequest) GetNetworkConfig() []byte {
 	if x != nil {
 		return x.NetworkConfig
+	}
+	return nil
+}
+
+func (x *MediaRequest) GetNetwork() *v1.NetworkAttachment {
+	if x != nil {
+		return x.Network
 	}
 	return nil
 }
@@ -182,7 +192,7 @@ var File_datasource_v1_datasource_proto protoreflect.FileDescriptor
 
 const file_datasource_v1_datasource_proto_rawDesc = "" +
 	"\n" +
-	"\x1edatasource/v1/datasource.proto\x12\x15virtlet.datasource.v1\x1a\x14types/v1/types.proto\"\xa4\x01\n" +
+	"\x1edatasource/v1/datasource.proto\x12\x15virtlet.datasource.v1\x1a\x14types/v1/types.proto\"\xe3\x01\n" +
 	"\fMediaRequest\x12\x13\n" +
 	"\x05vm_id\x18\x01 \x01(\tR\x04vmId\x12\x1e\n" +
 	"\n" +
@@ -190,7 +200,8 @@ const file_datasource_v1_datasource_proto_rawDesc = "" +
 	"datasource\x12\x1b\n" +
 	"\tmeta_data\x18\x03 \x01(\fR\bmetaData\x12\x1b\n" +
 	"\tuser_data\x18\x04 \x01(\fR\buserData\x12%\n" +
-	"\x0enetwork_config\x18\x05 \x01(\fR\rnetworkConfig\")\n" +
+	"\x0enetwork_config\x18\x05 \x01(\fR\rnetworkConfig\x12=\n" +
+	"\anetwork\x18\x06 \x01(\v2#.virtlet.types.v1.NetworkAttachmentR\anetwork\")\n" +
 	"\x12RemoveMediaRequest\x12\x13\n" +
 	"\x05vm_id\x18\x01 \x01(\tR\x04vmId\"\x15\n" +
 	"\x13RemoveMediaResponse2\xbd\x01\n" +
@@ -214,21 +225,23 @@ func file_datasource_v1_datasource_proto_rawDescGZIP() []byte {
 
 var file_datasource_v1_datasource_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_datasource_v1_datasource_proto_goTypes = []any{
-	(*MediaRequest)(nil),        // 0: virtlet.datasource.v1.MediaRequest
-	(*RemoveMediaRequest)(nil),  // 1: virtlet.datasource.v1.RemoveMediaRequest
-	(*RemoveMediaResponse)(nil), // 2: virtlet.datasource.v1.RemoveMediaResponse
-	(*v1.Disk)(nil),             // 3: virtlet.types.v1.Disk
+	(*MediaRequest)(nil),         // 0: virtlet.datasource.v1.MediaRequest
+	(*RemoveMediaRequest)(nil),   // 1: virtlet.datasource.v1.RemoveMediaRequest
+	(*RemoveMediaResponse)(nil),  // 2: virtlet.datasource.v1.RemoveMediaResponse
+	(*v1.NetworkAttachment)(nil), // 3: virtlet.types.v1.NetworkAttachment
+	(*v1.Disk)(nil),              // 4: virtlet.types.v1.Disk
 }
 var file_datasource_v1_datasource_proto_depIdxs = []int32{
-	0, // 0: virtlet.datasource.v1.Datasource.BuildMedia:input_type -> virtlet.datasource.v1.MediaRequest
-	1, // 1: virtlet.datasource.v1.Datasource.RemoveMedia:input_type -> virtlet.datasource.v1.RemoveMediaRequest
-	3, // 2: virtlet.datasource.v1.Datasource.BuildMedia:output_type -> virtlet.types.v1.Disk
-	2, // 3: virtlet.datasource.v1.Datasource.RemoveMedia:output_type -> virtlet.datasource.v1.RemoveMediaResponse
-	2, // [2:4] is the sub-list for method output_type
-	0, // [0:2] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	3, // 0: virtlet.datasource.v1.MediaRequest.network:type_name -> virtlet.types.v1.NetworkAttachment
+	0, // 1: virtlet.datasource.v1.Datasource.BuildMedia:input_type -> virtlet.datasource.v1.MediaRequest
+	1, // 2: virtlet.datasource.v1.Datasource.RemoveMedia:input_type -> virtlet.datasource.v1.RemoveMediaRequest
+	4, // 3: virtlet.datasource.v1.Datasource.BuildMedia:output_type -> virtlet.types.v1.Disk
+	2, // 4: virtlet.datasource.v1.Datasource.RemoveMedia:output_type -> virtlet.datasource.v1.RemoveMediaResponse
+	3, // [3:5] is the sub-list for method output_type
+	1, // [1:3] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_datasource_v1_datasource_proto_init() }

@@ -358,6 +358,154 @@ func (*ReopenLogResponse) Descriptor() ([]byte, []int) {
 	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{7}
 }
 
+type WriteFilesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Files         []*GuestFile           `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFilesRequest) Reset() {
+	*x = WriteFilesRequest{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFilesRequest) ProtoMessage() {}
+
+func (x *WriteFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFilesRequest.ProtoReflect.Descriptor instead.
+func (*WriteFilesRequest) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *WriteFilesRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *WriteFilesRequest) GetFiles() []*GuestFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+type GuestFile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GuestFile) Reset() {
+	*x = GuestFile{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GuestFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestFile) ProtoMessage() {}
+
+func (x *GuestFile) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestFile.ProtoReflect.Descriptor instead.
+func (*GuestFile) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GuestFile) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *GuestFile) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *GuestFile) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+type WriteFilesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFilesResponse) Reset() {
+	*x = WriteFilesResponse{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFilesResponse) ProtoMessage() {}
+
+func (x *WriteFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFilesResponse.ProtoReflect.Descriptor instead.
+func (*WriteFilesResponse) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{10}
+}
+
 type StopRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -368,7 +516,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[8]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +528,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[8]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +541,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{8}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StopRequest) GetId() string {
@@ -418,7 +566,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[9]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -430,7 +578,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[9]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -443,7 +591,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{9}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{12}
 }
 
 type ListResponse struct {
@@ -455,7 +603,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[10]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -467,7 +615,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[10]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -480,7 +628,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{10}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListResponse) GetVms() []*VMStatus {
@@ -498,7 +646,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[11]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -510,7 +658,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[11]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -523,7 +671,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{11}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{14}
 }
 
 type VMStatus struct {
@@ -541,7 +689,7 @@ type VMStatus struct {
 
 func (x *VMStatus) Reset() {
 	*x = VMStatus{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[12]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -553,7 +701,7 @@ func (x *VMStatus) String() string {
 func (*VMStatus) ProtoMessage() {}
 
 func (x *VMStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[12]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -566,7 +714,7 @@ func (x *VMStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMStatus.ProtoReflect.Descriptor instead.
 func (*VMStatus) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{12}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *VMStatus) GetId() string {
@@ -640,7 +788,7 @@ type VMSpec struct {
 
 func (x *VMSpec) Reset() {
 	*x = VMSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[13]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -652,7 +800,7 @@ func (x *VMSpec) String() string {
 func (*VMSpec) ProtoMessage() {}
 
 func (x *VMSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[13]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -665,7 +813,7 @@ func (x *VMSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMSpec.ProtoReflect.Descriptor instead.
 func (*VMSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{13}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *VMSpec) GetId() string {
@@ -776,7 +924,7 @@ type CPUSpec struct {
 
 func (x *CPUSpec) Reset() {
 	*x = CPUSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[14]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -788,7 +936,7 @@ func (x *CPUSpec) String() string {
 func (*CPUSpec) ProtoMessage() {}
 
 func (x *CPUSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[14]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -801,7 +949,7 @@ func (x *CPUSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSpec.ProtoReflect.Descriptor instead.
 func (*CPUSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{14}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CPUSpec) GetModel() string {
@@ -837,7 +985,7 @@ type CPUSetting struct {
 
 func (x *CPUSetting) Reset() {
 	*x = CPUSetting{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[15]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +997,7 @@ func (x *CPUSetting) String() string {
 func (*CPUSetting) ProtoMessage() {}
 
 func (x *CPUSetting) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[15]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +1010,7 @@ func (x *CPUSetting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSetting.ProtoReflect.Descriptor instead.
 func (*CPUSetting) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{15}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CPUSetting) GetMode() string {
@@ -953,7 +1101,7 @@ type CPUModel struct {
 
 func (x *CPUModel) Reset() {
 	*x = CPUModel{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[16]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +1113,7 @@ func (x *CPUModel) String() string {
 func (*CPUModel) ProtoMessage() {}
 
 func (x *CPUModel) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[16]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +1126,7 @@ func (x *CPUModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUModel.ProtoReflect.Descriptor instead.
 func (*CPUModel) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{16}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CPUModel) GetFallback() string {
@@ -1014,7 +1162,7 @@ type CPUTopology struct {
 
 func (x *CPUTopology) Reset() {
 	*x = CPUTopology{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[17]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1174,7 @@ func (x *CPUTopology) String() string {
 func (*CPUTopology) ProtoMessage() {}
 
 func (x *CPUTopology) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[17]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1187,7 @@ func (x *CPUTopology) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUTopology.ProtoReflect.Descriptor instead.
 func (*CPUTopology) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{17}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CPUTopology) GetSockets() int32 {
@@ -1080,7 +1228,7 @@ type CPUFeature struct {
 
 func (x *CPUFeature) Reset() {
 	*x = CPUFeature{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[18]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1240,7 @@ func (x *CPUFeature) String() string {
 func (*CPUFeature) ProtoMessage() {}
 
 func (x *CPUFeature) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[18]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1253,7 @@ func (x *CPUFeature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUFeature.ProtoReflect.Descriptor instead.
 func (*CPUFeature) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{18}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CPUFeature) GetPolicy() string {
@@ -1132,7 +1280,7 @@ type CPUCache struct {
 
 func (x *CPUCache) Reset() {
 	*x = CPUCache{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[19]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1144,7 +1292,7 @@ func (x *CPUCache) String() string {
 func (*CPUCache) ProtoMessage() {}
 
 func (x *CPUCache) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[19]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1157,7 +1305,7 @@ func (x *CPUCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUCache.ProtoReflect.Descriptor instead.
 func (*CPUCache) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{19}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CPUCache) GetLevel() int32 {
@@ -1186,7 +1334,7 @@ type CPUNumaCell struct {
 
 func (x *CPUNumaCell) Reset() {
 	*x = CPUNumaCell{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[20]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1346,7 @@ func (x *CPUNumaCell) String() string {
 func (*CPUNumaCell) ProtoMessage() {}
 
 func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[20]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1359,7 @@ func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUNumaCell.ProtoReflect.Descriptor instead.
 func (*CPUNumaCell) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{20}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CPUNumaCell) GetId() int32 {
@@ -1263,7 +1411,15 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x0f\n" +
 	"\rStartResponse\"\x12\n" +
 	"\x10UndefineResponse\"\x13\n" +
-	"\x11ReopenLogResponse\"B\n" +
+	"\x11ReopenLogResponse\"[\n" +
+	"\x11WriteFilesRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x126\n" +
+	"\x05files\x18\x02 \x03(\v2 .virtlet.hypervisor.v1.GuestFileR\x05files\"G\n" +
+	"\tGuestFile\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\"\x14\n" +
+	"\x12WriteFilesResponse\"B\n" +
 	"\vStopRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
 	"\rtimeout_nanos\x18\x02 \x01(\x03R\ftimeoutNanos\"\r\n" +
@@ -1339,7 +1495,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x04cpus\x18\x02 \x01(\tR\x04cpus\x12\x16\n" +
 	"\x06memory\x18\x03 \x01(\x04R\x06memory\x12\x12\n" +
 	"\x04unit\x18\x04 \x01(\tR\x04unitB\x05\n" +
-	"\x03_id2\x89\x06\n" +
+	"\x03_id2\xec\x06\n" +
 	"\n" +
 	"Hypervisor\x12g\n" +
 	"\fCapabilities\x12*.virtlet.hypervisor.v1.CapabilitiesRequest\x1a+.virtlet.hypervisor.v1.CapabilitiesResponse\x12U\n" +
@@ -1350,7 +1506,9 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x06Status\x12 .virtlet.hypervisor.v1.VMRequest\x1a\x1f.virtlet.hypervisor.v1.VMStatus\x12O\n" +
 	"\x04List\x12\".virtlet.hypervisor.v1.ListRequest\x1a#.virtlet.hypervisor.v1.ListResponse\x12O\n" +
 	"\x05Watch\x12#.virtlet.hypervisor.v1.WatchRequest\x1a\x1f.virtlet.hypervisor.v1.VMStatus0\x01\x12W\n" +
-	"\tReopenLog\x12 .virtlet.hypervisor.v1.VMRequest\x1a(.virtlet.hypervisor.v1.ReopenLogResponseB=Z;github.com/virtlet/virtlet/proto/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\tReopenLog\x12 .virtlet.hypervisor.v1.VMRequest\x1a(.virtlet.hypervisor.v1.ReopenLogResponse\x12a\n" +
+	"\n" +
+	"WriteFiles\x12(.virtlet.hypervisor.v1.WriteFilesRequest\x1a).virtlet.hypervisor.v1.WriteFilesResponseB=Z;github.com/virtlet/virtlet/proto/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_hypervisor_v1_hypervisor_proto_rawDescOnce sync.Once
@@ -1364,7 +1522,7 @@ func file_hypervisor_v1_hypervisor_proto_rawDescGZIP() []byte {
 	return file_hypervisor_v1_hypervisor_proto_rawDescData
 }
 
-var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*CapabilitiesRequest)(nil),  // 0: virtlet.hypervisor.v1.CapabilitiesRequest
 	(*CapabilitiesResponse)(nil), // 1: virtlet.hypervisor.v1.CapabilitiesResponse
@@ -1374,61 +1532,67 @@ var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*StartResponse)(nil),        // 5: virtlet.hypervisor.v1.StartResponse
 	(*UndefineResponse)(nil),     // 6: virtlet.hypervisor.v1.UndefineResponse
 	(*ReopenLogResponse)(nil),    // 7: virtlet.hypervisor.v1.ReopenLogResponse
-	(*StopRequest)(nil),          // 8: virtlet.hypervisor.v1.StopRequest
-	(*ListRequest)(nil),          // 9: virtlet.hypervisor.v1.ListRequest
-	(*ListResponse)(nil),         // 10: virtlet.hypervisor.v1.ListResponse
-	(*WatchRequest)(nil),         // 11: virtlet.hypervisor.v1.WatchRequest
-	(*VMStatus)(nil),             // 12: virtlet.hypervisor.v1.VMStatus
-	(*VMSpec)(nil),               // 13: virtlet.hypervisor.v1.VMSpec
-	(*CPUSpec)(nil),              // 14: virtlet.hypervisor.v1.CPUSpec
-	(*CPUSetting)(nil),           // 15: virtlet.hypervisor.v1.CPUSetting
-	(*CPUModel)(nil),             // 16: virtlet.hypervisor.v1.CPUModel
-	(*CPUTopology)(nil),          // 17: virtlet.hypervisor.v1.CPUTopology
-	(*CPUFeature)(nil),           // 18: virtlet.hypervisor.v1.CPUFeature
-	(*CPUCache)(nil),             // 19: virtlet.hypervisor.v1.CPUCache
-	(*CPUNumaCell)(nil),          // 20: virtlet.hypervisor.v1.CPUNumaCell
-	nil,                          // 21: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	(*v1.Disk)(nil),              // 22: virtlet.types.v1.Disk
-	(*v1.Filesystem)(nil),        // 23: virtlet.types.v1.Filesystem
-	(*v1.NIC)(nil),               // 24: virtlet.types.v1.NIC
+	(*WriteFilesRequest)(nil),    // 8: virtlet.hypervisor.v1.WriteFilesRequest
+	(*GuestFile)(nil),            // 9: virtlet.hypervisor.v1.GuestFile
+	(*WriteFilesResponse)(nil),   // 10: virtlet.hypervisor.v1.WriteFilesResponse
+	(*StopRequest)(nil),          // 11: virtlet.hypervisor.v1.StopRequest
+	(*ListRequest)(nil),          // 12: virtlet.hypervisor.v1.ListRequest
+	(*ListResponse)(nil),         // 13: virtlet.hypervisor.v1.ListResponse
+	(*WatchRequest)(nil),         // 14: virtlet.hypervisor.v1.WatchRequest
+	(*VMStatus)(nil),             // 15: virtlet.hypervisor.v1.VMStatus
+	(*VMSpec)(nil),               // 16: virtlet.hypervisor.v1.VMSpec
+	(*CPUSpec)(nil),              // 17: virtlet.hypervisor.v1.CPUSpec
+	(*CPUSetting)(nil),           // 18: virtlet.hypervisor.v1.CPUSetting
+	(*CPUModel)(nil),             // 19: virtlet.hypervisor.v1.CPUModel
+	(*CPUTopology)(nil),          // 20: virtlet.hypervisor.v1.CPUTopology
+	(*CPUFeature)(nil),           // 21: virtlet.hypervisor.v1.CPUFeature
+	(*CPUCache)(nil),             // 22: virtlet.hypervisor.v1.CPUCache
+	(*CPUNumaCell)(nil),          // 23: virtlet.hypervisor.v1.CPUNumaCell
+	nil,                          // 24: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	(*v1.Disk)(nil),              // 25: virtlet.types.v1.Disk
+	(*v1.Filesystem)(nil),        // 26: virtlet.types.v1.Filesystem
+	(*v1.NIC)(nil),               // 27: virtlet.types.v1.NIC
 }
 var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
-	21, // 0: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	13, // 1: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
-	12, // 2: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
-	14, // 3: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
-	22, // 4: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
-	23, // 5: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
-	24, // 6: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
-	15, // 7: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
-	16, // 8: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
-	17, // 9: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
-	18, // 10: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
-	19, // 11: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
-	20, // 12: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
-	0,  // 13: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
-	2,  // 14: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
-	4,  // 15: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
-	8,  // 16: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
-	4,  // 17: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
-	4,  // 18: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
-	9,  // 19: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
-	11, // 20: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
-	4,  // 21: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
-	1,  // 22: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
-	3,  // 23: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
-	5,  // 24: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
-	12, // 25: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
-	6,  // 26: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
-	12, // 27: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
-	10, // 28: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
-	12, // 29: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
-	7,  // 30: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
-	22, // [22:31] is the sub-list for method output_type
-	13, // [13:22] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	24, // 0: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	16, // 1: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
+	9,  // 2: virtlet.hypervisor.v1.WriteFilesRequest.files:type_name -> virtlet.hypervisor.v1.GuestFile
+	15, // 3: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
+	17, // 4: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
+	25, // 5: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
+	26, // 6: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
+	27, // 7: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
+	18, // 8: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
+	19, // 9: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
+	20, // 10: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
+	21, // 11: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
+	22, // 12: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
+	23, // 13: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
+	0,  // 14: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
+	2,  // 15: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
+	4,  // 16: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
+	11, // 17: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
+	4,  // 18: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
+	4,  // 19: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
+	12, // 20: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
+	14, // 21: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
+	4,  // 22: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
+	8,  // 23: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
+	1,  // 24: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
+	3,  // 25: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
+	5,  // 26: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
+	15, // 27: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
+	6,  // 28: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
+	15, // 29: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
+	13, // 30: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
+	15, // 31: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
+	7,  // 32: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
+	10, // 33: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
+	24, // [24:34] is the sub-list for method output_type
+	14, // [14:24] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_hypervisor_v1_hypervisor_proto_init() }
@@ -1436,14 +1600,14 @@ func file_hypervisor_v1_hypervisor_proto_init() {
 	if File_hypervisor_v1_hypervisor_proto != nil {
 		return
 	}
-	file_hypervisor_v1_hypervisor_proto_msgTypes[20].OneofWrappers = []any{}
+	file_hypervisor_v1_hypervisor_proto_msgTypes[23].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hypervisor_v1_hypervisor_proto_rawDesc), len(file_hypervisor_v1_hypervisor_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@ const (
 	Hypervisor_List_FullMethodName         = "/virtlet.hypervisor.v1.Hypervisor/List"
 	Hypervisor_Watch_FullMethodName        = "/virtlet.hypervisor.v1.Hypervisor/Watch"
 	Hypervisor_ReopenLog_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/ReopenLog"
+	Hypervisor_WriteFiles_FullMethodName   = "/virtlet.hypervisor.v1.Hypervisor/WriteFiles"
 )
 
 // HypervisorClient is the client API for Hypervisor service.
@@ -46,6 +47,8 @@ type HypervisorClient interface {
 	// Watch streams VM state changes until the caller cancels.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[VMStatus], error)
 	ReopenLog(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*ReopenLogResponse, error)
+	// Files into the root file system of a defined VM (may be secret).
+	WriteFiles(ctx context.Context, in *WriteFilesRequest, opts ...grpc.CallOption) (*WriteFilesResponse, error)
 }
 
 type hypervisorClient struct {
@@ -155,6 +158,16 @@ func (c *hypervisorClient) ReopenLog(ctx context.Context, in *VMRequest, opts ..
 	return out, nil
 }
 
+func (c *hypervisorClient) WriteFiles(ctx context.Context, in *WriteFilesRequest, opts ...grpc.CallOption) (*WriteFilesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WriteFilesResponse)
+	err := c.cc.Invoke(ctx, Hypervisor_WriteFiles_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HypervisorServer is the server API for Hypervisor service.
 // All implementations must embed UnimplementedHypervisorServer
 // for forward compatibility.
@@ -171,6 +184,8 @@ type HypervisorServer interface {
 	// Watch streams VM state changes until the caller cancels.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[VMStatus]) error
 	ReopenLog(context.Context, *VMRequest) (*ReopenLogResponse, error)
+	// Files into the root file system of a defined VM (may be secret).
+	WriteFiles(context.Context, *WriteFilesRequest) (*WriteFilesResponse, error)
 	mustEmbedUnimplementedHypervisorServer()
 }
 
@@ -207,6 +222,9 @@ func (UnimplementedHypervisorServer) Watch(*WatchRequest, grpc.ServerStreamingSe
 }
 func (UnimplementedHypervisorServer) ReopenLog(context.Context, *VMRequest) (*ReopenLogResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReopenLog not implemented")
+}
+func (UnimplementedHypervisorServer) WriteFiles(context.Context, *WriteFilesRequest) (*WriteFilesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method WriteFiles not implemented")
 }
 func (UnimplementedHypervisorServer) mustEmbedUnimplementedHypervisorServer() {}
 func (UnimplementedHypervisorServer) testEmbeddedByValue()                    {}
@@ -384,6 +402,24 @@ func _Hypervisor_ReopenLog_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hypervisor_WriteFiles_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WriteFilesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).WriteFiles(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_WriteFiles_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).WriteFiles(ctx, req.(*WriteFilesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Hypervisor_ServiceDesc is the grpc.ServiceDesc for Hypervisor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -422,6 +458,10 @@ var Hypervisor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReopenLog",
 			Handler:    _Hypervisor_ReopenLog_Handler,
+		},
+		{
+			MethodName: "WriteFiles",
+			Handler:    _Hypervisor_WriteFiles_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

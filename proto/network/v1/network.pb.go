@@ -278,255 +278,6 @@ func (x *PortMapping) GetHostIp() string {
 	return ""
 }
 
-type NetworkAttachment struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NetnsPath     string                 `protobuf:"bytes,1,opt,name=netns_path,json=netnsPath,proto3" json:"netns_path,omitempty"`
-	Interfaces    []*NetworkInterface    `protobuf:"bytes,2,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
-	Routes        []*Route               `protobuf:"bytes,3,rep,name=routes,proto3" json:"routes,omitempty"`
-	Dns           *v1.DNSConfig          `protobuf:"bytes,4,opt,name=dns,proto3" json:"dns,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *NetworkAttachment) Reset() {
-	*x = NetworkAttachment{}
-	mi := &file_network_v1_network_proto_msgTypes[4]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *NetworkAttachment) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*NetworkAttachment) ProtoMessage() {}
-
-func (x *NetworkAttachment) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[4]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use NetworkAttachment.ProtoReflect.Descriptor instead.
-func (*NetworkAttachment) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{4}
-}
-
-func (x *NetworkAttachment) GetNetnsPath() string {
-	if x != nil {
-		return x.NetnsPath
-	}
-	return ""
-}
-
-func (x *NetworkAttachment) GetInterfaces() []*NetworkInterface {
-	if x != nil {
-		return x.Interfaces
-	}
-	return nil
-}
-
-func (x *NetworkAttachment) GetRoutes() []*Route {
-	if x != nil {
-		return x.Routes
-	}
-	return nil
-}
-
-func (x *NetworkAttachment) GetDns() *v1.DNSConfig {
-	if x != nil {
-		return x.Dns
-	}
-	return nil
-}
-
-type NetworkInterface struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Mac   string                 `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
-	Mtu   int32                  `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
-	// The host bridge the VM's NIC joins (the hypervisor makes the tap).
-	Bridge        string      `protobuf:"bytes,4,opt,name=bridge,proto3" json:"bridge,omitempty"`
-	Ips           []*IPConfig `protobuf:"bytes,5,rep,name=ips,proto3" json:"ips,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *NetworkInterface) Reset() {
-	*x = NetworkInterface{}
-	mi := &file_network_v1_network_proto_msgTypes[5]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *NetworkInterface) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*NetworkInterface) ProtoMessage() {}
-
-func (x *NetworkInterface) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[5]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use NetworkInterface.ProtoReflect.Descriptor instead.
-func (*NetworkInterface) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{5}
-}
-
-func (x *NetworkInterface) GetName() string {
-	if x != nil {
-		return x.Name
-	}
-	return ""
-}
-
-func (x *NetworkInterface) GetMac() string {
-	if x != nil {
-		return x.Mac
-	}
-	return ""
-}
-
-func (x *NetworkInterface) GetMtu() int32 {
-	if x != nil {
-		return x.Mtu
-	}
-	return 0
-}
-
-func (x *NetworkInterface) GetBridge() string {
-	if x != nil {
-		return x.Bridge
-	}
-	return ""
-}
-
-func (x *NetworkInterface) GetIps() []*IPConfig {
-	if x != nil {
-		return x.Ips
-	}
-	return nil
-}
-
-type IPConfig struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
-	Gateway       string                 `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *IPConfig) Reset() {
-	*x = IPConfig{}
-	mi := &file_network_v1_network_proto_msgTypes[6]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *IPConfig) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*IPConfig) ProtoMessage() {}
-
-func (x *IPConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[6]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use IPConfig.ProtoReflect.Descriptor instead.
-func (*IPConfig) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{6}
-}
-
-func (x *IPConfig) GetAddress() string {
-	if x != nil {
-		return x.Address
-	}
-	return ""
-}
-
-func (x *IPConfig) GetGateway() string {
-	if x != nil {
-		return x.Gateway
-	}
-	return ""
-}
-
-type Route struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Destination   string                 `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
-	Gateway       string                 `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Route) Reset() {
-	*x = Route{}
-	mi := &file_network_v1_network_proto_msgTypes[7]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Route) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Route) ProtoMessage() {}
-
-func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[7]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Route.ProtoReflect.Descriptor instead.
-func (*Route) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{7}
-}
-
-func (x *Route) GetDestination() string {
-	if x != nil {
-		return x.Destination
-	}
-	return ""
-}
-
-func (x *Route) GetGateway() string {
-	if x != nil {
-		return x.Gateway
-	}
-	return ""
-}
-
 type TeardownResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -535,7 +286,7 @@ type TeardownResponse struct {
 
 func (x *TeardownResponse) Reset() {
 	*x = TeardownResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[8]
+	mi := &file_network_v1_network_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -547,7 +298,7 @@ func (x *TeardownResponse) String() string {
 func (*TeardownResponse) ProtoMessage() {}
 
 func (x *TeardownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[8]
+	mi := &file_network_v1_network_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -560,7 +311,7 @@ func (x *TeardownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeardownResponse.ProtoReflect.Descriptor instead.
 func (*TeardownResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{8}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{4}
 }
 
 var File_network_v1_network_proto protoreflect.FileDescriptor
@@ -589,31 +340,11 @@ const file_network_v1_network_proto_rawDesc = "" +
 	"\bprotocol\x18\x01 \x01(\tR\bprotocol\x12%\n" +
 	"\x0econtainer_port\x18\x02 \x01(\x05R\rcontainerPort\x12\x1b\n" +
 	"\thost_port\x18\x03 \x01(\x05R\bhostPort\x12\x17\n" +
-	"\ahost_ip\x18\x04 \x01(\tR\x06hostIp\"\xda\x01\n" +
-	"\x11NetworkAttachment\x12\x1d\n" +
-	"\n" +
-	"netns_path\x18\x01 \x01(\tR\tnetnsPath\x12D\n" +
-	"\n" +
-	"interfaces\x18\x02 \x03(\v2$.virtlet.network.v1.NetworkInterfaceR\n" +
-	"interfaces\x121\n" +
-	"\x06routes\x18\x03 \x03(\v2\x19.virtlet.network.v1.RouteR\x06routes\x12-\n" +
-	"\x03dns\x18\x04 \x01(\v2\x1b.virtlet.types.v1.DNSConfigR\x03dns\"\x92\x01\n" +
-	"\x10NetworkInterface\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
-	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x10\n" +
-	"\x03mtu\x18\x03 \x01(\x05R\x03mtu\x12\x16\n" +
-	"\x06bridge\x18\x04 \x01(\tR\x06bridge\x12.\n" +
-	"\x03ips\x18\x05 \x03(\v2\x1c.virtlet.network.v1.IPConfigR\x03ips\">\n" +
-	"\bIPConfig\x12\x18\n" +
-	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
-	"\agateway\x18\x02 \x01(\tR\agateway\"C\n" +
-	"\x05Route\x12 \n" +
-	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x18\n" +
-	"\agateway\x18\x02 \x01(\tR\agateway\"\x12\n" +
-	"\x10TeardownResponse2\x81\x02\n" +
+	"\ahost_ip\x18\x04 \x01(\tR\x06hostIp\"\x12\n" +
+	"\x10TeardownResponse2\xff\x01\n" +
 	"\aNetwork\x12L\n" +
-	"\x05Ready\x12 .virtlet.network.v1.ReadyRequest\x1a!.virtlet.network.v1.ReadyResponse\x12R\n" +
-	"\x05Setup\x12\".virtlet.network.v1.NetworkRequest\x1a%.virtlet.network.v1.NetworkAttachment\x12T\n" +
+	"\x05Ready\x12 .virtlet.network.v1.ReadyRequest\x1a!.virtlet.network.v1.ReadyResponse\x12P\n" +
+	"\x05Setup\x12\".virtlet.network.v1.NetworkRequest\x1a#.virtlet.types.v1.NetworkAttachment\x12T\n" +
 	"\bTeardown\x12\".virtlet.network.v1.NetworkRequest\x1a$.virtlet.network.v1.TeardownResponseB7Z5github.com/virtlet/virtlet/proto/network/v1;networkv1b\x06proto3"
 
 var (
@@ -628,39 +359,32 @@ func file_network_v1_network_proto_rawDescGZIP() []byte {
 	return file_network_v1_network_proto_rawDescData
 }
 
-var file_network_v1_network_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_network_v1_network_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_network_v1_network_proto_goTypes = []any{
-	(*ReadyRequest)(nil),      // 0: virtlet.network.v1.ReadyRequest
-	(*ReadyResponse)(nil),     // 1: virtlet.network.v1.ReadyResponse
-	(*NetworkRequest)(nil),    // 2: virtlet.network.v1.NetworkRequest
-	(*PortMapping)(nil),       // 3: virtlet.network.v1.PortMapping
-	(*NetworkAttachment)(nil), // 4: virtlet.network.v1.NetworkAttachment
-	(*NetworkInterface)(nil),  // 5: virtlet.network.v1.NetworkInterface
-	(*IPConfig)(nil),          // 6: virtlet.network.v1.IPConfig
-	(*Route)(nil),             // 7: virtlet.network.v1.Route
-	(*TeardownResponse)(nil),  // 8: virtlet.network.v1.TeardownResponse
-	nil,                       // 9: virtlet.network.v1.NetworkRequest.AnnotationsEntry
-	(*v1.DNSConfig)(nil),      // 10: virtlet.types.v1.DNSConfig
+	(*ReadyRequest)(nil),         // 0: virtlet.network.v1.ReadyRequest
+	(*ReadyResponse)(nil),        // 1: virtlet.network.v1.ReadyResponse
+	(*NetworkRequest)(nil),       // 2: virtlet.network.v1.NetworkRequest
+	(*PortMapping)(nil),          // 3: virtlet.network.v1.PortMapping
+	(*TeardownResponse)(nil),     // 4: virtlet.network.v1.TeardownResponse
+	nil,                          // 5: virtlet.network.v1.NetworkRequest.AnnotationsEntry
+	(*v1.DNSConfig)(nil),         // 6: virtlet.types.v1.DNSConfig
+	(*v1.NetworkAttachment)(nil), // 7: virtlet.types.v1.NetworkAttachment
 }
 var file_network_v1_network_proto_depIdxs = []int32{
-	10, // 0: virtlet.network.v1.NetworkRequest.dns:type_name -> virtlet.types.v1.DNSConfig
-	3,  // 1: virtlet.network.v1.NetworkRequest.port_mappings:type_name -> virtlet.network.v1.PortMapping
-	9,  // 2: virtlet.network.v1.NetworkRequest.annotations:type_name -> virtlet.network.v1.NetworkRequest.AnnotationsEntry
-	5,  // 3: virtlet.network.v1.NetworkAttachment.interfaces:type_name -> virtlet.network.v1.NetworkInterface
-	7,  // 4: virtlet.network.v1.NetworkAttachment.routes:type_name -> virtlet.network.v1.Route
-	10, // 5: virtlet.network.v1.NetworkAttachment.dns:type_name -> virtlet.types.v1.DNSConfig
-	6,  // 6: virtlet.network.v1.NetworkInterface.ips:type_name -> virtlet.network.v1.IPConfig
-	0,  // 7: virtlet.network.v1.Network.Ready:input_type -> virtlet.network.v1.ReadyRequest
-	2,  // 8: virtlet.network.v1.Network.Setup:input_type -> virtlet.network.v1.NetworkRequest
-	2,  // 9: virtlet.network.v1.Network.Teardown:input_type -> virtlet.network.v1.NetworkRequest
-	1,  // 10: virtlet.network.v1.Network.Ready:output_type -> virtlet.network.v1.ReadyResponse
-	4,  // 11: virtlet.network.v1.Network.Setup:output_type -> virtlet.network.v1.NetworkAttachment
-	8,  // 12: virtlet.network.v1.Network.Teardown:output_type -> virtlet.network.v1.TeardownResponse
-	10, // [10:13] is the sub-list for method output_type
-	7,  // [7:10] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	6, // 0: virtlet.network.v1.NetworkRequest.dns:type_name -> virtlet.types.v1.DNSConfig
+	3, // 1: virtlet.network.v1.NetworkRequest.port_mappings:type_name -> virtlet.network.v1.PortMapping
+	5, // 2: virtlet.network.v1.NetworkRequest.annotations:type_name -> virtlet.network.v1.NetworkRequest.AnnotationsEntry
+	0, // 3: virtlet.network.v1.Network.Ready:input_type -> virtlet.network.v1.ReadyRequest
+	2, // 4: virtlet.network.v1.Network.Setup:input_type -> virtlet.network.v1.NetworkRequest
+	2, // 5: virtlet.network.v1.Network.Teardown:input_type -> virtlet.network.v1.NetworkRequest
+	1, // 6: virtlet.network.v1.Network.Ready:output_type -> virtlet.network.v1.ReadyResponse
+	7, // 7: virtlet.network.v1.Network.Setup:output_type -> virtlet.types.v1.NetworkAttachment
+	4, // 8: virtlet.network.v1.Network.Teardown:output_type -> virtlet.network.v1.TeardownResponse
+	6, // [6:9] is the sub-list for method output_type
+	3, // [3:6] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_network_v1_network_proto_init() }
@@ -674,7 +398,7 @@ func file_network_v1_network_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_network_v1_network_proto_rawDesc), len(file_network_v1_network_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

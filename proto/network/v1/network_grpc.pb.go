@@ -8,6 +8,7 @@ package networkv1
 
 import (
 	context "context"
+	v1 "github.com/virtlet/virtlet/proto/types/v1"
 	grpc "google.golang.org/grpc"
 	codes "google.golang.org/grpc/codes"
 	status "google.golang.org/grpc/status"
@@ -31,7 +32,7 @@ const (
 // Network attaches VM pods to the pod network (ports.Network).
 type NetworkClient interface {
 	Ready(ctx context.Context, in *ReadyRequest, opts ...grpc.CallOption) (*ReadyResponse, error)
-	Setup(ctx context.Context, in *NetworkRequest, opts ...grpc.CallOption) (*NetworkAttachment, error)
+	Setup(ctx context.Context, in *NetworkRequest, opts ...grpc.CallOption) (*v1.NetworkAttachment, error)
 	Teardown(ctx context.Context, in *NetworkRequest, opts ...grpc.CallOption) (*TeardownResponse, error)
 }
 
@@ -53,9 +54,9 @@ func (c *networkClient) Ready(ctx context.Context, in *ReadyRequest, opts ...grp
 	return out, nil
 }
 
-func (c *networkClient) Setup(ctx context.Context, in *NetworkRequest, opts ...grpc.CallOption) (*NetworkAttachment, error) {
+func (c *networkClient) Setup(ctx context.Context, in *NetworkRequest, opts ...grpc.CallOption) (*v1.NetworkAttachment, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(NetworkAttachment)
+	out := new(v1.NetworkAttachment)
 	err := c.cc.Invoke(ctx, Network_Setup_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -80,7 +81,7 @@ func (c *networkClient) Teardown(ctx context.Context, in *NetworkRequest, opts .
 // Network attaches VM pods to the pod network (ports.Network).
 type NetworkServer interface {
 	Ready(context.Context, *ReadyRequest) (*ReadyResponse, error)
-	Setup(context.Context, *NetworkRequest) (*NetworkAttachment, error)
+	Setup(context.Context, *NetworkRequest) (*v1.NetworkAttachment, error)
 	Teardown(context.Context, *NetworkRequest) (*TeardownResponse, error)
 	mustEmbedUnimplementedNetworkServer()
 }
@@ -95,7 +96,7 @@ type UnimplementedNetworkServer struct{}
 func (UnimplementedNetworkServer) Ready(context.Context, *ReadyRequest) (*ReadyResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Ready not implemented")
 }
-func (UnimplementedNetworkServer) Setup(context.Context, *NetworkRequest) (*NetworkAttachment, error) {
+func (UnimplementedNetworkServer) Setup(context.Context, *NetworkRequest) (*v1.NetworkAttachment, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Setup not implemented")
 }
 func (UnimplementedNetworkServer) Teardown(context.Context, *NetworkRequest) (*TeardownResponse, error) {

@@ -122,14 +122,17 @@ func (x *Disk) GetOverlay() *DiskOverlay {
 }
 
 type DiskSource struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Type          string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
-	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
-	Format        string                 `protobuf:"bytes,3,opt,name=format,proto3" json:"format,omitempty"`
-	Protocol      string                 `protobuf:"bytes,4,opt,name=protocol,proto3" json:"protocol,omitempty"`
-	Name          string                 `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
-	Hosts         []*NetworkHost         `protobuf:"bytes,6,rep,name=hosts,proto3" json:"hosts,omitempty"`
-	Auth          *DiskAuth              `protobuf:"bytes,7,opt,name=auth,proto3" json:"auth,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Type     string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Path     string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Format   string                 `protobuf:"bytes,3,opt,name=format,proto3" json:"format,omitempty"`
+	Protocol string                 `protobuf:"bytes,4,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Name     string                 `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	Hosts    []*NetworkHost         `protobuf:"bytes,6,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	Auth     *DiskAuth              `protobuf:"bytes,7,opt,name=auth,proto3" json:"auth,omitempty"`
+	// A slice of a raw source: the guest sees size bytes from offset.
+	Offset        int64 `protobuf:"varint,8,opt,name=offset,proto3" json:"offset,omitempty"`
+	Size          int64 `protobuf:"varint,9,opt,name=size,proto3" json:"size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -211,6 +214,20 @@ func (x *DiskSource) GetAuth() *DiskAuth {
 		return x.Auth
 	}
 	return nil
+}
+
+func (x *DiskSource) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *DiskSource) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
 }
 
 type NetworkHost struct {
@@ -582,6 +599,256 @@ func (x *DNSConfig) GetOptions() []string {
 	return nil
 }
 
+// The pod network as a VM sees it (ports.NetworkAttachment).
+type NetworkAttachment struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NetnsPath     string                 `protobuf:"bytes,1,opt,name=netns_path,json=netnsPath,proto3" json:"netns_path,omitempty"`
+	Interfaces    []*NetworkInterface    `protobuf:"bytes,2,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	Routes        []*Route               `protobuf:"bytes,3,rep,name=routes,proto3" json:"routes,omitempty"`
+	Dns           *DNSConfig             `protobuf:"bytes,4,opt,name=dns,proto3" json:"dns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkAttachment) Reset() {
+	*x = NetworkAttachment{}
+	mi := &file_types_v1_types_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkAttachment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkAttachment) ProtoMessage() {}
+
+func (x *NetworkAttachment) ProtoReflect() protoreflect.Message {
+	mi := &file_types_v1_types_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkAttachment.ProtoReflect.Descriptor instead.
+func (*NetworkAttachment) Descriptor() ([]byte, []int) {
+	return file_types_v1_types_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *NetworkAttachment) GetNetnsPath() string {
+	if x != nil {
+		return x.NetnsPath
+	}
+	return ""
+}
+
+func (x *NetworkAttachment) GetInterfaces() []*NetworkInterface {
+	if x != nil {
+		return x.Interfaces
+	}
+	return nil
+}
+
+func (x *NetworkAttachment) GetRoutes() []*Route {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+func (x *NetworkAttachment) GetDns() *DNSConfig {
+	if x != nil {
+		return x.Dns
+	}
+	return nil
+}
+
+type NetworkInterface struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Mac   string                 `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	Mtu   int32                  `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// The host bridge the VM's NIC joins (the hypervisor makes the tap).
+	Bridge        string      `protobuf:"bytes,4,opt,name=bridge,proto3" json:"bridge,omitempty"`
+	Ips           []*IPConfig `protobuf:"bytes,5,rep,name=ips,proto3" json:"ips,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkInterface) Reset() {
+	*x = NetworkInterface{}
+	mi := &file_types_v1_types_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkInterface) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkInterface) ProtoMessage() {}
+
+func (x *NetworkInterface) ProtoReflect() protoreflect.Message {
+	mi := &file_types_v1_types_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkInterface.ProtoReflect.Descriptor instead.
+func (*NetworkInterface) Descriptor() ([]byte, []int) {
+	return file_types_v1_types_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *NetworkInterface) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NetworkInterface) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *NetworkInterface) GetMtu() int32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *NetworkInterface) GetBridge() string {
+	if x != nil {
+		return x.Bridge
+	}
+	return ""
+}
+
+func (x *NetworkInterface) GetIps() []*IPConfig {
+	if x != nil {
+		return x.Ips
+	}
+	return nil
+}
+
+type IPConfig struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Gateway       string                 `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IPConfig) Reset() {
+	*x = IPConfig{}
+	mi := &file_types_v1_types_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IPConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IPConfig) ProtoMessage() {}
+
+func (x *IPConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_types_v1_types_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IPConfig.ProtoReflect.Descriptor instead.
+func (*IPConfig) Descriptor() ([]byte, []int) {
+	return file_types_v1_types_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *IPConfig) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *IPConfig) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+type Route struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Destination   string                 `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	Gateway       string                 `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Route) Reset() {
+	*x = Route{}
+	mi := &file_types_v1_types_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Route) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Route) ProtoMessage() {}
+
+func (x *Route) ProtoReflect() protoreflect.Message {
+	mi := &file_types_v1_types_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Route.ProtoReflect.Descriptor instead.
+func (*Route) Descriptor() ([]byte, []int) {
+	return file_types_v1_types_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Route) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *Route) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
 var File_types_v1_types_proto protoreflect.FileDescriptor
 
 const file_types_v1_types_proto_rawDesc = "" +
@@ -595,7 +862,7 @@ const file_types_v1_types_proto_rawDesc = "" +
 	"\x04boot\x18\x05 \x01(\bR\x04boot\x12\x16\n" +
 	"\x06serial\x18\x06 \x01(\tR\x06serial\x124\n" +
 	"\x06source\x18\a \x01(\v2\x1c.virtlet.types.v1.DiskSourceR\x06source\x127\n" +
-	"\aoverlay\x18\b \x01(\v2\x1d.virtlet.types.v1.DiskOverlayR\aoverlay\"\xe1\x01\n" +
+	"\aoverlay\x18\b \x01(\v2\x1d.virtlet.types.v1.DiskOverlayR\aoverlay\"\x8d\x02\n" +
 	"\n" +
 	"DiskSource\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
@@ -604,7 +871,9 @@ const file_types_v1_types_proto_rawDesc = "" +
 	"\bprotocol\x18\x04 \x01(\tR\bprotocol\x12\x12\n" +
 	"\x04name\x18\x05 \x01(\tR\x04name\x123\n" +
 	"\x05hosts\x18\x06 \x03(\v2\x1d.virtlet.types.v1.NetworkHostR\x05hosts\x12.\n" +
-	"\x04auth\x18\a \x01(\v2\x1a.virtlet.types.v1.DiskAuthR\x04auth\"5\n" +
+	"\x04auth\x18\a \x01(\v2\x1a.virtlet.types.v1.DiskAuthR\x04auth\x12\x16\n" +
+	"\x06offset\x18\b \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04size\x18\t \x01(\x03R\x04size\"5\n" +
 	"\vNetworkHost\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\tR\x04port\"_\n" +
@@ -634,7 +903,27 @@ const file_types_v1_types_proto_rawDesc = "" +
 	"\tDNSConfig\x12\x18\n" +
 	"\aservers\x18\x01 \x03(\tR\aservers\x12\x1a\n" +
 	"\bsearches\x18\x02 \x03(\tR\bsearches\x12\x18\n" +
-	"\aoptions\x18\x03 \x03(\tR\aoptionsB3Z1github.com/virtlet/virtlet/proto/types/v1;typesv1b\x06proto3"
+	"\aoptions\x18\x03 \x03(\tR\aoptions\"\xd6\x01\n" +
+	"\x11NetworkAttachment\x12\x1d\n" +
+	"\n" +
+	"netns_path\x18\x01 \x01(\tR\tnetnsPath\x12B\n" +
+	"\n" +
+	"interfaces\x18\x02 \x03(\v2\".virtlet.types.v1.NetworkInterfaceR\n" +
+	"interfaces\x12/\n" +
+	"\x06routes\x18\x03 \x03(\v2\x17.virtlet.types.v1.RouteR\x06routes\x12-\n" +
+	"\x03dns\x18\x04 \x01(\v2\x1b.virtlet.types.v1.DNSConfigR\x03dns\"\x90\x01\n" +
+	"\x10NetworkInterface\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x10\n" +
+	"\x03mtu\x18\x03 \x01(\x05R\x03mtu\x12\x16\n" +
+	"\x06bridge\x18\x04 \x01(\tR\x06bridge\x12,\n" +
+	"\x03ips\x18\x05 \x03(\v2\x1a.virtlet.types.v1.IPConfigR\x03ips\">\n" +
+	"\bIPConfig\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x18\n" +
+	"\agateway\x18\x02 \x01(\tR\agateway\"C\n" +
+	"\x05Route\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x18\n" +
+	"\agateway\x18\x02 \x01(\tR\agatewayB3Z1github.com/virtlet/virtlet/proto/types/v1;typesv1b\x06proto3"
 
 var (
 	file_types_v1_types_proto_rawDescOnce sync.Once
@@ -648,27 +937,35 @@ func file_types_v1_types_proto_rawDescGZIP() []byte {
 	return file_types_v1_types_proto_rawDescData
 }
 
-var file_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_types_v1_types_proto_goTypes = []any{
-	(*Disk)(nil),        // 0: virtlet.types.v1.Disk
-	(*DiskSource)(nil),  // 1: virtlet.types.v1.DiskSource
-	(*NetworkHost)(nil), // 2: virtlet.types.v1.NetworkHost
-	(*DiskAuth)(nil),    // 3: virtlet.types.v1.DiskAuth
-	(*DiskOverlay)(nil), // 4: virtlet.types.v1.DiskOverlay
-	(*Filesystem)(nil),  // 5: virtlet.types.v1.Filesystem
-	(*NIC)(nil),         // 6: virtlet.types.v1.NIC
-	(*DNSConfig)(nil),   // 7: virtlet.types.v1.DNSConfig
+	(*Disk)(nil),              // 0: virtlet.types.v1.Disk
+	(*DiskSource)(nil),        // 1: virtlet.types.v1.DiskSource
+	(*NetworkHost)(nil),       // 2: virtlet.types.v1.NetworkHost
+	(*DiskAuth)(nil),          // 3: virtlet.types.v1.DiskAuth
+	(*DiskOverlay)(nil),       // 4: virtlet.types.v1.DiskOverlay
+	(*Filesystem)(nil),        // 5: virtlet.types.v1.Filesystem
+	(*NIC)(nil),               // 6: virtlet.types.v1.NIC
+	(*DNSConfig)(nil),         // 7: virtlet.types.v1.DNSConfig
+	(*NetworkAttachment)(nil), // 8: virtlet.types.v1.NetworkAttachment
+	(*NetworkInterface)(nil),  // 9: virtlet.types.v1.NetworkInterface
+	(*IPConfig)(nil),          // 10: virtlet.types.v1.IPConfig
+	(*Route)(nil),             // 11: virtlet.types.v1.Route
 }
 var file_types_v1_types_proto_depIdxs = []int32{
-	1, // 0: virtlet.types.v1.Disk.source:type_name -> virtlet.types.v1.DiskSource
-	4, // 1: virtlet.types.v1.Disk.overlay:type_name -> virtlet.types.v1.DiskOverlay
-	2, // 2: virtlet.types.v1.DiskSource.hosts:type_name -> virtlet.types.v1.NetworkHost
-	3, // 3: virtlet.types.v1.DiskSource.auth:type_name -> virtlet.types.v1.DiskAuth
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	1,  // 0: virtlet.types.v1.Disk.source:type_name -> virtlet.types.v1.DiskSource
+	4,  // 1: virtlet.types.v1.Disk.overlay:type_name -> virtlet.types.v1.DiskOverlay
+	2,  // 2: virtlet.types.v1.DiskSource.hosts:type_name -> virtlet.types.v1.NetworkHost
+	3,  // 3: virtlet.types.v1.DiskSource.auth:type_name -> virtlet.types.v1.DiskAuth
+	9,  // 4: virtlet.types.v1.NetworkAttachment.interfaces:type_name -> virtlet.types.v1.NetworkInterface
+	11, // 5: virtlet.types.v1.NetworkAttachment.routes:type_name -> virtlet.types.v1.Route
+	7,  // 6: virtlet.types.v1.NetworkAttachment.dns:type_name -> virtlet.types.v1.DNSConfig
+	10, // 7: virtlet.types.v1.NetworkInterface.ips:type_name -> virtlet.types.v1.IPConfig
+	8,  // [8:8] is the sub-list for method output_type
+	8,  // [8:8] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_types_v1_types_proto_init() }
@@ -682,7 +979,7 @@ func file_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_types_v1_types_proto_rawDesc), len(file_types_v1_types_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

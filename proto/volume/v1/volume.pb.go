@@ -31,6 +31,10 @@ type VolumeRequest struct {
 	Type          string                 `protobuf:"bytes,5,opt,name=type,proto3" json:"type,omitempty"`
 	Options       map[string]string      `protobuf:"bytes,6,rep,name=options,proto3" json:"options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	HostPath      string                 `protobuf:"bytes,7,opt,name=host_path,json=hostPath,proto3" json:"host_path,omitempty"`
+	PodName       string                 `protobuf:"bytes,8,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	ReadOnly      bool                   `protobuf:"varint,9,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	Chown         bool                   `protobuf:"varint,10,opt,name=chown,proto3" json:"chown,omitempty"`
+	Rootfs        *RootfsRequest         `protobuf:"bytes,11,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -114,17 +118,214 @@ func (x *VolumeRequest) GetHostPath() string {
 	return ""
 }
 
-type VolumeAttachment struct {
+func (x *VolumeRequest) GetPodName() string {
+	if x != nil {
+		return x.PodName
+	}
+	return ""
+}
+
+func (x *VolumeRequest) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+func (x *VolumeRequest) GetChown() bool {
+	if x != nil {
+		return x.Chown
+	}
+	return false
+}
+
+func (x *VolumeRequest) GetRootfs() *RootfsRequest {
+	if x != nil {
+		return x.Rootfs
+	}
+	return nil
+}
+
+type RootfsRequest struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	ImagePath        string                 `protobuf:"bytes,1,opt,name=image_path,json=imagePath,proto3" json:"image_path,omitempty"`
+	ImageFormat      string                 `protobuf:"bytes,2,opt,name=image_format,json=imageFormat,proto3" json:"image_format,omitempty"`
+	ImageDigest      string                 `protobuf:"bytes,3,opt,name=image_digest,json=imageDigest,proto3" json:"image_digest,omitempty"`
+	ImageName        string                 `protobuf:"bytes,4,opt,name=image_name,json=imageName,proto3" json:"image_name,omitempty"`
+	ImageVirtualSize int64                  `protobuf:"varint,5,opt,name=image_virtual_size,json=imageVirtualSize,proto3" json:"image_virtual_size,omitempty"`
+	Reinitialize     bool                   `protobuf:"varint,6,opt,name=reinitialize,proto3" json:"reinitialize,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *RootfsRequest) Reset() {
+	*x = RootfsRequest{}
+	mi := &file_volume_v1_volume_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RootfsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RootfsRequest) ProtoMessage() {}
+
+func (x *RootfsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_volume_v1_volume_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RootfsRequest.ProtoReflect.Descriptor instead.
+func (*RootfsRequest) Descriptor() ([]byte, []int) {
+	return file_volume_v1_volume_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RootfsRequest) GetImagePath() string {
+	if x != nil {
+		return x.ImagePath
+	}
+	return ""
+}
+
+func (x *RootfsRequest) GetImageFormat() string {
+	if x != nil {
+		return x.ImageFormat
+	}
+	return ""
+}
+
+func (x *RootfsRequest) GetImageDigest() string {
+	if x != nil {
+		return x.ImageDigest
+	}
+	return ""
+}
+
+func (x *RootfsRequest) GetImageName() string {
+	if x != nil {
+		return x.ImageName
+	}
+	return ""
+}
+
+func (x *RootfsRequest) GetImageVirtualSize() int64 {
+	if x != nil {
+		return x.ImageVirtualSize
+	}
+	return 0
+}
+
+func (x *RootfsRequest) GetReinitialize() bool {
+	if x != nil {
+		return x.Reinitialize
+	}
+	return false
+}
+
+type ValidateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The options to keep in the volume's directory.
+	Options       map[string]string `protobuf:"bytes,1,rep,name=options,proto3" json:"options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ValidateResponse) Reset() {
+	*x = ValidateResponse{}
+	mi := &file_volume_v1_volume_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ValidateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ValidateResponse) ProtoMessage() {}
+
+func (x *ValidateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_volume_v1_volume_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ValidateResponse.ProtoReflect.Descriptor instead.
+func (*ValidateResponse) Descriptor() ([]byte, []int) {
+	return file_volume_v1_volume_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ValidateResponse) GetOptions() map[string]string {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+type ForgetResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Disks         []*v1.Disk             `protobuf:"bytes,1,rep,name=disks,proto3" json:"disks,omitempty"`
-	Filesystems   []*v1.Filesystem       `protobuf:"bytes,2,rep,name=filesystems,proto3" json:"filesystems,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetResponse) Reset() {
+	*x = ForgetResponse{}
+	mi := &file_volume_v1_volume_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetResponse) ProtoMessage() {}
+
+func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_volume_v1_volume_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
+func (*ForgetResponse) Descriptor() ([]byte, []int) {
+	return file_volume_v1_volume_proto_rawDescGZIP(), []int{3}
+}
+
+type VolumeAttachment struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Disks       []*v1.Disk             `protobuf:"bytes,1,rep,name=disks,proto3" json:"disks,omitempty"`
+	Filesystems []*v1.Filesystem       `protobuf:"bytes,2,rep,name=filesystems,proto3" json:"filesystems,omitempty"`
+	// The file system the guest makes on a blank disk; empty: never.
+	Format string `protobuf:"bytes,3,opt,name=format,proto3" json:"format,omitempty"`
+	// The UUID of that file system, if set.
+	FormatUuid    string `protobuf:"bytes,4,opt,name=format_uuid,json=formatUuid,proto3" json:"format_uuid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *VolumeAttachment) Reset() {
 	*x = VolumeAttachment{}
-	mi := &file_volume_v1_volume_proto_msgTypes[1]
+	mi := &file_volume_v1_volume_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -136,7 +337,7 @@ func (x *VolumeAttachment) String() string {
 func (*VolumeAttachment) ProtoMessage() {}
 
 func (x *VolumeAttachment) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_v1_volume_proto_msgTypes[1]
+	mi := &file_volume_v1_volume_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -149,7 +350,7 @@ func (x *VolumeAttachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeAttachment.ProtoReflect.Descriptor instead.
 func (*VolumeAttachment) Descriptor() ([]byte, []int) {
-	return file_volume_v1_volume_proto_rawDescGZIP(), []int{1}
+	return file_volume_v1_volume_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *VolumeAttachment) GetDisks() []*v1.Disk {
@@ -166,6 +367,20 @@ func (x *VolumeAttachment) GetFilesystems() []*v1.Filesystem {
 	return nil
 }
 
+func (x *VolumeAttachment) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+func (x *VolumeAttachment) GetFormatUuid() string {
+	if x != nil {
+		return x.FormatUuid
+	}
+	return ""
+}
+
 type ReleaseResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -174,7 +389,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_volume_v1_volume_proto_msgTypes[2]
+	mi := &file_volume_v1_volume_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -186,7 +401,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_volume_v1_volume_proto_msgTypes[2]
+	mi := &file_volume_v1_volume_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -199,14 +414,14 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_volume_v1_volume_proto_rawDescGZIP(), []int{2}
+	return file_volume_v1_volume_proto_rawDescGZIP(), []int{5}
 }
 
 var File_volume_v1_volume_proto protoreflect.FileDescriptor
 
 const file_volume_v1_volume_proto_rawDesc = "" +
 	"\n" +
-	"\x16volume/v1/volume.proto\x12\x11virtlet.volume.v1\x1a\x14types/v1/types.proto\"\xac\x02\n" +
+	"\x16volume/v1/volume.proto\x12\x11virtlet.volume.v1\x1a\x14types/v1/types.proto\"\xb4\x03\n" +
 	"\rVolumeRequest\x12\x13\n" +
 	"\x05vm_id\x18\x01 \x01(\tR\x04vmId\x12\x17\n" +
 	"\apod_uid\x18\x02 \x01(\tR\x06podUid\x12#\n" +
@@ -214,15 +429,40 @@ const file_volume_v1_volume_proto_rawDesc = "" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x05 \x01(\tR\x04type\x12G\n" +
 	"\aoptions\x18\x06 \x03(\v2-.virtlet.volume.v1.VolumeRequest.OptionsEntryR\aoptions\x12\x1b\n" +
-	"\thost_path\x18\a \x01(\tR\bhostPath\x1a:\n" +
+	"\thost_path\x18\a \x01(\tR\bhostPath\x12\x19\n" +
+	"\bpod_name\x18\b \x01(\tR\apodName\x12\x1b\n" +
+	"\tread_only\x18\t \x01(\bR\breadOnly\x12\x14\n" +
+	"\x05chown\x18\n" +
+	" \x01(\bR\x05chown\x128\n" +
+	"\x06rootfs\x18\v \x01(\v2 .virtlet.volume.v1.RootfsRequestR\x06rootfs\x1a:\n" +
 	"\fOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x80\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe5\x01\n" +
+	"\rRootfsRequest\x12\x1d\n" +
+	"\n" +
+	"image_path\x18\x01 \x01(\tR\timagePath\x12!\n" +
+	"\fimage_format\x18\x02 \x01(\tR\vimageFormat\x12!\n" +
+	"\fimage_digest\x18\x03 \x01(\tR\vimageDigest\x12\x1d\n" +
+	"\n" +
+	"image_name\x18\x04 \x01(\tR\timageName\x12,\n" +
+	"\x12image_virtual_size\x18\x05 \x01(\x03R\x10imageVirtualSize\x12\"\n" +
+	"\freinitialize\x18\x06 \x01(\bR\freinitialize\"\x9a\x01\n" +
+	"\x10ValidateResponse\x12J\n" +
+	"\aoptions\x18\x01 \x03(\v20.virtlet.volume.v1.ValidateResponse.OptionsEntryR\aoptions\x1a:\n" +
+	"\fOptionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x10\n" +
+	"\x0eForgetResponse\"\xb9\x01\n" +
 	"\x10VolumeAttachment\x12,\n" +
 	"\x05disks\x18\x01 \x03(\v2\x16.virtlet.types.v1.DiskR\x05disks\x12>\n" +
-	"\vfilesystems\x18\x02 \x03(\v2\x1c.virtlet.types.v1.FilesystemR\vfilesystems\"\x11\n" +
-	"\x0fReleaseResponse2\xac\x01\n" +
-	"\aVolumes\x12P\n" +
+	"\vfilesystems\x18\x02 \x03(\v2\x1c.virtlet.types.v1.FilesystemR\vfilesystems\x12\x16\n" +
+	"\x06format\x18\x03 \x01(\tR\x06format\x12\x1f\n" +
+	"\vformat_uuid\x18\x04 \x01(\tR\n" +
+	"formatUuid\"\x11\n" +
+	"\x0fReleaseResponse2\xce\x02\n" +
+	"\aVolumes\x12Q\n" +
+	"\bValidate\x12 .virtlet.volume.v1.VolumeRequest\x1a#.virtlet.volume.v1.ValidateResponse\x12M\n" +
+	"\x06Forget\x12 .virtlet.volume.v1.VolumeRequest\x1a!.virtlet.volume.v1.ForgetResponse\x12P\n" +
 	"\aPrepare\x12 .virtlet.volume.v1.VolumeRequest\x1a#.virtlet.volume.v1.VolumeAttachment\x12O\n" +
 	"\aRelease\x12 .virtlet.volume.v1.VolumeRequest\x1a\".virtlet.volume.v1.ReleaseResponseB5Z3github.com/virtlet/virtlet/proto/volume/v1;volumev1b\x06proto3"
 
@@ -238,28 +478,38 @@ func file_volume_v1_volume_proto_rawDescGZIP() []byte {
 	return file_volume_v1_volume_proto_rawDescData
 }
 
-var file_volume_v1_volume_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_volume_v1_volume_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_volume_v1_volume_proto_goTypes = []any{
 	(*VolumeRequest)(nil),    // 0: virtlet.volume.v1.VolumeRequest
-	(*VolumeAttachment)(nil), // 1: virtlet.volume.v1.VolumeAttachment
-	(*ReleaseResponse)(nil),  // 2: virtlet.volume.v1.ReleaseResponse
-	nil,                      // 3: virtlet.volume.v1.VolumeRequest.OptionsEntry
-	(*v1.Disk)(nil),          // 4: virtlet.types.v1.Disk
-	(*v1.Filesystem)(nil),    // 5: virtlet.types.v1.Filesystem
+	(*RootfsRequest)(nil),    // 1: virtlet.volume.v1.RootfsRequest
+	(*ValidateResponse)(nil), // 2: virtlet.volume.v1.ValidateResponse
+	(*ForgetResponse)(nil),   // 3: virtlet.volume.v1.ForgetResponse
+	(*VolumeAttachment)(nil), // 4: virtlet.volume.v1.VolumeAttachment
+	(*ReleaseResponse)(nil),  // 5: virtlet.volume.v1.ReleaseResponse
+	nil,                      // 6: virtlet.volume.v1.VolumeRequest.OptionsEntry
+	nil,                      // 7: virtlet.volume.v1.ValidateResponse.OptionsEntry
+	(*v1.Disk)(nil),          // 8: virtlet.types.v1.Disk
+	(*v1.Filesystem)(nil),    // 9: virtlet.types.v1.Filesystem
 }
 var file_volume_v1_volume_proto_depIdxs = []int32{
-	3, // 0: virtlet.volume.v1.VolumeRequest.options:type_name -> virtlet.volume.v1.VolumeRequest.OptionsEntry
-	4, // 1: virtlet.volume.v1.VolumeAttachment.disks:type_name -> virtlet.types.v1.Disk
-	5, // 2: virtlet.volume.v1.VolumeAttachment.filesystems:type_name -> virtlet.types.v1.Filesystem
-	0, // 3: virtlet.volume.v1.Volumes.Prepare:input_type -> virtlet.volume.v1.VolumeRequest
-	0, // 4: virtlet.volume.v1.Volumes.Release:input_type -> virtlet.volume.v1.VolumeRequest
-	1, // 5: virtlet.volume.v1.Volumes.Prepare:output_type -> virtlet.volume.v1.VolumeAttachment
-	2, // 6: virtlet.volume.v1.Volumes.Release:output_type -> virtlet.volume.v1.ReleaseResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	6, // 0: virtlet.volume.v1.VolumeRequest.options:type_name -> virtlet.volume.v1.VolumeRequest.OptionsEntry
+	1, // 1: virtlet.volume.v1.VolumeRequest.rootfs:type_name -> virtlet.volume.v1.RootfsRequest
+	7, // 2: virtlet.volume.v1.ValidateResponse.options:type_name -> virtlet.volume.v1.ValidateResponse.OptionsEntry
+	8, // 3: virtlet.volume.v1.VolumeAttachment.disks:type_name -> virtlet.types.v1.Disk
+	9, // 4: virtlet.volume.v1.VolumeAttachment.filesystems:type_name -> virtlet.types.v1.Filesystem
+	0, // 5: virtlet.volume.v1.Volumes.Validate:input_type -> virtlet.volume.v1.VolumeRequest
+	0, // 6: virtlet.volume.v1.Volumes.Forget:input_type -> virtlet.volume.v1.VolumeRequest
+	0, // 7: virtlet.volume.v1.Volumes.Prepare:input_type -> virtlet.volume.v1.VolumeRequest
+	0, // 8: virtlet.volume.v1.Volumes.Release:input_type -> virtlet.volume.v1.VolumeRequest
+	2, // 9: virtlet.volume.v1.Volumes.Validate:output_type -> virtlet.volume.v1.ValidateResponse
+	3, // 10: virtlet.volume.v1.Volumes.Forget:output_type -> virtlet.volume.v1.ForgetResponse
+	4, // 11: virtlet.volume.v1.Volumes.Prepare:output_type -> virtlet.volume.v1.VolumeAttachment
+	5, // 12: virtlet.volume.v1.Volumes.Release:output_type -> virtlet.volume.v1.ReleaseResponse
+	9, // [9:13] is the sub-list for method output_type
+	5, // [5:9] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_volume_v1_volume_proto_init() }
@@ -273,7 +523,7 @@ func file_volume_v1_volume_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_volume_v1_volume_proto_rawDesc), len(file_volume_v1_volume_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,8 +19,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Volumes_Prepare_FullMethodName = "/virtlet.volume.v1.Volumes/Prepare"
-	Volumes_Release_FullMethodName = "/virtlet.volume.v1.Volumes/Release"
+	Volumes_Validate_FullMethodName = "/virtlet.volume.v1.Volumes/Validate"
+	Volumes_Forget_FullMethodName   = "/virtlet.volume.v1.Volumes/Forget"
+	Volumes_Prepare_FullMethodName  = "/virtlet.volume.v1.Volumes/Prepare"
+	Volumes_Release_FullMethodName  = "/virtlet.volume.v1.Volumes/Release"
 )
 
 // VolumesClient is the client API for Volumes service.
@@ -29,6 +31,8 @@ const (
 //
 // Volumes provides VM disks and shares for volume types (ports.Volumes).
 type VolumesClient interface {
+	Validate(ctx context.Context, in *VolumeRequest, opts ...grpc.CallOption) (*ValidateResponse, error)
+	Forget(ctx context.Context, in *VolumeRequest, opts ...grpc.CallOption) (*ForgetResponse, error)
 	Prepare(ctx context.Context, in *VolumeRequest, opts ...grpc.CallOption) (*VolumeAttachment, error)
 	Release(ctx context.Context, in *VolumeRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 }
@@ -39,6 +43,26 @@ type volumesClient struct {
 
 func NewVolumesClient(cc grpc.ClientConnInterface) VolumesClient {
 	return &volumesClient{cc}
+}
+
+func (c *volumesClient) Validate(ctx context.Context, in *VolumeRequest, opts ...grpc.CallOption) (*ValidateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ValidateResponse)
+	err := c.cc.Invoke(ctx, Volumes_Validate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *volumesClient) Forget(ctx context.Context, in *VolumeRequest, opts ...grpc.CallOption) (*ForgetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForgetResponse)
+	err := c.cc.Invoke(ctx, Volumes_Forget_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func (c *volumesClient) Prepare(ctx context.Context, in *VolumeRequest, opts ...grpc.CallOption) (*VolumeAttachment, error) {
@@ -67,6 +91,8 @@ func (c *volumesClient) Release(ctx context.Context, in *VolumeRequest, opts ...
 //
 // Volumes provides VM disks and shares for volume types (ports.Volumes).
 type VolumesServer interface {
+	Validate(context.Context, *VolumeRequest) (*ValidateResponse, error)
+	Forget(context.Context, *VolumeRequest) (*ForgetResponse, error)
 	Prepare(context.Context, *VolumeRequest) (*VolumeAttachment, error)
 	Release(context.Context, *VolumeRequest) (*ReleaseResponse, error)
 	mustEmbedUnimplementedVolumesServer()
@@ -79,6 +105,12 @@ type VolumesServer interface {
 // pointer dereference when methods are called.
 type UnimplementedVolumesServer struct{}
 
+func (UnimplementedVolumesServer) Validate(context.Context, *VolumeRequest) (*ValidateResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Validate not implemented")
+}
+func (UnimplementedVolumesServer) Forget(context.Context, *VolumeRequest) (*ForgetResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Forget not implemented")
+}
 func (UnimplementedVolumesServer) Prepare(context.Context, *VolumeRequest) (*VolumeAttachment, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Prepare not implemented")
 }
@@ -104,6 +136,42 @@ func RegisterVolumesServer(s grpc.ServiceRegistrar, srv VolumesServer) {
 		t.testEmbeddedByValue()
 	}
 	s.RegisterService(&Volumes_ServiceDesc, srv)
+}
+
+func _Volumes_Validate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VolumesServer).Validate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Volumes_Validate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VolumesServer).Validate(ctx, req.(*VolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Volumes_Forget_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VolumesServer).Forget(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Volumes_Forget_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VolumesServer).Forget(ctx, req.(*VolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
 }
 
 func _Volumes_Prepare_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
@@ -149,6 +217,14 @@ var Volumes_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "virtlet.volume.v1.Volumes",
 	HandlerType: (*VolumesServer)(nil),
 	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Validate",
+			Handler:    _Volumes_Validate_Handler,
+		},
+		{
+			MethodName: "Forget",
+			Handler:    _Volumes_Forget_Handler,
+		},
 		{
 			MethodName: "Prepare",
 			Handler:    _Volumes_Prepare_Handler,

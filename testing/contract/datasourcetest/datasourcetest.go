@@ -1,7 +1,8 @@
 // Package datasourcetest is the contract every ports.Datasource writing
-// ISO 9660 media must meet: the image carries the volume label and the
-// exact file names cloud-init looks for, its files hold the documents byte
-// for byte, and it is private to the plugin.
+// ISO 9660 media must meet: the image carries the volume label and exactly
+// the files its layout makes of the request (the layout itself is each
+// datasource's own, golden-tested), the user-data byte for byte, and it is
+// private to the plugin.
 package datasourcetest
 
 import (
@@ -23,12 +24,10 @@ type Env struct {
 	Datasource ports.Datasource
 	Name       string // the datasource name the adapter handles
 	Label      string // the ISO volume label it must write
-	// Files maps an ISO path to the request field it must hold:
-	// "meta", "user" or "network".
-	Files map[string]string
-	// EmptyUserData is what the user-data file holds when the request has
-	// none; nil: the file is left out.
-	EmptyUserData []byte
+	// Layout is the files, by ISO path, the image of a request must hold.
+	Layout func(ports.MediaRequest) (map[string][]byte, error)
+	// UserData is the path of the user-data file.
+	UserData string
 }
 
 // Run checks the contract.
@@ -39,19 +38,17 @@ func Run(t *testing.T, env Env) {
 		Datasource:    env.Name,
 		MetaData:      []byte(`{"instance-id":"vm.default","local-hostname":"vm"}`),
 		UserData:      []byte("#cloud-config\nusers:\n- name: test\n"),
-		NetworkConfig: []byte(`{"links":[],"networks":[],"services":[]}`),
+		NetworkConfig: []byte("version: 1\nconfig:\n- {type: physical, name: eth0, mac_address: '52:54:00:00:00:01', subnets: [{type: static, address: 198.18.0.5/24}]}\n"),
+		Network: &ports.NetworkAttachment{Interfaces: []ports.NetworkInterface{{Name: "eth0", MAC: "52:54:00:00:00:01",
+			IPs: []ports.IPConfig{{Address: "198.18.0.5/24"}}}}},
 	}
-	field := func(req ports.MediaRequest, which string) []byte {
-		switch which {
-		case "meta":
-			return req.MetaData
-		case "user":
-			return req.UserData
-		case "network":
-			return req.NetworkConfig
+	layout := func(req ports.MediaRequest) map[string][]byte {
+		t.Helper()
+		files, err := env.Layout(req)
+		if err != nil {
+			t.Fatal(err)
 		}
-		t.Fatalf("unknown field %q", which)
-		return nil
+		return files
 	}
 
 	t.Run("the image has the label and exact files", func(t *testing.T) {
@@ -66,11 +63,10 @@ func Run(t *testing.T, env Env) {
 		if label != env.Label {
 			t.Errorf("label %q, want %q", label, env.Label)
 		}
-		want := map[string][]byte{}
-		for p, which := range env.Files {
-			want[p] = field(full, which)
+		compare(t, files, layout(full))
+		if string(files[env.UserData]) != string(full.UserData) {
+			t.Errorf("%s = %q, want the request's user-data byte for byte", env.UserData, files[env.UserData])
 		}
-		compare(t, files, want)
 		st, err := os.Stat(d.Source.Path)
 		if err != nil {
 			t.Fatal(err)
@@ -81,22 +77,13 @@ func Run(t *testing.T, env Env) {
 	})
 	t.Run("empty user-data and network config", func(t *testing.T) {
 		req := full
-		req.UserData, req.NetworkConfig = nil, nil
+		req.UserData, req.NetworkConfig, req.Network = nil, nil, nil
 		d, err := env.Datasource.BuildMedia(ctx, req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		_, files := ReadISO(t, d.Source.Path)
-		want := map[string][]byte{}
-		for p, which := range env.Files {
-			switch {
-			case which == "meta":
-				want[p] = req.MetaData
-			case which == "user" && env.EmptyUserData != nil:
-				want[p] = env.EmptyUserData
-			}
-		}
-		compare(t, files, want)
+		compare(t, files, layout(req))
 	})
 	t.Run("building again replaces the media", func(t *testing.T) {
 		req := full
@@ -106,11 +93,7 @@ func Run(t *testing.T, env Env) {
 			t.Fatal(err)
 		}
 		_, files := ReadISO(t, d.Source.Path)
-		for p, which := range env.Files {
-			if which == "meta" && string(files[p]) != string(req.MetaData) {
-				t.Errorf("%s = %q after rebuild", p, files[p])
-			}
-		}
+		compare(t, files, layout(req))
 	})
 	t.Run("remove deletes the media and is idempotent", func(t *testing.T) {
 		d, err := env.Datasource.BuildMedia(ctx, full)

@@ -46,6 +46,9 @@ func Run(t *testing.T, env Env) {
 		if err := hv.Start(ctx, id(0)); !errors.Is(err, ports.ErrNotFound) {
 			t.Errorf("Start: %v", err)
 		}
+		if err := hv.WriteFiles(ctx, id(0), []ports.GuestFile{{Path: "/etc/x", Data: []byte("x")}}); !errors.Is(err, ports.ErrNotFound) {
+			t.Errorf("WriteFiles: %v", err)
+		}
 	})
 
 	t.Run("lifecycle with events", func(t *testing.T) {
@@ -75,6 +78,10 @@ func Run(t *testing.T, env Env) {
 		}
 		if err := hv.Start(ctx, vmID); err != nil {
 			t.Fatal(err)
+		}
+		// Files go into the root file system before the first boot only.
+		if err := hv.WriteFiles(ctx, vmID, []ports.GuestFile{{Path: "/etc/x", Data: []byte("x")}}); !errors.Is(err, ports.ErrFailedPrecondition) {
+			t.Errorf("WriteFiles after the first boot: %v", err)
 		}
 		if err := hv.Start(ctx, vmID); err != nil {
 			t.Fatalf("second start: %v", err)

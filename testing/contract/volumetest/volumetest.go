@@ -19,12 +19,21 @@ type Env struct {
 	Exists func(t *testing.T, att ports.VolumeAttachment) bool
 	// Invalid is a request the implementation must refuse.
 	Invalid ports.VolumeRequest
+	// Persistent volumes keep their data when released (raw devices,
+	// Ceph images); ephemeral ones lose it.
+	Persistent bool
+	// Shared: two VMs' requests may name the same data (a device, an
+	// image), so "volumes of different VMs are separate" does not apply.
+	Shared bool
+	// NotFlexvolume: the type is only for Kubernetes volumes (directory
+	// shares, block devices); Validate must refuse every request.
+	NotFlexvolume bool
 }
 
 // Run checks the contract.
 func Run(t *testing.T, env Env) {
 	ctx := context.Background()
-	t.Run("prepare is idempotent, release removes, release again succeeds", func(t *testing.T) {
+	t.Run("prepare is idempotent, release undoes it, release again succeeds", func(t *testing.T) {
 		req := env.Request(t, "vm-1", "data")
 		att, err := env.Volumes.Prepare(ctx, req)
 		if err != nil {
@@ -48,14 +57,17 @@ func Run(t *testing.T, env Env) {
 		if err := env.Volumes.Release(ctx, req); err != nil {
 			t.Fatal(err)
 		}
-		if env.Exists(t, att) {
-			t.Fatal("released volume still has data")
+		if exists := env.Exists(t, att); exists != env.Persistent {
+			t.Fatalf("after release, the volume's data exists: %v; the volume is persistent: %v", exists, env.Persistent)
 		}
 		if err := env.Volumes.Release(ctx, req); err != nil {
 			t.Fatalf("second release: %v", err)
 		}
 	})
 	t.Run("volumes of different VMs are separate", func(t *testing.T) {
+		if env.Shared {
+			t.Skip("the requests name shared data")
+		}
 		a, err := env.Volumes.Prepare(ctx, env.Request(t, "vm-a", "data"))
 		if err != nil {
 			t.Fatal(err)
@@ -75,7 +87,43 @@ func Run(t *testing.T, env Env) {
 	})
 	t.Run("invalid requests are refused as invalid", func(t *testing.T) {
 		if _, err := env.Volumes.Prepare(ctx, env.Invalid); !errors.Is(err, ports.ErrInvalidArgument) {
-			t.Fatalf("err %v", err)
+			t.Fatalf("prepare: err %v", err)
+		}
+		if _, err := env.Volumes.Validate(ctx, env.Invalid); !errors.Is(err, ports.ErrInvalidArgument) {
+			t.Fatalf("validate: err %v", err)
+		}
+	})
+	if env.NotFlexvolume {
+		t.Run("not a flexvolume type: validate refuses", func(t *testing.T) {
+			if _, err := env.Volumes.Validate(ctx, env.Request(t, "vm-v", "data")); !errors.Is(err, ports.ErrInvalidArgument) {
+				t.Fatalf("validate: err %v", err)
+			}
+		})
+		return
+	}
+	t.Run("validate keeps options a later prepare accepts; forget is idempotent", func(t *testing.T) {
+		req := env.Request(t, "vm-v", "data")
+		kept, err := env.Volumes.Validate(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range kept {
+			if _, ok := req.Options[k]; !ok {
+				t.Errorf("validate invented option %q", k)
+			}
+		}
+		again := req
+		again.Options = kept
+		if _, err := env.Volumes.Prepare(ctx, again); err != nil {
+			t.Fatalf("prepare with the kept options: %v", err)
+		}
+		if err := env.Volumes.Release(ctx, again); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 2; i++ {
+			if err := env.Volumes.Forget(ctx, req); err != nil {
+				t.Fatalf("forget %d: %v", i, err)
+			}
 		}
 	})
 }

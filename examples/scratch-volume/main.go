@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/virtlet/virtlet/plugins/sdk"
 	"github.com/virtlet/virtlet/ports"
@@ -55,16 +56,53 @@ func (s *scratch) path(req ports.VolumeRequest) (string, error) {
 	return filepath.Join(s.dir, req.VMID+"-"+req.Name+".img"), nil
 }
 
+// size checks the volume's options: only size, a number of bytes
+// (kubelet's own kubernetes.io/ options pass).
+func (s *scratch) size(req ports.VolumeRequest) (int64, error) {
+	size := s.cfg.DefaultSize
+	for k, v := range req.Options {
+		switch {
+		case k == "size":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n <= 0 {
+				return 0, &ports.InvalidError{Field: "scratch volume " + req.Name + " option size", Value: v, Allowed: "a positive number of bytes"}
+			}
+			size = n
+		case strings.HasPrefix(k, "kubernetes.io/"):
+		default:
+			return 0, &ports.InvalidError{Field: "scratch volume " + req.Name + " option " + k, Reason: "unknown option", Allowed: "size"}
+		}
+	}
+	return size, nil
+}
+
+// Validate checks the options when kubelet mounts the volume (through the
+// flexvolume driver and the daemon); nothing is secret.
+func (s *scratch) Validate(ctx context.Context, req ports.VolumeRequest) (map[string]string, error) {
+	if _, err := s.size(req); err != nil {
+		return nil, err
+	}
+	if !safeName.MatchString(req.Name) {
+		return nil, &ports.InvalidError{Field: "volume name", Value: req.Name, Allowed: "letters, digits, '-', '_' and '.'"}
+	}
+	kept := map[string]string{}
+	if v, ok := req.Options["size"]; ok {
+		kept["size"] = v
+	}
+	return kept, nil
+}
+
+// Forget has nothing to drop.
+func (s *scratch) Forget(ctx context.Context, req ports.VolumeRequest) error { return nil }
+
 func (s *scratch) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.VolumeAttachment, error) {
 	p, err := s.path(req)
 	if err != nil {
 		return ports.VolumeAttachment{}, err
 	}
-	size := s.cfg.DefaultSize
-	if v, ok := req.Options["size"]; ok {
-		if size, err = strconv.ParseInt(v, 10, 64); err != nil || size <= 0 {
-			return ports.VolumeAttachment{}, &ports.InvalidError{Field: "volume " + req.Name + " option size", Value: v, Allowed: "a positive number of bytes"}
-		}
+	size, err := s.size(req)
+	if err != nil {
+		return ports.VolumeAttachment{}, err
 	}
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -75,10 +113,12 @@ func (s *scratch) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.V
 		return ports.VolumeAttachment{}, fmt.Errorf("size scratch disk: %w", err)
 	}
 	sdk.Log.WithFields(map[string]interface{}{"vm": req.VMID, "volume": req.Name, "size": size}).Info("scratch disk ready")
+	// A blank disk: the guest's mount script makes an ext4 file system
+	// on it.
 	return ports.VolumeAttachment{Disks: []ports.Disk{{
-		Name: "vol-" + req.Name, Device: ports.DeviceDisk, Bus: ports.BusVirtio,
+		Name: "vol-" + req.Name, Device: ports.DeviceDisk,
 		Source: ports.DiskSource{Type: ports.SourceFile, Path: p, Format: "raw"},
-	}}}, nil
+	}}, Format: "ext4"}, nil
 }
 
 func (s *scratch) Release(ctx context.Context, req ports.VolumeRequest) error {

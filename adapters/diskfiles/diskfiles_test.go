@@ -1,0 +1,220 @@
+package diskfiles
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+func need(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("loop devices and mounts need root")
+	}
+	for _, tool := range []string{"qemu-img", "qemu-storage-daemon", "losetup", "sfdisk", "mkfs.ext4", "debugfs"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed", tool)
+		}
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+}
+
+func must(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// disk makes a raw disk image like a cloud image: an MBR with a small
+// non-Linux partition first and an ext4 root file system (with /etc, /usr
+// and a symlink pointing out of the image) second. It returns the image
+// and the root partition's byte offset.
+func disk(t *testing.T, dir string) (string, int64) {
+	t.Helper()
+	root := filepath.Join(dir, "rootfs")
+	for _, d := range []string{"etc", "usr", "var"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	os.WriteFile(filepath.Join(root, "etc", "hostname"), []byte("image\n"), 0o644)
+	// A hostile image: following these on the host would write outside it.
+	os.Symlink(dir, filepath.Join(root, "etc", "escape"))
+	os.Symlink("/", filepath.Join(root, "var", "run"))
+	rootImg := filepath.Join(dir, "root.img")
+	must(t, "mkfs.ext4", "-q", "-F", "-L", "root", "-d", root, rootImg, "24M")
+	img := filepath.Join(dir, "disk.raw")
+	f, _ := os.Create(img)
+	f.Truncate(32 << 20)
+	f.Close()
+	must(t, "sh", "-c", "printf 'start=2048, size=4096, type=e\\nstart=6144, type=83\\n' | sfdisk -q "+img)
+	must(t, "dd", "if="+rootImg, "of="+img, "bs=512", "seek=6144", "conv=notrunc", "status=none")
+	return img, 6144 * 512
+}
+
+// readFile reads a file of the ext4 file system at offset in image,
+// without mounting it.
+func readFile(t *testing.T, image string, offset int64, p string) (string, string) {
+	t.Helper()
+	dir := t.TempDir()
+	part := filepath.Join(dir, "part.img")
+	must(t, "dd", "if="+image, "of="+part, "bs=512", "skip="+strconv.FormatInt(offset/512, 10), "status=none")
+	out := filepath.Join(dir, "out")
+	must(t, "debugfs", "-R", "dump "+p+" "+out, part)
+	data, err := os.ReadFile(out)
+	if err != nil {
+		return "", ""
+	}
+	stat := must(t, "debugfs", "-R", "stat "+p, part)
+	return string(data), stat
+}
+
+var files = []ports.GuestFile{
+	{Path: "/etc/locale.conf", Data: []byte("LANG=pl_PL.UTF-8\n"), Mode: 0o644},
+	{Path: "/root/.ssh/key", Data: []byte("secret"), Mode: 0o600},
+}
+
+func check(t *testing.T, image string, offset int64, outside string) {
+	t.Helper()
+	if data, stat := readFile(t, image, offset, "/etc/locale.conf"); data != "LANG=pl_PL.UTF-8\n" || !strings.Contains(stat, "Mode:  0644") {
+		t.Errorf("/etc/locale.conf: %q\n%s", data, stat)
+	}
+	if data, stat := readFile(t, image, offset, "/root/.ssh/key"); data != "secret" || !strings.Contains(stat, "Mode:  0600") || !strings.Contains(stat, "User:     0   Group:     0") {
+		t.Errorf("/root/.ssh/key: %q\n%s", data, stat)
+	}
+	if data, _ := readFile(t, image, offset, "/etc/hostname"); data != "image\n" {
+		t.Errorf("the image's own file changed: %q", data)
+	}
+}
+
+func leftovers(t *testing.T, work string) {
+	t.Helper()
+	if _, err := os.Stat(work); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("work directory left: %v", err)
+	}
+	if m := mountsUnder(filepath.Dir(work)); len(m) != 0 {
+		t.Errorf("mounts left: %v", m)
+	}
+	if out := must(t, "losetup", "--list", "--noheadings", "--output", "BACK-FILE"); strings.Contains(out, filepath.Dir(work)) {
+		t.Errorf("loop devices left:\n%s", out)
+	}
+}
+
+// Files reach the root file system of a qcow2 overlay (through the FUSE
+// export, the base image untouched), of a raw image, and of a raw slice
+// behind a header; a symlink in the image never leads a write out of it.
+func TestWrite(t *testing.T) {
+	need(t)
+	ctx := context.Background()
+	t.Run("qcow2 overlay", func(t *testing.T) {
+		dir := t.TempDir()
+		base, off := disk(t, dir)
+		overlay := filepath.Join(dir, "overlay.qcow2")
+		must(t, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay)
+		work := filepath.Join(dir, "work", "vm")
+		if err := Write(ctx, Disk{Path: overlay, Format: "qcow2"}, files, work); err != nil {
+			t.Fatal(err)
+		}
+		leftovers(t, work)
+		flat := filepath.Join(dir, "flat.raw")
+		must(t, "qemu-img", "convert", "-O", "raw", overlay, flat)
+		check(t, flat, off, dir)
+		if data, _ := readFile(t, base, off, "/etc/locale.conf"); data != "" {
+			t.Error("the base image was written")
+		}
+	})
+	t.Run("raw slice behind a header", func(t *testing.T) {
+		dir := t.TempDir()
+		img, off := disk(t, dir)
+		dev := filepath.Join(dir, "device.raw")
+		must(t, "sh", "-c", "head -c 1048576 /dev/zero > "+dev+" && cat "+img+" >> "+dev)
+		work := filepath.Join(dir, "work", "vm")
+		if err := Write(ctx, Disk{Path: dev, Format: "raw", Offset: 1 << 20, Size: 32 << 20}, files, work); err != nil {
+			t.Fatal(err)
+		}
+		leftovers(t, work)
+		check(t, dev, (1<<20)+off, dir)
+	})
+	// The image's symlinks resolve inside it: /var/run -> / leads to the
+	// image's root; /etc/escape -> <a host directory> leads nowhere (the
+	// image has no such directory), and the write fails.
+	t.Run("symlinks in the image", func(t *testing.T) {
+		dir := t.TempDir()
+		img, off := disk(t, dir)
+		work := filepath.Join(dir, "work", "vm")
+		if err := Write(ctx, Disk{Path: img, Format: "raw"}, []ports.GuestFile{{Path: "/var/run/pwned", Data: []byte("in"), Mode: 0o644}}, work); err != nil {
+			t.Fatal(err)
+		}
+		err := Write(ctx, Disk{Path: img, Format: "raw"}, []ports.GuestFile{{Path: "/etc/escape/pwned", Data: []byte("out"), Mode: 0o644}}, work)
+		if err == nil || !strings.Contains(err.Error(), "/etc/escape/pwned") {
+			t.Errorf("write through a symlink to a host path: %v", err)
+		}
+		leftovers(t, work)
+		for _, p := range []string{filepath.Join(dir, "pwned"), "/pwned"} {
+			if _, err := os.Stat(p); err == nil {
+				os.Remove(p)
+				t.Errorf("a symlink in the image led a write to the host's %s", p)
+			}
+		}
+		if data, _ := readFile(t, img, off, "/pwned"); data != "in" {
+			t.Errorf("/var/run/pwned did not land at the image's /pwned: %q", data)
+		}
+	})
+	t.Run("no root file system", func(t *testing.T) {
+		dir := t.TempDir()
+		img := filepath.Join(dir, "blank.raw")
+		f, _ := os.Create(img)
+		f.Truncate(8 << 20)
+		f.Close()
+		work := filepath.Join(dir, "work", "vm")
+		err := Write(ctx, Disk{Path: img, Format: "raw"}, files, work)
+		if !errors.Is(err, ports.ErrFailedPrecondition) || !strings.Contains(err.Error(), "no Linux root file system") {
+			t.Fatalf("err %v", err)
+		}
+		leftovers(t, work)
+	})
+}
+
+// Cleanup undoes what a crash in the middle of Write leaves: the FUSE
+// export's mount and the loop devices of the work directory.
+func TestCleanup(t *testing.T) {
+	need(t)
+	dir := t.TempDir()
+	base, _ := disk(t, dir)
+	overlay := filepath.Join(dir, "overlay.qcow2")
+	must(t, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay)
+	workRoot := filepath.Join(dir, "inject")
+	work := filepath.Join(workRoot, "vm")
+	os.MkdirAll(work, 0o700)
+	exp, stop, err := exportFUSE(context.Background(), overlay, work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	loop, err := attachLoop(context.Background(), exp, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Cleanup(workRoot); err != nil {
+		t.Fatal(err)
+	}
+	if out := must(t, "losetup", "--list", "--noheadings", "--output", "NAME"); strings.Contains(out, loop+"\n") {
+		t.Errorf("loop device %s left", loop)
+	}
+	if m := mountsUnder(workRoot); len(m) != 0 {
+		t.Errorf("mounts left: %v", m)
+	}
+	if _, err := os.Stat(workRoot); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("work directory left")
+	}
+}

@@ -1,0 +1,298 @@
+// Package ninep is the volume plugin of directory volumes (emptyDir,
+// hostPath, CSI and local filesystem PersistentVolumes): each is shared
+// with the VM over virtio-9p.
+//
+// QEMU runs as its own unprivileged user, and kubelet keeps a pod's
+// directories below a directory only root may enter (0750). So the plugin
+// bind-mounts each volume into a directory QEMU can traverse
+// (<state>/shares/<vm>/<volume>), read-only when the pod mounts it
+// read-only, and unmounts it when the VM goes. VirtletChown9pfsMounts
+// gives the volume's files to QEMU's user, as Virtlet did, so that the
+// guest may write them.
+package ninep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// Config is the plugin's manifest config.
+type Config struct {
+	// Owner is the user (and optionally ":group") QEMU runs as, to whom
+	// VirtletChown9pfsMounts gives a volume's files (default
+	// "libvirt-qemu", with its primary group).
+	Owner string `json:"owner,omitempty"`
+	// AccessMode is virtio-9p's security model: "squash" (default: files
+	// keep the host's owners; the guest's chown requests are ignored) or
+	// "mapped" (owners kept in extended attributes).
+	AccessMode string `json:"accessMode,omitempty"`
+}
+
+// Volumes is the adapter.
+type Volumes struct {
+	log      logrus.FieldLogger
+	dir      string // the shares' mount points
+	uid, gid int
+	mode     string
+}
+
+// New returns an unconfigured adapter.
+func New(log logrus.FieldLogger) *Volumes { return &Volumes{log: log} }
+
+func (v *Volumes) PluginInfo() ports.PluginInfo {
+	return ports.PluginInfo{Name: "ninep", Kind: ports.KindVolume, Version: "0.1.0", Handles: []string{ports.VolumeShare}}
+}
+
+// Configure resolves QEMU's user and makes the shares' directory
+// traversable.
+func (v *Volumes) Configure(ctx context.Context, pc ports.PluginConfig) error {
+	cfg := Config{Owner: "libvirt-qemu", AccessMode: "squash"}
+	if err := pc.Decode(&cfg); err != nil {
+		return err
+	}
+	if cfg.AccessMode != "squash" && cfg.AccessMode != "mapped" {
+		return &ports.InvalidError{Field: "ninep config accessMode", Value: cfg.AccessMode, Allowed: "squash or mapped"}
+	}
+	uid, gid, err := owner(cfg.Owner)
+	if err != nil {
+		return &ports.InvalidError{Field: "ninep config owner", Value: cfg.Owner, Reason: err.Error(), Allowed: "a user[:group] of this node"}
+	}
+	if pc.StateDir == "" {
+		return fmt.Errorf("ninep: needs a state directory: %w", ports.ErrInvalidArgument)
+	}
+	dir := filepath.Join(pc.StateDir, "shares")
+	for _, d := range []string{pc.StateDir, dir} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return err
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return err
+		}
+	}
+	// The shares' directory is a private mount of its own, so that the
+	// shares bound below it never propagate to the node's other mounts.
+	if !isMountPoint(dir) {
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("ninep: bind %s: %w", dir, err)
+		}
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("ninep: make %s private: %w", dir, err)
+	}
+	v.dir, v.uid, v.gid, v.mode = dir, uid, gid, cfg.AccessMode
+	return nil
+}
+
+// Close unmounts the shares' directory once no share is left in it (tests
+// and uninstalls; a running plugin keeps it).
+func (v *Volumes) Close() error {
+	entries, _ := os.ReadDir(v.dir)
+	if len(entries) > 0 || !isMountPoint(v.dir) {
+		return nil
+	}
+	return unix.Unmount(v.dir, unix.MNT_DETACH)
+}
+
+func owner(spec string) (int, int, error) {
+	name, group, _ := strings.Cut(spec, ":")
+	u, err := user.Lookup(name)
+	if err != nil {
+		if _, nerr := strconv.Atoi(name); nerr != nil {
+			return 0, 0, err
+		}
+		u = &user.User{Uid: name, Gid: name}
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if group != "" {
+		g, err := user.LookupGroup(group)
+		if err != nil {
+			n, nerr := strconv.Atoi(group)
+			if nerr != nil {
+				return 0, 0, err
+			}
+			return uid, n, nil
+		}
+		gid, _ = strconv.Atoi(g.Gid)
+	}
+	return uid, gid, nil
+}
+
+// Validate: shares are not flexvolumes.
+func (v *Volumes) Validate(ctx context.Context, req ports.VolumeRequest) (map[string]string, error) {
+	return nil, &ports.InvalidError{Field: "volume type", Value: req.Type,
+		Reason: "directory shares come from Kubernetes volumes (emptyDir, hostPath, persistent volumes), not flexvolumes"}
+}
+
+// Forget has nothing to drop.
+func (v *Volumes) Forget(ctx context.Context, req ports.VolumeRequest) error { return nil }
+
+var safeName = regexp.MustCompile(`^[a-zA-Z0-9][-a-zA-Z0-9_.]{0,127}$`)
+
+func (v *Volumes) mountPoint(req ports.VolumeRequest) (string, error) {
+	if v.dir == "" {
+		return "", fmt.Errorf("ninep: not configured: %w", ports.ErrUnavailable)
+	}
+	for field, s := range map[string]string{"VM ID": req.VMID, "volume name": req.Name} {
+		if !safeName.MatchString(s) {
+			return "", &ports.InvalidError{Field: "share " + field, Value: s, Allowed: "letters, digits, '-', '_' and '.'"}
+		}
+	}
+	return filepath.Join(v.dir, req.VMID, req.Name), nil
+}
+
+// Prepare bind-mounts the volume's directory where QEMU reaches it.
+func (v *Volumes) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.VolumeAttachment, error) {
+	mp, err := v.mountPoint(req)
+	if err != nil {
+		return ports.VolumeAttachment{}, err
+	}
+	att := ports.VolumeAttachment{Filesystems: []ports.Filesystem{{Source: mp, AccessMode: v.mode, ReadOnly: req.ReadOnly}}}
+	field := "volume " + req.Name + " host path"
+	if !filepath.IsAbs(req.HostPath) {
+		return ports.VolumeAttachment{}, &ports.InvalidError{Field: field, Value: req.HostPath, Allowed: "an absolute path"}
+	}
+	src, err := filepath.EvalSymlinks(req.HostPath)
+	if err != nil {
+		return ports.VolumeAttachment{}, &ports.InvalidError{Field: field, Value: req.HostPath, Reason: err.Error(), Allowed: "an existing directory"}
+	}
+	st, err := os.Stat(src)
+	if err != nil {
+		return ports.VolumeAttachment{}, err
+	}
+	if !st.IsDir() {
+		return ports.VolumeAttachment{}, &ports.InvalidError{Field: field, Value: req.HostPath,
+			Reason: "not a directory: a VM receives directories as 9p shares (files and devices cannot be shared)", Allowed: "a directory"}
+	}
+	if isMountPoint(mp) {
+		return att, nil // prepared already
+	}
+	if req.Chown {
+		n, err := chownTree(src, v.uid, v.gid)
+		if err != nil {
+			return ports.VolumeAttachment{}, fmt.Errorf("volume %s: give %s to QEMU's user (VirtletChown9pfsMounts): %w", req.Name, req.HostPath, err)
+		}
+		v.log.WithFields(logrus.Fields{"volume": req.Name, "files": n, "uid": v.uid, "gid": v.gid}).Info("share chowned for the VM")
+	}
+	if err := os.MkdirAll(filepath.Dir(mp), 0o711); err != nil {
+		return ports.VolumeAttachment{}, err
+	}
+	if err := os.Chmod(filepath.Dir(mp), 0o711); err != nil {
+		return ports.VolumeAttachment{}, err
+	}
+	if err := os.Mkdir(mp, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return ports.VolumeAttachment{}, err
+	}
+	if err := unix.Mount(src, mp, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return ports.VolumeAttachment{}, fmt.Errorf("volume %s: bind %s: %w", req.Name, src, err)
+	}
+	// Keep the share's mounts to ourselves: nothing propagates to or from
+	// the node's mounts once it is made.
+	if err := unix.Mount("", mp, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+		v.unmount(mp)
+		return ports.VolumeAttachment{}, fmt.Errorf("volume %s: make the share private: %w", req.Name, err)
+	}
+	if req.ReadOnly {
+		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+		if err := unix.MountSetattr(-1, mp, unix.AT_RECURSIVE, attr); err != nil {
+			v.unmount(mp)
+			return ports.VolumeAttachment{}, fmt.Errorf("volume %s: make the share read-only: %w", req.Name, err)
+		}
+	}
+	v.log.WithFields(logrus.Fields{"vm": req.VMID, "volume": req.Name, "source": src, "readOnly": req.ReadOnly}).Info("share ready")
+	return att, nil
+}
+
+// Release unmounts the share; the volume's files stay.
+func (v *Volumes) Release(ctx context.Context, req ports.VolumeRequest) error {
+	mp, err := v.mountPoint(req)
+	if err != nil {
+		return err
+	}
+	if err := v.unmount(mp); err != nil {
+		return fmt.Errorf("volume %s: %w", req.Name, err)
+	}
+	os.Remove(filepath.Dir(mp)) // the VM's directory, once empty
+	return nil
+}
+
+func (v *Volumes) unmount(mp string) error {
+	for isMountPoint(mp) {
+		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmount share %s: %w", mp, err)
+		}
+	}
+	if err := os.Remove(mp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove share mount point: %w", err)
+	}
+	return nil
+}
+
+// isMountPoint says whether p is mounted on (its device or inode differ
+// from its parent's view, or the kernel lists it).
+func isMountPoint(p string) bool {
+	var st, parent unix.Stat_t
+	if unix.Lstat(p, &st) != nil || unix.Lstat(filepath.Dir(p), &parent) != nil {
+		return false
+	}
+	if st.Dev != parent.Dev {
+		return true
+	}
+	// A bind mount of a directory of the same file system: ask the kernel.
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == p {
+			return true
+		}
+	}
+	return false
+}
+
+// chownTree gives every file below root (not following symlinks, not
+// crossing into other file systems) to uid:gid.
+func chownTree(root string, uid, gid int) (int, error) {
+	var rootSt unix.Stat_t
+	if err := unix.Lstat(root, &rootSt); err != nil {
+		return 0, err
+	}
+	n := 0
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		if st.Dev != rootSt.Dev {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if err := os.Lchown(p, uid, gid); err != nil {
+			return err
+		}
+		n++
+		return nil
+	})
+	return n, err
+}
+
+var _ ports.Volumes = (*Volumes)(nil)

@@ -1,0 +1,118 @@
+package ninep
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/virtlet/virtlet/plugins/sdk/sdktest"
+	"github.com/virtlet/virtlet/plugins/volume"
+	"github.com/virtlet/virtlet/ports"
+	"github.com/virtlet/virtlet/testing/contract/volumetest"
+)
+
+func configured(t *testing.T) *Volumes {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("bind mounts need root")
+	}
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	v := New(l)
+	state := t.TempDir()
+	if err := v.Configure(context.Background(), ports.PluginConfig{StateDir: state, Config: []byte(`{"owner":"nobody:nogroup"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Close() })
+	return v
+}
+
+func env(t *testing.T, v ports.Volumes) volumetest.Env {
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "hello.txt"), []byte("hello"), 0o644)
+	return volumetest.Env{
+		Volumes: v, Persistent: false, Shared: true, NotFlexvolume: true,
+		Request: func(t *testing.T, vmID, name string) ports.VolumeRequest {
+			return ports.VolumeRequest{VMID: vmID, Name: name, Type: ports.VolumeShare, HostPath: src}
+		},
+		// A share "exists" while its mount point shows the volume's files.
+		Exists: func(t *testing.T, att ports.VolumeAttachment) bool {
+			_, err := os.Stat(filepath.Join(att.Filesystems[0].Source, "hello.txt"))
+			return err == nil
+		},
+		Invalid: ports.VolumeRequest{VMID: "vm", Name: "../etc", Type: ports.VolumeShare, HostPath: src},
+	}
+}
+
+func TestContract(t *testing.T) {
+	t.Run("in process", func(t *testing.T) { volumetest.Run(t, env(t, configured(t))) })
+	t.Run("over gRPC", func(t *testing.T) {
+		volumetest.Run(t, env(t, volume.NewClient(sdktest.Conn(t, configured(t)))))
+	})
+}
+
+// A share shows the volume's files, writable both ways; a read-only one
+// refuses writes; chowning gives the files to QEMU's user; release leaves
+// the files and no mount.
+func TestShares(t *testing.T) {
+	v := configured(t)
+	ctx := context.Background()
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "sub"), 0o755)
+	os.WriteFile(filepath.Join(src, "sub", "f.txt"), []byte("data"), 0o644)
+
+	rw := ports.VolumeRequest{VMID: "0123abcd", Name: "data", Type: ports.VolumeShare, HostPath: src, Chown: true}
+	att, err := v.Prepare(ctx, rw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp := att.Filesystems[0].Source
+	if att.Filesystems[0].AccessMode != "squash" || att.Filesystems[0].ReadOnly {
+		t.Fatalf("share %+v", att.Filesystems[0])
+	}
+	if err := os.WriteFile(filepath.Join(mp, "from-guest.txt"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(src, "from-guest.txt")); err != nil {
+		t.Fatal("a write through the share did not reach the volume")
+	}
+	var st syscall.Stat_t
+	syscall.Stat(filepath.Join(src, "sub", "f.txt"), &st)
+	if int(st.Uid) != v.uid || int(st.Gid) != v.gid {
+		t.Fatalf("chown: owner %d:%d, want %d:%d", st.Uid, st.Gid, v.uid, v.gid)
+	}
+
+	ro := ports.VolumeRequest{VMID: "0123abcd", Name: "config", Type: ports.VolumeShare, HostPath: src, ReadOnly: true}
+	att, err = v.Prepare(ctx, ro)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = os.WriteFile(filepath.Join(att.Filesystems[0].Source, "nope.txt"), []byte("x"), 0o644)
+	if !errors.Is(err, syscall.EROFS) || !att.Filesystems[0].ReadOnly {
+		t.Fatalf("write to a read-only share: %v", err)
+	}
+	for _, r := range []ports.VolumeRequest{rw, ro} {
+		if err := v.Release(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if entries, _ := os.ReadDir(v.dir); len(entries) != 0 {
+		t.Fatalf("left in the shares directory: %v", entries)
+	}
+	if _, err := os.Stat(filepath.Join(src, "sub", "f.txt")); err != nil {
+		t.Fatal("release removed the volume's files")
+	}
+
+	file := filepath.Join(src, "sub", "f.txt")
+	_, err = v.Prepare(ctx, ports.VolumeRequest{VMID: "0123abcd", Name: "file", Type: ports.VolumeShare, HostPath: file})
+	if !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), "not a directory") {
+		t.Fatalf("a file as share: %v", err)
+	}
+}

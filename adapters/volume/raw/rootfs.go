@@ -1,0 +1,187 @@
+package raw
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// A persistent root file system's device starts with a header (the first
+// 4 KiB) saying which image it holds; the VM sees the device from
+// DataOffset on. The header is readable text:
+//
+//	VIRTLET-PERSISTENT-ROOTFS v1
+//	{"image":"sha256:…","name":"virtlet.cloud/…","virtualSize":…,"dataOffset":1048576,"written":"…"}
+const (
+	headerMagic = "VIRTLET-PERSISTENT-ROOTFS v1\n"
+	headerSize  = 4096
+	// DataOffset is where the image starts: 1 MiB keeps the guest's disk
+	// aligned for any block size.
+	DataOffset = 1 << 20
+	// probeSize is how much of a device must be zero for it to count as
+	// blank (never written).
+	probeSize = 1 << 20
+)
+
+// header is what a persistent root's device holds.
+type header struct {
+	Image       string    `json:"image"`
+	Name        string    `json:"name,omitempty"`
+	VirtualSize int64     `json:"virtualSize"`
+	DataOffset  int64     `json:"dataOffset"`
+	Written     time.Time `json:"written"`
+}
+
+func readHeader(first []byte) (*header, bool) {
+	if !bytes.HasPrefix(first, []byte(headerMagic)) {
+		return nil, false
+	}
+	rest := first[len(headerMagic):headerSize]
+	if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+		rest = rest[:i]
+	}
+	var h header
+	if err := json.Unmarshal(rest, &h); err != nil || h.Image == "" || h.DataOffset <= 0 {
+		return nil, false
+	}
+	return &h, true
+}
+
+func (h header) bytes() ([]byte, error) {
+	j, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, headerSize)
+	n := copy(b, headerMagic)
+	if n+len(j)+1 > headerSize {
+		return nil, fmt.Errorf("persistent root header too long")
+	}
+	copy(b[n:], j)
+	b[n+len(j)] = '\n'
+	return b, nil
+}
+
+// prepareRootfs makes sure dev holds the image: a device holding it already
+// is used as it is (the guest's changes kept); a blank device gets it; a
+// device holding another image or other data is overwritten only when the
+// pod asks. It returns the slice the VM boots from.
+func prepareRootfs(ctx context.Context, dev, volume string, want ports.RootfsRequest, log logrus.FieldLogger) (offset, size int64, err error) {
+	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		return 0, 0, fmt.Errorf("block volume %s: open %s: %w", volume, dev, err)
+	}
+	defer f.Close()
+	devSize, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return 0, 0, fmt.Errorf("block volume %s: size of %s: %w", volume, dev, err)
+	}
+	first := make([]byte, probeSize)
+	n, err := f.ReadAt(first, 0)
+	if err != nil && err != io.EOF {
+		return 0, 0, fmt.Errorf("block volume %s: read %s: %w", volume, dev, err)
+	}
+	first = first[:n]
+	field := "block volume " + volume + " (persistent root file system)"
+	reinit := "set the pod annotation VirtletPersistentRootfsReinit: \"true\" to overwrite it"
+	h, ok := readHeader(first)
+	switch {
+	case ok && h.Image == want.ImageDigest:
+		log.WithFields(logrus.Fields{"volume": volume, "device": dev, "image": h.Image}).Info("persistent root file system holds the image")
+		return h.DataOffset, devSize - h.DataOffset, nil
+	case ok && !want.Reinitialize:
+		return 0, 0, &ports.InvalidError{Field: field, Value: dev,
+			Reason: fmt.Sprintf("it holds image %s (%s), written %s; the pod's image is %s (%s)",
+				nameOr(h.Name, h.Image), h.Image, h.Written.Format(time.RFC3339), nameOr(want.ImageName, want.ImageDigest), want.ImageDigest),
+			Allowed: reinit}
+	case !ok && !zero(first) && !want.Reinitialize:
+		return 0, 0, &ports.InvalidError{Field: field, Value: dev,
+			Reason: "it holds data that is not a Virtlet persistent root file system", Allowed: reinit}
+	}
+	if need := int64(DataOffset) + want.ImageVirtualSize; devSize < need {
+		return 0, 0, &ports.InvalidError{Field: field, Value: dev,
+			Reason: fmt.Sprintf("the device has %d bytes; image %s needs %d (its virtual size) + %d (the header)",
+				devSize, nameOr(want.ImageName, want.ImageDigest), want.ImageVirtualSize, DataOffset),
+			Allowed: fmt.Sprintf("a device of at least %d bytes", need)}
+	}
+	start := time.Now()
+	// No valid header while the image is written: an interrupted write is
+	// found blank-headed and written again (with the pod's consent, as
+	// its data is no longer blank).
+	if _, err := f.WriteAt(make([]byte, headerSize), 0); err != nil {
+		return 0, 0, fmt.Errorf("block volume %s: clear the header: %w", volume, err)
+	}
+	if err := f.Sync(); err != nil {
+		return 0, 0, err
+	}
+	if err := writeImage(ctx, want, dev, devSize); err != nil {
+		return 0, 0, fmt.Errorf("block volume %s: write image %s: %w", volume, nameOr(want.ImageName, want.ImageDigest), err)
+	}
+	hb, err := header{Image: want.ImageDigest, Name: want.ImageName, VirtualSize: want.ImageVirtualSize,
+		DataOffset: DataOffset, Written: time.Now().UTC().Truncate(time.Second)}.bytes()
+	if err != nil {
+		return 0, 0, err
+	}
+	if _, err := f.WriteAt(hb, 0); err != nil {
+		return 0, 0, fmt.Errorf("block volume %s: write the header: %w", volume, err)
+	}
+	if err := f.Sync(); err != nil {
+		return 0, 0, err
+	}
+	log.WithFields(logrus.Fields{"volume": volume, "device": dev, "image": want.ImageDigest,
+		"millis": time.Since(start).Milliseconds(), "overwrote": ok || !zero(first)}).Info("image written to the persistent root file system")
+	return DataOffset, devSize - DataOffset, nil
+}
+
+// writeImage copies the image (any format QEMU reads) as raw data into the
+// device behind the header, with qemu-img.
+func writeImage(ctx context.Context, want ports.RootfsRequest, dev string, devSize int64) error {
+	if want.ImageFormat != "qcow2" && want.ImageFormat != "raw" {
+		return &ports.InvalidError{Field: "image format", Value: want.ImageFormat, Allowed: "qcow2 or raw"}
+	}
+	target := "driver=raw,offset=" + strconv.Itoa(DataOffset) + ",size=" + strconv.FormatInt(devSize-DataOffset, 10) +
+		",file.driver=host_device,file.filename=" + dev
+	if strings.Contains(dev, ",") {
+		return fmt.Errorf("device path %q has a comma, which qemu-img's options cannot hold", dev)
+	}
+	cmd := exec.CommandContext(ctx, "qemu-img", "convert", "-n", "-f", want.ImageFormat,
+		"--target-image-opts", want.ImagePath, target)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("qemu-img convert: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	// qemu-img flushes; make sure the device's cache reached it too.
+	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Fsync(int(f.Fd()))
+}
+
+func zero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func nameOr(name, digest string) string {
+	if name != "" {
+		return name
+	}
+	return digest
+}

@@ -1,0 +1,379 @@
+package core_test
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/core/annotations"
+	"github.com/virtlet/virtlet/ports"
+)
+
+const podDir = "/var/lib/kubelet/pods/uid-p"
+
+func volDir(plugin, name string) string { return podDir + "/volumes/" + plugin + "/" + name }
+
+// Every mount and device kubelet produces goes somewhere, or the pod is
+// refused naming the volume, its kind and what is supported: nothing is
+// dropped silently.
+func TestEveryMountKubeletMakesGoesSomewhere(t *testing.T) {
+	e := newEnv(t)
+	e.vdirs[volDir(core.FlexvolumeDriverDir, "extra")] = map[string]string{"type": "qcow2", "capacity": "2048MiB",
+		"kubernetes.io/pod.uid": "uid-p"}
+	e.vfiles[volDir("kubernetes.io~configmap", "config")] = []ports.ProjectedFile{{Path: "a.conf", Data: []byte("a"), Mode: 0o644}}
+	e.vfiles[volDir("kubernetes.io~secret", "secret")] = []ports.ProjectedFile{{Path: "pw", Data: []byte("s3cret"), Mode: 0o600}}
+	e.vfiles[volDir("kubernetes.io~projected", "kube-api-access-x")] = []ports.ProjectedFile{{Path: "token", Data: []byte("t"), Mode: 0o644}}
+	e.vfiles[volDir("kubernetes.io~downward-api", "podinfo")] = []ports.ProjectedFile{{Path: "labels", Data: []byte("l"), Mode: 0o644}}
+	sb := e.runPod(t, "p", map[string]string{annotations.DiskDriver: "virtio"})
+	cfg := vmContainer(e.pull(t))
+	cfg.Mounts = []core.Mount{
+		{ContainerPath: "/etc/hosts", HostPath: podDir + "/etc-hosts"},
+		{ContainerPath: "/dev/termination-log", HostPath: podDir + "/containers/vm/5f3a2b1c"},
+		{ContainerPath: "/etc/foo", HostPath: volDir("kubernetes.io~configmap", "config"), ReadOnly: true},
+		{ContainerPath: "/etc/baz", HostPath: volDir("kubernetes.io~secret", "secret"), ReadOnly: true},
+		{ContainerPath: "/var/run/secrets/kubernetes.io/serviceaccount", HostPath: volDir("kubernetes.io~projected", "kube-api-access-x"), ReadOnly: true},
+		{ContainerPath: "/etc/podinfo", HostPath: volDir("kubernetes.io~downward-api", "podinfo"), ReadOnly: true},
+		{ContainerPath: "/var/lib/docker", HostPath: volDir(core.FlexvolumeDriverDir, "extra")},
+		{ContainerPath: "/scratch", HostPath: volDir("kubernetes.io~empty-dir", "cache")},
+		{ContainerPath: "/srv", HostPath: "/data/srv", ReadOnly: true},
+		{ContainerPath: "/pv", HostPath: volDir("kubernetes.io~csi", "pvc-1234") + "/mount"},
+		{ContainerPath: "/local", HostPath: volDir("kubernetes.io~local-volume", "local-pv-1")},
+	}
+	cfg.Devices = []core.Device{{ContainerPath: "/dev/testpvc", HostPath: podDir + "/volumeDevices/kubernetes.io~local-volume/block-pv", Permissions: "mrw"}}
+	id, err := e.rt.CreateContainer(context.Background(), sb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{id + "/block-pv block", id + "/cache ninep", id + "/extra qcow2", id + "/local-pv-1 ninep", id + "/pvc-1234 ninep", id + "/srv ninep"}
+	if got := e.vols.Prepared(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("prepared volumes %v, want %v", got, want)
+	}
+	spec, _ := e.hv.Spec(id)
+	var disks, shares []string
+	for _, d := range spec.Disks {
+		disks = append(disks, fmt.Sprintf("%s:%s:%s", d.Name, d.Serial, d.Bus))
+	}
+	for _, f := range spec.Filesystems {
+		shares = append(shares, fmt.Sprintf("%s:%s:ro=%v", f.Tag, f.Source, f.ReadOnly))
+	}
+	if got := strings.Join(disks, " "); got != "root:virtlet-root:virtio vol-extra:vol-extra:virtio vol-block-pv:vol-block-pv:virtio cloud-init:virtlet-cidata:virtio" {
+		t.Errorf("disks %s", got)
+	}
+	if got := strings.Join(shares, " "); got != "cache:/fake/shares/"+id+"-cache:ro=false srv:/fake/shares/"+id+"-srv:ro=true "+
+		"pvc-1234:/fake/shares/"+id+"-pvc-1234:ro=false local-pv-1:/fake/shares/"+id+"-local-pv-1:ro=false" {
+		t.Errorf("shares %s", got)
+	}
+	req, _ := e.nc.Media(id)
+	ud := string(req.UserData)
+	for _, w := range []string{
+		"path: /etc/foo/a.conf", "path: /etc/baz/pw", "path: /var/run/secrets/kubernetes.io/serviceaccount/token", "path: /etc/podinfo/labels",
+		"- /dev/disk/by-id/virtio-vol-extra\n  - /var/lib/docker", "- cache\n  - /scratch\n  - 9p",
+		"- srv\n  - /srv\n  - 9p\n  - trans=virtio,version=9p2000.L,nofail,ro",
+		"find_dev '/dev/disk/by-id/virtio-vol-block-pv' 'vol-block-pv'", "ln -sf \"$dev\" '/dev/testpvc'",
+	} {
+		if !strings.Contains(ud, w) {
+			t.Errorf("user-data lacks %q:\n%s", w, ud)
+		}
+	}
+	if strings.Contains(ud, "/etc/hosts") || strings.Contains(ud, "termination-log") {
+		t.Errorf("kubelet's own files reached the guest:\n%s", ud)
+	}
+	// The record keeps the volumes, so that removal releases them.
+	if err := e.rt.RemoveContainer(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.vols.Prepared(); len(got) != 0 {
+		t.Errorf("volumes left after RemoveContainer: %v", got)
+	}
+}
+
+func TestUnsupportedVolumesAreRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		mount core.Mount
+		dev   *core.Device
+		want  []string
+		is    error
+	}{
+		{"nfs", core.Mount{ContainerPath: "/nfs", HostPath: volDir("kubernetes.io~nfs", "shared")},
+			nil, []string{"mount /nfs: volume shared is a nfs volume, which VM pods do not support", "supported: configMap"}, ports.ErrInvalidArgument},
+		{"subPath", core.Mount{ContainerPath: "/etc/app.conf", HostPath: podDir + "/volume-subpaths/config/vm/0"},
+			nil, []string{"volume config is mounted with subPath"}, ports.ErrInvalidArgument},
+		{"image volume", core.Mount{ContainerPath: "/img", Image: "sha256:abcd"},
+			nil, []string{"image volumes (sha256:abcd) are not supported"}, ports.ErrInvalidArgument},
+		{"flexvolume of an unknown type", core.Mount{ContainerPath: "/x", HostPath: volDir(core.FlexvolumeDriverDir, "odd")},
+			nil, []string{"flexvolume odd option type", `"lvm"`, "allowed: block, ceph, ninep, qcow2, sized"}, ports.ErrInvalidArgument},
+		{"flexvolume never mounted by the driver", core.Mount{ContainerPath: "/x", HostPath: volDir(core.FlexvolumeDriverDir, "ghost")},
+			nil, []string{"flexvolume ghost", "virtlet-flexvolume.json"}, ports.ErrNotFound},
+		{"disk mounted twice", core.Mount{ContainerPath: "/b", HostPath: volDir(core.FlexvolumeDriverDir, "extra")},
+			nil, []string{"volume extra (flexvolume) is mounted at both /a and /b"}, ports.ErrInvalidArgument},
+		{"two persistent roots", core.Mount{}, &core.Device{ContainerPath: "/", HostPath: "/dev/other"},
+			[]string{"two block volumes ask to be the persistent root"}, ports.ErrInvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.vdirs[volDir(core.FlexvolumeDriverDir, "odd")] = map[string]string{"type": "lvm"}
+			e.vdirs[volDir(core.FlexvolumeDriverDir, "extra")] = map[string]string{"type": "qcow2"}
+			sb := e.runPod(t, "p", nil)
+			cfg := vmContainer(e.pull(t))
+			cfg.Mounts = []core.Mount{{ContainerPath: "/a", HostPath: volDir(core.FlexvolumeDriverDir, "extra")}}
+			if tc.mount.ContainerPath != "" {
+				cfg.Mounts = append(cfg.Mounts, tc.mount)
+			}
+			if tc.dev != nil {
+				cfg.Devices = []core.Device{{ContainerPath: "/", HostPath: "/dev/root-pv"}, *tc.dev}
+			}
+			_, err := e.rt.CreateContainer(context.Background(), sb, cfg)
+			if err == nil {
+				t.Fatal("the pod was not refused")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+			if !errors.Is(err, tc.is) {
+				t.Errorf("error %v is not %v", err, tc.is)
+			}
+			if n := e.vols.Prepares; n != 0 {
+				t.Errorf("%d volumes prepared for a refused pod", n)
+			}
+		})
+	}
+}
+
+// A volume that fails to prepare undoes the others, the media and the
+// record; so does a hypervisor that refuses the VM.
+func TestVolumeFailuresLeaveNothing(t *testing.T) {
+	for _, fail := range []string{"volume", "define"} {
+		t.Run(fail, func(t *testing.T) {
+			e := newEnv(t)
+			e.vdirs[volDir(core.FlexvolumeDriverDir, "a")] = map[string]string{"type": "qcow2"}
+			e.vdirs[volDir(core.FlexvolumeDriverDir, "b")] = map[string]string{"type": "qcow2"}
+			if fail == "volume" {
+				e.vols.FailVolume["b"] = fmt.Errorf("disk full: %w", ports.ErrUnavailable)
+			} else {
+				e.hv.Fail["Define"] = errors.New("no space left on device")
+			}
+			sb := e.runPod(t, "p", nil)
+			cfg := vmContainer(e.pull(t))
+			cfg.Mounts = []core.Mount{{ContainerPath: "/a", HostPath: volDir(core.FlexvolumeDriverDir, "a")},
+				{ContainerPath: "/s", HostPath: volDir("kubernetes.io~empty-dir", "s")},
+				{ContainerPath: "/b", HostPath: volDir(core.FlexvolumeDriverDir, "b")}}
+			_, err := e.rt.CreateContainer(context.Background(), sb, cfg)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if fail == "volume" && !strings.Contains(err.Error(), "volume b (flexvolume): disk full") {
+				t.Errorf("err %v", err)
+			}
+			if got := e.vols.Prepared(); len(got) != 0 {
+				t.Errorf("volumes left: %v", got)
+			}
+			if keys := e.store.Keys(ports.BucketContainers); len(keys) != 0 {
+				t.Errorf("records left: %v", keys)
+			}
+			if e.nc.Count() != 0 {
+				t.Error("media left")
+			}
+		})
+	}
+}
+
+// A network disk's key reaches the hypervisor and no record.
+func TestVolumeSecretsStayOutOfRecords(t *testing.T) {
+	e := newEnv(t)
+	const key = "AQBkZXNrLXRlc3Qta2V5LW5ldmVyLWxvZ2dlZA=="
+	ctx := context.Background()
+	fv := core.FlexvolumeOptions{PodUID: "uid-p", PodNamespace: "default", PodName: "p", Volume: "ceph",
+		Options: map[string]string{"type": "ceph", "monitor": "127.0.0.1:6789", "secret": key}}
+	kept, err := e.rt.ValidateVolume(ctx, fv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := kept["secret"]; ok || kept["type"] != "ceph" || kept["monitor"] != "127.0.0.1:6789" {
+		t.Fatalf("kept options %v", kept)
+	}
+	e.vdirs[volDir(core.FlexvolumeDriverDir, "ceph")] = kept
+	sb := e.runPod(t, "p", nil)
+	cfg := vmContainer(e.pull(t))
+	cfg.Mounts = []core.Mount{{ContainerPath: "/cephdata", HostPath: volDir(core.FlexvolumeDriverDir, "ceph")}}
+	id, err := e.rt.CreateContainer(ctx, sb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := e.rt.ContainerStatus(ctx, id)
+	if d := c.Spec.Disks[1]; d.Source.Type != ports.SourceNetwork || d.Source.Auth == nil || d.Source.Auth.Secret != nil {
+		t.Fatalf("recorded disk %+v", d)
+	}
+	for _, bucket := range ports.Buckets {
+		all, _ := e.store.List(ctx, bucket)
+		for k, v := range all {
+			if strings.Contains(string(v), key) || strings.Contains(string(v), base64.StdEncoding.EncodeToString([]byte(key))) {
+				t.Errorf("record %s/%s holds the key", bucket, k)
+			}
+		}
+	}
+	if err := e.rt.ForgetVolume(ctx, fv); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := e.vols.Kept("uid-p", "ceph"); ok {
+		t.Error("the plugin still keeps the key after ForgetVolume")
+	}
+}
+
+func TestValidateVolumeErrors(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct {
+		opts map[string]string
+		want string
+	}{
+		{map[string]string{"capacity": "1G"}, "option type: missing (allowed: one of the installed volume types"},
+		{map[string]string{"type": "lvm"}, `option type: invalid value "lvm": no installed volume plugin handles it (allowed: ceph, qcow2, sized)`},
+		{map[string]string{"type": "ninep"}, "this type is for Kubernetes volumes, not flexvolumes"},
+		{map[string]string{"type": "sized"}, "flexvolume data (type sized): sized volume data option size: missing"},
+	} {
+		_, err := e.rt.ValidateVolume(context.Background(), core.FlexvolumeOptions{PodUID: "u", Volume: "data", Options: tc.opts})
+		if !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.opts, err, tc.want)
+		}
+	}
+}
+
+// A block volume at devicePath "/" is the VM's root: the plugin gets the
+// image to put on it, the VM boots from it, and the guest gets no
+// network-config (a persistent root keeps its first network).
+func TestPersistentRoot(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	img := e.pull(t)
+	root := core.Device{ContainerPath: "/", HostPath: podDir + "/volumeDevices/kubernetes.io~local-volume/root-pv"}
+
+	sb := e.runPod(t, "p", map[string]string{annotations.PersistentRootfsReinit: "true"})
+	cfg := vmContainer(img)
+	cfg.Devices = []core.Device{root}
+	id, err := e.rt.CreateContainer(ctx, sb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, ok := e.vols.Request(id, "root-pv")
+	if !ok || req.Rootfs == nil || req.Rootfs.ImageDigest != img || !req.Rootfs.Reinitialize || req.Rootfs.ImagePath == "" || req.Rootfs.ImageName != testImage {
+		t.Fatalf("rootfs request %+v", req.Rootfs)
+	}
+	spec, _ := e.hv.Spec(id)
+	if d := spec.Disks[0]; d.Name != "root" || !d.Boot || d.Overlay != nil || d.Source.Type != ports.SourceBlock || d.Source.Offset != 1<<20 || d.Serial != core.RootSerial {
+		t.Fatalf("root disk %+v", d)
+	}
+	if len(spec.Disks) != 2 {
+		t.Fatalf("disks %+v", spec.Disks)
+	}
+	if media, _ := e.nc.Media(id); len(media.NetworkConfig) != 0 || media.Network != nil {
+		t.Errorf("a persistent root got network-config: %s", media.NetworkConfig)
+	}
+	other := e.createVM(t, e.runPod(t, "plain", nil))
+	if media, _ := e.nc.Media(other); len(media.NetworkConfig) == 0 {
+		t.Error("a pod on the network without a persistent root got no network-config")
+	}
+
+	for _, tc := range []struct {
+		ann  map[string]string
+		devs []core.Device
+		want string
+	}{
+		{map[string]string{annotations.RootVolumeSize: "4Gi"}, []core.Device{root},
+			"annotation VirtletRootVolumeSize: invalid value \"4Gi\": the VM's root is the persistent root filesystem on block volume root-pv"},
+		{map[string]string{annotations.PersistentRootfsReinit: "true"}, nil,
+			"annotation VirtletPersistentRootfsReinit: invalid value \"true\": the pod has no persistent root filesystem"},
+	} {
+		sb := e.runPod(t, "bad"+fmt.Sprint(len(tc.devs)), tc.ann)
+		cfg := vmContainer(img)
+		cfg.Devices = tc.devs
+		if _, err := e.rt.CreateContainer(ctx, sb, cfg); !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err %v, want %q", tc.ann, err, tc.want)
+		}
+	}
+}
+
+// VirtletFilesFromDataSource: the keys become files written into the root
+// file system before the first boot, as Virtlet read them; bad keys fail
+// naming the key and the path.
+func TestFilesFromDataSource(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.kube.ConfigMaps["default/files"] = map[string][]byte{
+		"locale": []byte(`LANG="pl_PL.UTF-8"`), "locale_path": []byte("/etc/locale.conf"), "locale_encoding": []byte("plain"),
+		"host_conf": []byte("bXVsdGkgb2ZmCg=="), "host_conf_path": []byte("/etc/host.conf\n"),
+	}
+	e.kube.Secrets["default/files"] = map[string][]byte{"key": []byte("c2VjcmV0"), "key_path": []byte("/root/.key")}
+	sb := e.runPod(t, "p", map[string]string{annotations.FilesFromDataSource: "configmap/files"})
+	id := e.createVM(t, sb)
+	if got := fmt.Sprint(e.hv.Files(id)); got != "[/etc/host.conf 0644 10 /etc/locale.conf 0644 18]" {
+		t.Errorf("files written %s", got)
+	}
+	sb = e.runPod(t, "q", map[string]string{annotations.FilesFromDataSource: "secret/files"})
+	id = e.createVM(t, sb)
+	if got := fmt.Sprint(e.hv.Files(id)); got != "[/root/.key 0600 6]" {
+		t.Errorf("files of a secret %s", got)
+	}
+
+	for name, tc := range map[string]struct {
+		data map[string][]byte
+		want string
+	}{
+		"no path":      {map[string][]byte{"x": []byte("eA==")}, "key x_path: missing"},
+		"relative":     {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("etc/x")}, `key x_path: invalid value "etc/x": not a clean absolute file path`},
+		"dot-dot":      {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("/etc/../x")}, "not a clean absolute file path"},
+		"not base64":   {map[string][]byte{"x": []byte("plain text"), "x_path": []byte("/x")}, "key x: the content for /x is not valid base64"},
+		"bad encoding": {map[string][]byte{"x": []byte("a"), "x_path": []byte("/x"), "x_encoding": []byte("gzip")}, `key x_encoding: invalid value "gzip": unknown encoding`},
+		"stray path":   {map[string][]byte{"y_path": []byte("/y")}, "key y_path: it belongs to no file key"},
+		"empty":        {map[string][]byte{}, "has no file keys"},
+	} {
+		e.kube.ConfigMaps["default/bad"] = tc.data
+		sb := e.runPod(t, "bad-"+strings.ReplaceAll(name, " ", "-"), map[string]string{annotations.FilesFromDataSource: "configmap/bad"})
+		_, err := e.rt.CreateContainer(ctx, sb, vmContainer(e.pull(t)))
+		if !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), "annotation VirtletFilesFromDataSource (configmap/bad)") ||
+			!strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want %q", name, err, tc.want)
+		}
+	}
+	// A hypervisor that cannot write them fails the pod and leaves nothing.
+	e.hv.Fail["WriteFiles"] = fmt.Errorf("no root file system: %w", ports.ErrFailedPrecondition)
+	sb = e.runPod(t, "r", map[string]string{annotations.FilesFromDataSource: "configmap/files"})
+	_, err := e.rt.CreateContainer(ctx, sb, vmContainer(e.pull(t)))
+	if !errors.Is(err, ports.ErrFailedPrecondition) || !strings.Contains(err.Error(), "write the files of configmap/files into the root file system") {
+		t.Fatalf("err %v", err)
+	}
+	if keys := e.store.Keys(ports.BucketContainers); len(keys) != 2 {
+		t.Errorf("records %v, want the two good VMs'", keys)
+	}
+}
+
+// A crash while creating a VM with volumes: the next start releases them.
+func TestReconcileReleasesVolumesOfInterruptedCreation(t *testing.T) {
+	e := newEnv(t)
+	sb := e.runPod(t, "p", nil)
+	cfg := vmContainer(e.pull(t))
+	cfg.Mounts = []core.Mount{{ContainerPath: "/s", HostPath: volDir("kubernetes.io~empty-dir", "s")}}
+	e.hv.Fail["Define"] = errors.New("the daemon dies here")
+	e.store.FailApply = nil
+	// The failing Define is undone at once; make the undo fail so that the
+	// record stays "creating", as after a crash.
+	e.vols.Fail["Release"] = errors.New("plugin down")
+	if _, err := e.rt.CreateContainer(context.Background(), sb, cfg); err == nil {
+		t.Fatal("no error")
+	}
+	if len(e.vols.Prepared()) != 1 {
+		t.Fatalf("prepared %v", e.vols.Prepared())
+	}
+	delete(e.hv.Fail, "Define")
+	delete(e.vols.Fail, "Release")
+	e.start(t)
+	eventually(t, "volumes released", func() bool { return len(e.vols.Prepared()) == 0 })
+	if keys := e.store.Keys(ports.BucketContainers); len(keys) != 0 {
+		t.Errorf("records left: %v", keys)
+	}
+}
