@@ -21,7 +21,7 @@ DEFAULT_PLUGINS := $(shell sed -n 's/^command: *//p' plugins/manifest/defaults/*
 # Test-only plugins.
 TEST_PLUGINS := bin/virtlet-fake-plugin bin/virtlet-example-scratch
 
-.PHONY: all build deps tools proto test unit integration e2e bench check demo lint clean
+.PHONY: all build deps tools proto test unit integration e2e bench check demo lint clean install
 
 all: build
 
@@ -85,6 +85,16 @@ bench: deps
 
 demo: deps build
 	@if [ -x testing/demo/run.sh ]; then testing/demo/run.sh; else echo "the demo boots a real VM pod: it needs the libvirt hypervisor plugin, which is not built yet" >&2; exit 1; fi
+
+# make install [DESTDIR=...] [PREFIX=/usr/local] [KUBELET_VOLUME_PLUGIN_DIR=...]: the
+# daemon with its default plugins next to it (the embedded manifests find
+# them there) and the flexvolume driver where kubelet looks for it.
+PREFIX ?= /usr/local
+KUBELET_VOLUME_PLUGIN_DIR ?= /usr/libexec/kubernetes/kubelet-plugins/volume/exec
+install: build
+	install -D -m 0755 bin/virtlet $(DESTDIR)$(PREFIX)/bin/virtlet
+	for p in $(DEFAULT_PLUGINS); do install -D -m 0755 bin/$$p $(DESTDIR)$(PREFIX)/bin/$$p; done
+	install -D -m 0755 bin/virtlet-flexvolume-driver "$(DESTDIR)$(KUBELET_VOLUME_PLUGIN_DIR)/virtlet~flexvolume_driver/flexvolume_driver"
 
 clean:
 	rm -rf bin

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 PKGS=(
   pkg-config gcc libc6-dev protobuf-compiler          # build
+  librados-dev librbd-dev                             # the ceph volume plugin (go-ceph, Ceph 16)
   qemu-system-x86 qemu-utils libvirt-daemon-system    # real VMs
   libvirt-clients libvirt-dev
   syslinux syslinux-common mtools dosfstools fdisk     # test guest images
@@ -15,6 +16,8 @@ PKGS=(
   cloud-init                                           # `cloud-init schema` checks generated user-data
   containernetworking-plugins iptables iproute2        # pod networks (CNI bridge + host-local) in test namespaces
   iputils-ping openssh-client                          # reach VM pods from the host in the network e2e
+  qemu-block-extra                                    # QEMU's rbd driver (Ceph volumes)
+  ceph-mon ceph-osd ceph-common                       # a real one-OSD Ceph cluster for the ceph volume tests
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -69,7 +69,8 @@ func (s *Server) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerS
 	if req.Verbose {
 		resp.Info = jsonInfo(map[string]interface{}{
 			"vm": map[string]interface{}{"name": c.Spec.Name, "uuid": c.Spec.UUID, "vcpus": c.Spec.VCPUs, "memoryBytes": c.Spec.MemoryBytes,
-				"cpu": c.Spec.CPU, "disks": diskSummary(c.Spec.Disks), "nics": c.Spec.NICs},
+				"cpu": c.Spec.CPU, "disks": diskSummary(c.Spec.Disks), "shares": shareSummary(c.Spec.Filesystems), "nics": c.Spec.NICs,
+				"volumes": volumeSummary(c.Volumes)},
 			"sandboxID": c.SandboxID,
 		})
 	}
@@ -84,9 +85,54 @@ func diskSummary(disks []ports.Disk) []map[string]interface{} {
 		if d.Source.Path != "" {
 			m["path"] = d.Source.Path
 		}
+		if d.Source.Name != "" {
+			m["image"] = d.Source.Protocol + ":" + d.Source.Name
+		}
+		if d.Serial != "" {
+			m["serial"] = d.Serial
+		}
+		if d.ReadOnly {
+			m["readOnly"] = true
+		}
+		if d.Source.Offset > 0 {
+			m["offset"] = d.Source.Offset
+		}
 		if d.Overlay != nil {
 			m["base"] = d.Overlay.BasePath
 			m["sizeBytes"] = d.Overlay.SizeBytes
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func shareSummary(fss []ports.Filesystem) []map[string]interface{} {
+	var out []map[string]interface{}
+	for _, f := range fss {
+		out = append(out, map[string]interface{}{"tag": f.Tag, "source": f.Source, "accessMode": f.AccessMode, "readOnly": f.ReadOnly})
+	}
+	return out
+}
+
+// volumeSummary lists a VM's volumes without their options (a third
+// party's options might be sensitive).
+func volumeSummary(vols []core.VolumeUse) []map[string]interface{} {
+	var out []map[string]interface{}
+	for _, v := range vols {
+		m := map[string]interface{}{"name": v.Name, "kind": v.Kind, "type": v.Type}
+		for k, val := range map[string]string{"hostPath": v.HostPath, "devicePath": v.DevicePath, "serial": v.Serial, "tag": v.Tag} {
+			if val != "" {
+				m[k] = val
+			}
+		}
+		if len(v.MountPaths) > 0 {
+			m["mountPaths"] = v.MountPaths
+		}
+		if v.ReadOnly {
+			m["readOnly"] = true
+		}
+		if v.Rootfs {
+			m["persistentRoot"] = true
 		}
 		out = append(out, m)
 	}

@@ -48,7 +48,15 @@ func run(m *testing.M) int {
 		return fail(err)
 	}
 	defer os.RemoveAll(bins)
-	err = harness.Build(bins, harness.ShippedPlugins)
+	build := map[string]string{
+		"virtlet-flexvolume-driver": "github.com/virtlet/virtlet/cmd/virtlet-flexvolume-driver",
+		"virtlet-example-scratch":   "github.com/virtlet/virtlet/examples/scratch-volume",
+		"virtlet-example-vfat":      "github.com/virtlet/virtlet/examples/vfat-datasource",
+	}
+	for k, v := range harness.ShippedPlugins {
+		build[k] = v
+	}
+	err = harness.Build(bins, build)
 	if err != nil {
 		return fail(err)
 	}

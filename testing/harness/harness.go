@@ -126,6 +126,10 @@ func NewDaemon(t testing.TB, bin string, plugins []Plugin) *Daemon {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	// Mounts the daemon's plugins and the flexvolume driver made below the
+	// directory (the 9p shares' private mount, tmpfs of volumes a failed
+	// test did not unmount) go before the directory does.
+	t.Cleanup(func() { UnmountBelow(dir) })
 	// QEMU runs as its own user and must reach the disks below.
 	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)

@@ -39,6 +39,11 @@ func TestMain(m *testing.M) {
 		"virtlet-plugin-nocloud":     "github.com/virtlet/virtlet/cmd/virtlet-plugin-nocloud",
 		"virtlet-plugin-configdrive": "github.com/virtlet/virtlet/cmd/virtlet-plugin-configdrive",
 		"virtlet-plugin-cni":         "github.com/virtlet/virtlet/cmd/virtlet-plugin-cni",
+		"virtlet-plugin-qcow2":       "github.com/virtlet/virtlet/cmd/virtlet-plugin-qcow2",
+		"virtlet-plugin-raw":         "github.com/virtlet/virtlet/cmd/virtlet-plugin-raw",
+		"virtlet-plugin-ninep":       "github.com/virtlet/virtlet/cmd/virtlet-plugin-ninep",
+		"virtlet-plugin-ceph":        "github.com/virtlet/virtlet/cmd/virtlet-plugin-ceph",
+		"virtlet-flexvolume-driver":  "github.com/virtlet/virtlet/cmd/virtlet-flexvolume-driver",
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
