@@ -232,6 +232,8 @@ func (r *Runtime) classifyMount(ctx context.Context, m Mount, opts annotations.V
 			return VolumeUse{}, 0, &ports.InvalidError{Field: "flexvolume " + name + " option type", Reason: "missing",
 				Allowed: "one of the installed volume types: " + r.volumeTypes()}
 		}
+		// The plugin learns the type from the request, as at Validate.
+		delete(options, "type")
 		return VolumeUse{Name: name, Kind: "flexvolume", Type: typ, HostPath: hostPath, ReadOnly: m.ReadOnly,
 			Options: options}, mountVolume, nil
 	}

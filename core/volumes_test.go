@@ -52,6 +52,12 @@ func TestEveryMountKubeletMakesGoesSomewhere(t *testing.T) {
 	if got := e.vols.Prepared(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("prepared volumes %v, want %v", got, want)
 	}
+	// The plugin gets the volume's options (kubelet's keys too), its type
+	// in the request as at Validate.
+	if req, _ := e.vols.Request(id, "extra"); req.Type != "qcow2" || req.Options["capacity"] != "2048MiB" || req.Options["type"] != "" ||
+		req.PodUID != "uid-p" || req.VMID != id {
+		t.Errorf("qcow2 request %+v", req)
+	}
 	spec, _ := e.hv.Spec(id)
 	var disks, shares []string
 	for _, d := range spec.Disks {

@@ -366,6 +366,11 @@ const findDevice = `find_dev() {
 }
 `
 
+// mounted is shell that says whether a path is mounted on (busybox guests
+// have no mountpoint command).
+const mounted = `mounted() { awk -v p="$1" '{ m = $2; gsub(/\\040/, " ", m) } m == p { f = 1 } END { exit !f }' /proc/mounts; }
+`
+
 // blank is shell that says whether a device's first 64 KiB are zeros: a
 // disk never written, on which a file system may be made.
 const blank = `blank() { [ "$(dd if="$1" bs=65536 count=1 2>/dev/null | tr -d '\0' | wc -c)" -eq 0 ]; }
@@ -377,6 +382,7 @@ func mountScript(vols []Volume) string {
 	var b strings.Builder
 	b.WriteString("#!/bin/sh\n# Mounts the VM pod's volumes; safe to run again.\n")
 	b.WriteString(findDevice)
+	b.WriteString(mounted)
 	for _, v := range vols {
 		if v.Format != "" {
 			b.WriteString(blank)
@@ -390,11 +396,11 @@ func mountScript(vols []Volume) string {
 		mp := shellQuote(v.MountPath)
 		fmt.Fprintf(&b, "mkdir -p %s\n", mp)
 		if v.Tag != "" {
-			fmt.Fprintf(&b, "mountpoint -q %s || mount -t 9p -o %s %s %s\n",
+			fmt.Fprintf(&b, "mounted %s || mount -t 9p -o %s %s %s\n",
 				mp, mountOptions("trans=virtio,version=9p2000.L", v.ReadOnly), shellQuote(v.Tag), mp)
 			continue
 		}
-		fmt.Fprintf(&b, "if ! mountpoint -q %s && dev=$(find_dev %s %s); then\n", mp, shellQuote(v.GuestPath), shellQuote(v.Serial))
+		fmt.Fprintf(&b, "if ! mounted %s && dev=$(find_dev %s %s); then\n", mp, shellQuote(v.GuestPath), shellQuote(v.Serial))
 		if v.Format != "" {
 			uuid := ""
 			if v.FormatUUID != "" {

@@ -43,6 +43,12 @@ func (s *scratch) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if err := pc.Decode(&s.cfg); err != nil {
 		return err
 	}
+	// QEMU runs as its own user and opens the disks: their directory must
+	// be traversable (not listable); the disks themselves stay 0600 and
+	// libvirt hands them to QEMU while the VM runs.
+	if err := os.Chmod(pc.StateDir, 0o711); err != nil {
+		return err
+	}
 	s.dir = pc.StateDir
 	return nil
 }

@@ -42,6 +42,8 @@ cleanup() {
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   ip link del "$demo_bridge" 2>/dev/null || true
   for r in "${fw_rules[@]}"; do iptables -D FORWARD $r 2>/dev/null || true; done
+  # The ninep volume plugin keeps its shares below a private mount of its own.
+  for m in $(awk -v w="$work/" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r); do umount -l "$m" || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -33,4 +33,7 @@ func TestDemo(t *testing.T) {
 	if rules, _ := exec.Command("iptables", "-S", "FORWARD").Output(); strings.Contains(string(rules), "virtlet-demo0") {
 		t.Errorf("the demo left its iptables rules:\n%s", rules)
 	}
+	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mounts), "/tmp/virtlet-demo.") {
+		t.Errorf("the demo left mounts:\n%s", mounts)
+	}
 }

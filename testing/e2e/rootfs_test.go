@@ -47,7 +47,7 @@ func TestPersistentRootfs(t *testing.T) {
 	}
 	const report = `exec >/dev/ttyS0 2>&1
 echo "@@ROOT=$(findmnt -n -o SOURCE /)"
-echo "@@EXTRA=$(findmnt -n -o SOURCE,FSTYPE /var/lib/extra | tr ' ' '|')"
+echo "@@EXTRA=$(findmnt -n -r -o SOURCE,FSTYPE /var/lib/extra | tr ' ' '|')"
 echo "@@BYID-EXTRA=$(readlink -f /dev/disk/by-id/virtio-vol-extra)"
 echo "@@MARKER=$(cat /var/lib/persistent-marker 2>/dev/null || echo none)"
 echo "written-in-$(hostname)" > /var/lib/persistent-marker; sync
@@ -95,7 +95,7 @@ echo "@@ROOTFS-REPORT-DONE"
 	c.Must(t, "rmp", "-f", sb)
 	assertNothingLeft(t, d, c)
 	// The PV keeps its data: GC never touches a persistent volume.
-	head := string(harness.ReadAt(t, pv, 0, 64))
+	head := string(harness.ReadAt(t, pv, 0, 256))
 	if !strings.HasPrefix(head, "VIRTLET-PERSISTENT-ROOTFS v1\n{\"image\":\""+tinyID+"\"") {
 		t.Errorf("the PV's header after removal: %q", head)
 	}

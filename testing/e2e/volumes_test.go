@@ -116,7 +116,7 @@ data:
 	report := `exec >/dev/ttyS0 2>&1
 echo "@@BYID-BEGIN"; ls /dev/disk/by-id/; echo "@@BYID-END"
 for m in /var/lib/extra /var/lib/raw /cephdata /srv/host /cache /etc/ro-share; do
-  echo "@@MOUNT $m $(findmnt -n -o SOURCE,FSTYPE,OPTIONS $m | tr ' ' '|')"
+  echo "@@MOUNT $m $(findmnt -n -r -o SOURCE,FSTYPE,OPTIONS $m | tr ' ' '|')"
 done
 echo "@@EXTRA-UUID=$(findmnt -n -o UUID /var/lib/extra)"
 echo guest-extra > /var/lib/extra/probe && echo "@@EXTRA-WRITE=$(cat /var/lib/extra/probe)"
