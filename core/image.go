@@ -3,8 +3,10 @@ package core
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -36,8 +38,12 @@ func (r *Runtime) PullImage(ctx context.Context, name string, auth *ports.Regist
 	}
 	src, ok := r.deps.ImageSources[scheme]
 	if !ok {
-		return "", fmt.Errorf("image %s: no image plugin handles %s:// locations (add one to the plugin manifests): %w",
-			name, scheme, ports.ErrFailedPrecondition)
+		handled := strings.Join(slices.Sorted(maps.Keys(r.deps.ImageSources)), ", ")
+		if handled == "" {
+			handled = "none"
+		}
+		return "", fmt.Errorf("image %s: no image plugin handles %s:// locations (installed image plugins handle: %s; add one to the plugin manifests): %w",
+			name, scheme, handled, ports.ErrFailedPrecondition)
 	}
 	var id string
 	err = r.detached(ctx, func(ctx context.Context) error {
