@@ -155,7 +155,7 @@ func (r *Runtime) filesFromDataSource(ctx context.Context, sb *Sandbox, opts ann
 		default:
 			return nil, fail(key+"_encoding", enc, "unknown encoding", "base64 (the default) or plain")
 		}
-		files = append(files, ports.GuestFile{Path: p, Data: content, Mode: mode})
+		files = append(files, ports.GuestFile{Path: p, Data: content, Mode: mode, Source: "key " + key + " of " + ref.String()})
 	}
 	if len(files) == 0 {
 		return nil, fail("(none)", "", fmt.Sprintf("%s %s has no file keys", ref.Kind, ref.Name), "keys X with X_path (and optionally X_encoding)")

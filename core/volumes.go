@@ -9,11 +9,11 @@ import (
 	"maps"
 	"path"
 	"regexp"
-	"slices"
 	"sort"
 	"strings"
 
 	"github.com/google/uuid"
+	"github.com/sirupsen/logrus"
 
 	"github.com/virtlet/virtlet/core/annotations"
 	"github.com/virtlet/virtlet/core/cloudinit"
@@ -31,6 +31,8 @@ var (
 	kubeletOwnFile = regexp.MustCompile(`^(?:.*/)?pods/[^/]+/(etc-hosts|containers/[^/]+/[^/]+)$`)
 	// subPath mounts are bind mounts kubelet prepares under volume-subpaths.
 	kubeletSubPath = regexp.MustCompile(`^(?:.*/)?pods/[^/]+/volume-subpaths/([^/]+)/`)
+	// block volumes: .../pods/<uid>/volumeDevices/<plugin>/<volume>
+	kubeletBlockVolume = regexp.MustCompile(`^(?:.*/)?pods/[^/]+/volumeDevices/[^/]+/([^/]+)$`)
 )
 
 // Kubernetes volume plugin directories, as kubelet names them.
@@ -74,11 +76,13 @@ type VolumeUse struct {
 	// Type selects the volume plugin.
 	Type     string `json:"type"`
 	HostPath string `json:"hostPath,omitempty"`
-	// MountPaths are where the guest mounts a disk or share; DevicePath is
+	// Mounts are where the guest mounts a disk or share; DevicePath is
 	// where it links a block device.
-	MountPaths []string `json:"mountPaths,omitempty"`
-	DevicePath string   `json:"devicePath,omitempty"`
-	ReadOnly   bool     `json:"readOnly,omitempty"`
+	Mounts     []GuestMount `json:"mounts,omitempty"`
+	DevicePath string       `json:"devicePath,omitempty"`
+	// ReadOnly: the volume is read-only on the host side (every mount of
+	// it is read-only).
+	ReadOnly bool `json:"readOnly,omitempty"`
 	// Options are a flexvolume's options as its plugin kept them.
 	Options map[string]string `json:"options,omitempty"`
 	Chown   bool              `json:"chown,omitempty"`
@@ -88,6 +92,12 @@ type VolumeUse struct {
 	// share.
 	Serial string `json:"serial,omitempty"`
 	Tag    string `json:"tag,omitempty"`
+}
+
+// GuestMount is one mount of a volume in the guest.
+type GuestMount struct {
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
 }
 
 // Device is a host device kubelet hands a container (block volumes).
@@ -111,6 +121,16 @@ func (r *Runtime) planVolumes(ctx context.Context, cfg ContainerConfig, opts ann
 	var p volumePlan
 	byName := map[string]int{}
 	add := func(u VolumeUse, mountPath string) error {
+		mount := GuestMount{Path: mountPath, ReadOnly: u.ReadOnly}
+		if i, ok := byName[u.Name]; ok && p.uses[i].HostPath != u.HostPath && (u.Kind == "hostPath" || p.uses[i].Kind == "hostPath") {
+			// A hostPath's name is only its path's base name: two
+			// directories may share it.
+			base := u.Name
+			for n := 2; ok; n++ {
+				u.Name = fmt.Sprintf("%s-%d", base, n)
+				_, ok = byName[u.Name]
+			}
+		}
 		if i, ok := byName[u.Name]; ok {
 			prev := &p.uses[i]
 			if prev.Type != u.Type || prev.HostPath != u.HostPath {
@@ -119,14 +139,16 @@ func (r *Runtime) planVolumes(ctx context.Context, cfg ContainerConfig, opts ann
 			}
 			if u.Type != ports.VolumeShare {
 				return fmt.Errorf("volume %s (%s) is mounted at both %s and %s; a VM disk can be mounted at one path: %w",
-					u.Name, u.Kind, prev.MountPaths[0], mountPath, ports.ErrInvalidArgument)
+					u.Name, u.Kind, prev.Mounts[0].Path, mountPath, ports.ErrInvalidArgument)
 			}
-			prev.MountPaths = append(prev.MountPaths, mountPath)
+			// One share, several mounts: read-only on the host only if
+			// every mount is; each guest mount keeps its own flag.
+			prev.Mounts = append(prev.Mounts, mount)
 			prev.ReadOnly = prev.ReadOnly && u.ReadOnly
 			return nil
 		}
 		if mountPath != "" {
-			u.MountPaths = []string{mountPath}
+			u.Mounts = []GuestMount{mount}
 		}
 		byName[u.Name] = len(p.uses)
 		p.uses = append(p.uses, u)
@@ -154,7 +176,12 @@ func (r *Runtime) planVolumes(ctx context.Context, cfg ContainerConfig, opts ann
 			return volumePlan{}, &ports.InvalidError{Field: "device " + d.ContainerPath, Value: d.HostPath,
 				Reason: "a device needs a host path and an absolute device path", Allowed: "a block volume as kubelet passes it"}
 		}
-		u := VolumeUse{Name: path.Base(d.HostPath), Kind: "block device", Type: ports.VolumeBlock, HostPath: d.HostPath,
+		bv := kubeletBlockVolume.FindStringSubmatch(path.Clean(d.HostPath))
+		if bv == nil {
+			return volumePlan{}, fmt.Errorf("device %s (host %s) is not a block volume: devices of device plugins (or other host devices) cannot be given to a VM (supported: %s): %w",
+				d.ContainerPath, d.HostPath, SupportedVolumes, ports.ErrInvalidArgument)
+		}
+		u := VolumeUse{Name: bv[1], Kind: "block device", Type: ports.VolumeBlock, HostPath: d.HostPath,
 			ReadOnly: !strings.Contains(d.Permissions, "w") && d.Permissions != ""}
 		if path.Clean(d.ContainerPath) == "/" {
 			roots++
@@ -230,7 +257,7 @@ func (r *Runtime) classifyMount(ctx context.Context, m Mount, opts annotations.V
 		typ := options["type"]
 		if typ == "" {
 			return VolumeUse{}, 0, &ports.InvalidError{Field: "flexvolume " + name + " option type", Reason: "missing",
-				Allowed: "one of the installed volume types: " + r.volumeTypes()}
+				Allowed: "one of the installed volume types: " + r.flexvolumeTypes()}
 		}
 		// The plugin learns the type from the request, as at Validate.
 		delete(options, "type")
@@ -254,19 +281,10 @@ func (r *Runtime) checkVolumePlugins(uses []VolumeUse) error {
 				u.Name, u.Kind, u.Type, ports.ErrFailedPrecondition)
 		default:
 			return &ports.InvalidError{Field: "flexvolume " + u.Name + " option type", Value: u.Type,
-				Reason: "no installed volume plugin handles it", Allowed: r.volumeTypes()}
+				Reason: "no installed volume plugin handles it", Allowed: r.flexvolumeTypes()}
 		}
 	}
 	return nil
-}
-
-// volumeTypes lists the volume types the installed plugins handle.
-func (r *Runtime) volumeTypes() string {
-	types := slices.Sorted(maps.Keys(r.deps.Volumes))
-	if len(types) == 0 {
-		return "(no volume plugin is installed)"
-	}
-	return strings.Join(types, ", ")
 }
 
 // assignSerialsAndTags gives each disk volume a serial and each share a
@@ -362,19 +380,19 @@ func guestVolumes(uses []VolumeUse, formats map[string]diskFormat, bus ports.Dis
 		if u.Rootfs {
 			continue
 		}
-		base := cloudinit.Volume{Name: u.Name, Tag: u.Tag, ReadOnly: u.ReadOnly}
+		base := cloudinit.Volume{Name: u.Name, Tag: u.Tag}
 		if u.Serial != "" {
 			base.Serial, base.GuestPath = u.Serial, GuestDiskPath(bus, u.Serial)
 			base.Format, base.FormatUUID = formats[u.Serial].fsType, formats[u.Serial].uuid
 		}
 		if u.DevicePath != "" {
 			v := base
-			v.DevicePath = u.DevicePath
+			v.DevicePath, v.ReadOnly = u.DevicePath, u.ReadOnly
 			out = append(out, v)
 		}
-		for _, mp := range u.MountPaths {
+		for _, m := range u.Mounts {
 			v := base
-			v.MountPath = mp
+			v.MountPath, v.ReadOnly = m.Path, m.ReadOnly || u.ReadOnly
 			out = append(out, v)
 		}
 	}
@@ -492,8 +510,15 @@ func (r *Runtime) ValidateVolume(ctx context.Context, fv FlexvolumeOptions) (map
 }
 
 // ForgetVolume lets the plugin of a flexvolume's type drop what it kept.
+// A type no installed plugin handles has nobody to tell: kubelet's unmount
+// must not fail for ever (the pod would never finish terminating).
 func (r *Runtime) ForgetVolume(ctx context.Context, fv FlexvolumeOptions) error {
 	req, vols, err := r.flexvolumeRequest(fv)
+	if errors.Is(err, ports.ErrInvalidArgument) && fv.Options["type"] != "" {
+		r.log.WithFields(logrus.Fields{"pod": fv.PodNamespace + "/" + fv.PodName, "volume": fv.Volume, "type": fv.Options["type"]}).
+			Warn("unmounting a flexvolume whose type no installed plugin handles; nothing to forget")
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -507,7 +532,7 @@ func (r *Runtime) flexvolumeRequest(fv FlexvolumeOptions) (ports.VolumeRequest, 
 	typ := fv.Options["type"]
 	if typ == "" {
 		return ports.VolumeRequest{}, nil, &ports.InvalidError{Field: "option type", Reason: "missing",
-			Allowed: "one of the installed volume types: " + r.volumeTypes()}
+			Allowed: "one of the installed volume types: " + r.flexvolumeTypes()}
 	}
 	if typ == ports.VolumeShare || typ == ports.VolumeBlock {
 		return ports.VolumeRequest{}, nil, &ports.InvalidError{Field: "option type", Value: typ,

@@ -48,7 +48,7 @@ func TestEveryMountKubeletMakesGoesSomewhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{id + "/block-pv block", id + "/cache ninep", id + "/extra qcow2", id + "/local-pv-1 ninep", id + "/pvc-1234 ninep", id + "/srv ninep"}
+	want := []string{id + "/block-pv block", id + "/cache share", id + "/extra qcow2", id + "/local-pv-1 share", id + "/pvc-1234 share", id + "/srv share"}
 	if got := e.vols.Prepared(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("prepared volumes %v, want %v", got, want)
 	}
@@ -112,13 +112,15 @@ func TestUnsupportedVolumesAreRefused(t *testing.T) {
 		{"image volume", core.Mount{ContainerPath: "/img", Image: "sha256:abcd"},
 			nil, []string{"image volumes (sha256:abcd) are not supported"}, ports.ErrInvalidArgument},
 		{"flexvolume of an unknown type", core.Mount{ContainerPath: "/x", HostPath: volDir(core.FlexvolumeDriverDir, "odd")},
-			nil, []string{"flexvolume odd option type", `"lvm"`, "allowed: block, ceph, ninep, qcow2, sized"}, ports.ErrInvalidArgument},
+			nil, []string{"flexvolume odd option type", `"lvm"`, "allowed: ceph, qcow2, sized"}, ports.ErrInvalidArgument},
 		{"flexvolume never mounted by the driver", core.Mount{ContainerPath: "/x", HostPath: volDir(core.FlexvolumeDriverDir, "ghost")},
 			nil, []string{"flexvolume ghost", "virtlet-flexvolume.json"}, ports.ErrNotFound},
 		{"disk mounted twice", core.Mount{ContainerPath: "/b", HostPath: volDir(core.FlexvolumeDriverDir, "extra")},
 			nil, []string{"volume extra (flexvolume) is mounted at both /a and /b"}, ports.ErrInvalidArgument},
-		{"two persistent roots", core.Mount{}, &core.Device{ContainerPath: "/", HostPath: "/dev/other"},
+		{"two persistent roots", core.Mount{}, &core.Device{ContainerPath: "/", HostPath: podDir + "/volumeDevices/kubernetes.io~local-volume/other"},
 			[]string{"two block volumes ask to be the persistent root"}, ports.ErrInvalidArgument},
+		{"a device plugin's device", core.Mount{}, &core.Device{ContainerPath: "/dev/kvm", HostPath: "/dev/kvm", Permissions: "rw"},
+			[]string{"device /dev/kvm (host /dev/kvm) is not a block volume: devices of device plugins"}, ports.ErrInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -131,7 +133,7 @@ func TestUnsupportedVolumesAreRefused(t *testing.T) {
 				cfg.Mounts = append(cfg.Mounts, tc.mount)
 			}
 			if tc.dev != nil {
-				cfg.Devices = []core.Device{{ContainerPath: "/", HostPath: "/dev/root-pv"}, *tc.dev}
+				cfg.Devices = []core.Device{{ContainerPath: "/", HostPath: podDir + "/volumeDevices/kubernetes.io~local-volume/root-pv"}, *tc.dev}
 			}
 			_, err := e.rt.CreateContainer(context.Background(), sb, cfg)
 			if err == nil {
@@ -227,6 +229,12 @@ func TestVolumeSecretsStayOutOfRecords(t *testing.T) {
 	if err := e.rt.ForgetVolume(ctx, fv); err != nil {
 		t.Fatal(err)
 	}
+	// The type's plugin was uninstalled since: the unmount still succeeds.
+	gone := fv
+	gone.Options = map[string]string{"type": "lvm"}
+	if err := e.rt.ForgetVolume(ctx, gone); err != nil {
+		t.Fatalf("forgetting a volume of an uninstalled type: %v", err)
+	}
 	if _, ok := e.vols.Kept("uid-p", "ceph"); ok {
 		t.Error("the plugin still keeps the key after ForgetVolume")
 	}
@@ -240,7 +248,7 @@ func TestValidateVolumeErrors(t *testing.T) {
 	}{
 		{map[string]string{"capacity": "1G"}, "option type: missing (allowed: one of the installed volume types"},
 		{map[string]string{"type": "lvm"}, `option type: invalid value "lvm": no installed volume plugin handles it (allowed: ceph, qcow2, sized)`},
-		{map[string]string{"type": "ninep"}, "this type is for Kubernetes volumes, not flexvolumes"},
+		{map[string]string{"type": "share"}, "this type is for Kubernetes volumes, not flexvolumes"},
 		{map[string]string{"type": "sized"}, "flexvolume data (type sized): sized volume data option size: missing"},
 	} {
 		_, err := e.rt.ValidateVolume(context.Background(), core.FlexvolumeOptions{PodUID: "u", Volume: "data", Options: tc.opts})
@@ -381,5 +389,43 @@ func TestReconcileReleasesVolumesOfInterruptedCreation(t *testing.T) {
 	eventually(t, "volumes released", func() bool { return len(e.vols.Prepared()) == 0 })
 	if keys := e.store.Keys(ports.BucketContainers); len(keys) != 0 {
 		t.Errorf("records left: %v", keys)
+	}
+}
+
+// One share mounted twice keeps each mount's read-only flag in the guest
+// (the host side is read-only only if every mount is); two hostPaths with
+// the same base name are two shares.
+func TestSharesMountedTwiceAndSameNamedHostPaths(t *testing.T) {
+	e := newEnv(t)
+	sb := e.runPod(t, "p", nil)
+	cfg := vmContainer(e.pull(t))
+	cache := volDir("kubernetes.io~empty-dir", "cache")
+	cfg.Mounts = []core.Mount{
+		{ContainerPath: "/cache", HostPath: cache},
+		{ContainerPath: "/cache-ro", HostPath: cache, ReadOnly: true},
+		{ContainerPath: "/a", HostPath: "/srv/a/data"},
+		{ContainerPath: "/b", HostPath: "/srv/b/data", ReadOnly: true},
+	}
+	id, err := e.rt.CreateContainer(context.Background(), sb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req, _ := e.vols.Request(id, "cache"); req.ReadOnly {
+		t.Error("a share with a read-write mount was made read-only on the host")
+	}
+	if a, _ := e.vols.Request(id, "data"); a.HostPath != "/srv/a/data" {
+		t.Errorf("volume data: %+v", a)
+	}
+	if b, _ := e.vols.Request(id, "data-2"); b.HostPath != "/srv/b/data" || !b.ReadOnly {
+		t.Errorf("volume data-2: %+v", b)
+	}
+	media, _ := e.nc.Media(id)
+	ud := string(media.UserData)
+	for _, w := range []string{"- cache\n  - /cache\n  - 9p\n  - trans=virtio,version=9p2000.L,nofail\n",
+		"- cache\n  - /cache-ro\n  - 9p\n  - trans=virtio,version=9p2000.L,nofail,ro\n",
+		"- data\n  - /a\n", "- data-2\n  - /b\n  - 9p\n  - trans=virtio,version=9p2000.L,nofail,ro\n"} {
+		if !strings.Contains(ud, w) {
+			t.Errorf("user-data lacks %q:\n%s", w, ud)
+		}
 	}
 }

@@ -62,6 +62,9 @@ type GuestFile struct {
 	Path string // absolute path in the guest
 	Data []byte
 	Mode os.FileMode
+	// Source says where the file comes from, for messages (e.g. "key
+	// conf of configmap/app").
+	Source string
 }
 
 // HypervisorCapabilities describe the hypervisor behind a Hypervisor port.

@@ -29,8 +29,10 @@ type Volumes interface {
 // pod's volume options).
 const (
 	// VolumeShare is a host directory shared with the guest: emptyDir,
-	// hostPath and filesystem PersistentVolumes.
-	VolumeShare = "ninep"
+	// hostPath and filesystem PersistentVolumes (the shipped ninep plugin
+	// handles it with virtio-9p; another plugin may take it over, e.g.
+	// with virtiofs).
+	VolumeShare = "share"
 	// VolumeBlock is a host block device: a block PersistentVolume
 	// (volumeDevices), or a persistent root filesystem (devicePath "/").
 	VolumeBlock = "block"

@@ -125,8 +125,16 @@ func volumeSummary(vols []core.VolumeUse) []map[string]interface{} {
 				m[k] = val
 			}
 		}
-		if len(v.MountPaths) > 0 {
-			m["mountPaths"] = v.MountPaths
+		var mounts []string
+		for _, gm := range v.Mounts {
+			if gm.ReadOnly {
+				mounts = append(mounts, gm.Path+" (read-only)")
+			} else {
+				mounts = append(mounts, gm.Path)
+			}
+		}
+		if len(mounts) > 0 {
+			m["mountPaths"] = mounts
 		}
 		if v.ReadOnly {
 			m["readOnly"] = true

@@ -9,7 +9,6 @@
 package diskfiles
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/virtlet/virtlet/ports"
@@ -69,7 +69,7 @@ func Write(ctx context.Context, disk Disk, files []ports.GuestFile, workDir stri
 	// Read the partition table through a loop device of the whole disk,
 	// then map each candidate straight from the source, so that every loop
 	// device left by a crash names a file of the work directory (Cleanup).
-	whole, err := attachLoop(ctx, raw, disk.Offset, disk.Size)
+	whole, err := attachLoop(ctx, workDir, raw, disk.Offset, disk.Size)
 	if err != nil {
 		return err
 	}
@@ -90,7 +90,7 @@ func Write(ctx context.Context, disk Disk, files []ports.GuestFile, workDir stri
 		if size == 0 {
 			size = disk.Size
 		}
-		dev, err := attachLoop(ctx, raw, disk.Offset+p.start, size)
+		dev, err := attachLoop(ctx, workDir, raw, disk.Offset+p.start, size)
 		if err != nil {
 			return err
 		}
@@ -161,10 +161,20 @@ func exportFUSE(ctx context.Context, image, workDir string) (string, func() erro
 }
 
 // Cleanup undoes what an interrupted Write left below workRoot (the
-// parent of its work directories): mounts, and loop devices of exported
-// images.
+// parent of its work directories): the loop devices each work directory
+// lists, those of its exported images, and mounts.
 func Cleanup(workRoot string) error {
 	var errs []error
+	dirs, _ := os.ReadDir(workRoot)
+	recorded := map[string]string{} // loop device → its backing file, as Write attached it
+	for _, d := range dirs {
+		data, _ := os.ReadFile(filepath.Join(workRoot, d.Name(), loopsFile))
+		for _, line := range strings.Split(string(data), "\n") {
+			if dev, back, ok := strings.Cut(line, "\t"); ok {
+				recorded[dev] = back
+			}
+		}
+	}
 	// Loop devices first: a loop device keeps its file's mount busy.
 	out, err := exec.Command("losetup", "--list", "--json", "--output", "NAME,BACK-FILE").Output()
 	if err == nil {
@@ -176,7 +186,8 @@ func Cleanup(workRoot string) error {
 		}
 		if json.Unmarshal(out, &list) == nil {
 			for _, l := range list.Loops {
-				if strings.HasPrefix(strings.TrimSpace(l.BackFile), workRoot+"/") {
+				back := strings.TrimSpace(l.BackFile)
+				if strings.HasPrefix(back, workRoot+"/") || (recorded[l.Name] != "" && recorded[l.Name] == back) {
 					if err := detachLoop(l.Name); err != nil {
 						errs = append(errs, err)
 					}
@@ -184,9 +195,14 @@ func Cleanup(workRoot string) error {
 			}
 		}
 	}
-	for _, m := range mountsUnder(workRoot) {
-		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(workRoot))
+	if err != nil {
+		errs = append(errs, err)
+	}
+	sort.Slice(mounts, func(i, j int) bool { return mounts[i].Mountpoint > mounts[j].Mountpoint }) // deepest first
+	for _, m := range mounts {
+		if err := unix.Unmount(m.Mountpoint, unix.MNT_DETACH); err != nil {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m.Mountpoint, err))
 		}
 	}
 	if err := os.RemoveAll(workRoot); err != nil {
@@ -195,47 +211,14 @@ func Cleanup(workRoot string) error {
 	return errors.Join(errs...)
 }
 
-// mountsUnder lists the mount points below dir, deepest first.
-func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 {
-			if p := unescapeMount(fields[4]); strings.HasPrefix(p, dir+"/") {
-				out = append(out, p)
-			}
-		}
-	}
-	sort.Sort(sort.Reverse(sort.StringSlice(out)))
-	return out
-}
+// loopsFile, in a work directory, lists the loop devices Write attached
+// ("<device>\t<backing file>" lines), for Cleanup after a crash.
+const loopsFile = "loops"
 
 // mounted reports whether p is a mount point.
 func mounted(p string) bool {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && unescapeMount(fields[4]) == p {
-			return true
-		}
-	}
-	return false
-}
-
-func unescapeMount(s string) string {
-	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
-	return r.Replace(s)
+	ok, err := mountinfo.Mounted(p)
+	return err == nil && ok
 }
 
 func run(ctx context.Context, name string, args ...string) (string, error) {
@@ -248,7 +231,9 @@ func run(ctx context.Context, name string, args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
-func attachLoop(ctx context.Context, file string, offset, size int64) (string, error) {
+// attachLoop maps a slice of file to a loop device, and records it in the
+// work directory for Cleanup.
+func attachLoop(ctx context.Context, workDir, file string, offset, size int64) (string, error) {
 	args := []string{"--find", "--show"}
 	if offset > 0 {
 		args = append(args, "--offset", strconv.FormatInt(offset, 10))
@@ -256,7 +241,21 @@ func attachLoop(ctx context.Context, file string, offset, size int64) (string, e
 	if size > 0 {
 		args = append(args, "--sizelimit", strconv.FormatInt(size, 10))
 	}
-	return run(ctx, "losetup", append(args, file)...)
+	dev, err := run(ctx, "losetup", append(args, file)...)
+	if err != nil {
+		return "", err
+	}
+	f, err := os.OpenFile(filepath.Join(workDir, loopsFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err == nil {
+		fmt.Fprintf(f, "%s\t%s\n", dev, file)
+		err = f.Sync()
+		f.Close()
+	}
+	if err != nil {
+		detachLoop(dev)
+		return "", fmt.Errorf("record loop device %s: %w", dev, err)
+	}
+	return dev, nil
 }
 
 func detachLoop(dev string) error {
@@ -332,8 +331,12 @@ func partitions(ctx context.Context, dev string) ([]part, error) {
 // mountIfRoot mounts dev at mnt and keeps it mounted, read-write, if it
 // holds a root file system.
 func mountIfRoot(ctx context.Context, dev, mnt string) (bool, error) {
-	if _, err := run(ctx, "mount", "-o", "ro", dev, mnt); err != nil {
-		return false, errors.New("no file system the kernel mounts")
+	// The image's file system is the image author's (or, on a persistent
+	// root, the previous guest's): only the file systems a root is made
+	// of are tried, and nothing on it is a device, set-uid or executable
+	// for the host.
+	if _, err := run(ctx, "mount", "-t", rootFSTypes, "-o", "ro,"+safeMount, dev, mnt); err != nil {
+		return false, errors.New("no " + rootFSTypes + " file system")
 	}
 	isDir := func(p string) bool {
 		st, err := os.Lstat(filepath.Join(mnt, p))
@@ -342,12 +345,17 @@ func mountIfRoot(ctx context.Context, dev, mnt string) (bool, error) {
 	if !isDir("etc") || !(isDir("usr") || isDir("bin")) {
 		return false, unmount(mnt)
 	}
-	if _, err := run(ctx, "mount", "-o", "remount,rw", mnt); err != nil {
+	if _, err := run(ctx, "mount", "-o", "remount,rw,"+safeMount, mnt); err != nil {
 		unmount(mnt)
 		return false, err
 	}
 	return true, nil
 }
+
+const (
+	rootFSTypes = "ext4,ext3,ext2,xfs,btrfs"
+	safeMount   = "nodev,nosuid,noexec"
+)
 
 // writeFiles writes the files below root, resolving every path inside it.
 func writeFiles(root string, files []ports.GuestFile) error {
@@ -358,7 +366,11 @@ func writeFiles(root string, files []ports.GuestFile) error {
 	defer unix.Close(rootFD)
 	for _, f := range files {
 		if err := writeFile(rootFD, f); err != nil {
-			return fmt.Errorf("write %s: %w", f.Path, err)
+			what := f.Path
+			if f.Source != "" {
+				what += " (" + f.Source + ")"
+			}
+			return fmt.Errorf("write %s: %w", what, err)
 		}
 	}
 	if err := unix.Syncfs(rootFD); err != nil {
@@ -381,14 +393,26 @@ func writeFile(rootFD int, f ports.GuestFile) error {
 	if mode == 0 {
 		mode = 0o644
 	}
+	// Non-blocking, so that a FIFO never stalls the plugin; whatever is
+	// there must be a regular file (a device node could be the host's).
 	fd, err := unix.Openat2(rootFD, rel, &unix.OpenHow{
-		Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_TRUNC | unix.O_CLOEXEC, Mode: uint64(mode), Resolve: resolveInRoot,
+		Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC, Mode: uint64(mode), Resolve: resolveInRoot,
 	})
 	if err != nil {
 		return err
 	}
 	file := os.NewFile(uintptr(fd), f.Path)
 	defer file.Close()
+	st, err := file.Stat()
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("the image holds a %s there, not a regular file: %w", fileType(st.Mode()), ports.ErrFailedPrecondition)
+	}
+	if err := file.Truncate(0); err != nil {
+		return err
+	}
 	if _, err := file.Write(f.Data); err != nil {
 		return err
 	}
@@ -396,6 +420,21 @@ func writeFile(rootFD int, f ports.GuestFile) error {
 		return err
 	}
 	return file.Chmod(fs.FileMode(mode))
+}
+
+func fileType(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeDevice != 0:
+		return "device node"
+	case m&fs.ModeNamedPipe != 0:
+		return "FIFO"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m.IsDir():
+		return "directory"
+	default:
+		return "special file"
+	}
 }
 
 // mkdirAll makes the directories of rel (relative to the root) that are

@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -102,7 +105,7 @@ func leftovers(t *testing.T, work string) {
 	if _, err := os.Stat(work); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("work directory left: %v", err)
 	}
-	if m := mountsUnder(filepath.Dir(work)); len(m) != 0 {
+	if m, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Dir(work))); len(m) != 0 {
 		t.Errorf("mounts left: %v", m)
 	}
 	if out := must(t, "losetup", "--list", "--noheadings", "--output", "BACK-FILE"); strings.Contains(out, filepath.Dir(work)) {
@@ -170,6 +173,39 @@ func TestWrite(t *testing.T) {
 			t.Errorf("/var/run/pwned did not land at the image's /pwned: %q", data)
 		}
 	})
+	// A device node or a FIFO where a file goes: the image's author could
+	// name a host disk there, or stall the plugin. Neither is opened.
+	t.Run("special files in the image", func(t *testing.T) {
+		dir := t.TempDir()
+		target := filepath.Join(dir, "host-disk.img")
+		os.WriteFile(target, make([]byte, 1<<20), 0o600)
+		hostLoop := strings.TrimSpace(must(t, "losetup", "--find", "--show", target))
+		defer exec.Command("losetup", "--detach", hostLoop).Run()
+		var st unix.Stat_t
+		unix.Stat(hostLoop, &st)
+		root := filepath.Join(dir, "rootfs")
+		os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+		os.MkdirAll(filepath.Join(root, "usr"), 0o755)
+		if err := unix.Mknod(filepath.Join(root, "etc", "app.conf"), unix.S_IFBLK|0o644, int(st.Rdev)); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mkfifo(filepath.Join(root, "etc", "fifo.conf"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		img := filepath.Join(dir, "special.img")
+		must(t, "mkfs.ext4", "-q", "-F", "-d", root, img, "16M")
+		work := filepath.Join(dir, "work", "vm")
+		for _, p := range []string{"/etc/app.conf", "/etc/fifo.conf"} {
+			err := Write(ctx, Disk{Path: img, Format: "raw"}, []ports.GuestFile{{Path: p, Data: []byte("WRITTEN-TO-HOST-DEVICE"), Source: "key x"}}, work)
+			if err == nil || !strings.Contains(err.Error(), "write "+p+" (key x)") {
+				t.Errorf("%s: %v", p, err)
+			}
+			leftovers(t, work)
+		}
+		if data, _ := os.ReadFile(target); strings.Contains(string(data), "WRITTEN") {
+			t.Fatal("a device node in the image led a write to a host device")
+		}
+	})
 	t.Run("no root file system", func(t *testing.T) {
 		dir := t.TempDir()
 		img := filepath.Join(dir, "blank.raw")
@@ -201,17 +237,27 @@ func TestCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	loop, err := attachLoop(context.Background(), exp, 0, 0)
+	loop, err := attachLoop(context.Background(), work, exp, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A persistent root's loop device is backed by the device itself,
+	// outside the work directory: the work directory's record finds it.
+	raw := filepath.Join(dir, "device.raw")
+	must(t, "cp", base, raw)
+	rawLoop, err := attachLoop(context.Background(), work, raw, 1<<20, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := Cleanup(workRoot); err != nil {
 		t.Fatal(err)
 	}
-	if out := must(t, "losetup", "--list", "--noheadings", "--output", "NAME"); strings.Contains(out, loop+"\n") {
-		t.Errorf("loop device %s left", loop)
+	for _, l := range []string{loop, rawLoop} {
+		if out := must(t, "losetup", "--list", "--noheadings", "--output", "NAME"); strings.Contains(out, l+"\n") {
+			t.Errorf("loop device %s left", l)
+		}
 	}
-	if m := mountsUnder(workRoot); len(m) != 0 {
+	if m, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(workRoot)); len(m) != 0 {
 		t.Errorf("mounts left: %v", m)
 	}
 	if _, err := os.Stat(workRoot); !errors.Is(err, os.ErrNotExist) {

@@ -30,6 +30,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/virtlet/virtlet/core"
@@ -224,6 +225,14 @@ func writeOptions(dir string, data []byte) error {
 func (d *Driver) unmount(dir string) error {
 	p := filepath.Join(dir, ports.FlexvolumeOptionsFile)
 	raw, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) && d.Mounter.IsMounted(dir) {
+		// A mount interrupted between the tmpfs and its file: the options
+		// are under the tmpfs, written first.
+		if err := d.Mounter.Unmount(dir); err != nil {
+			return fmt.Errorf("unmount: %w", err)
+		}
+		raw, err = os.ReadFile(p)
+	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
@@ -267,9 +276,6 @@ func (Tmpfs) Mount(dir string) error {
 func (Tmpfs) Unmount(dir string) error { return unix.Unmount(dir, 0) }
 
 func (Tmpfs) IsMounted(dir string) bool {
-	var st, parent unix.Stat_t
-	if unix.Stat(dir, &st) != nil || unix.Stat(filepath.Dir(dir), &parent) != nil {
-		return false
-	}
-	return st.Dev != parent.Dev
+	ok, err := mountinfo.Mounted(dir)
+	return err == nil && ok
 }

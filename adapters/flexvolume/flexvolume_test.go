@@ -164,6 +164,50 @@ func TestMountKeepsOptionsAndUnmountForgets(t *testing.T) {
 	}
 }
 
+// A mount killed between the tmpfs and its file: unmount still finds the
+// options (under the tmpfs), tells the daemon, and leaves nothing.
+func TestUnmountAfterAnInterruptedMount(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	dm := &daemon{}
+	m := mounter{}
+	d := &Driver{Daemon: dm, Mounter: m}
+	if res := d.Run([]string{"mount", dir, opts("type", "qcow2")}); res.Status != Success {
+		t.Fatalf("%+v", res)
+	}
+	// The fake tmpfs shows the file underneath; remove it from "on top" by
+	// pretending the tmpfs hides it until unmounted.
+	hidden := &hidingMounter{mounter: m, dir: dir}
+	d.Mounter = hidden
+	if res := d.Run([]string{"unmount", dir}); res.Status != Success {
+		t.Fatalf("%+v", res)
+	}
+	if len(dm.forgotten) != 1 || dm.forgotten[0].Options["type"] != "qcow2" || m[dir] {
+		t.Fatalf("forgotten %+v, mounted %v", dm.forgotten, m[dir])
+	}
+}
+
+// hidingMounter hides the options file while "mounted", like a tmpfs
+// mounted before the file was written on it.
+type hidingMounter struct {
+	mounter
+	dir    string
+	hidden []byte
+}
+
+func (h *hidingMounter) IsMounted(dir string) bool {
+	if h.mounter[dir] && h.hidden == nil {
+		p := filepath.Join(dir, ports.FlexvolumeOptionsFile)
+		h.hidden, _ = os.ReadFile(p)
+		os.Remove(p)
+	}
+	return h.mounter[dir]
+}
+
+func (h *hidingMounter) Unmount(dir string) error {
+	delete(h.mounter, dir)
+	return os.WriteFile(filepath.Join(dir, ports.FlexvolumeOptionsFile), h.hidden, 0o600)
+}
+
 // The real tmpfs: kubelet sees a mount point; the options are on it.
 func TestTmpfs(t *testing.T) {
 	if os.Geteuid() != 0 {

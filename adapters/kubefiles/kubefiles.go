@@ -19,6 +19,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/moby/sys/mountinfo"
+
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -93,6 +95,10 @@ func (Reader) FlexvolumeOptions(ctx context.Context, dir string) (map[string]str
 	p := filepath.Join(dir, ports.FlexvolumeOptionsFile)
 	raw, err := os.ReadFile(p)
 	if errors.Is(err, fs.ErrNotExist) {
+		if ok, _ := mountinfo.Mounted(dir); ok {
+			return nil, fmt.Errorf("%s is missing on the volume's tmpfs: the flexvolume driver's mount was interrupted; delete the pod so that kubelet sets the volume up again: %w",
+				p, ports.ErrNotFound)
+		}
 		return nil, fmt.Errorf("%s is missing (was the volume set up by the virtlet flexvolume driver?): %w", p, ports.ErrNotFound)
 	}
 	if err != nil {

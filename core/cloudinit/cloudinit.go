@@ -403,7 +403,11 @@ func mountScript(vols []Volume) string {
 		fmt.Fprintf(&b, "if ! mounted %s && dev=$(find_dev %s %s); then\n", mp, shellQuote(v.GuestPath), shellQuote(v.Serial))
 		if v.Format != "" {
 			uuid := ""
-			if v.FormatUUID != "" {
+			switch {
+			case v.FormatUUID == "":
+			case v.Format == "xfs": // mkfs.xfs has no -U
+				uuid = "-m uuid=" + shellQuote(v.FormatUUID) + " "
+			default: // ext2/3/4, btrfs
 				uuid = "-U " + shellQuote(v.FormatUUID) + " "
 			}
 			fmt.Fprintf(&b, "  if blank \"$dev\"; then mkfs.%s -q %s\"$dev\"; fi\n", v.Format, uuid)

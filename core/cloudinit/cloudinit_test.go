@@ -125,6 +125,8 @@ func TestGolden(t *testing.T) {
 					{Name: "data", Serial: "vol-data", GuestPath: "/dev/disk/by-id/virtio-vol-data", MountPath: "/data", Format: "ext4",
 						FormatUUID: "7a4d2c1e-9c2b-4e54-9a57-33c1a8b2d0f1"},
 					{Name: "ro", Serial: "vol-ro", GuestPath: "/dev/disk/by-id/virtio-vol-ro", MountPath: "/ro", ReadOnly: true},
+					{Name: "logs", Serial: "vol-logs", GuestPath: "/dev/disk/by-id/virtio-vol-logs", MountPath: "/var/log/app", Format: "xfs",
+						FormatUUID: "0f4d2c1e-9c2b-4e54-9a57-33c1a8b2d0f2"},
 					{Name: "share", Tag: "share", MountPath: "/srv/share"},
 					{Name: "config", Tag: "config", MountPath: "/etc/app", ReadOnly: true},
 					{Name: "db", Serial: "vol-db", GuestPath: "/dev/disk/by-id/virtio-vol-db", DevicePath: "/dev/database"},

@@ -170,7 +170,7 @@ func (c *Client) WriteFiles(ctx context.Context, id string, files []ports.GuestF
 	defer cancel()
 	req := &hypervisorv1.WriteFilesRequest{Id: id}
 	for _, f := range files {
-		req.Files = append(req.Files, &hypervisorv1.GuestFile{Path: f.Path, Data: f.Data, Mode: uint32(f.Mode)})
+		req.Files = append(req.Files, &hypervisorv1.GuestFile{Path: f.Path, Data: f.Data, Mode: uint32(f.Mode), Source: f.Source})
 	}
 	_, err = rpc.WriteFiles(ctx, req)
 	return c.conn.Error(err)

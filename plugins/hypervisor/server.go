@@ -92,7 +92,7 @@ func (s *Server) ReopenLog(ctx context.Context, req *hypervisorv1.VMRequest) (*h
 func (s *Server) WriteFiles(ctx context.Context, req *hypervisorv1.WriteFilesRequest) (*hypervisorv1.WriteFilesResponse, error) {
 	files := make([]ports.GuestFile, 0, len(req.Files))
 	for _, f := range req.Files {
-		files = append(files, ports.GuestFile{Path: f.Path, Data: f.Data, Mode: os.FileMode(f.Mode)})
+		files = append(files, ports.GuestFile{Path: f.Path, Data: f.Data, Mode: os.FileMode(f.Mode), Source: f.Source})
 	}
 	return &hypervisorv1.WriteFilesResponse{}, base.ToRPC(s.impl.WriteFiles(ctx, req.Id, files))
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -99,19 +100,12 @@ func LoopDevice(t testing.TB, size int64, files map[string]string) string {
 // UnmountBelow lazily unmounts every mount point below dir, deepest
 // first.
 func UnmountBelow(dir string) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var points []string
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			points = append(points, f[4])
+	mounts, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	sort.Slice(mounts, func(i, j int) bool { return mounts[i].Mountpoint > mounts[j].Mountpoint })
+	for _, m := range mounts {
+		if m.Mountpoint != dir {
+			unix.Unmount(m.Mountpoint, unix.MNT_DETACH)
 		}
-	}
-	sort.Sort(sort.Reverse(sort.StringSlice(points)))
-	for _, p := range points {
-		unix.Unmount(p, unix.MNT_DETACH)
 	}
 }
 

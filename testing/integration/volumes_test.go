@@ -90,7 +90,7 @@ func TestVolumesThroughCrictl(t *testing.T) {
 		vols = append(vols, fmt.Sprintf("%s/%s/%s/%s%s/%v/ro=%v", v.Name, v.Kind, v.Type, v.Serial, v.Tag, v.MountPaths, v.ReadOnly))
 	}
 	want := "extra/flexvolume/qcow2/vol-extra/[/var/lib/docker]/ro=false raw/flexvolume/raw/vol-raw/[/var/lib/postgresql]/ro=false " +
-		"cache/emptyDir/ninep/cache/[/cache]/ro=true"
+		"cache/emptyDir/share/cache/[/cache (read-only)]/ro=true"
 	if got := strings.Join(vols, " "); got != want {
 		t.Errorf("volumes %s\nwant     %s", got, want)
 	}
@@ -153,7 +153,7 @@ func TestFlexvolumeDriverRefusals(t *testing.T) {
 			[]string{"ceph volume data option secret: missing"}},
 		{"ceph without a pool", map[string]string{"type": "ceph", "monitor": "127.0.0.1:6789", "volume": "v", "user": "u", "secret": "AQBkZXNrLXRlc3Qta2V5LW5ldmVyLWxvZ2dlZA=="},
 			[]string{"ceph volume data option pool: missing"}},
-		{"share type as flexvolume", map[string]string{"type": "ninep"}, []string{"this type is for Kubernetes volumes"}},
+		{"share type as flexvolume", map[string]string{"type": "share"}, []string{"this type is for Kubernetes volumes"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := k.Volume("virtlet~flexvolume_driver", "data")

@@ -6,10 +6,11 @@
 //
 // The key is secret. kubelet hands it to the flexvolume driver when it
 // mounts the volume (the `secret` option, or a Secret through the
-// flexVolume's secretRef); Validate keeps it in the plugin's own state
-// (0600 files in a 0700 directory), by pod UID and volume name, and leaves
-// it out of the options the driver writes into kubelet's volume directory;
-// Forget deletes it when kubelet unmounts the volume. It is never logged.
+// flexVolume's secretRef); Validate keeps it (0600 files in a 0700
+// directory, on tmpfs by default: Config.KeysDir), by pod UID and volume
+// name, and leaves it out of the options the driver writes into kubelet's
+// volume directory; Forget deletes it when kubelet unmounts the volume. It
+// is never logged.
 package ceph
 
 import (
@@ -42,7 +43,15 @@ var schema = flexopts.Schema{Type: "ceph",
 type Config struct {
 	// Timeout bounds talking to the Ceph cluster (default 30s).
 	Timeout string `json:"timeout,omitempty"`
+	// KeysDir holds the keys of mounted volumes (default
+	// /run/virtlet/ceph-keys: a tmpfs on systemd nodes, so that keys never
+	// reach a disk; it outlives the plugin and the daemon, and a reboot
+	// makes kubelet mount the volumes, and hand their keys, again).
+	KeysDir string `json:"keysDir,omitempty"`
 }
+
+// DefaultKeysDir is where the plugin keeps keys by default.
+const DefaultKeysDir = "/run/virtlet/ceph-keys"
 
 // Volumes is the adapter.
 type Volumes struct {
@@ -71,10 +80,13 @@ func (v *Volumes) Configure(ctx context.Context, pc ports.PluginConfig) error {
 		}
 		v.timeout = d
 	}
-	if pc.StateDir == "" {
-		return fmt.Errorf("ceph: needs a state directory: %w", ports.ErrInvalidArgument)
+	if cfg.KeysDir == "" {
+		cfg.KeysDir = DefaultKeysDir
 	}
-	v.keys = filepath.Join(pc.StateDir, "keys")
+	if !filepath.IsAbs(cfg.KeysDir) {
+		return &ports.InvalidError{Field: "ceph config keysDir", Value: cfg.KeysDir, Allowed: "an absolute path"}
+	}
+	v.keys = cfg.KeysDir
 	if err := os.MkdirAll(v.keys, 0o700); err != nil {
 		return err
 	}
@@ -194,14 +206,17 @@ func (v *Volumes) Validate(ctx context.Context, req ports.VolumeRequest) (map[st
 	return kept, nil
 }
 
-// Forget deletes the key Validate kept.
+// Forget deletes the key Validate kept (and what an interrupted Validate
+// left).
 func (v *Volumes) Forget(ctx context.Context, req ports.VolumeRequest) error {
 	p, err := v.keyPath(req)
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("forget the key of ceph volume %s: %w", req.Name, err)
+	for _, f := range []string{p, p + ".tmp"} {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("forget the key of ceph volume %s: %w", req.Name, err)
+		}
 	}
 	os.Remove(filepath.Dir(p)) // once empty
 	return nil
@@ -239,8 +254,9 @@ func (v *Volumes) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.V
 		Source: ports.DiskSource{Type: ports.SourceNetwork, Protocol: "rbd", Name: vol.pool + "/" + vol.image, Format: "raw",
 			Hosts: vol.monitors, Auth: &ports.DiskAuth{Username: vol.user, SecretType: "ceph", Secret: rawKey}}}}}
 	if vol.create {
-		// A new image is blank: the guest makes the file system (never on
-		// a disk that holds data).
+		// A volume that may be new asks the guest for a file system; the
+		// guest makes one only on a disk that is blank (never written), so
+		// an image that existed keeps its data.
 		if att.Format, err = schema.FSType(req.Name, req.Options, "ext4"); err != nil {
 			return ports.VolumeAttachment{}, err
 		}
@@ -267,20 +283,27 @@ func (v *Volumes) checkImage(ctx context.Context, vol volume) (size uint64, crea
 		{"log_to_stderr", "false"}, {"err_to_stderr", "false"}, {"log_file", "/dev/null"},
 	} {
 		if err := conn.SetConfigOption(o[0], o[1]); err != nil {
+			conn.Shutdown()
 			return 0, false, fmt.Errorf("ceph client option %s: %w", o[0], err)
 		}
 	}
+	// Connect may outlive the caller (it is bounded by the timeouts
+	// above): the connection is then shut down when it returns.
 	done := make(chan error, 1)
 	go func() { done <- conn.Connect() }()
 	select {
 	case err = <-done:
 	case <-ctx.Done():
+		go func() {
+			<-done
+			conn.Shutdown()
+		}()
 		return 0, false, ctx.Err()
 	}
+	defer conn.Shutdown()
 	if err != nil {
 		return 0, false, fmt.Errorf("connect to the Ceph monitors %s as %s: %v: %w", strings.Join(mons, ","), vol.user, err, ports.ErrUnavailable)
 	}
-	defer conn.Shutdown()
 	ioctx, err := conn.OpenIOContext(vol.pool)
 	if err != nil {
 		return 0, false, fmt.Errorf("open pool %s: %w", vol.pool, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -26,7 +27,8 @@ func configured(t *testing.T) *Volumes {
 	l := logrus.New()
 	l.SetOutput(io.Discard)
 	v := New(l)
-	if err := v.Configure(context.Background(), ports.PluginConfig{StateDir: t.TempDir(), Config: []byte(`{"timeout":"20s"}`)}); err != nil {
+	cfg := fmt.Sprintf(`{"timeout":"20s","keysDir":%q}`, filepath.Join(t.TempDir(), "keys"))
+	if err := v.Configure(context.Background(), ports.PluginConfig{StateDir: t.TempDir(), Config: []byte(cfg)}); err != nil {
 		t.Fatal(err)
 	}
 	return v

@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
@@ -241,58 +242,66 @@ func (v *Volumes) unmount(mp string) error {
 	return nil
 }
 
-// isMountPoint says whether p is mounted on (its device or inode differ
-// from its parent's view, or the kernel lists it).
+// isMountPoint says whether p is a mount point.
 func isMountPoint(p string) bool {
-	var st, parent unix.Stat_t
-	if unix.Lstat(p, &st) != nil || unix.Lstat(filepath.Dir(p), &parent) != nil {
-		return false
-	}
-	if st.Dev != parent.Dev {
-		return true
-	}
-	// A bind mount of a directory of the same file system: ask the kernel.
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == p {
-			return true
-		}
-	}
-	return false
+	ok, err := mountinfo.Mounted(p)
+	return err == nil && ok
 }
 
 // chownTree gives every file below root (not following symlinks, not
-// crossing into other file systems) to uid:gid.
+// crossing into other file systems) to uid:gid. It walks by directory file
+// descriptors: a directory swapped for a symlink while it walks (the share
+// may be written by others) fails the walk rather than leading it out.
 func chownTree(root string, uid, gid int) (int, error) {
-	var rootSt unix.Stat_t
-	if err := unix.Lstat(root, &rootSt); err != nil {
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("open %s: %w", root, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
 		return 0, err
 	}
 	n := 0
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			return err
-		}
-		if st.Dev != rootSt.Dev {
-			if d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if err := os.Lchown(p, uid, gid); err != nil {
-			return err
+	var walk func(dirfd int, at string) error
+	walk = func(dirfd int, at string) error {
+		dir := os.NewFile(uintptr(dirfd), at) // owns dirfd
+		defer dir.Close()
+		if err := unix.Fchown(dirfd, uid, gid); err != nil {
+			return fmt.Errorf("chown %s: %w", at, err)
 		}
 		n++
+		names, err := dir.Readdirnames(-1)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", at, err)
+		}
+		for _, name := range names {
+			p := filepath.Join(at, name)
+			var cst unix.Stat_t
+			if err := unix.Fstatat(dirfd, name, &cst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return fmt.Errorf("stat %s: %w", p, err)
+			}
+			if cst.Dev != st.Dev {
+				continue
+			}
+			if cst.Mode&unix.S_IFMT != unix.S_IFDIR {
+				if err := unix.Fchownat(dirfd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					return fmt.Errorf("chown %s: %w", p, err)
+				}
+				n++
+				continue
+			}
+			cfd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("open %s: %w", p, err)
+			}
+			if err := walk(cfd, p); err != nil {
+				return err
+			}
+		}
 		return nil
-	})
-	return n, err
+	}
+	return n, walk(fd, root)
 }
 
 var _ ports.Volumes = (*Volumes)(nil)

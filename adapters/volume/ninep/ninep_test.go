@@ -67,6 +67,10 @@ func TestShares(t *testing.T) {
 	src := t.TempDir()
 	os.MkdirAll(filepath.Join(src, "sub"), 0o755)
 	os.WriteFile(filepath.Join(src, "sub", "f.txt"), []byte("data"), 0o644)
+	outside := filepath.Join(t.TempDir(), "host-file")
+	os.WriteFile(outside, []byte("x"), 0o600)
+	os.Symlink(outside, filepath.Join(src, "sub", "escape"))
+	os.Symlink(filepath.Dir(outside), filepath.Join(src, "escape-dir"))
 
 	rw := ports.VolumeRequest{VMID: "0123abcd", Name: "data", Type: ports.VolumeShare, HostPath: src, Chown: true}
 	att, err := v.Prepare(ctx, rw)
@@ -87,6 +91,10 @@ func TestShares(t *testing.T) {
 	syscall.Stat(filepath.Join(src, "sub", "f.txt"), &st)
 	if int(st.Uid) != v.uid || int(st.Gid) != v.gid {
 		t.Fatalf("chown: owner %d:%d, want %d:%d", st.Uid, st.Gid, v.uid, v.gid)
+	}
+	syscall.Stat(outside, &st)
+	if st.Uid != 0 {
+		t.Fatal("chown followed a symlink out of the share")
 	}
 
 	ro := ports.VolumeRequest{VMID: "0123abcd", Name: "config", Type: ports.VolumeShare, HostPath: src, ReadOnly: true}

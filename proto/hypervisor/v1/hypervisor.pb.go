@@ -411,10 +411,12 @@ func (x *WriteFilesRequest) GetFiles() []*GuestFile {
 }
 
 type GuestFile struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
-	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Data  []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Mode  uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	// Where the file comes from, for messages.
+	Source        string `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -468,6 +470,13 @@ func (x *GuestFile) GetMode() uint32 {
 		return x.Mode
 	}
 	return 0
+}
+
+func (x *GuestFile) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
 }
 
 type WriteFilesResponse struct {
@@ -1414,11 +1423,12 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x11ReopenLogResponse\"[\n" +
 	"\x11WriteFilesRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x126\n" +
-	"\x05files\x18\x02 \x03(\v2 .virtlet.hypervisor.v1.GuestFileR\x05files\"G\n" +
+	"\x05files\x18\x02 \x03(\v2 .virtlet.hypervisor.v1.GuestFileR\x05files\"_\n" +
 	"\tGuestFile\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
-	"\x04mode\x18\x03 \x01(\rR\x04mode\"\x14\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x16\n" +
+	"\x06source\x18\x04 \x01(\tR\x06source\"\x14\n" +
 	"\x12WriteFilesResponse\"B\n" +
 	"\vStopRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
