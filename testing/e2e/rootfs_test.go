@@ -93,6 +93,7 @@ echo "@@ROOTFS-REPORT-DONE"
 	c.Must(t, "start", ctr)
 	waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
 	c.Must(t, "rmp", "-f", sb)
+	t.Logf("images written to the persistent root (ms): %v", logField(d, "image written to the persistent root file system", "millis"))
 	assertNothingLeft(t, d, c)
 	// The PV keeps its data: GC never touches a persistent volume.
 	head := string(harness.ReadAt(t, pv, 0, 256))

@@ -203,6 +203,7 @@ echo "@@VOLUMES-REPORT-DONE"
 		}
 	}
 
+	t.Logf("files written into the root file system in %v ms", logField(d, "files written into the root file system", "millis"))
 	c.Must(t, "stop", "--timeout", "60", ctr)
 	c.Must(t, "rmp", "-f", sb)
 	for _, dir := range []string{extra, raw, cephVol} {
@@ -237,6 +238,17 @@ echo "@@VOLUMES-REPORT-DONE"
 	if data, err := os.ReadFile(filepath.Join(hostDir, "from-host.txt")); err != nil || string(data) != "hello from the host" {
 		t.Error("the hostPath's files did not survive the VM")
 	}
+}
+
+// logField returns a field of the daemon's log entries with this message.
+func logField(d *harness.Daemon, msg, field string) []interface{} {
+	var out []interface{}
+	for _, e := range d.LogEntries() {
+		if e["msg"] == msg {
+			out = append(out, e[field])
+		}
+	}
+	return out
 }
 
 // markerLine returns the rest of the console line after "@@<name> ".
