@@ -30,6 +30,7 @@ type Deps struct {
 	Kube         ports.KubeObjects           // nil: annotations naming ConfigMaps/Secrets fail
 	Files        ports.ProjectedFiles        // nil: ConfigMap/Secret volume mounts fail
 	VolumeDirs   ports.VolumeDirs            // nil: flexvolume mounts fail
+	Dialer       ports.Dialer                // nil: port-forward and the VNC display fail
 }
 
 // Options tune the runtime.
@@ -72,6 +73,9 @@ type Runtime struct {
 	imgMu  sync.Mutex         // serialises image index updates
 	pulls  singleflight.Group // one download per image at a time
 	synced chan struct{}      // closed after the first resync with the hypervisor
+
+	fsOnce       sync.Once // finds the image store's filesystem once (stats)
+	fsMountpoint string
 }
 
 // New checks the dependencies and returns a runtime with no records; call

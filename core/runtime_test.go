@@ -33,6 +33,7 @@ type env struct {
 	vfiles fakes.ProjectedFiles
 	vols   *fakes.Volumes
 	vdirs  fakes.VolumeDirs
+	dialer ports.Dialer
 	logDir string
 	cancel context.CancelFunc
 }
@@ -67,7 +68,7 @@ func (e *env) start(t *testing.T) {
 		Hypervisor: e.hv, ImageSources: map[string]ports.ImageSource{"https": e.images},
 		ImageFiles: e.files, Store: e.store, Network: e.net,
 		Datasources: map[string]ports.Datasource{"nocloud": e.nc, "configdrive": e.cd},
-		Kube:        e.kube, Files: e.vfiles, VolumeDirs: e.vdirs,
+		Kube:        e.kube, Files: e.vfiles, VolumeDirs: e.vdirs, Dialer: e.dialer,
 		Volumes: map[string]ports.Volumes{ports.VolumeShare: e.vols, ports.VolumeBlock: e.vols, "qcow2": e.vols, "ceph": e.vols, "sized": e.vols},
 	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second})
 	if err != nil {

@@ -233,22 +233,6 @@ func (s *Server) ReopenContainerLog(ctx context.Context, req *runtimeapi.ReopenC
 	return &runtimeapi.ReopenContainerLogResponse{}, s.rt.ReopenContainerLog(ctx, req.ContainerId)
 }
 
-func (s *Server) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
-	return nil, unsupported("ExecSync", "exec into VMs (through the guest agent) is not implemented yet")
-}
-
-func (s *Server) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
-	return nil, unsupported("Exec", "exec into VMs (through the guest agent) is not implemented yet")
-}
-
-func (s *Server) Attach(ctx context.Context, req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
-	return nil, unsupported("Attach", "attaching to the VM's serial console is not implemented yet")
-}
-
-func (s *Server) PortForward(ctx context.Context, req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
-	return nil, unsupported("PortForward", "port forwarding to VM pods is not implemented yet")
-}
-
 func (s *Server) CheckpointContainer(ctx context.Context, req *runtimeapi.CheckpointContainerRequest) (*runtimeapi.CheckpointContainerResponse, error) {
 	return nil, unsupported("CheckpointContainer", "VM checkpoints are not implemented")
 }

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
-	"time"
 
 	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc/codes"
@@ -187,8 +187,34 @@ func TestImageStatusOfAbsentImageIsEmptyNotAnError(t *testing.T) {
 
 func TestUnsupportedCallsSayWhy(t *testing.T) {
 	s := newServer(t)
-	_, err := s.ExecSync(context.Background(), &runtimeapi.ExecSyncRequest{ContainerId: "x", Timeout: int64(time.Second)})
-	if st := status.Convert(toStatus(err)); st.Code() != codes.Unimplemented || st.Message() == "" {
+	_, err := s.CheckpointContainer(context.Background(), &runtimeapi.CheckpointContainerRequest{ContainerId: "x"})
+	if st := status.Convert(toStatus(err)); st.Code() != codes.Unimplemented || !strings.Contains(st.Message(), "checkpoint") {
 		t.Fatalf("%v", st)
+	}
+	_, err = s.Exec(context.Background(), &runtimeapi.ExecRequest{ContainerId: "x", Cmd: []string{"true"}, Stdout: true})
+	if st := status.Convert(toStatus(err)); st.Code() != codes.Unimplemented || !strings.Contains(st.Message(), "streaming server") {
+		t.Fatalf("Exec without a streaming server: %v", st)
+	}
+}
+
+func TestExecRefusals(t *testing.T) {
+	s := newServer(t)
+	for _, tt := range []struct {
+		name string
+		cmd  []string
+		code codes.Code
+		want string
+	}{
+		{"empty command", nil, codes.InvalidArgument, "cmd: the command is empty"},
+		{"empty program", []string{""}, codes.InvalidArgument, "cmd: the command is empty"},
+		{"Virtlet's own command", []string{"virtlet.cloud:diag"}, codes.InvalidArgument, "exec streams only"},
+		{"unknown container", []string{"true"}, codes.NotFound, "container x"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := s.ExecSync(context.Background(), &runtimeapi.ExecSyncRequest{ContainerId: "x", Cmd: tt.cmd, Timeout: 1})
+			if st := status.Convert(toStatus(err)); st.Code() != tt.code || !strings.Contains(st.Message(), tt.want) {
+				t.Fatalf("%v, want %v %q", st, tt.code, tt.want)
+			}
+		})
 	}
 }

@@ -32,9 +32,10 @@ type Info struct {
 type Server struct {
 	runtimeapi.UnimplementedRuntimeServiceServer
 	runtimeapi.UnimplementedImageServiceServer
-	rt   *core.Runtime
-	info Info
-	log  logrus.FieldLogger
+	rt      *core.Runtime
+	info    Info
+	log     logrus.FieldLogger
+	streams StreamURLs
 
 	sandboxWire, containerWire wireCache
 }
@@ -42,6 +43,21 @@ type Server struct {
 // New returns a CRI server for rt.
 func New(rt *core.Runtime, info Info, log logrus.FieldLogger) *Server {
 	return &Server{rt: rt, info: info, log: log}
+}
+
+// StreamURLs hands out the single-use URLs of the streaming server that
+// serves Exec, Attach and PortForward (kubelet connects to them).
+type StreamURLs interface {
+	GetExec(*runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error)
+	GetAttach(*runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error)
+	GetPortForward(*runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error)
+}
+
+// WithStreaming makes the server answer Exec, Attach and PortForward with
+// URLs of streams.
+func (s *Server) WithStreaming(streams StreamURLs) *Server {
+	s.streams = streams
+	return s
 }
 
 // GRPCServer returns a gRPC server with both CRI services registered and

@@ -12,6 +12,7 @@ import (
 
 	"github.com/virtlet/virtlet/adapters/admin"
 	"github.com/virtlet/virtlet/adapters/imagetranslations"
+	"github.com/virtlet/virtlet/adapters/streaming"
 	"github.com/virtlet/virtlet/plugins/manifest"
 )
 
@@ -34,6 +35,9 @@ type config struct {
 	// KubeObjectsDir serves ConfigMaps and Secrets from manifests instead
 	// of an API server.
 	KubeObjectsDir string `json:"kubeObjectsDir"`
+	// StreamingAddress is where the CRI streaming server (exec, attach,
+	// port-forward) listens: a loopback host:port; port 0 picks a free one.
+	StreamingAddress string `json:"streamingAddress"`
 }
 
 func defaults() config {
@@ -44,6 +48,7 @@ func defaults() config {
 	return config{
 		Listen: "unix:///run/virtlet.sock", AdminSocket: admin.DefaultSocket, StateDir: "/var/lib/virtlet", PluginsDir: manifest.DefaultDir,
 		PluginBinDir: bin, ImageTranslations: imagetranslations.DefaultDir, LogFormat: "text", LogLevel: "info", DefaultVMMemory: "1Gi", OperationTimeout: 15 * time.Minute,
+		StreamingAddress: streaming.DefaultAddress,
 	}
 }
 
@@ -58,7 +63,7 @@ func dirOf(p string) string {
 func parseConfig(args []string) (config, bool, error) {
 	cfg := defaults()
 	fs := flag.NewFlagSet("virtlet", flag.ContinueOnError)
-	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir); flags override it")
+	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir, streamingAddress); flags override it")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	listen := fs.String("listen", cfg.Listen, "CRI endpoint to serve, unix:///path.sock")
 	adminSocket := fs.String("admin-socket", cfg.AdminSocket, "unix socket of the admin API (mode 0600) the flexvolume driver and node tools use")
@@ -72,6 +77,7 @@ func parseConfig(args []string) (config, bool, error) {
 	opTimeout := fs.Duration("operation-timeout", cfg.OperationTimeout, "bound of slow operations that outlive kubelet's request")
 	kubeconfig := fs.String("kubeconfig", cfg.Kubeconfig, "kubeconfig for reading the ConfigMaps and Secrets VM pods name (default: in-cluster config when running in a pod)")
 	kubeObjectsDir := fs.String("kube-objects-dir", cfg.KubeObjectsDir, "read ConfigMaps and Secrets from the Kubernetes manifests in this directory instead of an API server")
+	streamingAddress := fs.String("streaming-address", cfg.StreamingAddress, "loopback host:port of the CRI streaming server (exec, attach, port-forward) that kubelet proxies; port 0 picks a free port")
 	if err := fs.Parse(args); err != nil {
 		return cfg, false, err
 	}
@@ -108,6 +114,7 @@ func parseConfig(args []string) (config, bool, error) {
 	override("default-vm-memory", &cfg.DefaultVMMemory, *memory)
 	override("kubeconfig", &cfg.Kubeconfig, *kubeconfig)
 	override("kube-objects-dir", &cfg.KubeObjectsDir, *kubeObjectsDir)
+	override("streaming-address", &cfg.StreamingAddress, *streamingAddress)
 	if cfg.Kubeconfig != "" && cfg.KubeObjectsDir != "" {
 		return cfg, false, fmt.Errorf("kubeconfig and kube objects directory are both set: choose one source of ConfigMaps and Secrets")
 	}

@@ -19,11 +19,14 @@ import (
 	"github.com/virtlet/virtlet/adapters/admin"
 	"github.com/virtlet/virtlet/adapters/boltstore"
 	"github.com/virtlet/virtlet/adapters/cri"
+	"github.com/virtlet/virtlet/adapters/dialer"
 	"github.com/virtlet/virtlet/adapters/imagefiles"
 	"github.com/virtlet/virtlet/adapters/imagetranslations"
 	"github.com/virtlet/virtlet/adapters/kubeapi"
 	"github.com/virtlet/virtlet/adapters/kubedir"
 	"github.com/virtlet/virtlet/adapters/kubefiles"
+	"github.com/virtlet/virtlet/adapters/streaming"
+	"github.com/virtlet/virtlet/adapters/vmtools"
 	"github.com/virtlet/virtlet/cmd/internal/buildinfo"
 	"github.com/virtlet/virtlet/core"
 	"github.com/virtlet/virtlet/plugins/host"
@@ -106,7 +109,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		Hypervisor: plugins.Hypervisor(), ImageSources: plugins.ImageSources(), ImageFiles: files, Store: store,
 		Translations: imagetranslations.New(cfg.ImageTranslations),
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
-		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{},
+		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.TCP{},
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: cfg.OperationTimeout, Log: log.WithField("component", "core")})
 	if err != nil {
 		return err
@@ -118,8 +121,19 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	defer cancelRun()
 	go rt.Run(runCtx)
 
-	server := cri.New(rt, cri.Info{Version: buildinfo.Version(), Plugins: func() interface{} { return pluginsByName(plugins) }},
-		log.WithField("component", "cri"))
+	pluginStatus := func() interface{} { return pluginsByName(plugins) }
+	streams, err := streaming.Listen(cfg.StreamingAddress, rt, &streaming.Tools{
+		RT: rt, Version: buildinfo.Version(), Plugins: pluginStatus, PluginLogs: func() []vmtools.LogLine { return pluginLogs(plugins) },
+		Log: log.WithField("component", "vmtools"),
+	}, log.WithField("component", "streaming"))
+	if err != nil {
+		return err
+	}
+	log.WithField("address", streams.Address()).Info("serving CRI streams (exec, attach, port-forward)")
+	streamErr := make(chan error, 1)
+	go func() { streamErr <- streams.Serve(ctx) }()
+
+	server := cri.New(rt, cri.Info{Version: buildinfo.Version(), Plugins: pluginStatus}, log.WithField("component", "cri")).WithStreaming(streams)
 	listener, err := cri.Listen(cfg.Listen)
 	if err != nil {
 		return err
@@ -133,7 +147,25 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	go adminServer.Serve(adminListener)
 	defer adminServer.Stop()
 	log.WithFields(logrus.Fields{"listen": cfg.Listen, "admin": cfg.AdminSocket}).Info("serving CRI")
-	return cri.ServeUntil(ctx, server.GRPCServer(), listener)
+	criCtx, stopCRI := context.WithCancel(ctx)
+	defer stopCRI()
+	go func() {
+		if err := <-streamErr; err != nil {
+			log.WithError(err).Error("the streaming server stopped")
+			stopCRI()
+		}
+	}()
+	return cri.ServeUntil(criCtx, server.GRPCServer(), listener)
+}
+
+// pluginLogs converts the plugins' recent log lines for diagnostics.
+func pluginLogs(h *host.Host) []vmtools.LogLine {
+	entries := h.RecentLogs()
+	out := make([]vmtools.LogLine, len(entries))
+	for i, e := range entries {
+		out[i] = vmtools.LogLine{Time: e.Time, Plugin: e.Plugin, Level: e.Level, Message: e.Message, Fields: e.Fields}
+	}
+	return out
 }
 
 // kubeObjects chooses where ConfigMaps and Secrets come from.

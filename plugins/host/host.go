@@ -192,13 +192,17 @@ func (h *Host) Shutdown() {
 
 // hclogFor bridges go-plugin's logger (and the plugins' log lines it
 // relays) into logrus, keeping levels and fields.
-func hclogFor(log logrus.FieldLogger) hclog.Logger {
+func hclogFor(log logrus.FieldLogger, plugin string, ring *logRing) hclog.Logger {
 	l := hclog.NewInterceptLogger(&hclog.LoggerOptions{Output: io.Discard, Level: hclog.Trace})
-	l.RegisterSink(logSink{log: log})
+	l.RegisterSink(logSink{log: log, plugin: plugin, ring: ring})
 	return l
 }
 
-type logSink struct{ log logrus.FieldLogger }
+type logSink struct {
+	log    logrus.FieldLogger
+	plugin string
+	ring   *logRing // keeps recent lines for diagnostics
+}
 
 func (s logSink) Accept(name string, level hclog.Level, msg string, args ...interface{}) {
 	fields := logrus.Fields{}
@@ -211,6 +215,9 @@ func (s logSink) Accept(name string, level hclog.Level, msg string, args ...inte
 			continue
 		}
 		fields[key] = args[i+1]
+	}
+	if s.ring != nil {
+		s.ring.add(LogEntry{Time: time.Now(), Plugin: s.plugin, Level: level.String(), Message: msg, Fields: stringFields(fields)})
 	}
 	e := s.log.WithFields(fields)
 	switch level {

@@ -69,6 +69,8 @@ type Supervisor struct {
 	startedAt   time.Time
 	nextAttempt time.Time
 
+	logs logRing // recent log lines
+
 	kick     chan struct{}
 	stop     chan struct{}
 	done     chan struct{}
@@ -109,7 +111,7 @@ func (s *Supervisor) launch(ctx context.Context) error {
 		AutoMTLS:         true,
 		Managed:          true,
 		SecureConfig:     &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()},
-		Logger:           hclogFor(s.log),
+		Logger:           hclogFor(s.log, s.m.Name, &s.logs),
 		StartTimeout:     s.opts.StartTimeout,
 	})
 	fail := func(err error) error {

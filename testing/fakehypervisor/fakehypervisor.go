@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -39,6 +40,13 @@ type Hypervisor struct {
 	// GuestIgnoresShutdown makes guests ignore ACPI shutdown requests, so
 	// Stop must force them off when the timeout expires.
 	GuestIgnoresShutdown bool
+	// NoAgent makes guests have no guest agent: GuestExec fails.
+	NoAgent bool
+
+	consoles   map[string]*console
+	execs      int
+	statsCalls int
+	vnc        net.Listener
 }
 
 type vm struct {
@@ -75,6 +83,8 @@ func Open(dir string) (*Hypervisor, error) {
 type Config struct {
 	// GuestIgnoresShutdown: see Hypervisor.GuestIgnoresShutdown.
 	GuestIgnoresShutdown bool `json:"guestIgnoresShutdown,omitempty"`
+	// NoAgent: see Hypervisor.NoAgent.
+	NoAgent bool `json:"noAgent,omitempty"`
 }
 
 // Configure loads the VMs persisted in the plugin's state directory, so
@@ -90,7 +100,7 @@ func (h *Hypervisor) Configure(ctx context.Context, cfg ports.PluginConfig) erro
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.vms, h.stateFile, h.GuestIgnoresShutdown = loaded.vms, loaded.stateFile, c.GuestIgnoresShutdown
+	h.vms, h.stateFile, h.GuestIgnoresShutdown, h.NoAgent = loaded.vms, loaded.stateFile, c.GuestIgnoresShutdown, c.NoAgent
 	return nil
 }
 
@@ -250,6 +260,7 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 func (h *Hypervisor) exitLocked(v *vm, code int32, reason, msg string) (ports.VMStatus, error) {
 	v.Status = ports.VMStatus{ID: v.Spec.ID, State: ports.VMStopped, StartedAt: v.Status.StartedAt,
 		FinishedAt: h.now(), ExitCode: code, Reason: reason, Message: msg}
+	h.closeConsoleLocked(v.Spec.ID)
 	if err := h.save(); err != nil {
 		return ports.VMStatus{}, err
 	}

@@ -22,6 +22,958 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ConsoleInput struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsoleInput) Reset() {
+	*x = ConsoleInput{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsoleInput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsoleInput) ProtoMessage() {}
+
+func (x *ConsoleInput) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsoleInput.ProtoReflect.Descriptor instead.
+func (*ConsoleInput) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ConsoleInput) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ConsoleInput) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ConsoleOutput struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsoleOutput) Reset() {
+	*x = ConsoleOutput{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsoleOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsoleOutput) ProtoMessage() {}
+
+func (x *ConsoleOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsoleOutput.ProtoReflect.Descriptor instead.
+func (*ConsoleOutput) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ConsoleOutput) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type GuestExecRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Argv           []string               `protobuf:"bytes,2,rep,name=argv,proto3" json:"argv,omitempty"`
+	Stdin          []byte                 `protobuf:"bytes,3,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	TimeoutNanos   int64                  `protobuf:"varint,4,opt,name=timeout_nanos,json=timeoutNanos,proto3" json:"timeout_nanos,omitempty"`
+	MaxOutputBytes int64                  `protobuf:"varint,5,opt,name=max_output_bytes,json=maxOutputBytes,proto3" json:"max_output_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *GuestExecRequest) Reset() {
+	*x = GuestExecRequest{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GuestExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestExecRequest) ProtoMessage() {}
+
+func (x *GuestExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestExecRequest.ProtoReflect.Descriptor instead.
+func (*GuestExecRequest) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GuestExecRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *GuestExecRequest) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *GuestExecRequest) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
+func (x *GuestExecRequest) GetTimeoutNanos() int64 {
+	if x != nil {
+		return x.TimeoutNanos
+	}
+	return 0
+}
+
+func (x *GuestExecRequest) GetMaxOutputBytes() int64 {
+	if x != nil {
+		return x.MaxOutputBytes
+	}
+	return 0
+}
+
+type GuestExecResponse struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	ExitCode        int32                  `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Stdout          []byte                 `protobuf:"bytes,2,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr          []byte                 `protobuf:"bytes,3,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	StdoutTruncated bool                   `protobuf:"varint,4,opt,name=stdout_truncated,json=stdoutTruncated,proto3" json:"stdout_truncated,omitempty"`
+	StderrTruncated bool                   `protobuf:"varint,5,opt,name=stderr_truncated,json=stderrTruncated,proto3" json:"stderr_truncated,omitempty"`
+	TimedOut        bool                   `protobuf:"varint,6,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
+	Killed          bool                   `protobuf:"varint,7,opt,name=killed,proto3" json:"killed,omitempty"`
+	KillError       string                 `protobuf:"bytes,8,opt,name=kill_error,json=killError,proto3" json:"kill_error,omitempty"`
+	Pid             int64                  `protobuf:"varint,9,opt,name=pid,proto3" json:"pid,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *GuestExecResponse) Reset() {
+	*x = GuestExecResponse{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GuestExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestExecResponse) ProtoMessage() {}
+
+func (x *GuestExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestExecResponse.ProtoReflect.Descriptor instead.
+func (*GuestExecResponse) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GuestExecResponse) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *GuestExecResponse) GetStdout() []byte {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *GuestExecResponse) GetStderr() []byte {
+	if x != nil {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *GuestExecResponse) GetStdoutTruncated() bool {
+	if x != nil {
+		return x.StdoutTruncated
+	}
+	return false
+}
+
+func (x *GuestExecResponse) GetStderrTruncated() bool {
+	if x != nil {
+		return x.StderrTruncated
+	}
+	return false
+}
+
+func (x *GuestExecResponse) GetTimedOut() bool {
+	if x != nil {
+		return x.TimedOut
+	}
+	return false
+}
+
+func (x *GuestExecResponse) GetKilled() bool {
+	if x != nil {
+		return x.Killed
+	}
+	return false
+}
+
+func (x *GuestExecResponse) GetKillError() string {
+	if x != nil {
+		return x.KillError
+	}
+	return ""
+}
+
+func (x *GuestExecResponse) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+type StatsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ids           []string               `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatsRequest) Reset() {
+	*x = StatsRequest{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatsRequest) ProtoMessage() {}
+
+func (x *StatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
+func (*StatsRequest) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *StatsRequest) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+type StatsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vms           []*VMStats             `protobuf:"bytes,1,rep,name=vms,proto3" json:"vms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatsResponse) Reset() {
+	*x = StatsResponse{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatsResponse) ProtoMessage() {}
+
+func (x *StatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
+func (*StatsResponse) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *StatsResponse) GetVms() []*VMStats {
+	if x != nil {
+		return x.Vms
+	}
+	return nil
+}
+
+type VMStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Timestamp     int64                  `protobuf:"varint,2,opt,name=timestamp,proto3" json:"timestamp,omitempty"`
+	CpuNanos      uint64                 `protobuf:"varint,3,opt,name=cpu_nanos,json=cpuNanos,proto3" json:"cpu_nanos,omitempty"`
+	Memory        *MemoryStats           `protobuf:"bytes,4,opt,name=memory,proto3" json:"memory,omitempty"`
+	Disks         []*DiskStats           `protobuf:"bytes,5,rep,name=disks,proto3" json:"disks,omitempty"`
+	Nics          []*NICStats            `protobuf:"bytes,6,rep,name=nics,proto3" json:"nics,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VMStats) Reset() {
+	*x = VMStats{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VMStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VMStats) ProtoMessage() {}
+
+func (x *VMStats) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VMStats.ProtoReflect.Descriptor instead.
+func (*VMStats) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *VMStats) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *VMStats) GetTimestamp() int64 {
+	if x != nil {
+		return x.Timestamp
+	}
+	return 0
+}
+
+func (x *VMStats) GetCpuNanos() uint64 {
+	if x != nil {
+		return x.CpuNanos
+	}
+	return 0
+}
+
+func (x *VMStats) GetMemory() *MemoryStats {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
+}
+
+func (x *VMStats) GetDisks() []*DiskStats {
+	if x != nil {
+		return x.Disks
+	}
+	return nil
+}
+
+func (x *VMStats) GetNics() []*NICStats {
+	if x != nil {
+		return x.Nics
+	}
+	return nil
+}
+
+type MemoryStats struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	CurrentBytes   uint64                 `protobuf:"varint,1,opt,name=current_bytes,json=currentBytes,proto3" json:"current_bytes,omitempty"`
+	RssBytes       uint64                 `protobuf:"varint,2,opt,name=rss_bytes,json=rssBytes,proto3" json:"rss_bytes,omitempty"`
+	GuestReported  bool                   `protobuf:"varint,3,opt,name=guest_reported,json=guestReported,proto3" json:"guest_reported,omitempty"`
+	AvailableBytes uint64                 `protobuf:"varint,4,opt,name=available_bytes,json=availableBytes,proto3" json:"available_bytes,omitempty"`
+	UnusedBytes    uint64                 `protobuf:"varint,5,opt,name=unused_bytes,json=unusedBytes,proto3" json:"unused_bytes,omitempty"`
+	CacheBytes     uint64                 `protobuf:"varint,6,opt,name=cache_bytes,json=cacheBytes,proto3" json:"cache_bytes,omitempty"`
+	MinorFaults    uint64                 `protobuf:"varint,7,opt,name=minor_faults,json=minorFaults,proto3" json:"minor_faults,omitempty"`
+	MajorFaults    uint64                 `protobuf:"varint,8,opt,name=major_faults,json=majorFaults,proto3" json:"major_faults,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *MemoryStats) Reset() {
+	*x = MemoryStats{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryStats) ProtoMessage() {}
+
+func (x *MemoryStats) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryStats.ProtoReflect.Descriptor instead.
+func (*MemoryStats) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *MemoryStats) GetCurrentBytes() uint64 {
+	if x != nil {
+		return x.CurrentBytes
+	}
+	return 0
+}
+
+func (x *MemoryStats) GetRssBytes() uint64 {
+	if x != nil {
+		return x.RssBytes
+	}
+	return 0
+}
+
+func (x *MemoryStats) GetGuestReported() bool {
+	if x != nil {
+		return x.GuestReported
+	}
+	return false
+}
+
+func (x *MemoryStats) GetAvailableBytes() uint64 {
+	if x != nil {
+		return x.AvailableBytes
+	}
+	return 0
+}
+
+func (x *MemoryStats) GetUnusedBytes() uint64 {
+	if x != nil {
+		return x.UnusedBytes
+	}
+	return 0
+}
+
+func (x *MemoryStats) GetCacheBytes() uint64 {
+	if x != nil {
+		return x.CacheBytes
+	}
+	return 0
+}
+
+func (x *MemoryStats) GetMinorFaults() uint64 {
+	if x != nil {
+		return x.MinorFaults
+	}
+	return 0
+}
+
+func (x *MemoryStats) GetMajorFaults() uint64 {
+	if x != nil {
+		return x.MajorFaults
+	}
+	return 0
+}
+
+type DiskStats struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	ReadBytes       uint64                 `protobuf:"varint,2,opt,name=read_bytes,json=readBytes,proto3" json:"read_bytes,omitempty"`
+	WriteBytes      uint64                 `protobuf:"varint,3,opt,name=write_bytes,json=writeBytes,proto3" json:"write_bytes,omitempty"`
+	ReadOps         uint64                 `protobuf:"varint,4,opt,name=read_ops,json=readOps,proto3" json:"read_ops,omitempty"`
+	WriteOps        uint64                 `protobuf:"varint,5,opt,name=write_ops,json=writeOps,proto3" json:"write_ops,omitempty"`
+	AllocationBytes uint64                 `protobuf:"varint,6,opt,name=allocation_bytes,json=allocationBytes,proto3" json:"allocation_bytes,omitempty"`
+	CapacityBytes   uint64                 `protobuf:"varint,7,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DiskStats) Reset() {
+	*x = DiskStats{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiskStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiskStats) ProtoMessage() {}
+
+func (x *DiskStats) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiskStats.ProtoReflect.Descriptor instead.
+func (*DiskStats) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DiskStats) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DiskStats) GetReadBytes() uint64 {
+	if x != nil {
+		return x.ReadBytes
+	}
+	return 0
+}
+
+func (x *DiskStats) GetWriteBytes() uint64 {
+	if x != nil {
+		return x.WriteBytes
+	}
+	return 0
+}
+
+func (x *DiskStats) GetReadOps() uint64 {
+	if x != nil {
+		return x.ReadOps
+	}
+	return 0
+}
+
+func (x *DiskStats) GetWriteOps() uint64 {
+	if x != nil {
+		return x.WriteOps
+	}
+	return 0
+}
+
+func (x *DiskStats) GetAllocationBytes() uint64 {
+	if x != nil {
+		return x.AllocationBytes
+	}
+	return 0
+}
+
+func (x *DiskStats) GetCapacityBytes() uint64 {
+	if x != nil {
+		return x.CapacityBytes
+	}
+	return 0
+}
+
+type NICStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	RxBytes       uint64                 `protobuf:"varint,2,opt,name=rx_bytes,json=rxBytes,proto3" json:"rx_bytes,omitempty"`
+	TxBytes       uint64                 `protobuf:"varint,3,opt,name=tx_bytes,json=txBytes,proto3" json:"tx_bytes,omitempty"`
+	RxErrors      uint64                 `protobuf:"varint,4,opt,name=rx_errors,json=rxErrors,proto3" json:"rx_errors,omitempty"`
+	TxErrors      uint64                 `protobuf:"varint,5,opt,name=tx_errors,json=txErrors,proto3" json:"tx_errors,omitempty"`
+	RxPackets     uint64                 `protobuf:"varint,6,opt,name=rx_packets,json=rxPackets,proto3" json:"rx_packets,omitempty"`
+	TxPackets     uint64                 `protobuf:"varint,7,opt,name=tx_packets,json=txPackets,proto3" json:"tx_packets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NICStats) Reset() {
+	*x = NICStats{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NICStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NICStats) ProtoMessage() {}
+
+func (x *NICStats) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NICStats.ProtoReflect.Descriptor instead.
+func (*NICStats) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *NICStats) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NICStats) GetRxBytes() uint64 {
+	if x != nil {
+		return x.RxBytes
+	}
+	return 0
+}
+
+func (x *NICStats) GetTxBytes() uint64 {
+	if x != nil {
+		return x.TxBytes
+	}
+	return 0
+}
+
+func (x *NICStats) GetRxErrors() uint64 {
+	if x != nil {
+		return x.RxErrors
+	}
+	return 0
+}
+
+func (x *NICStats) GetTxErrors() uint64 {
+	if x != nil {
+		return x.TxErrors
+	}
+	return 0
+}
+
+func (x *NICStats) GetRxPackets() uint64 {
+	if x != nil {
+		return x.RxPackets
+	}
+	return 0
+}
+
+func (x *NICStats) GetTxPackets() uint64 {
+	if x != nil {
+		return x.TxPackets
+	}
+	return 0
+}
+
+type DiagnoseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Definition    string                 `protobuf:"bytes,1,opt,name=definition,proto3" json:"definition,omitempty"`
+	Details       map[string]string      `protobuf:"bytes,2,rep,name=details,proto3" json:"details,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiagnoseResponse) Reset() {
+	*x = DiagnoseResponse{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiagnoseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiagnoseResponse) ProtoMessage() {}
+
+func (x *DiagnoseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiagnoseResponse.ProtoReflect.Descriptor instead.
+func (*DiagnoseResponse) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DiagnoseResponse) GetDefinition() string {
+	if x != nil {
+		return x.Definition
+	}
+	return ""
+}
+
+func (x *DiagnoseResponse) GetDetails() map[string]string {
+	if x != nil {
+		return x.Details
+	}
+	return nil
+}
+
+type InspectRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Args          []string               `protobuf:"bytes,2,rep,name=args,proto3" json:"args,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InspectRequest) Reset() {
+	*x = InspectRequest{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InspectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InspectRequest) ProtoMessage() {}
+
+func (x *InspectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
+func (*InspectRequest) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *InspectRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *InspectRequest) GetArgs() []string {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+type InspectResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stdout        []byte                 `protobuf:"bytes,1,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr        []byte                 `protobuf:"bytes,2,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	ExitCode      int32                  `protobuf:"varint,3,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InspectResponse) Reset() {
+	*x = InspectResponse{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InspectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InspectResponse) ProtoMessage() {}
+
+func (x *InspectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
+func (*InspectResponse) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *InspectResponse) GetStdout() []byte {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *InspectResponse) GetStderr() []byte {
+	if x != nil {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *InspectResponse) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+type DisplayResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Protocol      string                 `protobuf:"bytes,1,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DisplayResponse) Reset() {
+	*x = DisplayResponse{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DisplayResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DisplayResponse) ProtoMessage() {}
+
+func (x *DisplayResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DisplayResponse.ProtoReflect.Descriptor instead.
+func (*DisplayResponse) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *DisplayResponse) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *DisplayResponse) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
 type CapabilitiesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -30,7 +982,7 @@ type CapabilitiesRequest struct {
 
 func (x *CapabilitiesRequest) Reset() {
 	*x = CapabilitiesRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[0]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -42,7 +994,7 @@ func (x *CapabilitiesRequest) String() string {
 func (*CapabilitiesRequest) ProtoMessage() {}
 
 func (x *CapabilitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[0]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -55,7 +1007,7 @@ func (x *CapabilitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapabilitiesRequest.ProtoReflect.Descriptor instead.
 func (*CapabilitiesRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{0}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{14}
 }
 
 type CapabilitiesResponse struct {
@@ -70,7 +1022,7 @@ type CapabilitiesResponse struct {
 
 func (x *CapabilitiesResponse) Reset() {
 	*x = CapabilitiesResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[1]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -82,7 +1034,7 @@ func (x *CapabilitiesResponse) String() string {
 func (*CapabilitiesResponse) ProtoMessage() {}
 
 func (x *CapabilitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[1]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -95,7 +1047,7 @@ func (x *CapabilitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapabilitiesResponse.ProtoReflect.Descriptor instead.
 func (*CapabilitiesResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{1}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CapabilitiesResponse) GetName() string {
@@ -135,7 +1087,7 @@ type DefineRequest struct {
 
 func (x *DefineRequest) Reset() {
 	*x = DefineRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[2]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -147,7 +1099,7 @@ func (x *DefineRequest) String() string {
 func (*DefineRequest) ProtoMessage() {}
 
 func (x *DefineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[2]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -160,7 +1112,7 @@ func (x *DefineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DefineRequest.ProtoReflect.Descriptor instead.
 func (*DefineRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{2}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DefineRequest) GetSpec() *VMSpec {
@@ -178,7 +1130,7 @@ type DefineResponse struct {
 
 func (x *DefineResponse) Reset() {
 	*x = DefineResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[3]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -190,7 +1142,7 @@ func (x *DefineResponse) String() string {
 func (*DefineResponse) ProtoMessage() {}
 
 func (x *DefineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[3]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -203,7 +1155,7 @@ func (x *DefineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DefineResponse.ProtoReflect.Descriptor instead.
 func (*DefineResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{3}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{17}
 }
 
 type VMRequest struct {
@@ -215,7 +1167,7 @@ type VMRequest struct {
 
 func (x *VMRequest) Reset() {
 	*x = VMRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[4]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -227,7 +1179,7 @@ func (x *VMRequest) String() string {
 func (*VMRequest) ProtoMessage() {}
 
 func (x *VMRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[4]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -240,7 +1192,7 @@ func (x *VMRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMRequest.ProtoReflect.Descriptor instead.
 func (*VMRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{4}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *VMRequest) GetId() string {
@@ -258,7 +1210,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[5]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -270,7 +1222,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[5]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -283,7 +1235,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{5}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{19}
 }
 
 type UndefineResponse struct {
@@ -294,7 +1246,7 @@ type UndefineResponse struct {
 
 func (x *UndefineResponse) Reset() {
 	*x = UndefineResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[6]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -306,7 +1258,7 @@ func (x *UndefineResponse) String() string {
 func (*UndefineResponse) ProtoMessage() {}
 
 func (x *UndefineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[6]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -319,7 +1271,7 @@ func (x *UndefineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndefineResponse.ProtoReflect.Descriptor instead.
 func (*UndefineResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{6}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{20}
 }
 
 type ReopenLogResponse struct {
@@ -330,7 +1282,7 @@ type ReopenLogResponse struct {
 
 func (x *ReopenLogResponse) Reset() {
 	*x = ReopenLogResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[7]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +1294,7 @@ func (x *ReopenLogResponse) String() string {
 func (*ReopenLogResponse) ProtoMessage() {}
 
 func (x *ReopenLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[7]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +1307,7 @@ func (x *ReopenLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenLogResponse.ProtoReflect.Descriptor instead.
 func (*ReopenLogResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{7}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{21}
 }
 
 type WriteFilesRequest struct {
@@ -368,7 +1320,7 @@ type WriteFilesRequest struct {
 
 func (x *WriteFilesRequest) Reset() {
 	*x = WriteFilesRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[8]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +1332,7 @@ func (x *WriteFilesRequest) String() string {
 func (*WriteFilesRequest) ProtoMessage() {}
 
 func (x *WriteFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[8]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +1345,7 @@ func (x *WriteFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFilesRequest.ProtoReflect.Descriptor instead.
 func (*WriteFilesRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{8}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WriteFilesRequest) GetId() string {
@@ -423,7 +1375,7 @@ type GuestFile struct {
 
 func (x *GuestFile) Reset() {
 	*x = GuestFile{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[9]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +1387,7 @@ func (x *GuestFile) String() string {
 func (*GuestFile) ProtoMessage() {}
 
 func (x *GuestFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[9]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +1400,7 @@ func (x *GuestFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GuestFile.ProtoReflect.Descriptor instead.
 func (*GuestFile) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{9}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GuestFile) GetPath() string {
@@ -487,7 +1439,7 @@ type WriteFilesResponse struct {
 
 func (x *WriteFilesResponse) Reset() {
 	*x = WriteFilesResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[10]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -499,7 +1451,7 @@ func (x *WriteFilesResponse) String() string {
 func (*WriteFilesResponse) ProtoMessage() {}
 
 func (x *WriteFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[10]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -512,7 +1464,7 @@ func (x *WriteFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFilesResponse.ProtoReflect.Descriptor instead.
 func (*WriteFilesResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{10}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{24}
 }
 
 type StopRequest struct {
@@ -525,7 +1477,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[11]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -537,7 +1489,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[11]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -550,7 +1502,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{11}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StopRequest) GetId() string {
@@ -575,7 +1527,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[12]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +1539,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[12]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +1552,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{12}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{26}
 }
 
 type ListResponse struct {
@@ -612,7 +1564,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[13]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +1576,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[13]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +1589,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{13}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListResponse) GetVms() []*VMStatus {
@@ -655,7 +1607,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[14]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -667,7 +1619,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[14]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -680,7 +1632,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{14}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{28}
 }
 
 type VMStatus struct {
@@ -698,7 +1650,7 @@ type VMStatus struct {
 
 func (x *VMStatus) Reset() {
 	*x = VMStatus{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[15]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +1662,7 @@ func (x *VMStatus) String() string {
 func (*VMStatus) ProtoMessage() {}
 
 func (x *VMStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[15]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +1675,7 @@ func (x *VMStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMStatus.ProtoReflect.Descriptor instead.
 func (*VMStatus) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{15}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *VMStatus) GetId() string {
@@ -797,7 +1749,7 @@ type VMSpec struct {
 
 func (x *VMSpec) Reset() {
 	*x = VMSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[16]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -809,7 +1761,7 @@ func (x *VMSpec) String() string {
 func (*VMSpec) ProtoMessage() {}
 
 func (x *VMSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[16]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -822,7 +1774,7 @@ func (x *VMSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMSpec.ProtoReflect.Descriptor instead.
 func (*VMSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{16}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *VMSpec) GetId() string {
@@ -933,7 +1885,7 @@ type CPUSpec struct {
 
 func (x *CPUSpec) Reset() {
 	*x = CPUSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[17]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +1897,7 @@ func (x *CPUSpec) String() string {
 func (*CPUSpec) ProtoMessage() {}
 
 func (x *CPUSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[17]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1910,7 @@ func (x *CPUSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSpec.ProtoReflect.Descriptor instead.
 func (*CPUSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{17}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CPUSpec) GetModel() string {
@@ -994,7 +1946,7 @@ type CPUSetting struct {
 
 func (x *CPUSetting) Reset() {
 	*x = CPUSetting{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[18]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1006,7 +1958,7 @@ func (x *CPUSetting) String() string {
 func (*CPUSetting) ProtoMessage() {}
 
 func (x *CPUSetting) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[18]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1019,7 +1971,7 @@ func (x *CPUSetting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSetting.ProtoReflect.Descriptor instead.
 func (*CPUSetting) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{18}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CPUSetting) GetMode() string {
@@ -1110,7 +2062,7 @@ type CPUModel struct {
 
 func (x *CPUModel) Reset() {
 	*x = CPUModel{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[19]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +2074,7 @@ func (x *CPUModel) String() string {
 func (*CPUModel) ProtoMessage() {}
 
 func (x *CPUModel) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[19]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1135,7 +2087,7 @@ func (x *CPUModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUModel.ProtoReflect.Descriptor instead.
 func (*CPUModel) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{19}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CPUModel) GetFallback() string {
@@ -1171,7 +2123,7 @@ type CPUTopology struct {
 
 func (x *CPUTopology) Reset() {
 	*x = CPUTopology{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[20]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +2135,7 @@ func (x *CPUTopology) String() string {
 func (*CPUTopology) ProtoMessage() {}
 
 func (x *CPUTopology) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[20]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +2148,7 @@ func (x *CPUTopology) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUTopology.ProtoReflect.Descriptor instead.
 func (*CPUTopology) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{20}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CPUTopology) GetSockets() int32 {
@@ -1237,7 +2189,7 @@ type CPUFeature struct {
 
 func (x *CPUFeature) Reset() {
 	*x = CPUFeature{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[21]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1249,7 +2201,7 @@ func (x *CPUFeature) String() string {
 func (*CPUFeature) ProtoMessage() {}
 
 func (x *CPUFeature) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[21]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1262,7 +2214,7 @@ func (x *CPUFeature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUFeature.ProtoReflect.Descriptor instead.
 func (*CPUFeature) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{21}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CPUFeature) GetPolicy() string {
@@ -1289,7 +2241,7 @@ type CPUCache struct {
 
 func (x *CPUCache) Reset() {
 	*x = CPUCache{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[22]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +2253,7 @@ func (x *CPUCache) String() string {
 func (*CPUCache) ProtoMessage() {}
 
 func (x *CPUCache) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[22]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +2266,7 @@ func (x *CPUCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUCache.ProtoReflect.Descriptor instead.
 func (*CPUCache) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{22}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CPUCache) GetLevel() int32 {
@@ -1343,7 +2295,7 @@ type CPUNumaCell struct {
 
 func (x *CPUNumaCell) Reset() {
 	*x = CPUNumaCell{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[23]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1355,7 +2307,7 @@ func (x *CPUNumaCell) String() string {
 func (*CPUNumaCell) ProtoMessage() {}
 
 func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[23]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1368,7 +2320,7 @@ func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUNumaCell.ProtoReflect.Descriptor instead.
 func (*CPUNumaCell) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{23}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CPUNumaCell) GetId() int32 {
@@ -1403,7 +2355,88 @@ var File_hypervisor_v1_hypervisor_proto protoreflect.FileDescriptor
 
 const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\n" +
-	"\x1ehypervisor/v1/hypervisor.proto\x12\x15virtlet.hypervisor.v1\x1a\x14types/v1/types.proto\"\x15\n" +
+	"\x1ehypervisor/v1/hypervisor.proto\x12\x15virtlet.hypervisor.v1\x1a\x14types/v1/types.proto\"2\n" +
+	"\fConsoleInput\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"#\n" +
+	"\rConsoleOutput\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\x9b\x01\n" +
+	"\x10GuestExecRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x14\n" +
+	"\x05stdin\x18\x03 \x01(\fR\x05stdin\x12#\n" +
+	"\rtimeout_nanos\x18\x04 \x01(\x03R\ftimeoutNanos\x12(\n" +
+	"\x10max_output_bytes\x18\x05 \x01(\x03R\x0emaxOutputBytes\"\x9c\x02\n" +
+	"\x11GuestExecResponse\x12\x1b\n" +
+	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06stdout\x18\x02 \x01(\fR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x03 \x01(\fR\x06stderr\x12)\n" +
+	"\x10stdout_truncated\x18\x04 \x01(\bR\x0fstdoutTruncated\x12)\n" +
+	"\x10stderr_truncated\x18\x05 \x01(\bR\x0fstderrTruncated\x12\x1b\n" +
+	"\ttimed_out\x18\x06 \x01(\bR\btimedOut\x12\x16\n" +
+	"\x06killed\x18\a \x01(\bR\x06killed\x12\x1d\n" +
+	"\n" +
+	"kill_error\x18\b \x01(\tR\tkillError\x12\x10\n" +
+	"\x03pid\x18\t \x01(\x03R\x03pid\" \n" +
+	"\fStatsRequest\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"A\n" +
+	"\rStatsResponse\x120\n" +
+	"\x03vms\x18\x01 \x03(\v2\x1e.virtlet.hypervisor.v1.VMStatsR\x03vms\"\xfd\x01\n" +
+	"\aVMStats\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
+	"\ttimestamp\x18\x02 \x01(\x03R\ttimestamp\x12\x1b\n" +
+	"\tcpu_nanos\x18\x03 \x01(\x04R\bcpuNanos\x12:\n" +
+	"\x06memory\x18\x04 \x01(\v2\".virtlet.hypervisor.v1.MemoryStatsR\x06memory\x126\n" +
+	"\x05disks\x18\x05 \x03(\v2 .virtlet.hypervisor.v1.DiskStatsR\x05disks\x123\n" +
+	"\x04nics\x18\x06 \x03(\v2\x1f.virtlet.hypervisor.v1.NICStatsR\x04nics\"\xa9\x02\n" +
+	"\vMemoryStats\x12#\n" +
+	"\rcurrent_bytes\x18\x01 \x01(\x04R\fcurrentBytes\x12\x1b\n" +
+	"\trss_bytes\x18\x02 \x01(\x04R\brssBytes\x12%\n" +
+	"\x0eguest_reported\x18\x03 \x01(\bR\rguestReported\x12'\n" +
+	"\x0favailable_bytes\x18\x04 \x01(\x04R\x0eavailableBytes\x12!\n" +
+	"\funused_bytes\x18\x05 \x01(\x04R\vunusedBytes\x12\x1f\n" +
+	"\vcache_bytes\x18\x06 \x01(\x04R\n" +
+	"cacheBytes\x12!\n" +
+	"\fminor_faults\x18\a \x01(\x04R\vminorFaults\x12!\n" +
+	"\fmajor_faults\x18\b \x01(\x04R\vmajorFaults\"\xe9\x01\n" +
+	"\tDiskStats\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"read_bytes\x18\x02 \x01(\x04R\treadBytes\x12\x1f\n" +
+	"\vwrite_bytes\x18\x03 \x01(\x04R\n" +
+	"writeBytes\x12\x19\n" +
+	"\bread_ops\x18\x04 \x01(\x04R\areadOps\x12\x1b\n" +
+	"\twrite_ops\x18\x05 \x01(\x04R\bwriteOps\x12)\n" +
+	"\x10allocation_bytes\x18\x06 \x01(\x04R\x0fallocationBytes\x12%\n" +
+	"\x0ecapacity_bytes\x18\a \x01(\x04R\rcapacityBytes\"\xcc\x01\n" +
+	"\bNICStats\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\brx_bytes\x18\x02 \x01(\x04R\arxBytes\x12\x19\n" +
+	"\btx_bytes\x18\x03 \x01(\x04R\atxBytes\x12\x1b\n" +
+	"\trx_errors\x18\x04 \x01(\x04R\brxErrors\x12\x1b\n" +
+	"\ttx_errors\x18\x05 \x01(\x04R\btxErrors\x12\x1d\n" +
+	"\n" +
+	"rx_packets\x18\x06 \x01(\x04R\trxPackets\x12\x1d\n" +
+	"\n" +
+	"tx_packets\x18\a \x01(\x04R\ttxPackets\"\xbe\x01\n" +
+	"\x10DiagnoseResponse\x12\x1e\n" +
+	"\n" +
+	"definition\x18\x01 \x01(\tR\n" +
+	"definition\x12N\n" +
+	"\adetails\x18\x02 \x03(\v24.virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntryR\adetails\x1a:\n" +
+	"\fDetailsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"4\n" +
+	"\x0eInspectRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04args\x18\x02 \x03(\tR\x04args\"^\n" +
+	"\x0fInspectResponse\x12\x16\n" +
+	"\x06stdout\x18\x01 \x01(\fR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x02 \x01(\fR\x06stderr\x12\x1b\n" +
+	"\texit_code\x18\x03 \x01(\x05R\bexitCode\"G\n" +
+	"\x0fDisplayResponse\x12\x1a\n" +
+	"\bprotocol\x18\x01 \x01(\tR\bprotocol\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\x15\n" +
 	"\x13CapabilitiesRequest\"\xf6\x01\n" +
 	"\x14CapabilitiesResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -1505,7 +2538,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x04cpus\x18\x02 \x01(\tR\x04cpus\x12\x16\n" +
 	"\x06memory\x18\x03 \x01(\x04R\x06memory\x12\x12\n" +
 	"\x04unit\x18\x04 \x01(\tR\x04unitB\x05\n" +
-	"\x03_id2\xec\x06\n" +
+	"\x03_id2\x80\v\n" +
 	"\n" +
 	"Hypervisor\x12g\n" +
 	"\fCapabilities\x12*.virtlet.hypervisor.v1.CapabilitiesRequest\x1a+.virtlet.hypervisor.v1.CapabilitiesResponse\x12U\n" +
@@ -1518,7 +2551,13 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x05Watch\x12#.virtlet.hypervisor.v1.WatchRequest\x1a\x1f.virtlet.hypervisor.v1.VMStatus0\x01\x12W\n" +
 	"\tReopenLog\x12 .virtlet.hypervisor.v1.VMRequest\x1a(.virtlet.hypervisor.v1.ReopenLogResponse\x12a\n" +
 	"\n" +
-	"WriteFiles\x12(.virtlet.hypervisor.v1.WriteFilesRequest\x1a).virtlet.hypervisor.v1.WriteFilesResponseB=Z;github.com/virtlet/virtlet/proto/hypervisor/v1;hypervisorv1b\x06proto3"
+	"WriteFiles\x12(.virtlet.hypervisor.v1.WriteFilesRequest\x1a).virtlet.hypervisor.v1.WriteFilesResponse\x12X\n" +
+	"\aConsole\x12#.virtlet.hypervisor.v1.ConsoleInput\x1a$.virtlet.hypervisor.v1.ConsoleOutput(\x010\x01\x12^\n" +
+	"\tGuestExec\x12'.virtlet.hypervisor.v1.GuestExecRequest\x1a(.virtlet.hypervisor.v1.GuestExecResponse\x12R\n" +
+	"\x05Stats\x12#.virtlet.hypervisor.v1.StatsRequest\x1a$.virtlet.hypervisor.v1.StatsResponse\x12U\n" +
+	"\bDiagnose\x12 .virtlet.hypervisor.v1.VMRequest\x1a'.virtlet.hypervisor.v1.DiagnoseResponse\x12X\n" +
+	"\aInspect\x12%.virtlet.hypervisor.v1.InspectRequest\x1a&.virtlet.hypervisor.v1.InspectResponse\x12S\n" +
+	"\aDisplay\x12 .virtlet.hypervisor.v1.VMRequest\x1a&.virtlet.hypervisor.v1.DisplayResponseB=Z;github.com/virtlet/virtlet/proto/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_hypervisor_v1_hypervisor_proto_rawDescOnce sync.Once
@@ -1532,77 +2571,109 @@ func file_hypervisor_v1_hypervisor_proto_rawDescGZIP() []byte {
 	return file_hypervisor_v1_hypervisor_proto_rawDescData
 }
 
-var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
-	(*CapabilitiesRequest)(nil),  // 0: virtlet.hypervisor.v1.CapabilitiesRequest
-	(*CapabilitiesResponse)(nil), // 1: virtlet.hypervisor.v1.CapabilitiesResponse
-	(*DefineRequest)(nil),        // 2: virtlet.hypervisor.v1.DefineRequest
-	(*DefineResponse)(nil),       // 3: virtlet.hypervisor.v1.DefineResponse
-	(*VMRequest)(nil),            // 4: virtlet.hypervisor.v1.VMRequest
-	(*StartResponse)(nil),        // 5: virtlet.hypervisor.v1.StartResponse
-	(*UndefineResponse)(nil),     // 6: virtlet.hypervisor.v1.UndefineResponse
-	(*ReopenLogResponse)(nil),    // 7: virtlet.hypervisor.v1.ReopenLogResponse
-	(*WriteFilesRequest)(nil),    // 8: virtlet.hypervisor.v1.WriteFilesRequest
-	(*GuestFile)(nil),            // 9: virtlet.hypervisor.v1.GuestFile
-	(*WriteFilesResponse)(nil),   // 10: virtlet.hypervisor.v1.WriteFilesResponse
-	(*StopRequest)(nil),          // 11: virtlet.hypervisor.v1.StopRequest
-	(*ListRequest)(nil),          // 12: virtlet.hypervisor.v1.ListRequest
-	(*ListResponse)(nil),         // 13: virtlet.hypervisor.v1.ListResponse
-	(*WatchRequest)(nil),         // 14: virtlet.hypervisor.v1.WatchRequest
-	(*VMStatus)(nil),             // 15: virtlet.hypervisor.v1.VMStatus
-	(*VMSpec)(nil),               // 16: virtlet.hypervisor.v1.VMSpec
-	(*CPUSpec)(nil),              // 17: virtlet.hypervisor.v1.CPUSpec
-	(*CPUSetting)(nil),           // 18: virtlet.hypervisor.v1.CPUSetting
-	(*CPUModel)(nil),             // 19: virtlet.hypervisor.v1.CPUModel
-	(*CPUTopology)(nil),          // 20: virtlet.hypervisor.v1.CPUTopology
-	(*CPUFeature)(nil),           // 21: virtlet.hypervisor.v1.CPUFeature
-	(*CPUCache)(nil),             // 22: virtlet.hypervisor.v1.CPUCache
-	(*CPUNumaCell)(nil),          // 23: virtlet.hypervisor.v1.CPUNumaCell
-	nil,                          // 24: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	(*v1.Disk)(nil),              // 25: virtlet.types.v1.Disk
-	(*v1.Filesystem)(nil),        // 26: virtlet.types.v1.Filesystem
-	(*v1.NIC)(nil),               // 27: virtlet.types.v1.NIC
+	(*ConsoleInput)(nil),         // 0: virtlet.hypervisor.v1.ConsoleInput
+	(*ConsoleOutput)(nil),        // 1: virtlet.hypervisor.v1.ConsoleOutput
+	(*GuestExecRequest)(nil),     // 2: virtlet.hypervisor.v1.GuestExecRequest
+	(*GuestExecResponse)(nil),    // 3: virtlet.hypervisor.v1.GuestExecResponse
+	(*StatsRequest)(nil),         // 4: virtlet.hypervisor.v1.StatsRequest
+	(*StatsResponse)(nil),        // 5: virtlet.hypervisor.v1.StatsResponse
+	(*VMStats)(nil),              // 6: virtlet.hypervisor.v1.VMStats
+	(*MemoryStats)(nil),          // 7: virtlet.hypervisor.v1.MemoryStats
+	(*DiskStats)(nil),            // 8: virtlet.hypervisor.v1.DiskStats
+	(*NICStats)(nil),             // 9: virtlet.hypervisor.v1.NICStats
+	(*DiagnoseResponse)(nil),     // 10: virtlet.hypervisor.v1.DiagnoseResponse
+	(*InspectRequest)(nil),       // 11: virtlet.hypervisor.v1.InspectRequest
+	(*InspectResponse)(nil),      // 12: virtlet.hypervisor.v1.InspectResponse
+	(*DisplayResponse)(nil),      // 13: virtlet.hypervisor.v1.DisplayResponse
+	(*CapabilitiesRequest)(nil),  // 14: virtlet.hypervisor.v1.CapabilitiesRequest
+	(*CapabilitiesResponse)(nil), // 15: virtlet.hypervisor.v1.CapabilitiesResponse
+	(*DefineRequest)(nil),        // 16: virtlet.hypervisor.v1.DefineRequest
+	(*DefineResponse)(nil),       // 17: virtlet.hypervisor.v1.DefineResponse
+	(*VMRequest)(nil),            // 18: virtlet.hypervisor.v1.VMRequest
+	(*StartResponse)(nil),        // 19: virtlet.hypervisor.v1.StartResponse
+	(*UndefineResponse)(nil),     // 20: virtlet.hypervisor.v1.UndefineResponse
+	(*ReopenLogResponse)(nil),    // 21: virtlet.hypervisor.v1.ReopenLogResponse
+	(*WriteFilesRequest)(nil),    // 22: virtlet.hypervisor.v1.WriteFilesRequest
+	(*GuestFile)(nil),            // 23: virtlet.hypervisor.v1.GuestFile
+	(*WriteFilesResponse)(nil),   // 24: virtlet.hypervisor.v1.WriteFilesResponse
+	(*StopRequest)(nil),          // 25: virtlet.hypervisor.v1.StopRequest
+	(*ListRequest)(nil),          // 26: virtlet.hypervisor.v1.ListRequest
+	(*ListResponse)(nil),         // 27: virtlet.hypervisor.v1.ListResponse
+	(*WatchRequest)(nil),         // 28: virtlet.hypervisor.v1.WatchRequest
+	(*VMStatus)(nil),             // 29: virtlet.hypervisor.v1.VMStatus
+	(*VMSpec)(nil),               // 30: virtlet.hypervisor.v1.VMSpec
+	(*CPUSpec)(nil),              // 31: virtlet.hypervisor.v1.CPUSpec
+	(*CPUSetting)(nil),           // 32: virtlet.hypervisor.v1.CPUSetting
+	(*CPUModel)(nil),             // 33: virtlet.hypervisor.v1.CPUModel
+	(*CPUTopology)(nil),          // 34: virtlet.hypervisor.v1.CPUTopology
+	(*CPUFeature)(nil),           // 35: virtlet.hypervisor.v1.CPUFeature
+	(*CPUCache)(nil),             // 36: virtlet.hypervisor.v1.CPUCache
+	(*CPUNumaCell)(nil),          // 37: virtlet.hypervisor.v1.CPUNumaCell
+	nil,                          // 38: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	nil,                          // 39: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	(*v1.Disk)(nil),              // 40: virtlet.types.v1.Disk
+	(*v1.Filesystem)(nil),        // 41: virtlet.types.v1.Filesystem
+	(*v1.NIC)(nil),               // 42: virtlet.types.v1.NIC
 }
 var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
-	24, // 0: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	16, // 1: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
-	9,  // 2: virtlet.hypervisor.v1.WriteFilesRequest.files:type_name -> virtlet.hypervisor.v1.GuestFile
-	15, // 3: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
-	17, // 4: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
-	25, // 5: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
-	26, // 6: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
-	27, // 7: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
-	18, // 8: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
-	19, // 9: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
-	20, // 10: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
-	21, // 11: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
-	22, // 12: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
-	23, // 13: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
-	0,  // 14: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
-	2,  // 15: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
-	4,  // 16: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
-	11, // 17: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
-	4,  // 18: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
-	4,  // 19: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
-	12, // 20: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
-	14, // 21: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
-	4,  // 22: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
-	8,  // 23: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
-	1,  // 24: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
-	3,  // 25: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
-	5,  // 26: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
-	15, // 27: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
-	6,  // 28: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
-	15, // 29: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
-	13, // 30: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
-	15, // 31: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
-	7,  // 32: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
-	10, // 33: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
-	24, // [24:34] is the sub-list for method output_type
-	14, // [14:24] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	6,  // 0: virtlet.hypervisor.v1.StatsResponse.vms:type_name -> virtlet.hypervisor.v1.VMStats
+	7,  // 1: virtlet.hypervisor.v1.VMStats.memory:type_name -> virtlet.hypervisor.v1.MemoryStats
+	8,  // 2: virtlet.hypervisor.v1.VMStats.disks:type_name -> virtlet.hypervisor.v1.DiskStats
+	9,  // 3: virtlet.hypervisor.v1.VMStats.nics:type_name -> virtlet.hypervisor.v1.NICStats
+	38, // 4: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	39, // 5: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	30, // 6: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
+	23, // 7: virtlet.hypervisor.v1.WriteFilesRequest.files:type_name -> virtlet.hypervisor.v1.GuestFile
+	29, // 8: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
+	31, // 9: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
+	40, // 10: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
+	41, // 11: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
+	42, // 12: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
+	32, // 13: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
+	33, // 14: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
+	34, // 15: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
+	35, // 16: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
+	36, // 17: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
+	37, // 18: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
+	14, // 19: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
+	16, // 20: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
+	18, // 21: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
+	25, // 22: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
+	18, // 23: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
+	18, // 24: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
+	26, // 25: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
+	28, // 26: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
+	18, // 27: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
+	22, // 28: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
+	0,  // 29: virtlet.hypervisor.v1.Hypervisor.Console:input_type -> virtlet.hypervisor.v1.ConsoleInput
+	2,  // 30: virtlet.hypervisor.v1.Hypervisor.GuestExec:input_type -> virtlet.hypervisor.v1.GuestExecRequest
+	4,  // 31: virtlet.hypervisor.v1.Hypervisor.Stats:input_type -> virtlet.hypervisor.v1.StatsRequest
+	18, // 32: virtlet.hypervisor.v1.Hypervisor.Diagnose:input_type -> virtlet.hypervisor.v1.VMRequest
+	11, // 33: virtlet.hypervisor.v1.Hypervisor.Inspect:input_type -> virtlet.hypervisor.v1.InspectRequest
+	18, // 34: virtlet.hypervisor.v1.Hypervisor.Display:input_type -> virtlet.hypervisor.v1.VMRequest
+	15, // 35: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
+	17, // 36: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
+	19, // 37: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
+	29, // 38: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
+	20, // 39: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
+	29, // 40: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
+	27, // 41: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
+	29, // 42: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
+	21, // 43: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
+	24, // 44: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
+	1,  // 45: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
+	3,  // 46: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
+	5,  // 47: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
+	10, // 48: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
+	12, // 49: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
+	13, // 50: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
+	35, // [35:51] is the sub-list for method output_type
+	19, // [19:35] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_hypervisor_v1_hypervisor_proto_init() }
@@ -1610,14 +2681,14 @@ func file_hypervisor_v1_hypervisor_proto_init() {
 	if File_hypervisor_v1_hypervisor_proto != nil {
 		return
 	}
-	file_hypervisor_v1_hypervisor_proto_msgTypes[23].OneofWrappers = []any{}
+	file_hypervisor_v1_hypervisor_proto_msgTypes[37].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hypervisor_v1_hypervisor_proto_rawDesc), len(file_hypervisor_v1_hypervisor_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,12 @@ const (
 	Hypervisor_Watch_FullMethodName        = "/virtlet.hypervisor.v1.Hypervisor/Watch"
 	Hypervisor_ReopenLog_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/ReopenLog"
 	Hypervisor_WriteFiles_FullMethodName   = "/virtlet.hypervisor.v1.Hypervisor/WriteFiles"
+	Hypervisor_Console_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Console"
+	Hypervisor_GuestExec_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/GuestExec"
+	Hypervisor_Stats_FullMethodName        = "/virtlet.hypervisor.v1.Hypervisor/Stats"
+	Hypervisor_Diagnose_FullMethodName     = "/virtlet.hypervisor.v1.Hypervisor/Diagnose"
+	Hypervisor_Inspect_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Inspect"
+	Hypervisor_Display_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Display"
 )
 
 // HypervisorClient is the client API for Hypervisor service.
@@ -49,6 +55,17 @@ type HypervisorClient interface {
 	ReopenLog(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*ReopenLogResponse, error)
 	// Files into the root file system of a defined VM (may be secret).
 	WriteFiles(ctx context.Context, in *WriteFilesRequest, opts ...grpc.CallOption) (*WriteFilesResponse, error)
+	// Console attaches one viewer to a VM's serial console: the first input
+	// message names the VM (id), later ones carry keystrokes (data); output
+	// messages carry what the console printed. The stream ends when the VM
+	// stops or the caller closes it; the VM keeps running.
+	Console(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConsoleInput, ConsoleOutput], error)
+	GuestExec(ctx context.Context, in *GuestExecRequest, opts ...grpc.CallOption) (*GuestExecResponse, error)
+	// Stats reports the running VMs among ids with one hypervisor query.
+	Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error)
+	Diagnose(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*DiagnoseResponse, error)
+	Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*InspectResponse, error)
+	Display(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*DisplayResponse, error)
 }
 
 type hypervisorClient struct {
@@ -168,6 +185,69 @@ func (c *hypervisorClient) WriteFiles(ctx context.Context, in *WriteFilesRequest
 	return out, nil
 }
 
+func (c *hypervisorClient) Console(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConsoleInput, ConsoleOutput], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Hypervisor_ServiceDesc.Streams[1], Hypervisor_Console_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ConsoleInput, ConsoleOutput]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Hypervisor_ConsoleClient = grpc.BidiStreamingClient[ConsoleInput, ConsoleOutput]
+
+func (c *hypervisorClient) GuestExec(ctx context.Context, in *GuestExecRequest, opts ...grpc.CallOption) (*GuestExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GuestExecResponse)
+	err := c.cc.Invoke(ctx, Hypervisor_GuestExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hypervisorClient) Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StatsResponse)
+	err := c.cc.Invoke(ctx, Hypervisor_Stats_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hypervisorClient) Diagnose(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*DiagnoseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DiagnoseResponse)
+	err := c.cc.Invoke(ctx, Hypervisor_Diagnose_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hypervisorClient) Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*InspectResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InspectResponse)
+	err := c.cc.Invoke(ctx, Hypervisor_Inspect_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hypervisorClient) Display(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*DisplayResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DisplayResponse)
+	err := c.cc.Invoke(ctx, Hypervisor_Display_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HypervisorServer is the server API for Hypervisor service.
 // All implementations must embed UnimplementedHypervisorServer
 // for forward compatibility.
@@ -186,6 +266,17 @@ type HypervisorServer interface {
 	ReopenLog(context.Context, *VMRequest) (*ReopenLogResponse, error)
 	// Files into the root file system of a defined VM (may be secret).
 	WriteFiles(context.Context, *WriteFilesRequest) (*WriteFilesResponse, error)
+	// Console attaches one viewer to a VM's serial console: the first input
+	// message names the VM (id), later ones carry keystrokes (data); output
+	// messages carry what the console printed. The stream ends when the VM
+	// stops or the caller closes it; the VM keeps running.
+	Console(grpc.BidiStreamingServer[ConsoleInput, ConsoleOutput]) error
+	GuestExec(context.Context, *GuestExecRequest) (*GuestExecResponse, error)
+	// Stats reports the running VMs among ids with one hypervisor query.
+	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
+	Diagnose(context.Context, *VMRequest) (*DiagnoseResponse, error)
+	Inspect(context.Context, *InspectRequest) (*InspectResponse, error)
+	Display(context.Context, *VMRequest) (*DisplayResponse, error)
 	mustEmbedUnimplementedHypervisorServer()
 }
 
@@ -225,6 +316,24 @@ func (UnimplementedHypervisorServer) ReopenLog(context.Context, *VMRequest) (*Re
 }
 func (UnimplementedHypervisorServer) WriteFiles(context.Context, *WriteFilesRequest) (*WriteFilesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method WriteFiles not implemented")
+}
+func (UnimplementedHypervisorServer) Console(grpc.BidiStreamingServer[ConsoleInput, ConsoleOutput]) error {
+	return status.Errorf(codes.Unimplemented, "method Console not implemented")
+}
+func (UnimplementedHypervisorServer) GuestExec(context.Context, *GuestExecRequest) (*GuestExecResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GuestExec not implemented")
+}
+func (UnimplementedHypervisorServer) Stats(context.Context, *StatsRequest) (*StatsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Stats not implemented")
+}
+func (UnimplementedHypervisorServer) Diagnose(context.Context, *VMRequest) (*DiagnoseResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Diagnose not implemented")
+}
+func (UnimplementedHypervisorServer) Inspect(context.Context, *InspectRequest) (*InspectResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Inspect not implemented")
+}
+func (UnimplementedHypervisorServer) Display(context.Context, *VMRequest) (*DisplayResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Display not implemented")
 }
 func (UnimplementedHypervisorServer) mustEmbedUnimplementedHypervisorServer() {}
 func (UnimplementedHypervisorServer) testEmbeddedByValue()                    {}
@@ -420,6 +529,103 @@ func _Hypervisor_WriteFiles_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hypervisor_Console_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(HypervisorServer).Console(&grpc.GenericServerStream[ConsoleInput, ConsoleOutput]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Hypervisor_ConsoleServer = grpc.BidiStreamingServer[ConsoleInput, ConsoleOutput]
+
+func _Hypervisor_GuestExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GuestExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).GuestExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_GuestExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).GuestExec(ctx, req.(*GuestExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Hypervisor_Stats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StatsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).Stats(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_Stats_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).Stats(ctx, req.(*StatsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Hypervisor_Diagnose_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).Diagnose(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_Diagnose_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).Diagnose(ctx, req.(*VMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Hypervisor_Inspect_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InspectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).Inspect(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_Inspect_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).Inspect(ctx, req.(*InspectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Hypervisor_Display_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).Display(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_Display_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).Display(ctx, req.(*VMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Hypervisor_ServiceDesc is the grpc.ServiceDesc for Hypervisor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -463,12 +669,38 @@ var Hypervisor_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "WriteFiles",
 			Handler:    _Hypervisor_WriteFiles_Handler,
 		},
+		{
+			MethodName: "GuestExec",
+			Handler:    _Hypervisor_GuestExec_Handler,
+		},
+		{
+			MethodName: "Stats",
+			Handler:    _Hypervisor_Stats_Handler,
+		},
+		{
+			MethodName: "Diagnose",
+			Handler:    _Hypervisor_Diagnose_Handler,
+		},
+		{
+			MethodName: "Inspect",
+			Handler:    _Hypervisor_Inspect_Handler,
+		},
+		{
+			MethodName: "Display",
+			Handler:    _Hypervisor_Display_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "Watch",
 			Handler:       _Hypervisor_Watch_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Console",
+			Handler:       _Hypervisor_Console_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "hypervisor/v1/hypervisor.proto",

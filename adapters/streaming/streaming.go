@@ -1,0 +1,146 @@
+// Package streaming is the CRI streaming server: kubelet (or crictl) gets
+// a single-use URL from Exec, Attach or PortForward and connects to it;
+// kubelet's own streaming library (SPDY and WebSocket, tokens that expire
+// after a minute and are consumed by their first use) serves it, and this
+// package connects the streams to the core. Exec commands that are
+// Virtlet's own (virtletctl's) are served here too (tools.go).
+package streaming
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"k8s.io/client-go/tools/remotecommand"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	kubeletstreaming "k8s.io/kubelet/pkg/cri/streaming"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/virtlet/virtlet/adapters/vmtools"
+	"github.com/virtlet/virtlet/core"
+)
+
+// DefaultAddress is where the server listens unless told otherwise: a
+// free port on loopback, as containerd does. kubelet, on the same node,
+// proxies the streams.
+const DefaultAddress = "127.0.0.1:0"
+
+// Server serves the streams of Exec, Attach and PortForward.
+type Server struct {
+	lib      kubeletstreaming.Server
+	listener net.Listener
+	http     *http.Server
+	log      logrus.FieldLogger
+}
+
+// Listen opens the streaming server's port. The server speaks plain HTTP
+// (its single-use tokens are the only credential), so it listens on
+// loopback only.
+func Listen(address string, rt *core.Runtime, tools *Tools, log logrus.FieldLogger) (*Server, error) {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return nil, fmt.Errorf("streaming address %q: %w (want host:port, e.g. %s)", address, err, DefaultAddress)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil, fmt.Errorf("streaming address %q: the streaming server serves plain HTTP and must listen on a loopback address (127.0.0.1, ::1 or localhost); kubelet on the same node proxies it", address)
+	}
+	l, err := net.Listen("tcp", address)
+	if err != nil {
+		return nil, fmt.Errorf("streaming server: listen on %s: %w", address, err)
+	}
+	cfg := kubeletstreaming.DefaultConfig
+	cfg.Addr = l.Addr().String()
+	cfg.BaseURL = &url.URL{Scheme: "http", Host: l.Addr().String()}
+	lib, err := kubeletstreaming.NewServer(cfg, &runtime{rt: rt, tools: tools, log: log})
+	if err != nil {
+		l.Close()
+		return nil, fmt.Errorf("streaming server: %w", err)
+	}
+	return &Server{lib: lib, listener: l, log: log, http: &http.Server{Handler: lib, ReadHeaderTimeout: 30 * time.Second}}, nil
+}
+
+// Address is where the server listens.
+func (s *Server) Address() string { return s.listener.Addr().String() }
+
+// Serve serves until ctx ends, then closes every stream.
+func (s *Server) Serve(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.http.Serve(s.listener) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		s.http.Close()
+		if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}
+}
+
+func (s *Server) GetExec(req *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
+	return s.lib.GetExec(req)
+}
+
+func (s *Server) GetAttach(req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
+	return s.lib.GetAttach(req)
+}
+
+func (s *Server) GetPortForward(req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
+	return s.lib.GetPortForward(req)
+}
+
+// runtime connects the library's streams to the core.
+type runtime struct {
+	rt    *core.Runtime
+	tools *Tools
+	log   logrus.FieldLogger
+}
+
+func (r *runtime) Exec(ctx context.Context, containerID string, cmd []string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) error {
+	go drain(resize)
+	var code int32
+	var err error
+	if vmtools.IsCommand(cmd) {
+		code, err = r.tools.Run(ctx, containerID, cmd, in, writer(out), writer(errw))
+	} else {
+		code, err = r.rt.Exec(ctx, containerID, cmd, core.ExecStreams{Stdin: in, Stdout: writer(out), Stderr: writer(errw), TTY: tty})
+	}
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		// The library reports this to the client as the exit code.
+		return utilexec.CodeExitError{Err: fmt.Errorf("command terminated with exit code %d", code), Code: int(code)}
+	}
+	return nil
+}
+
+// Attach: a serial console has no window size, so resizes are dropped.
+func (r *runtime) Attach(ctx context.Context, containerID string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) error {
+	go drain(resize)
+	return r.rt.Attach(ctx, containerID, in, writer(out))
+}
+
+func (r *runtime) PortForward(ctx context.Context, podSandboxID string, port int32, stream io.ReadWriteCloser) error {
+	return r.rt.PortForward(ctx, podSandboxID, port, stream)
+}
+
+func drain(resize <-chan remotecommand.TerminalSize) {
+	for range resize {
+	}
+}
+
+// writer turns a missing stream into nil (not a nil *T in an interface).
+func writer(w io.WriteCloser) io.Writer {
+	if w == nil {
+		return nil
+	}
+	return w
+}

@@ -1,0 +1,155 @@
+package streaming
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/virtlet/virtlet/adapters/vmtools"
+	"github.com/virtlet/virtlet/core"
+)
+
+// Tools serves virtletctl's commands (vmtools) arriving as exec commands
+// of a VM pod: about that pod's VM and its node's daemon only.
+type Tools struct {
+	RT      *core.Runtime
+	Version string
+	// Plugins reports the plugins' status (name, kind, version, state).
+	Plugins func() interface{}
+	// PluginLogs returns the plugins' recent log lines.
+	PluginLogs func() []vmtools.LogLine
+	Log        logrus.FieldLogger
+}
+
+// Run serves one command; it returns the exit code of the command (virsh's).
+func (t *Tools) Run(ctx context.Context, containerID string, cmd []string, in io.Reader, out, errw io.Writer) (int32, error) {
+	if out == nil {
+		out = io.Discard
+	}
+	if errw == nil {
+		errw = io.Discard
+	}
+	log := t.Log.WithFields(logrus.Fields{"container": short(containerID), "command": cmd[0]})
+	switch cmd[0] {
+	case vmtools.Version:
+		if _, err := t.RT.ContainerStatus(ctx, containerID); err != nil {
+			return 0, err
+		}
+		return 0, json.NewEncoder(out).Encode(vmtools.VersionInfo{Version: t.Version})
+	case vmtools.Diag:
+		d, err := t.diagnose(ctx, containerID)
+		if err != nil {
+			return 0, err
+		}
+		log.Info("diagnostics collected")
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return 0, enc.Encode(d)
+	case vmtools.Virsh:
+		res, err := t.RT.InspectVM(ctx, containerID, cmd[1:])
+		if err != nil {
+			return 0, err
+		}
+		log.WithField("args", strings.Join(cmd[1:], " ")).Info("virsh for virtletctl")
+		out.Write(res.Stdout)
+		errw.Write(res.Stderr)
+		return res.ExitCode, nil
+	case vmtools.VNC:
+		return 0, t.vnc(ctx, containerID, in, out, log)
+	default:
+		return 0, fmt.Errorf("unknown Virtlet command %q (known: %s); is virtletctl newer than the daemon?", cmd[0], strings.Join(vmtools.Commands, ", "))
+	}
+}
+
+// vnc pipes the exec's stdin and stdout to the VM's VNC display.
+func (t *Tools) vnc(ctx context.Context, containerID string, in io.Reader, out io.Writer, log logrus.FieldLogger) error {
+	if in == nil {
+		return fmt.Errorf("%s needs stdin (exec -i): it carries the VNC client's bytes", vmtools.VNC)
+	}
+	d, conn, err := t.RT.OpenDisplay(ctx, containerID)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	log.WithField("display", d.Address).Info("VNC viewer connected")
+	fromVM := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(out, conn)
+		fromVM <- err
+	}()
+	go func() {
+		io.Copy(conn, in)
+		conn.CloseWrite()
+	}()
+	select {
+	case <-fromVM:
+	case <-ctx.Done():
+	}
+	log.Info("VNC viewer disconnected")
+	return nil
+}
+
+func (t *Tools) diagnose(ctx context.Context, containerID string) (vmtools.Diagnostics, error) {
+	d, err := t.RT.Diagnose(ctx, containerID)
+	if err != nil {
+		return vmtools.Diagnostics{}, err
+	}
+	node, _ := os.Hostname()
+	out := vmtools.Diagnostics{Node: node, Version: t.Version, Collected: time.Now().UTC(), VMs: map[string]vmtools.VMInfo{}, Problems: d.Problems}
+	out.Status = mustJSON(t.RT.Status(ctx))
+	if t.Plugins != nil {
+		out.Plugins = mustJSON(t.Plugins())
+	}
+	out.Records = mustJSON(map[string]interface{}{"sandbox": d.Sandbox, "containers": d.Containers})
+	for id, vm := range d.VMs {
+		out.VMs[id] = vmtools.VMInfo{Definition: vm.Definition, Details: vm.Details}
+	}
+	if t.PluginLogs != nil {
+		out.PluginLogs = aboutPod(t.PluginLogs(), d)
+	}
+	return out, nil
+}
+
+// aboutPod keeps the log lines about this pod and those about no pod in
+// particular: other pods' lines are not this pod user's business.
+func aboutPod(lines []vmtools.LogLine, d core.Diagnosis) []vmtools.LogLine {
+	mine := map[string]bool{d.Sandbox.ID: true, short(d.Sandbox.ID): true, d.Sandbox.Namespace + "/" + d.Sandbox.Name: true}
+	for _, c := range d.Containers {
+		mine[c.ID], mine[short(c.ID)], mine[c.Spec.Name] = true, true, true
+	}
+	var out []vmtools.LogLine
+	for _, l := range lines {
+		keep := true
+		for _, k := range []string{"pod", "vm", "container", "sandbox", "id"} {
+			if v, ok := l.Fields[k]; ok && v != "" {
+				keep = mine[v]
+				break
+			}
+		}
+		if keep {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func mustJSON(v interface{}) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		b, _ = json.Marshal(map[string]string{"error": err.Error()})
+	}
+	return b
+}
+
+func short(id string) string {
+	if len(id) > 13 {
+		return id[:13]
+	}
+	return id
+}

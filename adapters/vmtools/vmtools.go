@@ -1,0 +1,81 @@
+// Package vmtools is the protocol between virtletctl and the daemon.
+// virtletctl reaches the daemon of a VM pod's node the only way a
+// Kubernetes user reaches a node: through the pod's exec subresource
+// (API server → kubelet → CRI Exec → the daemon's streaming server). Exec
+// commands whose first word starts with Prefix are Virtlet's own: the
+// daemon serves them itself, about that pod's VM only, and never passes
+// them to the guest. Whoever may exec into the pod may use them, and they
+// show nothing of other pods.
+package vmtools
+
+import (
+	"encoding/json"
+	"strings"
+	"time"
+)
+
+// Prefix marks Virtlet's own exec commands (no guest program is named
+// like this).
+const Prefix = "virtlet.cloud:"
+
+// The commands.
+const (
+	// Version prints the daemon's version (JSON VersionInfo).
+	Version = Prefix + "version"
+	// Diag prints diagnostics of the pod's VM and its node's daemon (JSON
+	// Diagnostics).
+	Diag = Prefix + "diag"
+	// Virsh runs a read-only virsh command against the pod's VM: the
+	// arguments follow, the domain is added by the daemon.
+	Virsh = Prefix + "virsh"
+	// VNC connects the exec's stdin and stdout to the VM's VNC display.
+	VNC = Prefix + "vnc"
+)
+
+// Commands lists the commands, for help and errors.
+var Commands = []string{Version, Diag, Virsh, VNC}
+
+// IsCommand reports whether cmd is one of Virtlet's own commands.
+func IsCommand(cmd []string) bool {
+	return len(cmd) > 0 && strings.HasPrefix(cmd[0], Prefix)
+}
+
+// VersionInfo is the daemon's answer to Version.
+type VersionInfo struct {
+	Version string `json:"version"`
+}
+
+// Diagnostics is the daemon's answer to Diag.
+type Diagnostics struct {
+	Node      string    `json:"node"`
+	Version   string    `json:"version"`
+	Collected time.Time `json:"collected"`
+	// Status is the runtime's readiness (the CRI Status conditions).
+	Status json.RawMessage `json:"status"`
+	// Plugins: each plugin's name, kind, version, state, restarts.
+	Plugins json.RawMessage `json:"plugins"`
+	// Records are the daemon's records of the pod and its VMs.
+	Records json.RawMessage `json:"records"`
+	// VMs: the hypervisor's view of each VM (definition, details), by
+	// container ID.
+	VMs map[string]VMInfo `json:"vms"`
+	// PluginLogs are the plugins' recent log lines about this pod or about
+	// no pod in particular.
+	PluginLogs []LogLine `json:"pluginLogs"`
+	Problems   []string  `json:"problems,omitempty"`
+}
+
+// VMInfo is the hypervisor's view of one VM.
+type VMInfo struct {
+	Definition string            `json:"definition"`
+	Details    map[string]string `json:"details,omitempty"`
+}
+
+// LogLine is one log entry of a plugin.
+type LogLine struct {
+	Time    time.Time         `json:"time"`
+	Plugin  string            `json:"plugin"`
+	Level   string            `json:"level"`
+	Message string            `json:"message"`
+	Fields  map[string]string `json:"fields,omitempty"`
+}
