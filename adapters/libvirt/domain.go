@@ -20,6 +20,12 @@ const (
 	metadataKey = "virtlet"
 )
 
+// AgentChannel is the virtio-serial port qemu-guest-agent listens on.
+const AgentChannel = "org.qemu.guest_agent.0"
+
+// balloonPeriod is how often (seconds) guests report memory statistics.
+const balloonPeriod = 5
+
 // vmMetadata is the <virtlet:vm> element of our domains.
 type vmMetadata struct {
 	XMLName   xml.Name `xml:"vm"`
@@ -92,7 +98,15 @@ func domainXML(in domainInput) (string, error) {
 				Listeners: []libvirtxml.DomainGraphicListener{{Address: &libvirtxml.DomainGraphicListenerAddress{Address: "127.0.0.1"}}},
 			}}},
 			Videos:     []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, Primary: "yes"}}},
-			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "virtio"},
+			// The guest reports its memory use every few seconds (stats).
+			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "virtio", Stats: &libvirtxml.DomainMemBalloonStats{Period: balloonPeriod}},
+			// The guest agent's channel: exec and exec probes go through
+			// it; libvirt picks the socket and reports whether the agent
+			// listens.
+			Channels: []libvirtxml.DomainChannel{{
+				Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind"}},
+				Target: &libvirtxml.DomainChannelTarget{VirtIO: &libvirtxml.DomainChannelTargetVirtIO{Name: AgentChannel}},
+			}},
 			RNGs: []libvirtxml.DomainRNG{{Model: "virtio",
 				Backend: &libvirtxml.DomainRNGBackend{Random: &libvirtxml.DomainRNGBackendRandom{Device: "/dev/urandom"}}}},
 			Panics: []libvirtxml.DomainPanic{{Model: "isa"}},

@@ -54,6 +54,9 @@ type Hypervisor struct {
 	stopped  map[string][]chan struct{} // Stop calls waiting for a VM to stop
 	ready    bool
 
+	consoleMu sync.Mutex
+	consoles  map[string]*consoleHub // one console stream per VM, shared by its viewers
+
 	events chan event
 }
 
@@ -67,7 +70,8 @@ type event struct {
 // New returns an unconfigured adapter; the plugin host configures it.
 func New(log logrus.FieldLogger) *Hypervisor {
 	return &Hypervisor{log: log, records: map[string]*record{}, tailers: map[string]*tailer{},
-		subs: map[chan ports.VMStatus]struct{}{}, stopped: map[string][]chan struct{}{}, events: make(chan event, 256)}
+		subs: map[chan ports.VMStatus]struct{}{}, stopped: map[string][]chan struct{}{}, events: make(chan event, 256),
+		consoles: map[string]*consoleHub{}}
 }
 
 func (h *Hypervisor) PluginInfo() ports.PluginInfo {
@@ -323,6 +327,7 @@ func (h *Hypervisor) exitLocked(r *record, e exit) {
 		delete(h.tailers, r.Spec.ID)
 		go t.close() // drains the last output
 	}
+	h.closeConsole(r.Spec.ID)
 }
 
 func (h *Hypervisor) notifyLocked(st ports.VMStatus) {
@@ -731,6 +736,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	if t != nil {
 		t.close()
 	}
+	h.closeConsole(id)
 	files := []string{r.ConsoleLog}
 	files = append(files, rotatedLogs(r.ConsoleLog)...)
 	for _, p := range r.DiskPaths {

@@ -1,0 +1,269 @@
+package libvirt
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"libvirt.org/go/libvirt"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// Exec through qemu-guest-agent: guest-exec starts the program (argv,
+// stdin as base64, output captured), guest-exec-status is polled until it
+// ended. The agent buffers the output until the program ends. On timeout
+// the program is killed with `kill -9` run by the agent too.
+
+// agentCallTimeout bounds one agent command that should answer at once.
+const agentCallTimeout = 5 * time.Second
+
+// noAgent explains a guest whose agent does not listen.
+func noAgent(name, why string) error {
+	return fmt.Errorf("the VM %s has no guest agent (%s): install and start qemu-guest-agent in the guest "+
+		"(its channel %s is in every domain), or use `virtletctl ssh`: %w", name, why, AgentChannel, ports.ErrFailedPrecondition)
+}
+
+// agentConnected reads the agent channel's state from the live domain:
+// libvirt knows whether a program in the guest opened it.
+func agentConnected(dom *libvirt.Domain) (bool, error) {
+	raw, err := dom.GetXMLDesc(0)
+	if err != nil {
+		return false, err
+	}
+	var d libvirtxml.Domain
+	if err := xml.Unmarshal([]byte(raw), &d); err != nil {
+		return false, err
+	}
+	if d.Devices == nil {
+		return false, nil
+	}
+	for _, ch := range d.Devices.Channels {
+		if t := ch.Target; t != nil && t.VirtIO != nil && t.VirtIO.Name == AgentChannel {
+			return t.VirtIO.State == "connected", nil
+		}
+	}
+	return false, nil
+}
+
+// agent sends one command and decodes its "return" into out. It never
+// waits past ctx: libvirt's own wait is given the time left (at least a
+// second, libvirt counts in seconds) and the call is abandoned at ctx's end.
+func agent(ctx context.Context, dom *libvirt.Domain, name string, cmd map[string]interface{}, out interface{}) error {
+	wait := agentCallTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl))
+	}
+	if wait <= 0 {
+		return fmt.Errorf("guest agent: %w", context.DeadlineExceeded)
+	}
+	raw, err := json.Marshal(cmd)
+	if err != nil {
+		return err
+	}
+	seconds := libvirt.DomainQemuAgentCommandTimeout(max(1, int(math.Ceil(wait.Seconds()))))
+	type result struct {
+		reply string
+		err   error
+	}
+	done := make(chan result, 1)
+	// The call may outlive this function (abandoned at ctx's end): it
+	// holds its own reference to the domain.
+	if err := dom.Ref(); err != nil {
+		return libvirtError("reference domain "+name, err)
+	}
+	go func() {
+		defer dom.Free()
+		reply, err := dom.QemuAgentCommand(string(raw), seconds, 0)
+		done <- result{reply, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("the guest agent of VM %s did not answer %s in time: %w", name, cmd["execute"], ctx.Err())
+	}
+	if r.err != nil {
+		var le libvirt.Error
+		if errors.As(r.err, &le) && (le.Code == libvirt.ERR_AGENT_UNRESPONSIVE || le.Code == libvirt.ERR_AGENT_UNSYNCED) {
+			return fmt.Errorf("the guest agent of VM %s does not answer (%s): %w", name, le.Message, ports.ErrUnavailable)
+		}
+		return libvirtError(fmt.Sprintf("guest agent %s in VM %s", cmd["execute"], name), r.err)
+	}
+	var envelope struct {
+		Return json.RawMessage `json:"return"`
+	}
+	if err := json.Unmarshal([]byte(r.reply), &envelope); err != nil {
+		return fmt.Errorf("guest agent %s in VM %s: bad reply: %w", cmd["execute"], name, err)
+	}
+	if out == nil {
+		return nil
+	}
+	return json.Unmarshal(envelope.Return, out)
+}
+
+type execStatus struct {
+	Exited       bool   `json:"exited"`
+	ExitCode     *int   `json:"exitcode"`
+	Signal       *int   `json:"signal"`
+	OutData      string `json:"out-data"`
+	ErrData      string `json:"err-data"`
+	OutTruncated bool   `json:"out-truncated"`
+	ErrTruncated bool   `json:"err-truncated"`
+}
+
+// startExec starts argv in the guest and returns its pid.
+func startExec(ctx context.Context, dom *libvirt.Domain, name string, argv []string, stdin []byte) (int64, error) {
+	args := map[string]interface{}{"path": argv[0], "arg": argv[1:], "capture-output": true}
+	if len(stdin) > 0 {
+		args["input-data"] = base64.StdEncoding.EncodeToString(stdin)
+	}
+	var started struct {
+		PID int64 `json:"pid"`
+	}
+	if err := agent(ctx, dom, name, map[string]interface{}{"execute": "guest-exec", "arguments": args}, &started); err != nil {
+		return 0, err
+	}
+	return started.PID, nil
+}
+
+// GuestExec runs a command in the guest through its agent.
+func (h *Hypervisor) GuestExec(ctx context.Context, id string, req ports.GuestExecRequest) (ports.GuestExecResult, error) {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return ports.GuestExecResult{}, &ports.InvalidError{Field: "argv", Reason: "empty command"}
+	}
+	r, dom, err := h.lookup(id)
+	if err != nil {
+		return ports.GuestExecResult{}, err
+	}
+	defer dom.Free()
+	name := r.Spec.Name
+	if state, _, err := dom.GetState(); err != nil || state != libvirt.DOMAIN_RUNNING {
+		return ports.GuestExecResult{}, fmt.Errorf("exec in VM %s: the VM is not running: %w", name, ports.ErrFailedPrecondition)
+	}
+	connected, err := agentConnected(dom)
+	if err != nil {
+		return ports.GuestExecResult{}, libvirtError("read the agent channel of "+name, err)
+	}
+	if !connected {
+		return ports.GuestExecResult{}, noAgent(name, "nothing in the guest listens on its channel")
+	}
+	runCtx := ctx
+	if req.Timeout > 0 {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithTimeout(ctx, req.Timeout)
+		defer cancel()
+	}
+	pid, err := startExec(runCtx, dom, name, req.Argv, req.Stdin)
+	if err != nil {
+		if runCtx.Err() != nil && ctx.Err() == nil {
+			return ports.GuestExecResult{TimedOut: true, KillError: "the command may not have started: " + err.Error()}, nil
+		}
+		return ports.GuestExecResult{}, fmt.Errorf("start %q: %w", req.Argv[0], err)
+	}
+	res := ports.GuestExecResult{PID: pid}
+	st, err := waitExec(runCtx, dom, name, pid)
+	if err != nil {
+		if runCtx.Err() == nil {
+			return ports.GuestExecResult{}, err
+		}
+		// Timed out (or the caller left): kill the guest process, with a
+		// context of its own.
+		res.TimedOut = ctx.Err() == nil
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), agentCallTimeout)
+		defer cancel()
+		if kerr := killGuestProcess(kctx, dom, name, pid); kerr != nil {
+			res.KillError = kerr.Error()
+		} else {
+			res.Killed = true
+		}
+		h.log.WithField("vm", name).WithField("pid", pid).WithField("killed", res.Killed).Info("guest command killed after its timeout")
+		if ctx.Err() != nil {
+			return res, ctx.Err()
+		}
+		return res, nil
+	}
+	switch {
+	case st.ExitCode != nil:
+		res.ExitCode = int32(*st.ExitCode)
+	case st.Signal != nil:
+		res.ExitCode = int32(128 + *st.Signal)
+	}
+	max := req.MaxOutputBytes
+	if res.Stdout, res.StdoutTruncated, err = decodeOutput(st.OutData, max); err != nil {
+		return ports.GuestExecResult{}, fmt.Errorf("exec in VM %s: stdout: %w", name, err)
+	}
+	if res.Stderr, res.StderrTruncated, err = decodeOutput(st.ErrData, max); err != nil {
+		return ports.GuestExecResult{}, fmt.Errorf("exec in VM %s: stderr: %w", name, err)
+	}
+	res.StdoutTruncated = res.StdoutTruncated || st.OutTruncated
+	res.StderrTruncated = res.StderrTruncated || st.ErrTruncated
+	return res, nil
+}
+
+// waitExec polls the command's status until it ends.
+func waitExec(ctx context.Context, dom *libvirt.Domain, name string, pid int64) (execStatus, error) {
+	delay := 10 * time.Millisecond
+	for {
+		var st execStatus
+		err := agent(ctx, dom, name, map[string]interface{}{"execute": "guest-exec-status", "arguments": map[string]interface{}{"pid": pid}}, &st)
+		if err != nil {
+			return st, err
+		}
+		if st.Exited {
+			return st, nil
+		}
+		select {
+		case <-ctx.Done():
+			return st, ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 200*time.Millisecond)
+	}
+}
+
+// killGuestProcess kills pid in the guest (the agent has no kill command:
+// it runs the guest's kill) and collects both processes' status, so that
+// the agent forgets them.
+func killGuestProcess(ctx context.Context, dom *libvirt.Domain, name string, pid int64) error {
+	killer, err := startExec(ctx, dom, name, []string{"/bin/sh", "-c", "kill -9 " + strconv.FormatInt(pid, 10)}, nil)
+	if err != nil {
+		return fmt.Errorf("run kill in the guest: %w", err)
+	}
+	st, err := waitExec(ctx, dom, name, killer)
+	if err != nil {
+		return fmt.Errorf("kill in the guest: %w", err)
+	}
+	if st.ExitCode != nil && *st.ExitCode != 0 {
+		msg, _ := base64.StdEncoding.DecodeString(st.ErrData)
+		return fmt.Errorf("kill -9 %d in the guest failed (exit code %d): %s", pid, *st.ExitCode, msg)
+	}
+	if _, err := waitExec(ctx, dom, name, pid); err != nil {
+		return fmt.Errorf("the killed process did not end: %w", err)
+	}
+	return nil
+}
+
+// decodeOutput decodes the agent's base64 output, keeping at most max bytes.
+func decodeOutput(data string, max int) ([]byte, bool, error) {
+	if data == "" {
+		return nil, false, nil
+	}
+	b, err := base64.StdEncoding.DecodeString(data)
+	if err != nil {
+		return nil, false, err
+	}
+	if max > 0 && len(b) > max {
+		return b[:max], true, nil
+	}
+	return b, false, nil
+}
+
+var _ ports.GuestExecer = (*Hypervisor)(nil)

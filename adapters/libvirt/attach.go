@@ -1,0 +1,256 @@
+package libvirt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/sirupsen/logrus"
+	"libvirt.org/go/libvirt"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// Attaching to the serial console. libvirt gives one console stream per
+// domain at a time (a second open fails unless it forces the first off),
+// so the plugin holds one stream per VM and fans it out: every viewer sees
+// all output from the moment it attached, and what any viewer types goes
+// to the console. The stream reads the same pty whose output virtlogd
+// also writes to the raw log, so the CRI log keeps growing while viewers
+// are attached. The last viewer to leave closes the stream (QEMU then
+// discards output nobody reads, and the log still gets all of it).
+
+// viewerBacklog is how much output (in chunks) a viewer may fall behind
+// before it is detached; a serial line at 115200 baud cannot outrun a
+// viewer that reads at all.
+const viewerBacklog = 1024
+
+type consoleHub struct {
+	h    *Hypervisor
+	id   string
+	log  logrus.FieldLogger
+	conn *libvirt.Connect
+
+	stream *libvirt.Stream
+	sendMu sync.Mutex
+
+	mu      sync.Mutex
+	viewers map[*consoleViewer]struct{}
+	closed  bool
+}
+
+type consoleViewer struct {
+	hub    *consoleHub
+	out    chan []byte
+	gone   chan struct{}
+	err    error // why the viewer was detached (nil: EOF)
+	once   sync.Once
+	buf    []byte
+}
+
+// OpenConsole attaches a viewer to the running VM's serial console.
+func (h *Hypervisor) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	r, dom, err := h.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	defer dom.Free()
+	if state, _, err := dom.GetState(); err != nil || state != libvirt.DOMAIN_RUNNING {
+		return nil, fmt.Errorf("console of VM %s: the VM is not running: %w", r.Spec.Name, ports.ErrFailedPrecondition)
+	}
+	h.consoleMu.Lock()
+	defer h.consoleMu.Unlock()
+	hub := h.consoles[id]
+	if hub == nil || hub.isClosed() {
+		if hub, err = h.openHub(r, dom); err != nil {
+			return nil, err
+		}
+		h.consoles[id] = hub
+	}
+	v := &consoleViewer{hub: hub, out: make(chan []byte, viewerBacklog), gone: make(chan struct{})}
+	hub.mu.Lock()
+	hub.viewers[v] = struct{}{}
+	n := len(hub.viewers)
+	hub.mu.Unlock()
+	hub.log.WithField("viewers", n).Info("console viewer attached")
+	return v, nil
+}
+
+func (h *Hypervisor) openHub(r *record, dom *libvirt.Domain) (*consoleHub, error) {
+	conn, err := h.connection()
+	if err != nil {
+		return nil, err
+	}
+	stream, err := conn.NewStream(0)
+	if err != nil {
+		return nil, libvirtError("console stream of "+r.Spec.Name, err)
+	}
+	// SAFE: refuse rather than take the console from someone else (an
+	// operator's virsh console).
+	if err := dom.OpenConsole("", stream, libvirt.DOMAIN_CONSOLE_SAFE); err != nil {
+		stream.Free()
+		err = libvirtError("open the serial console of "+r.Spec.Name, err)
+		return nil, fmt.Errorf("%w (another console session, e.g. virsh console, may hold it)", err)
+	}
+	hub := &consoleHub{h: h, id: r.Spec.ID, conn: conn, stream: stream, viewers: map[*consoleViewer]struct{}{},
+		log: h.log.WithField("vm", r.Spec.Name)}
+	go hub.read()
+	return hub, nil
+}
+
+// read copies the console's output to every viewer until the stream ends
+// (the VM stopped) or the last viewer left.
+func (hub *consoleHub) read() {
+	buf := make([]byte, 32<<10)
+	var err error
+	for {
+		var n int
+		n, err = hub.stream.Recv(buf)
+		if n > 0 {
+			hub.broadcast(buf[:n])
+			continue
+		}
+		if err == nil {
+			err = io.EOF // the stream finished: the VM stopped
+		}
+		break
+	}
+	if hub.isClosed() {
+		return // closed because nobody watches: expected
+	}
+	if !errors.Is(err, io.EOF) {
+		hub.log.WithError(err).Info("console stream ended")
+		err = fmt.Errorf("the console stream ended: %w", err)
+	}
+	hub.close(err)
+}
+
+func (hub *consoleHub) broadcast(p []byte) {
+	hub.mu.Lock()
+	defer hub.mu.Unlock()
+	for v := range hub.viewers {
+		select {
+		case v.out <- append([]byte(nil), p...):
+		default:
+			delete(hub.viewers, v)
+			v.detach(errors.New("detached: this viewer fell too far behind the console's output"))
+		}
+	}
+}
+
+func (hub *consoleHub) isClosed() bool {
+	hub.mu.Lock()
+	defer hub.mu.Unlock()
+	return hub.closed
+}
+
+// close ends the stream and every viewer (err nil: end of output).
+func (hub *consoleHub) close(err error) {
+	hub.mu.Lock()
+	if hub.closed {
+		hub.mu.Unlock()
+		return
+	}
+	hub.closed = true
+	viewers := hub.viewers
+	hub.viewers = map[*consoleViewer]struct{}{}
+	hub.mu.Unlock()
+	for v := range viewers {
+		v.detach(err)
+	}
+	hub.stream.Abort()
+	hub.stream.Free()
+	hub.h.consoleMu.Lock()
+	if hub.h.consoles[hub.id] == hub {
+		delete(hub.h.consoles, hub.id)
+	}
+	hub.h.consoleMu.Unlock()
+}
+
+func (hub *consoleHub) leave(v *consoleViewer) {
+	hub.mu.Lock()
+	delete(hub.viewers, v)
+	last := len(hub.viewers) == 0 && !hub.closed
+	hub.mu.Unlock()
+	hub.log.Info("console viewer detached")
+	if last {
+		hub.close(io.EOF)
+	}
+}
+
+func (v *consoleViewer) detach(err error) {
+	v.once.Do(func() {
+		if err != io.EOF {
+			v.err = err
+		}
+		close(v.gone)
+	})
+}
+
+func (v *consoleViewer) Read(p []byte) (int, error) {
+	for len(v.buf) == 0 {
+		select {
+		case b := <-v.out:
+			v.buf = b
+		case <-v.gone:
+			select {
+			case b := <-v.out: // output that arrived before the end
+				v.buf = b
+				continue
+			default:
+			}
+			if v.err != nil {
+				return 0, v.err
+			}
+			return 0, io.EOF
+		}
+	}
+	n := copy(p, v.buf)
+	v.buf = v.buf[n:]
+	return n, nil
+}
+
+func (v *consoleViewer) Write(p []byte) (int, error) {
+	select {
+	case <-v.gone:
+		return 0, io.ErrClosedPipe
+	default:
+	}
+	hub := v.hub
+	hub.sendMu.Lock()
+	defer hub.sendMu.Unlock()
+	written := 0
+	for written < len(p) {
+		n, err := hub.stream.Send(p[written:])
+		if err != nil {
+			return written, libvirtError("write to the console", err)
+		}
+		written += n
+	}
+	return written, nil
+}
+
+func (v *consoleViewer) Close() error {
+	select {
+	case <-v.gone:
+		return nil
+	default:
+	}
+	v.detach(io.EOF)
+	v.hub.leave(v)
+	return nil
+}
+
+// closeConsole ends the console streams of a VM that stopped or went.
+func (h *Hypervisor) closeConsole(id string) {
+	h.consoleMu.Lock()
+	hub := h.consoles[id]
+	h.consoleMu.Unlock()
+	if hub != nil {
+		go hub.close(io.EOF)
+	}
+}
+
+var _ ports.ConsoleOpener = (*Hypervisor)(nil)
