@@ -132,7 +132,12 @@ func (r *runtime) PortForward(ctx context.Context, podSandboxID string, port int
 	return r.rt.PortForward(ctx, podSandboxID, port, stream)
 }
 
+// drain drops terminal resizes (nil without a terminal: nothing to do)
+// until the stream closes them.
 func drain(resize <-chan remotecommand.TerminalSize) {
+	if resize == nil {
+		return
+	}
 	for range resize {
 	}
 }
