@@ -42,12 +42,12 @@ type consoleHub struct {
 }
 
 type consoleViewer struct {
-	hub    *consoleHub
-	out    chan []byte
-	gone   chan struct{}
-	err    error // why the viewer was detached (nil: EOF)
-	once   sync.Once
-	buf    []byte
+	hub  *consoleHub
+	out  chan []byte
+	gone chan struct{}
+	err  error // why the viewer was detached (nil: EOF)
+	once sync.Once
+	buf  []byte
 }
 
 // OpenConsole attaches a viewer to the running VM's serial console.

@@ -97,7 +97,7 @@ func domainXML(in domainInput) (string, error) {
 				Port: -1, AutoPort: "yes",
 				Listeners: []libvirtxml.DomainGraphicListener{{Address: &libvirtxml.DomainGraphicListenerAddress{Address: "127.0.0.1"}}},
 			}}},
-			Videos:     []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, Primary: "yes"}}},
+			Videos: []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, Primary: "yes"}}},
 			// The guest reports its memory use every few seconds (stats).
 			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "virtio", Stats: &libvirtxml.DomainMemBalloonStats{Period: balloonPeriod}},
 			// The guest agent's channel: exec and exec probes go through

@@ -58,7 +58,7 @@ func vmStats(spec ports.VMSpec, ds libvirt.DomainStats, now time.Time) ports.VMS
 	}
 	if b := ds.Balloon; b != nil {
 		s.Memory = ports.MemoryStats{CurrentBytes: b.Current << 10, RSSBytes: b.Rss << 10,
-			GuestReported: b.AvailableSet && b.UnusedSet,
+			GuestReported:  b.AvailableSet && b.UnusedSet,
 			AvailableBytes: b.Available << 10, UnusedBytes: b.Unused << 10, CacheBytes: b.DiskCaches << 10,
 			MinorFaults: b.MinorFault, MajorFaults: b.MajorFault}
 	}
