@@ -1,0 +1,38 @@
+package main
+
+import (
+	"errors"
+	"os"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/util/exec"
+
+	"github.com/virtlet/virtlet/adapters/vmtools"
+)
+
+func newVirsh(k *kube, name string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "virsh POD -- VIRSH-COMMAND [ARGS...]",
+		Short: "Run a read-only virsh command against a VM pod's domain",
+		Long: `virsh runs one virsh command that only reads (dominfo, dumpxml, domstats,
+domblklist, domiflist, dommemstat, vcpuinfo, ...) against the VM pod's
+libvirt domain on its node, on a read-only connection; the daemon adds the
+domain name. Commands that change anything are refused. It goes through
+the pod's exec subresource: you need the right to exec into the pod.`,
+		Example: "  " + name + " virsh my-vm -- dominfo\n  " + name + " virsh my-vm -- dumpxml",
+		Args:    cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			pod, err := k.vmPod(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			err = k.exec(ctx, pod, append([]string{vmtools.Virsh}, args[1:]...), nil, os.Stdout, os.Stderr)
+			var ee exec.CodeExitError
+			if errors.As(err, &ee) {
+				return exitError{ee.Code}
+			}
+			return err
+		},
+	}
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/virtlet/virtlet/adapters/vmtools"
+)
+
+func TestSplitTarget(t *testing.T) {
+	for _, tt := range []struct {
+		in, user, pod, err string
+	}{
+		{in: "my-vm", pod: "my-vm"},
+		{in: "debian@my-vm", user: "debian", pod: "my-vm"},
+		{in: "a@b@my-vm", user: "a@b", pod: "my-vm"},
+		{in: "@my-vm", err: "empty user name"},
+		{in: "debian@", err: "no pod name"},
+	} {
+		user, pod, err := splitTarget(tt.in)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("%q: err %v, want %q", tt.in, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || user != tt.user || pod != tt.pod {
+			t.Errorf("%q: %q %q %v", tt.in, user, pod, err)
+		}
+	}
+}
+
+// Installed as kubectl-virt, the tool calls itself `kubectl virt`.
+func TestNameFollowsArgv0(t *testing.T) {
+	var out bytes.Buffer
+	root := newRoot("kubectl-virt")
+	root.SetOut(&out)
+	root.SetArgs([]string{"--help"})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "kubectl virt [command]") {
+		t.Fatalf("help as kubectl-virt:\n%s", out.String())
+	}
+	if commandName("virtletctl") != "virtletctl" {
+		t.Fatal("virtletctl is not virtletctl")
+	}
+}
+
+func TestEveryCommandHasHelp(t *testing.T) {
+	root := newRoot("virtletctl")
+	for _, c := range root.Commands() {
+		for _, sub := range append(c.Commands(), c) {
+			if sub.Short == "" {
+				t.Errorf("%s has no short help", sub.CommandPath())
+			}
+		}
+	}
+}
+
+func TestGenSaysItHasNothingYet(t *testing.T) {
+	root := newRoot("virtletctl")
+	root.SetArgs([]string{"gen"})
+	err := root.Execute()
+	if !errors.Is(err, errNoManifests) || !strings.Contains(err.Error(), "real-node install") {
+		t.Fatalf("gen: %v", err)
+	}
+}
+
+func TestMissingArgumentsSayWhat(t *testing.T) {
+	for _, args := range [][]string{{"ssh"}, {"vnc"}, {"virsh", "pod"}} {
+		root := newRoot("virtletctl")
+		root.SetArgs(args)
+		root.SetErr(&bytes.Buffer{})
+		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "arg") {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+	root := newRoot("virtletctl")
+	root.SetArgs([]string{"diag", "dump"})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "--json") {
+		t.Errorf("diag dump without a directory: %v", err)
+	}
+}
+
+func TestIsVMPod(t *testing.T) {
+	virtlet := "virtlet"
+	for _, tt := range []struct {
+		pod  corev1.Pod
+		want bool
+	}{
+		{corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{"kubernetes.io/target-runtime": "virtlet.cloud"}}}, true},
+		{corev1.Pod{Spec: corev1.PodSpec{RuntimeClassName: &virtlet}}, true},
+		{corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Image: "virtlet.cloud/cirros"}}}}, true},
+		{corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Image: "busybox"}}}}, false},
+	} {
+		if got := isVMPod(&tt.pod); got != tt.want {
+			t.Errorf("%+v: %v", tt.pod, got)
+		}
+	}
+}
+
+func TestDumpWritesOneDirectoryPerPod(t *testing.T) {
+	dir := t.TempDir()
+	r := dumpReport{Pods: []podDiag{{Namespace: "default", Pod: "vm", Node: "node-1", Diagnostics: vmtools.Diagnostics{
+		Version: "v1", VMs: map[string]vmtools.VMInfo{"0123456789abcdef": {Definition: "<domain/>"}},
+		PluginLogs: []vmtools.LogLine{{Time: time.Unix(0, 0).UTC(), Plugin: "libvirt", Level: "info", Message: "domain defined", Fields: map[string]string{"vm": "virtlet-x"}}},
+	}}}, Skipped: []string{"default/other: Pending"}}
+	var out bytes.Buffer
+	if err := r.write(dir, &out); err != nil {
+		t.Fatal(err)
+	}
+	pd := filepath.Join(dir, "node-1", "default_vm")
+	for name, want := range map[string]string{
+		"domain-0123456789abc.xml": "<domain/>",
+		"plugin-logs.txt":          "1970-01-01T00:00:00.000Z libvirt [info] domain defined vm=\"virtlet-x\"\n",
+	} {
+		got, err := os.ReadFile(filepath.Join(pd, name))
+		if err != nil || string(got) != want {
+			t.Errorf("%s: %q %v, want %q", name, got, err, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(pd, "diag.json")); err != nil {
+		t.Error(err)
+	}
+	if !strings.Contains(out.String(), "skipped default/other: Pending") {
+		t.Errorf("output:\n%s", out.String())
+	}
+}

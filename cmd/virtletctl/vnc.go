@@ -1,0 +1,66 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/virtlet/virtlet/adapters/vmtools"
+)
+
+func newVNC(k *kube, name string) *cobra.Command {
+	var address string
+	cmd := &cobra.Command{
+		Use:   "vnc [flags] POD",
+		Short: "Forward a VM pod's VNC display to a local port",
+		Long: `vnc listens on a local port and connects each VNC viewer that connects to it
+to the VM's graphical console. The display listens on the node's loopback,
+out of reach of kubectl port-forward (which reaches the pod's address), so
+each connection goes through the pod's exec subresource to the daemon on the
+VM's node, which connects it to the display. Stop with Ctrl-C.`,
+		Example: "  " + name + " vnc my-vm\n  " + name + " vnc my-vm --address 127.0.0.1:5901   # then: vncviewer 127.0.0.1::5901",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			pod, err := k.vmPod(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			l, err := net.Listen("tcp", address)
+			if err != nil {
+				return fmt.Errorf("listen on %s: %w", address, err)
+			}
+			defer l.Close()
+			go func() { <-ctx.Done(); l.Close() }()
+			fmt.Fprintf(cmd.OutOrStdout(), "VNC display of pod %s/%s at %s (vncviewer %s)\n", pod.Namespace, pod.Name, l.Addr(), vncviewerAddress(l.Addr()))
+			for {
+				conn, err := l.Accept()
+				if err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return err
+				}
+				go func() {
+					defer conn.Close()
+					if err := k.exec(ctx, pod, []string{vmtools.VNC}, conn, conn, nil); err != nil {
+						fmt.Fprintf(os.Stderr, "VNC connection from %s: %v\n", conn.RemoteAddr(), err)
+					}
+				}()
+			}
+		},
+	}
+	cmd.Flags().StringVar(&address, "address", "127.0.0.1:0", "local address to listen on (port 0: a free port)")
+	return cmd
+}
+
+// vncviewerAddress writes host::port, the form VNC viewers take for a
+// port (host:N means display N, port 5900+N).
+func vncviewerAddress(a net.Addr) string {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return fmt.Sprintf("%s::%d", ta.IP, ta.Port)
+	}
+	return a.String()
+}

@@ -1,0 +1,403 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// Subnets 198.18.80-89.0/24 (fd00:198:18:8x::/64) belong to the suites
+// that reach into VMs.
+
+// consolePassword is the cloud guest's default user's password, set by
+// cloud-init for the console login.
+const consolePassword = "virtlet-e2e"
+
+// screen collects what a crictl process prints.
+type screen struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *screen) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *screen) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// crictlProc runs a long-lived crictl (attach, port-forward).
+type crictlProc struct {
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	out    *screen
+	exited chan error
+}
+
+func startCrictl(t *testing.T, c *harness.Crictl, args ...string) *crictlProc {
+	t.Helper()
+	cmd := exec.Command(c.Bin, append([]string{"--config", "/dev/null", "--runtime-endpoint", c.Endpoint}, args...)...)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &crictlProc{cmd: cmd, in: in, out: &screen{}, exited: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exited <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-p.exited })
+	return p
+}
+
+func (p *crictlProc) waitFor(t *testing.T, what string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(p.out.String(), what) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q after %s in crictl's output:\n%s", what, timeout, p.out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// sshVia runs a command in the guest through a local port (a port-forward).
+func sshVia(key string, port int, command string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ssh", "-i", key, "-p", strconv.Itoa(port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+		"-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR", "debian@127.0.0.1", command).CombinedOutput()
+	return string(out), err
+}
+
+func sshKey(t *testing.T) (key, pub string) {
+	t.Helper()
+	key = filepath.Join(t.TempDir(), "id_ed25519")
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "e2e@virtlet", "-f", key).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(key + ".pub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, string(b)
+}
+
+// cloudVMPod writes the configs of a cloud-image VM pod with the test's
+// SSH key and the console password.
+func cloudVMPod(t *testing.T, d *harness.Daemon, name, pub string) (pod, ctr string) {
+	t.Helper()
+	pod, _ = vmPod(t, d, name, map[string]string{"VirtletVCPUCount": "1", "VirtletSSHKeys": pub,
+		"VirtletCloudInitUserData": fmt.Sprintf(`{"password": %q, "chpasswd": {"expire": false}}`, consolePassword)}, 512<<20)
+	ctr = harness.WriteJSON(t, d.Dir, name+"-ctr.json", map[string]interface{}{
+		"metadata": map[string]string{"name": name}, "image": map[string]string{"image": "virtlet.cloud/debian-cloud"},
+		"log_path": name + "/0.log", "linux": map[string]interface{}{"resources": map[string]interface{}{"memory_limit_in_bytes": 512 << 20}},
+		"tty": true, "stdin": true,
+	})
+	return pod, ctr
+}
+
+// waitAgent waits until the guest agent runs commands.
+func waitAgent(t *testing.T, c *harness.Crictl, ctr string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		out, errOut, err := c.Run("exec", "-s", "--timeout", "10", ctr, "true")
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			logs, _, _ := c.Run("logs", ctr)
+			t.Fatalf("the guest agent never answered: %v %s %s\nconsole:\n%s", err, out, errOut, logs)
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+type usage struct {
+	cpu, workingSet uint64
+}
+
+func containerUsage(t *testing.T, c *harness.Crictl, ctr string) usage {
+	t.Helper()
+	var stats struct {
+		Stats []struct {
+			Attributes struct{ ID string } `json:"attributes"`
+			CPU        struct {
+				UsageCoreNanoSeconds struct {
+					Value uint64 `json:"value,string"`
+				} `json:"usageCoreNanoSeconds"`
+			} `json:"cpu"`
+			Memory struct {
+				WorkingSetBytes struct {
+					Value uint64 `json:"value,string"`
+				} `json:"workingSetBytes"`
+			} `json:"memory"`
+		} `json:"stats"`
+	}
+	c.JSON(t, &stats, "stats", "-o", "json", "--id", ctr)
+	for _, s := range stats.Stats {
+		if s.Attributes.ID == ctr {
+			return usage{s.CPU.UsageCoreNanoSeconds.Value, s.Memory.WorkingSetBytes.Value}
+		}
+	}
+	t.Fatalf("crictl stats has no entry for %s: %+v", ctr, stats)
+	return usage{}
+}
+
+// The cloud VM on a dual-stack pod network, reached every way a user
+// reaches a pod: exec through its guest agent, its serial console through
+// attach (two viewers, Ctrl-] to leave), port-forward to sshd over IPv4
+// and IPv6, stats that follow the guest's CPU; and an agent that stops
+// answering. The tiny VM (no agent) gets the clear error at once.
+func TestReachTheVM(t *testing.T) {
+	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 80, DualStack: true})
+	cloudTr := cloudTranslation(t)
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), tn.Plugin(bins)))
+	d.Translate("test-images.yaml", translation)
+	d.Translate("cloud.yaml", cloudTr)
+	d.Start()
+	c := d.Crictl(crictl)
+	c.Timeout = 3 * time.Minute
+	c.Must(t, "pull", tinyRef)
+	c.Must(t, "pull", "virtlet.cloud/debian-cloud")
+	key, pub := sshKey(t)
+
+	cloudPod, cloudCfg := cloudVMPod(t, d, "reach-cloud", pub)
+	tinyPod, tinyCfg := vmPod(t, d, "reach-tiny", map[string]string{"VirtletForceDHCPNetworkConfig": "true"}, 160<<20)
+	cloudSB := c.Must(t, "runp", cloudPod)
+	tinySB := c.Must(t, "runp", tinyPod)
+	t.Cleanup(func() { c.Run("rmp", "-f", cloudSB, tinySB) })
+	ips := c.PodNetwork(t, cloudSB).IPs
+	if len(ips) != 2 {
+		t.Fatalf("cloud pod IPs %v: want IPv4 and IPv6", ips)
+	}
+	ip4, ip6 := ips[0], ips[1]
+	cloud := c.Must(t, "create", cloudSB, cloudCfg, cloudPod)
+	c.Must(t, "start", cloud)
+	booted := time.Now()
+	tiny := c.Must(t, "create", tinySB, tinyCfg, tinyPod)
+	c.Must(t, "start", tiny)
+
+	t.Run("a VM without a guest agent", func(t *testing.T) {
+		waitLog(t, c, tiny, "@@TINY-READY", 3*time.Minute)
+		start := time.Now()
+		_, errOut, err := c.Run("exec", "-s", tiny, "hostname")
+		took := time.Since(start)
+		if err == nil || !strings.Contains(errOut, "has no guest agent") || !strings.Contains(errOut, "virtletctl ssh") || took > time.Second {
+			t.Fatalf("exec in the tiny VM: %v after %s: %s", err, took, errOut)
+		}
+		t.Logf("no-agent error after %s", took.Round(time.Millisecond))
+		u := containerUsage(t, c, tiny)
+		if u.cpu == 0 || u.workingSet == 0 {
+			t.Errorf("tiny VM stats (host view, no balloon driver in the guest): %+v", u)
+		}
+		c.Must(t, "stop", "--timeout", "0", tiny)
+		_, errOut, err = c.Run("attach", tiny)
+		if err == nil || !strings.Contains(errOut, "not running") {
+			t.Fatalf("attach to a stopped VM: %v %s", err, errOut)
+		}
+	})
+
+	waitAgent(t, c, cloud, 8*time.Minute)
+	t.Logf("the guest agent answers %s after start", time.Since(booted).Round(time.Second))
+
+	t.Run("exec through the guest agent", func(t *testing.T) {
+		out, errOut, err := c.Run("exec", "-s", cloud, "hostname")
+		if err != nil || strings.TrimSpace(out) != "reach-cloud" {
+			t.Fatalf("hostname: %q %q %v", out, errOut, err)
+		}
+		out, errOut, err = c.Run("exec", cloud, "sh", "-c", "echo to-stdout; echo to-stderr >&2")
+		if err != nil || out != "to-stdout\n" || errOut != "to-stderr\n" {
+			t.Fatalf("stdout and stderr apart: %q %q %v", out, errOut, err)
+		}
+		_, errOut, err = c.Run("exec", "-s", cloud, "sh", "-c", "exit 3")
+		if err == nil || !strings.Contains(errOut, "exited with 3") {
+			t.Fatalf("exit 3: %v %s", err, errOut)
+		}
+		start := time.Now()
+		_, errOut, err = c.Run("exec", "-s", "--timeout", "2", cloud, "sleep", "60")
+		took := time.Since(start)
+		if err == nil || !strings.Contains(errOut, "did not finish within 2s") || !strings.Contains(errOut, "was killed") || took > 3*time.Second {
+			t.Fatalf("sleep 60 with a 2 s timeout: after %s: %v %s", took, err, errOut)
+		}
+		out, _, err = c.Run("exec", "-s", cloud, "sh", "-c", `for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sleep ] && echo still-running; done; true`)
+		if err != nil || strings.Contains(out, "still-running") {
+			t.Fatalf("the timed-out sleep still runs in the guest: %q %v", out, err)
+		}
+	})
+
+	t.Run("attach to the serial console", func(t *testing.T) {
+		one := startCrictl(t, c, "attach", "-i", cloud)
+		two := startCrictl(t, c, "attach", "-i", cloud)
+		time.Sleep(2 * time.Second) // both attached
+		io.WriteString(one.in, "\r")
+		one.waitFor(t, "login:", 30*time.Second)
+		two.waitFor(t, "login:", 10*time.Second)
+		io.WriteString(one.in, "debian\r")
+		one.waitFor(t, "Password:", 30*time.Second)
+		io.WriteString(one.in, consolePassword+"\r")
+		time.Sleep(3 * time.Second) // the shell starts
+		io.WriteString(two.in, "echo marker-$((6*7))\r")
+		for _, v := range []*crictlProc{one, two} {
+			v.waitFor(t, "marker-42", 60*time.Second)
+		}
+		io.WriteString(one.in, "exit\r\x1d")
+		select {
+		case err := <-one.exited:
+			if err != nil {
+				t.Fatalf("crictl attach after Ctrl-]: %v\n%s", err, one.out.String())
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("Ctrl-] did not end the attach")
+		}
+		if st := inspectCtr(t, c, cloud).Status.State; st != "CONTAINER_RUNNING" {
+			t.Fatalf("the VM is %s after a detach", st)
+		}
+		// The console kept reaching the CRI log while viewers were attached.
+		waitLog(t, c, cloud, "marker-42", 30*time.Second)
+	})
+
+	t.Run("port-forward to sshd over IPv4 and IPv6", func(t *testing.T) {
+		// A second sshd that listens on IPv6 only: the forward tries the
+		// pod's IPv4 address, is refused, and reaches it over IPv6.
+		if out, errOut, err := c.Run("exec", "-s", cloud, "sh", "-c",
+			"/usr/sbin/sshd -p 2222 -o AddressFamily=inet6 </dev/null >/dev/null 2>&1"); err != nil {
+			t.Fatalf("start an IPv6-only sshd: %v %s %s", err, out, errOut)
+		}
+		p4, p6, closed := freePort(t), freePort(t), freePort(t)
+		fwd4 := startCrictl(t, c, "port-forward", cloudSB, fmt.Sprintf("%d:22", p4))
+		fwd6 := startCrictl(t, c, "port-forward", cloudSB, fmt.Sprintf("%d:2222", p6))
+		fwdClosed := startCrictl(t, c, "port-forward", cloudSB, fmt.Sprintf("%d:23", closed))
+		for _, f := range []*crictlProc{fwd4, fwd6, fwdClosed} {
+			f.waitFor(t, "Forwarding from", 20*time.Second)
+		}
+		// Several streams at once through one forward.
+		var wg sync.WaitGroup
+		errs := make(chan string, 4)
+		for i := 0; i < 4; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				out, err := sshVia(key, p4, fmt.Sprintf("echo stream-%d $SSH_CONNECTION", i))
+				if err != nil || !strings.Contains(out, fmt.Sprintf("stream-%d", i)) || !strings.Contains(out, " "+ip4+" 22") {
+					errs <- fmt.Sprintf("stream %d over IPv4: %v %s", i, err, out)
+				}
+			}(i)
+		}
+		wg.Wait()
+		close(errs)
+		for e := range errs {
+			t.Error(e)
+		}
+		out, err := sshVia(key, p6, "echo $SSH_CONNECTION")
+		if err != nil || !strings.Contains(out, " "+ip6+" 2222") {
+			t.Fatalf("over IPv6 (server %s): %v %s", ip6, err, out)
+		}
+		conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", closed))
+		if err == nil {
+			io.ReadAll(conn) // crictl closes it after the error
+			conn.Close()
+		}
+		fwdClosed.waitFor(t, "connect: connection refused", 20*time.Second)
+		if !strings.Contains(fwdClosed.out.String(), "failed to connect to port 23 of pod default/reach-cloud: IPv4: dial tcp "+ip4+":23: connect: connection refused") {
+			t.Errorf("closed port: %s", fwdClosed.out.String())
+		}
+	})
+
+	t.Run("stats follow the guest", func(t *testing.T) {
+		before := containerUsage(t, c, cloud)
+		if before.cpu == 0 || before.workingSet == 0 {
+			t.Fatalf("stats of a running VM: %+v", before)
+		}
+		idleStart := time.Now()
+		time.Sleep(5 * time.Second)
+		idle := containerUsage(t, c, cloud)
+		idleRate := float64(idle.cpu-before.cpu) / float64(time.Since(idleStart))
+		burnStart := time.Now()
+		c.Must(t, "exec", "-s", "--timeout", "30", cloud, "timeout", "5", "sh", "-c", "while :; do :; done; true")
+		burned := containerUsage(t, c, cloud)
+		burnRate := float64(burned.cpu-idle.cpu) / float64(time.Since(burnStart))
+		t.Logf("CPU: idle %.2f cores, burning %.2f cores; working set %d MiB", idleRate, burnRate, burned.workingSet>>20)
+		if burnRate < idleRate+0.3 {
+			t.Errorf("CPU usage does not follow the guest: idle %.2f, burning %.2f cores", idleRate, burnRate)
+		}
+		var pods struct {
+			Stats []struct {
+				Attributes struct{ ID string } `json:"attributes"`
+				Linux      struct {
+					Network struct {
+						DefaultInterface struct {
+							Name    string `json:"name"`
+							RxBytes struct {
+								Value uint64 `json:"value,string"`
+							} `json:"rxBytes"`
+						} `json:"defaultInterface"`
+					} `json:"network"`
+					Memory struct {
+						WorkingSetBytes struct {
+							Value uint64 `json:"value,string"`
+						} `json:"workingSetBytes"`
+					} `json:"memory"`
+				} `json:"linux"`
+			} `json:"stats"`
+		}
+		c.JSON(t, &pods, "statsp", "-o", "json", "--id", cloudSB)
+		if len(pods.Stats) != 1 || pods.Stats[0].Linux.Network.DefaultInterface.Name != "eth0" ||
+			pods.Stats[0].Linux.Network.DefaultInterface.RxBytes.Value == 0 || pods.Stats[0].Linux.Memory.WorkingSetBytes.Value == 0 {
+			t.Errorf("crictl statsp: %+v", pods)
+		}
+		if out := c.Must(t, "stats"); !strings.Contains(out, cloud[:13]) {
+			t.Errorf("crictl stats table lacks the VM:\n%s", out)
+		}
+	})
+
+	t.Run("an agent that never answers", func(t *testing.T) {
+		// Something in the guest holds the agent's port and never answers.
+		c.Must(t, "exec", "-s", cloud, "systemd-run", "--unit=agent-blackhole", "sh", "-c",
+			"systemctl stop qemu-guest-agent; exec sleep 3600 < /dev/virtio-ports/org.qemu.guest_agent.0")
+		time.Sleep(3 * time.Second)
+		start := time.Now()
+		_, errOut, err := c.Run("exec", "-s", "--timeout", "2", cloud, "hostname")
+		took := time.Since(start)
+		if err == nil || !strings.Contains(errOut, "guest agent") || took > 4*time.Second {
+			t.Fatalf("exec with a silent agent: after %s: %v %s", took, err, errOut)
+		}
+		t.Logf("silent agent: %s after %s", strings.TrimSpace(errOut), took.Round(time.Millisecond))
+	})
+
+	c.Must(t, "stop", "--timeout", "0", cloud)
+	_, errOut, err := c.Run("attach", cloud)
+	if err == nil || !strings.Contains(errOut, "not running") {
+		t.Fatalf("attach to the stopped cloud VM: %v %s", err, errOut)
+	}
+	c.Must(t, "rmp", "-f", cloudSB, tinySB)
+	assertNothingLeft(t, d, c)
+}
