@@ -18,6 +18,7 @@ PKGS=(
   iputils-ping openssh-client                          # reach VM pods from the host in the network e2e
   qemu-block-extra                                    # QEMU's rbd driver (Ceph volumes)
   ceph-mon ceph-osd ceph-common                       # a real one-OSD Ceph cluster for the ceph volume tests
+  etcd-server                                          # the API server of the kubelet-driven e2e (virtletctl)
 )
 missing=()
 for p in "${PKGS[@]}"; do
