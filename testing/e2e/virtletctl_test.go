@@ -1,0 +1,261 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// virtletctl against a real API server and kubelet (v1.36, built from the
+// Go module proxy) whose runtime is the daemon: a VM pod applied with
+// kubectl runs the cloud image; `virtletctl ssh` runs a command in the
+// guest through the API server's port-forward (also as the kubectl plugin
+// `kubectl virt`); virsh, diag, vnc and version reach the node's daemon
+// through the pod's exec subresource; kubectl exec runs through the guest
+// agent; kubelet's summary API shows the VM's usage.
+func TestVirtletctlThroughTheAPIServer(t *testing.T) {
+	kubeBin, err := harness.KubeBinaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctlDir := t.TempDir()
+	ctl := filepath.Join(ctlDir, "virtletctl")
+	build := exec.Command("go", "build", "-ldflags", "-X github.com/virtlet/virtlet/cmd/internal/buildinfo.version=v0.0.0-virtletctl", "-o", ctl, "./cmd/virtletctl")
+	build.Dir = harness.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build virtletctl: %v\n%s", err, out)
+	}
+	os.Symlink(ctl, filepath.Join(ctlDir, "kubectl-virt"))
+
+	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 81})
+	cloudTr := cloudTranslation(t)
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), tn.Plugin(bins)))
+	d.Translate("cloud.yaml", cloudTr)
+	d.Start()
+	k := harness.StartKube(t, kubeBin, d)
+	key, pub := sshKey(t)
+
+	manifest := filepath.Join(t.TempDir(), "pod.yaml")
+	pubJSON, _ := json.Marshal(pub)
+	os.WriteFile(manifest, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: ctl-vm
+  annotations:
+    kubernetes.io/target-runtime: virtlet.cloud
+    VirtletVCPUCount: "1"
+    VirtletSSHKeys: %s
+spec:
+  nodeName: %s
+  automountServiceAccountToken: false
+  containers:
+  - name: ctl-vm
+    image: virtlet.cloud/debian-cloud
+    tty: true
+    stdin: true
+    resources:
+      limits: {memory: 512Mi}
+`, pubJSON, k.Node)), 0o644)
+	if out, err := k.Kubectl("apply", "-f", manifest); err != nil {
+		t.Fatalf("kubectl apply: %v %s", err, out)
+	}
+	t.Cleanup(func() { k.Kubectl("delete", "pod", "ctl-vm", "--grace-period=0", "--force", "--wait=false") })
+	if out, err := k.Kubectl("wait", "--for=condition=Ready", "pod/ctl-vm", "--timeout=5m"); err != nil {
+		describe, _ := k.Kubectl("describe", "pod", "ctl-vm")
+		t.Fatalf("the VM pod is not Ready: %v %s\n%s\nkubelet log:\n%s", err, out, describe, tail(k.Log("kubelet"), 4000))
+	}
+	started := time.Now()
+
+	run := func(args ...string) (string, string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, ctl, append([]string{"--kubeconfig", k.Kubeconfig}, args...)...)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		return stdout.String(), stderr.String(), err
+	}
+
+	var out, errOut string
+	deadline := time.Now().Add(8 * time.Minute)
+	for {
+		out, errOut, err = run("ssh", "-i", key, "debian@ctl-vm", "--", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "echo ssh-ok from $(hostname)")
+		if err == nil && strings.Contains(out, "ssh-ok from ctl-vm") {
+			break
+		}
+		if time.Now().After(deadline) {
+			logs, _ := k.Kubectl("logs", "ctl-vm")
+			t.Fatalf("virtletctl ssh never worked: %v\nstdout: %s\nstderr: %s\nconsole:\n%s", err, out, errOut, tail(logs, 3000))
+		}
+		time.Sleep(3 * time.Second)
+	}
+	t.Logf("virtletctl ssh through the API server %s after the pod was Ready", time.Since(started).Round(time.Second))
+
+	// As the kubectl plugin.
+	kubectl := exec.Command(filepath.Join(kubeBin, "kubectl"), "--kubeconfig", k.Kubeconfig, "virt", "ssh", "-i", key, "debian@ctl-vm", "--", "-o", "BatchMode=yes", "uname -n")
+	kubectl.Env = append(os.Environ(), "PATH="+ctlDir+":"+os.Getenv("PATH"))
+	if b, err := kubectl.CombinedOutput(); err != nil || !strings.Contains(string(b), "ctl-vm") {
+		t.Errorf("kubectl virt ssh: %v %s", err, b)
+	}
+
+	t.Run("kubectl exec through the guest agent", func(t *testing.T) {
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			out, err := k.Kubectl("exec", "ctl-vm", "--", "hostname")
+			if err == nil && out == "ctl-vm" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("kubectl exec hostname: %v %s", err, out)
+			}
+			time.Sleep(3 * time.Second)
+		}
+		out, err := k.Kubectl("exec", "ctl-vm", "--", "sh", "-c", "exit 3")
+		if err == nil || !strings.Contains(out, "exit code 3") {
+			t.Errorf("kubectl exec exit 3: %v %s", err, out)
+		}
+	})
+
+	t.Run("virsh", func(t *testing.T) {
+		out, errOut, err := run("virsh", "ctl-vm", "--", "dominfo")
+		if err != nil || !strings.Contains(out, "running") || !strings.Contains(out, "virtlet-") {
+			t.Fatalf("virsh dominfo: %v %s %s", err, out, errOut)
+		}
+		_, errOut, err = run("virsh", "ctl-vm", "--", "destroy")
+		if err == nil || !strings.Contains(errOut, "only commands that read") {
+			t.Fatalf("virsh destroy: %v %s", err, errOut)
+		}
+		if out, _, _ := run("virsh", "ctl-vm", "--", "domstate"); !strings.Contains(out, "running") {
+			t.Fatalf("the VM after a refused destroy: %s", out)
+		}
+	})
+
+	t.Run("diag dump", func(t *testing.T) {
+		out, errOut, err := run("diag", "dump", "--json")
+		if err != nil {
+			t.Fatalf("diag dump: %v %s", err, errOut)
+		}
+		var report struct {
+			Pods []struct {
+				Pod         string
+				Node        string
+				Diagnostics struct {
+					Version    string
+					VMs        map[string]struct{ Definition string }
+					PluginLogs []json.RawMessage
+					Plugins    map[string]struct{ State string }
+				}
+			}
+		}
+		if err := json.Unmarshal([]byte(out), &report); err != nil || len(report.Pods) != 1 {
+			t.Fatalf("diag dump --json: %v\n%s", err, out)
+		}
+		p := report.Pods[0].Diagnostics
+		if p.Version != harness.Version || len(p.VMs) != 1 || len(p.PluginLogs) == 0 || p.Plugins["libvirt"].State != "running" {
+			t.Fatalf("diagnostics: %+v", p)
+		}
+		for _, vm := range p.VMs {
+			if !strings.Contains(vm.Definition, "org.qemu.guest_agent.0") {
+				t.Errorf("the domain XML lacks the agent channel")
+			}
+		}
+		dir := t.TempDir()
+		if _, errOut, err := run("diag", "dump", dir); err != nil {
+			t.Fatalf("diag dump DIR: %v %s", err, errOut)
+		}
+		if _, err := os.Stat(filepath.Join(dir, k.Node, "default_ctl-vm", "plugin-logs.txt")); err != nil {
+			t.Error(err)
+		}
+	})
+
+	t.Run("vnc", func(t *testing.T) {
+		port := freePort(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		vnc := exec.CommandContext(ctx, ctl, "--kubeconfig", k.Kubeconfig, "vnc", "ctl-vm", "--address", fmt.Sprintf("127.0.0.1:%d", port))
+		stdout, _ := vnc.StdoutPipe()
+		vnc.Stderr = os.Stderr
+		if err := vnc.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer vnc.Wait()
+		line, _ := bufio.NewReader(stdout).ReadString('\n')
+		if !strings.Contains(line, fmt.Sprintf("127.0.0.1:%d", port)) {
+			t.Fatalf("virtletctl vnc says %q", line)
+		}
+		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(30 * time.Second))
+		banner := make([]byte, 12)
+		if _, err := io.ReadFull(conn, banner); err != nil || !strings.HasPrefix(string(banner), "RFB 003.") {
+			t.Fatalf("VNC banner %q %v", banner, err)
+		}
+	})
+
+	t.Run("version", func(t *testing.T) {
+		out, errOut, err := run("version")
+		if err != nil || !strings.Contains(out, "client: v0.0.0-virtletctl") || !strings.Contains(out, "node "+k.Node+": virtlet "+harness.Version) {
+			t.Fatalf("version: %v %s %s", err, out, errOut)
+		}
+	})
+
+	t.Run("kubelet's summary API", func(t *testing.T) {
+		var summary struct {
+			Pods []struct {
+				PodRef     struct{ Name string }
+				Containers []struct {
+					Name string
+					CPU  struct{ UsageCoreNanoSeconds uint64 }
+					Memory struct{ WorkingSetBytes uint64 }
+				}
+			}
+		}
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			raw, err := k.Kubectl("get", "--raw", "/api/v1/nodes/"+k.Node+"/proxy/stats/summary")
+			if err == nil && json.Unmarshal([]byte(raw), &summary) == nil {
+				for _, p := range summary.Pods {
+					for _, c := range p.Containers {
+						if p.PodRef.Name == "ctl-vm" && c.CPU.UsageCoreNanoSeconds > 0 && c.Memory.WorkingSetBytes > 0 {
+							return
+						}
+					}
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the summary API has no usage of the VM pod: %v\n%s", err, raw)
+			}
+			time.Sleep(5 * time.Second)
+		}
+	})
+
+	if out, err := k.Kubectl("delete", "pod", "ctl-vm", "--timeout=3m"); err != nil {
+		t.Fatalf("kubectl delete: %v %s", err, out)
+	}
+	c := d.Crictl(crictl)
+	harness.Eventually(t, 2*time.Minute, "the pod's VM removed", func() bool { return len(harness.DomainsUsing(d.Dir)) == 0 })
+	if out := c.Must(t, "ps", "-a", "-q"); out != "" {
+		t.Errorf("containers left after kubectl delete: %s", out)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}

@@ -1,0 +1,328 @@
+package harness
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Kube is a loopback-only control plane (etcd, kube-apiserver) and a
+// kubelet whose container runtime is a Virtlet daemon: the path kubectl
+// and virtletctl take to a VM pod. Every process runs under the test and
+// is stopped by its PID; nothing listens beyond loopback.
+//
+// This machine's quirks: cgroup v1 (kubelet needs failCgroupV1: false and
+// the cgroupfs driver); kubelet would set host sysctls, so it runs in its
+// own mount namespace with those /proc/sys files bound over; the API
+// server reaches the kubelet by the node's host name, which resolves to a
+// loopback address here.
+type Kube struct {
+	t          testing.TB
+	Dir        string
+	Bin        string // kube-apiserver, kubelet, kubectl
+	Node       string
+	Kubeconfig string // admin
+	APIServer  string // https://127.0.0.1:port
+	procs      []*exec.Cmd
+	rootDir    string
+}
+
+// KubeBinaries builds (or finds in the cache) the Kubernetes binaries.
+func KubeBinaries() (string, error) {
+	cmd := exec.Command(filepath.Join(RepoRoot(), "testing", "k8s", "build.sh"))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("build the Kubernetes binaries: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// StartKube runs etcd, kube-apiserver and a kubelet pointed at the
+// daemon's CRI socket, and waits for the node to be Ready.
+func StartKube(t testing.TB, bin string, d *Daemon) *Kube {
+	t.Helper()
+	node, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if addrs, err := net.LookupHost(node); err != nil || len(addrs) == 0 || !net.ParseIP(addrs[0]).IsLoopback() {
+		t.Fatalf("the host name %s must resolve to a loopback address (the API server reaches the kubelet by it): %v %v", node, addrs, err)
+	}
+	dir, err := os.MkdirTemp("", "virtlet-kube-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &Kube{t: t, Dir: dir, Bin: bin, Node: node}
+	t.Cleanup(func() { k.stop(); os.RemoveAll(dir) })
+	pki := k.makePKI()
+	etcdClient, etcdPeer, apiPort := freePort(t), freePort(t), freePort(t)
+	kubeletPort, healthz := freePort(t), freePort(t)
+	k.APIServer = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+
+	k.start("etcd", "etcd", "--name", "virtlet-test", "--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", fmt.Sprintf("http://127.0.0.1:%d", etcdClient), "--advertise-client-urls", fmt.Sprintf("http://127.0.0.1:%d", etcdClient),
+		"--listen-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", etcdPeer), "--initial-advertise-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", etcdPeer),
+		"--initial-cluster", fmt.Sprintf("virtlet-test=http://127.0.0.1:%d", etcdPeer), "--unsafe-no-fsync")
+	k.start("kube-apiserver", filepath.Join(bin, "kube-apiserver"),
+		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", etcdClient),
+		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", apiPort), "--advertise-address=127.0.0.1",
+		"--tls-cert-file="+pki("apiserver.crt"), "--tls-private-key-file="+pki("apiserver.key"), "--client-ca-file="+pki("ca.crt"),
+		"--service-account-key-file="+pki("sa.pub"), "--service-account-signing-key-file="+pki("sa.key"),
+		"--service-account-issuer=https://kubernetes.default.svc", "--service-cluster-ip-range=10.96.0.0/24",
+		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+		// No controller manager: no service account tokens, no taint removal.
+		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+		"--kubelet-client-certificate="+pki("apiserver-kubelet-client.crt"), "--kubelet-client-key="+pki("apiserver-kubelet-client.key"),
+		"--kubelet-certificate-authority="+pki("ca.crt"), "--kubelet-preferred-address-types=Hostname,InternalIP",
+		"--endpoint-reconciler-type=none")
+	k.Kubeconfig = k.kubeconfig("admin")
+	k.wait("the API server", 3*time.Minute, func() bool { _, err := k.Kubectl("get", "--raw", "/readyz"); return err == nil })
+
+	k.rootDir = filepath.Join(dir, "kubelet")
+	sysctls := filepath.Join(dir, "sysctl")
+	for _, p := range []string{k.rootDir, sysctls, filepath.Join(dir, "pod-logs")} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, v := range map[string]string{"overcommit_memory": "1", "panic": "10", "panic_on_oops": "1"} {
+		os.WriteFile(filepath.Join(sysctls, name), []byte(v+"\n"), 0o644)
+	}
+	// kubelet's volume mounts must be visible to the daemon: its root dir
+	// is a shared mount.
+	if out, err := exec.Command("sh", "-c", fmt.Sprintf("mount --bind %[1]s %[1]s && mount --make-shared %[1]s", k.rootDir)).CombinedOutput(); err != nil {
+		t.Fatalf("kubelet root dir: %v %s", err, out)
+	}
+	config := filepath.Join(dir, "kubelet.yaml")
+	os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: %d
+healthzBindAddress: 127.0.0.1
+healthzPort: %d
+readOnlyPort: 0
+cgroupDriver: cgroupfs
+failSwapOn: false
+failCgroupV1: false
+containerRuntimeEndpoint: unix://%s
+podLogsDir: %s
+tlsCertFile: %s
+tlsPrivateKeyFile: %s
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: %s}
+authorization: {mode: Webhook}
+resolvConf: ""
+protectKernelDefaults: true
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.available: "1%%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+nodeStatusReportFrequency: 10s
+syncFrequency: 10s
+`, kubeletPort, healthz, d.Socket, filepath.Join(dir, "pod-logs"), pki("kubelet-serving.crt"), pki("kubelet-serving.key"), pki("ca.crt"))), 0o644)
+	k.start("kubelet", "unshare", "-m", "--propagation", "unchanged", "--", "sh", "-c", fmt.Sprintf(
+		"mount --bind %[1]s/overcommit_memory /proc/sys/vm/overcommit_memory && mount --bind %[1]s/panic /proc/sys/kernel/panic && "+
+			"mount --bind %[1]s/panic_on_oops /proc/sys/kernel/panic_on_oops && exec %[2]s --config=%[3]s --kubeconfig=%[4]s --root-dir=%[5]s --hostname-override=%[6]s --v=2",
+		sysctls, filepath.Join(bin, "kubelet"), config, k.kubeconfig("kubelet"), k.rootDir, node))
+	k.wait("node "+node+" Ready", 3*time.Minute, func() bool {
+		out, err := k.Kubectl("get", "node", node, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		return err == nil && out == "True"
+	})
+	return k
+}
+
+// Kubectl runs kubectl as the cluster's admin.
+func (k *Kube) Kubectl(args ...string) (string, error) {
+	out, err := exec.Command(filepath.Join(k.Bin, "kubectl"), append([]string{"--kubeconfig", k.Kubeconfig}, args...)...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// Log returns a component's log ("etcd", "kube-apiserver", "kubelet").
+func (k *Kube) Log(name string) string {
+	b, _ := os.ReadFile(filepath.Join(k.Dir, name+".log"))
+	return string(b)
+}
+
+func (k *Kube) start(name, bin string, args ...string) {
+	k.t.Helper()
+	logf, err := os.Create(filepath.Join(k.Dir, name+".log"))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		k.t.Fatalf("start %s: %v", name, err)
+	}
+	go func() { cmd.Wait(); logf.Close() }()
+	k.procs = append(k.procs, cmd)
+}
+
+func (k *Kube) wait(what string, timeout time.Duration, ready func() bool) {
+	k.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !ready() {
+		if time.Now().After(deadline) {
+			k.t.Fatalf("%s not up after %s\nkubelet log tail:\n%s\napiserver log tail:\n%s", what, timeout, tail(k.Log("kubelet"), 3000), tail(k.Log("kube-apiserver"), 2000))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// stop ends the processes, newest first, by PID, and unmounts what the
+// kubelet mounted.
+func (k *Kube) stop() {
+	for i := len(k.procs) - 1; i >= 0; i-- {
+		p := k.procs[i].Process
+		p.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { p.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			p.Kill()
+		}
+	}
+	k.procs = nil
+	if k.rootDir == "" {
+		return
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	var under []string
+	for _, line := range strings.Split(string(mounts), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == k.rootDir || strings.HasPrefix(f[4], k.rootDir+"/")) {
+			under = append(under, f[4])
+		}
+	}
+	for i := len(under) - 1; i >= 0; i-- {
+		syscall.Unmount(under[i], syscall.MNT_DETACH)
+	}
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// makePKI writes the cluster's CA, certificates and keys; it returns the
+// path of a file in the PKI directory.
+func (k *Kube) makePKI() func(string) string {
+	k.t.Helper()
+	dir := filepath.Join(k.Dir, "pki")
+	os.MkdirAll(dir, 0o700)
+	path := func(n string) string { return filepath.Join(dir, n) }
+	caKey := k.key("ca")
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "virtlet-test-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	k.writePEM("ca.crt", "CERTIFICATE", caDER)
+	ca, _ := x509.ParseCertificate(caDER)
+	serial := int64(2)
+	issue := func(name, cn string, orgs []string, server bool, dns []string) {
+		key := k.key(name)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn, Organization: orgs},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+		serial++
+		if server {
+			tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
+			tmpl.DNSNames = dns
+			tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.96.0.1")}
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			k.t.Fatal(err)
+		}
+		k.writePEM(name+".crt", "CERTIFICATE", der)
+	}
+	issue("apiserver", "kube-apiserver", nil, true, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"})
+	issue("admin", "admin", []string{"system:masters"}, false, nil)
+	issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, false, nil)
+	issue("kubelet", "system:node:"+k.Node, []string{"system:nodes"}, false, nil)
+	issue("kubelet-serving", k.Node, nil, true, []string{k.Node, "localhost"})
+	sa := k.key("sa")
+	pub, err := x509.MarshalPKIXPublicKey(&sa.PublicKey)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	k.writePEM("sa.pub", "PUBLIC KEY", pub)
+	return path
+}
+
+func (k *Kube) key(name string) *ecdsa.PrivateKey {
+	k.t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	k.writePEM(name+".key", "EC PRIVATE KEY", der)
+	return key
+}
+
+func (k *Kube) writePEM(name, typ string, der []byte) {
+	k.t.Helper()
+	if err := os.WriteFile(filepath.Join(k.Dir, "pki", name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		k.t.Fatal(err)
+	}
+}
+
+// kubeconfig writes a kubeconfig for a client certificate.
+func (k *Kube) kubeconfig(user string) string {
+	k.t.Helper()
+	p := filepath.Join(k.Dir, user+".kubeconfig")
+	pki := filepath.Join(k.Dir, "pki")
+	content := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {server: %q, certificate-authority: %q}
+users:
+- name: %s
+  user: {client-certificate: %q, client-key: %q}
+contexts:
+- name: test
+  context: {cluster: test, user: %s, namespace: default}
+current-context: test
+`, k.APIServer, filepath.Join(pki, "ca.crt"), user, filepath.Join(pki, user+".crt"), filepath.Join(pki, user+".key"), user)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		k.t.Fatal(err)
+	}
+	return p
+}
