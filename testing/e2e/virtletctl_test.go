@@ -218,8 +218,8 @@ spec:
 			Pods []struct {
 				PodRef     struct{ Name string }
 				Containers []struct {
-					Name string
-					CPU  struct{ UsageCoreNanoSeconds uint64 }
+					Name   string
+					CPU    struct{ UsageCoreNanoSeconds uint64 }
 					Memory struct{ WorkingSetBytes uint64 }
 				}
 			}
