@@ -164,6 +164,12 @@ var (
 
 // realDaemon prepares a daemon with the shipped plugins (built once per run).
 func realDaemon(b *testing.B) *harness.Daemon {
+	dir := builtBinaries(b)
+	return harness.NewDaemon(b, filepath.Join(dir, "virtlet"), harness.Shipped(dir))
+}
+
+// builtBinaries builds the daemon and the shipped plugins once.
+func builtBinaries(b *testing.B) string {
 	if err := harness.EnsureLibvirt(); err != nil {
 		b.Fatal(err)
 	}
@@ -176,7 +182,7 @@ func realDaemon(b *testing.B) *harness.Daemon {
 	if buildErr != nil {
 		b.Fatal(buildErr)
 	}
-	return harness.NewDaemon(b, filepath.Join(binsDir, "virtlet"), harness.Shipped(binsDir))
+	return binsDir
 }
 
 func median(d []time.Duration) time.Duration {
