@@ -51,7 +51,12 @@ bin/virtlet: FORCE $(addprefix bin/,$(DEFAULT_PLUGINS))
 bin/virtlet-flexvolume-driver: FORCE
 	$(GO) build -o $@ ./cmd/virtlet-flexvolume-driver
 
-build: bin/virtlet bin/virtlet-flexvolume-driver $(TEST_PLUGINS)
+# virtletctl; as bin/kubectl-virt it is the kubectl plugin `kubectl virt`.
+bin/virtletctl: FORCE
+	$(GO) build -ldflags "-X $(BUILDINFO).version=$(VERSION)" -o $@ ./cmd/virtletctl
+	ln -sf virtletctl bin/kubectl-virt
+
+build: bin/virtlet bin/virtlet-flexvolume-driver bin/virtletctl $(TEST_PLUGINS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -70,7 +75,7 @@ integration:
 test: deps lint unit integration
 
 e2e: deps
-	@if [ -d testing/e2e ]; then $(GO) test -count=1 -timeout 60m ./testing/e2e/...; else echo "no real-VM suites yet"; fi
+	@if [ -d testing/e2e ]; then $(GO) test -count=1 -timeout 80m ./testing/e2e/...; else echo "no real-VM suites yet"; fi
 
 check: test e2e
 
