@@ -103,6 +103,9 @@ func (h *Hypervisor) openHub(r *record, dom *libvirt.Domain) (*consoleHub, error
 // read copies the console's output to every viewer until the stream ends
 // (the VM stopped) or the last viewer left.
 func (hub *consoleHub) read() {
+	// Only this goroutine frees the stream, once Recv returned: close
+	// merely aborts it.
+	defer hub.stream.Free()
 	buf := make([]byte, 32<<10)
 	var err error
 	for {
@@ -160,8 +163,7 @@ func (hub *consoleHub) close(err error) {
 	for v := range viewers {
 		v.detach(err)
 	}
-	hub.stream.Abort()
-	hub.stream.Free()
+	hub.stream.Abort() // wakes read, which frees the stream
 	hub.h.consoleMu.Lock()
 	if hub.h.consoles[hub.id] == hub {
 		delete(hub.h.consoles, hub.id)

@@ -20,7 +20,7 @@ func spec(t *testing.T, id string) ports.VMSpec {
 }
 
 func TestContractInProcess(t *testing.T) {
-	hypervisortest.Run(t, hypervisortest.Env{Hypervisor: fakehypervisor.New(), NewSpec: spec, StopTimeout: time.Second})
+	hypervisortest.Run(t, hypervisortest.Env{Hypervisor: fakehypervisor.New(), NewSpec: spec, StopTimeout: time.Second, GuestAgent: true})
 }
 
 // The same contract through the plugin shims over real gRPC: what the
@@ -33,7 +33,7 @@ func TestContractOverGRPC(t *testing.T) {
 			*hypervisor.Client
 			specs
 		}{client, specs{fake}},
-		NewSpec: spec, StopTimeout: time.Second,
+		NewSpec: spec, StopTimeout: time.Second, GuestAgent: true,
 	})
 }
 

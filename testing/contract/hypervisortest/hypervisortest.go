@@ -21,6 +21,9 @@ type Env struct {
 	NewSpec func(t *testing.T, id string) ports.VMSpec
 	// StopTimeout is how long a graceful stop may take.
 	StopTimeout time.Duration
+	// GuestAgent: guests of NewSpec run a guest agent (exec must work);
+	// else exec must fail at once with ErrFailedPrecondition.
+	GuestAgent bool
 }
 
 // Run checks the contract.
@@ -129,6 +132,8 @@ func Run(t *testing.T, env Env) {
 			t.Fatalf("stop with no grace period: %+v %v", st, err)
 		}
 	})
+
+	t.Run("reaching a running VM", func(t *testing.T) { runAccess(t, env, id(4)) })
 
 	t.Run("spec round trip", func(t *testing.T) {
 		r, ok := hv.(interface {

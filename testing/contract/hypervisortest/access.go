@@ -1,0 +1,135 @@
+package hypervisortest
+
+import (
+	"context"
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// runAccess checks the ways into a running VM that the implementation
+// offers (ConsoleOpener, GuestExecer, StatsReporter, VMInspector).
+func runAccess(t *testing.T, env Env, vmID string) {
+	hv := env.Hypervisor
+	ctx := context.Background()
+	if err := hv.Define(ctx, env.NewSpec(t, vmID)); err != nil {
+		t.Fatal(err)
+	}
+	defer hv.Undefine(ctx, vmID)
+	if err := hv.Start(ctx, vmID); err != nil {
+		t.Fatal(err)
+	}
+
+	var second io.ReadWriteCloser
+	if co, ok := hv.(ports.ConsoleOpener); ok {
+		t.Run("console viewers share the console", func(t *testing.T) {
+			one, err := co.OpenConsole(ctx, vmID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if second, err = co.OpenConsole(ctx, vmID); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := one.Write([]byte("\r")); err != nil {
+				t.Fatalf("write to the console: %v", err)
+			}
+			for i, v := range []io.Reader{one, second} {
+				got := make(chan error, 1)
+				go func() {
+					_, err := v.Read(make([]byte, 256))
+					got <- err
+				}()
+				select {
+				case err := <-got:
+					if err != nil {
+						t.Fatalf("viewer %d: %v", i+1, err)
+					}
+				case <-time.After(60 * time.Second):
+					t.Fatalf("viewer %d saw no console output", i+1)
+				}
+			}
+			one.Close()
+		})
+	}
+	if sr, ok := hv.(ports.StatsReporter); ok {
+		t.Run("stats of the running VM only", func(t *testing.T) {
+			stats, err := sr.Stats(ctx, []string{vmID, "0000000000000000"})
+			if err != nil || len(stats) != 1 {
+				t.Fatalf("Stats: %+v %v", stats, err)
+			}
+			s := stats[0]
+			root := false
+			for _, d := range s.Disks {
+				root = root || d.Name == "root"
+			}
+			if s.ID != vmID || s.CPUNanos == 0 || s.Memory.CurrentBytes == 0 || !root || s.Timestamp.IsZero() {
+				t.Fatalf("stats %+v", s)
+			}
+		})
+	}
+	if vi, ok := hv.(ports.VMInspector); ok {
+		t.Run("diagnostics", func(t *testing.T) {
+			d, err := vi.Diagnose(ctx, vmID)
+			if err != nil || d.Definition == "" {
+				t.Fatalf("Diagnose: %+v %v", d, err)
+			}
+			if _, err := vi.Inspect(ctx, vmID, []string{"destroy"}); !errors.Is(err, ports.ErrInvalidArgument) {
+				t.Fatalf("Inspect destroy: %v", err)
+			}
+			disp, err := vi.Display(ctx, vmID)
+			if err != nil || disp.Protocol != "vnc" || disp.Address == "" {
+				t.Fatalf("Display: %+v %v", disp, err)
+			}
+		})
+	}
+	if ge, ok := hv.(ports.GuestExecer); ok {
+		t.Run("guest exec", func(t *testing.T) {
+			start := time.Now()
+			res, err := ge.GuestExec(ctx, vmID, ports.GuestExecRequest{Argv: []string{"hostname"}, Timeout: 10 * time.Second})
+			if env.GuestAgent {
+				if err != nil || res.ExitCode != 0 || len(res.Stdout) == 0 {
+					t.Fatalf("hostname: %+v %v", res, err)
+				}
+				return
+			}
+			if !errors.Is(err, ports.ErrFailedPrecondition) || time.Since(start) > time.Second {
+				t.Fatalf("a guest without agent: %v after %s", err, time.Since(start))
+			}
+		})
+	}
+
+	if _, err := hv.Stop(ctx, vmID, 0); err != nil {
+		t.Fatal(err)
+	}
+	if co, ok := hv.(ports.ConsoleOpener); ok {
+		if _, err := co.OpenConsole(ctx, vmID); !errors.Is(err, ports.ErrFailedPrecondition) {
+			t.Errorf("console of a stopped VM: %v", err)
+		}
+		if second != nil {
+			ended := make(chan struct{})
+			go func() {
+				buf := make([]byte, 4096)
+				for {
+					if _, err := second.Read(buf); err != nil {
+						close(ended)
+						return
+					}
+				}
+			}()
+			select {
+			case <-ended:
+			case <-time.After(30 * time.Second):
+				t.Error("a viewer's stream outlived the VM")
+			}
+			second.Close()
+		}
+	}
+	if sr, ok := hv.(ports.StatsReporter); ok {
+		if stats, err := sr.Stats(ctx, []string{vmID}); err != nil || len(stats) != 0 {
+			t.Errorf("stats of a stopped VM: %+v %v", stats, err)
+		}
+	}
+}
