@@ -163,9 +163,8 @@ func (h *Hypervisor) GuestExec(ctx context.Context, id string, req ports.GuestEx
 	}
 	pid, err := startExec(runCtx, dom, name, req.Argv, req.Stdin)
 	if err != nil {
-		if runCtx.Err() != nil && ctx.Err() == nil {
-			return ports.GuestExecResult{TimedOut: true, KillError: "the command may not have started: " + err.Error()}, nil
-		}
+		// An agent that holds its channel but does not answer ends here,
+		// at the caller's deadline.
 		return ports.GuestExecResult{}, fmt.Errorf("start %q: %w", req.Argv[0], err)
 	}
 	res := ports.GuestExecResult{PID: pid}
