@@ -24,29 +24,11 @@ import (
 // cloud-init for the console login.
 const consolePassword = "virtlet-e2e"
 
-// screen collects what a crictl process prints.
-type screen struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *screen) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *screen) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // crictlProc runs a long-lived crictl (attach, port-forward).
 type crictlProc struct {
 	cmd    *exec.Cmd
 	in     io.WriteCloser
-	out    *screen
+	out    *harness.Screen
 	exited chan error
 }
 
@@ -57,7 +39,7 @@ func startCrictl(t *testing.T, c *harness.Crictl, args ...string) *crictlProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &crictlProc{cmd: cmd, in: in, out: &screen{}, exited: make(chan error, 1)}
+	p := &crictlProc{cmd: cmd, in: in, out: &harness.Screen{}, exited: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

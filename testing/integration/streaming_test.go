@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -172,12 +171,12 @@ func TestAttachThroughCrictl(t *testing.T) {
 	type viewer struct {
 		cmd *exec.Cmd
 		in  io.WriteCloser
-		out *lockedBuffer
+		out *harness.Screen
 	}
 	attach := func() viewer {
 		cmd := exec.Command(c.Bin, "--config", "/dev/null", "--runtime-endpoint", c.Endpoint, "attach", "-i", ctr)
 		in, _ := cmd.StdinPipe()
-		out := &lockedBuffer{}
+		out := &harness.Screen{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -230,23 +229,6 @@ func TestAttachThroughCrictl(t *testing.T) {
 	if err == nil || !strings.Contains(errOut, "not running") || !strings.Contains(errOut, "FailedPrecondition") {
 		t.Fatalf("attach to a stopped VM: %v %s", err, errOut)
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // crictl stats and statsp show the fake VM's usage; the pod without a
@@ -314,7 +296,7 @@ func TestVirtletctlCommandsOverExec(t *testing.T) {
 	pr, pw := io.Pipe()
 	out.Reset()
 	vnc := make(chan error, 1)
-	sync := &lockedBuffer{}
+	sync := &harness.Screen{}
 	go func() { vnc <- streamExec(t, rt, ctr, []string{vmtools.VNC}, pr, sync, nil) }()
 	harness.Eventually(t, 10*time.Second, "the RFB banner", func() bool { return strings.Contains(sync.String(), fakehypervisor.FakeRFBBanner) })
 	io.WriteString(pw, "client hello")
