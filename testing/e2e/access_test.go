@@ -210,6 +210,11 @@ func TestReachTheVM(t *testing.T) {
 
 	waitAgent(t, c, cloud, 8*time.Minute)
 	t.Logf("the guest agent answers %s after start", time.Since(booted).Round(time.Second))
+	// The console password is set by cloud-init: wait until it is done.
+	if out, errOut, err := c.Run("exec", "-s", "--timeout", "600", cloud, "cloud-init", "status", "--wait"); err != nil {
+		t.Fatalf("cloud-init status --wait: %v %s %s", err, out, errOut)
+	}
+	t.Logf("cloud-init done %s after start", time.Since(booted).Round(time.Second))
 
 	t.Run("exec through the guest agent", func(t *testing.T) {
 		out, errOut, err := c.Run("exec", "-s", cloud, "hostname")
@@ -324,7 +329,7 @@ func TestReachTheVM(t *testing.T) {
 		idle := containerUsage(t, c, cloud)
 		idleRate := float64(idle.cpu-before.cpu) / float64(time.Since(idleStart))
 		burnStart := time.Now()
-		c.Must(t, "exec", "-s", "--timeout", "30", cloud, "timeout", "5", "sh", "-c", "while :; do :; done; true")
+		c.Must(t, "exec", "-s", "--timeout", "30", cloud, "sh", "-c", `timeout 5 sh -c "while :; do :; done"; true`)
 		burned := containerUsage(t, c, cloud)
 		burnRate := float64(burned.cpu-idle.cpu) / float64(time.Since(burnStart))
 		t.Logf("CPU: idle %.2f cores, burning %.2f cores; working set %d MiB", idleRate, burnRate, burned.workingSet>>20)
