@@ -29,7 +29,8 @@ type crictlProc struct {
 	cmd    *exec.Cmd
 	in     io.WriteCloser
 	out    *harness.Screen
-	exited chan error
+	exited chan struct{} // closed when the process ended
+	err    error         // its exit status, once exited is closed
 }
 
 func startCrictl(t *testing.T, c *harness.Crictl, args ...string) *crictlProc {
@@ -39,12 +40,12 @@ func startCrictl(t *testing.T, c *harness.Crictl, args ...string) *crictlProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &crictlProc{cmd: cmd, in: in, out: &harness.Screen{}, exited: make(chan error, 1)}
+	p := &crictlProc{cmd: cmd, in: in, out: &harness.Screen{}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.exited <- cmd.Wait() }()
+	go func() { p.err = cmd.Wait(); close(p.exited) }()
 	t.Cleanup(func() { cmd.Process.Kill(); <-p.exited })
 	return p
 }
@@ -258,9 +259,9 @@ func TestReachTheVM(t *testing.T) {
 		}
 		io.WriteString(one.in, "exit\r\x1d")
 		select {
-		case err := <-one.exited:
-			if err != nil {
-				t.Fatalf("crictl attach after Ctrl-]: %v\n%s", err, one.out.String())
+		case <-one.exited:
+			if one.err != nil {
+				t.Fatalf("crictl attach after Ctrl-]: %v\n%s", one.err, one.out.String())
 			}
 		case <-time.After(15 * time.Second):
 			t.Fatal("Ctrl-] did not end the attach")
