@@ -103,8 +103,10 @@ spec:
 	t.Logf("virtletctl ssh through the API server %s after the pod was Ready", time.Since(started).Round(time.Second))
 
 	// As the kubectl plugin.
-	kubectl := exec.Command(filepath.Join(kubeBin, "kubectl"), "--kubeconfig", k.Kubeconfig, "virt", "ssh", "-i", key, "debian@ctl-vm", "--", "-o", "BatchMode=yes", "uname -n")
-	kubectl.Env = append(os.Environ(), "PATH="+ctlDir+":"+os.Getenv("PATH"))
+	// kubectl takes no flags before a plugin's name: the kubeconfig comes
+	// from the environment.
+	kubectl := exec.Command(filepath.Join(kubeBin, "kubectl"), "virt", "ssh", "-i", key, "debian@ctl-vm", "--", "-o", "BatchMode=yes", "uname -n")
+	kubectl.Env = append(os.Environ(), "PATH="+ctlDir+":"+os.Getenv("PATH"), "KUBECONFIG="+k.Kubeconfig)
 	if b, err := kubectl.CombinedOutput(); err != nil || !strings.Contains(string(b), "ctl-vm") {
 		t.Errorf("kubectl virt ssh: %v %s", err, b)
 	}
@@ -189,7 +191,7 @@ spec:
 		if err := vnc.Start(); err != nil {
 			t.Fatal(err)
 		}
-		defer vnc.Wait()
+		defer func() { cancel(); vnc.Wait() }() // virtletctl vnc serves until stopped
 		line, _ := bufio.NewReader(stdout).ReadString('\n')
 		if !strings.Contains(line, fmt.Sprintf("127.0.0.1:%d", port)) {
 			t.Fatalf("virtletctl vnc says %q", line)
