@@ -4,12 +4,15 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,8 +39,10 @@ type Kube struct {
 	Node       string
 	Kubeconfig string // admin
 	APIServer  string // https://127.0.0.1:port
-	procs      []*exec.Cmd
-	rootDir    string
+	// KubeletPort is the kubelet's HTTPS port on 127.0.0.1.
+	KubeletPort int
+	procs       []*exec.Cmd
+	rootDir     string
 }
 
 // KubeBinaries builds (or finds in the cache) the Kubernetes binaries.
@@ -71,6 +76,7 @@ func StartKube(t testing.TB, bin string, d *Daemon) *Kube {
 	pki := k.makePKI()
 	etcdClient, etcdPeer, apiPort := freePort(t), freePort(t), freePort(t)
 	kubeletPort, healthz := freePort(t), freePort(t)
+	k.KubeletPort = kubeletPort
 	k.APIServer = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
 
 	k.start("etcd", "etcd", "--name", "virtlet-test", "--data-dir", filepath.Join(dir, "etcd"),
@@ -150,6 +156,34 @@ syncFrequency: 10s
 func (k *Kube) Kubectl(args ...string) (string, error) {
 	out, err := exec.Command(filepath.Join(k.Bin, "kubectl"), append([]string{"--kubeconfig", k.Kubeconfig}, args...)...).CombinedOutput()
 	return strings.TrimSpace(string(out)), err
+}
+
+// KubeletGet reads a path of the kubelet's API as the API server does
+// (its kubelet client certificate).
+func (k *Kube) KubeletGet(path string) (string, error) {
+	pki := filepath.Join(k.Dir, "pki")
+	cert, err := tls.LoadX509KeyPair(filepath.Join(pki, "apiserver-kubelet-client.crt"), filepath.Join(pki, "apiserver-kubelet-client.key"))
+	if err != nil {
+		return "", err
+	}
+	caPEM, err := os.ReadFile(filepath.Join(pki, "ca.crt"))
+	if err != nil {
+		return "", err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, ServerName: "localhost"}}}
+	resp, err := client.Get(fmt.Sprintf("https://127.0.0.1:%d%s", k.KubeletPort, path))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return string(body), fmt.Errorf("kubelet %s: %s", path, resp.Status)
+	}
+	return string(body), err
 }
 
 // Log returns a component's log ("etcd", "kube-apiserver", "kubelet").
