@@ -61,16 +61,6 @@ func (p *crictlProc) waitFor(t *testing.T, what string, timeout time.Duration) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // sshVia runs a command in the guest through a local port (a port-forward).
 func sshVia(key string, port int, command string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -280,7 +270,7 @@ func TestReachTheVM(t *testing.T) {
 			"/usr/sbin/sshd -p 2222 -o AddressFamily=inet6 </dev/null >/dev/null 2>&1"); err != nil {
 			t.Fatalf("start an IPv6-only sshd: %v %s %s", err, out, errOut)
 		}
-		p4, p6, closed := freePort(t), freePort(t), freePort(t)
+		p4, p6, closed := harness.FreePort(t), harness.FreePort(t), harness.FreePort(t)
 		fwd4 := startCrictl(t, c, "port-forward", cloudSB, fmt.Sprintf("%d:22", p4))
 		fwd6 := startCrictl(t, c, "port-forward", cloudSB, fmt.Sprintf("%d:2222", p6))
 		fwdClosed := startCrictl(t, c, "port-forward", cloudSB, fmt.Sprintf("%d:23", closed))

@@ -182,7 +182,7 @@ spec:
 	})
 
 	t.Run("vnc", func(t *testing.T) {
-		port := freePort(t)
+		port := harness.FreePort(t)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		vnc := exec.CommandContext(ctx, ctl, "--kubeconfig", k.Kubeconfig, "vnc", "ctl-vm", "--address", fmt.Sprintf("127.0.0.1:%d", port))

@@ -74,8 +74,8 @@ func StartKube(t testing.TB, bin string, d *Daemon) *Kube {
 	k := &Kube{t: t, Dir: dir, Bin: bin, Node: node}
 	t.Cleanup(func() { k.stop(); os.RemoveAll(dir) })
 	pki := k.makePKI()
-	etcdClient, etcdPeer, apiPort := freePort(t), freePort(t), freePort(t)
-	kubeletPort, healthz := freePort(t), freePort(t)
+	etcdClient, etcdPeer, apiPort := FreePort(t), FreePort(t), FreePort(t)
+	kubeletPort, healthz := FreePort(t), FreePort(t)
 	k.KubeletPort = kubeletPort
 	k.APIServer = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
 
@@ -257,7 +257,8 @@ func (k *Kube) stop() {
 	}
 }
 
-func freePort(t testing.TB) int {
+// FreePort returns a TCP port free on 127.0.0.1 now.
+func FreePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
