@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -59,6 +61,11 @@ func (p *crictlProc) waitFor(t *testing.T, what string, timeout time.Duration) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+func fdsOf(pid int) []os.DirEntry {
+	entries, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	return entries
 }
 
 // sshVia runs a command in the guest through a local port (a port-forward).
@@ -354,6 +361,40 @@ func TestReachTheVM(t *testing.T) {
 		}
 		if out := c.Must(t, "stats"); !strings.Contains(out, cloud[:13]) {
 			t.Errorf("crictl stats table lacks the VM:\n%s", out)
+		}
+	})
+
+	t.Run("exec output limits and no leaks through the real agent", func(t *testing.T) {
+		out, errOut, err := c.Run("exec", cloud, "sh", "-c", "head -c 1500000 /dev/zero | tr '\\0' x")
+		if err != nil || len(out) != 1<<20 || !strings.Contains(errOut, "stdout cut at 1048576 bytes") {
+			t.Fatalf("1.5 MB of output: %d bytes, stderr %q, %v", len(out), errOut, err)
+		}
+		_, errOut, err = c.Run("exec", "-s", cloud, "sh", "-c", "head -c 6000000 /dev/zero | tr '\\0' x")
+		t.Logf("6 MB of output: %v: %s", err, strings.TrimSpace(errOut))
+		if err == nil {
+			t.Errorf("6 MB of output through the agent (over libvirt's 4 MiB reply limit) did not fail")
+		}
+		if out, _, err := c.Run("exec", "-s", cloud, "hostname"); err != nil || strings.TrimSpace(out) != "reach-cloud" {
+			t.Fatalf("exec after an oversized reply: %q %v", out, err)
+		}
+		plugin := pluginPID(t, c, "libvirt")
+		var info struct {
+			Goroutines int `json:"goroutines,string"`
+		}
+		c.JSON(t, &info, "info")
+		g0, f0 := info.Goroutines, len(fdsOf(plugin))
+		rt, _ := d.CRI(t)
+		for i := 0; i < 50; i++ {
+			if r, err := rt.ExecSync(context.Background(), &runtimeapi.ExecSyncRequest{ContainerId: cloud, Cmd: []string{"true"}, Timeout: 10}); err != nil || r.ExitCode != 0 {
+				t.Fatalf("ExecSync %d: %v %v", i, r, err)
+			}
+		}
+		time.Sleep(time.Second)
+		c.JSON(t, &info, "info")
+		g1, f1 := info.Goroutines, len(fdsOf(plugin))
+		t.Logf("50 ExecSync through the agent: daemon goroutines %d → %d, libvirt plugin fds %d → %d", g0, g1, f0, f1)
+		if g1 > g0+5 || f1 > f0+2 {
+			t.Errorf("leak after 50 ExecSync through the real agent: goroutines %d → %d, plugin fds %d → %d", g0, g1, f0, f1)
 		}
 	})
 
