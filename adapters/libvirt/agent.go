@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"libvirt.org/go/libvirt"
@@ -94,6 +95,12 @@ func agent(ctx context.Context, dom *libvirt.Domain, name string, cmd map[string
 		var le libvirt.Error
 		if errors.As(r.err, &le) && (le.Code == libvirt.ERR_AGENT_UNRESPONSIVE || le.Code == libvirt.ERR_AGENT_UNSYNCED) {
 			return fmt.Errorf("the guest agent of VM %s does not answer (%s): %w", name, le.Message, ports.ErrUnavailable)
+		}
+		if errors.As(r.err, &le) && strings.Contains(le.Message, "Unable to encode message payload") {
+			// libvirt carries at most 4 MiB per reply; the agent sends a
+			// command's whole output, base64-encoded, in one.
+			return fmt.Errorf("the reply of the guest agent of VM %s to %s is larger than libvirt carries (4 MiB, about 3 MiB of stdout and stderr together): "+
+				"write the output to a file in the guest and read it in parts, or use `virtletctl ssh`", name, cmd["execute"])
 		}
 		return libvirtError(fmt.Sprintf("guest agent %s in VM %s", cmd["execute"], name), r.err)
 	}
