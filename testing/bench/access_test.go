@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -174,7 +175,7 @@ func forwardConn(rt runtimeapi.RuntimeServiceClient, sandbox string, port int32)
 	if err != nil {
 		return nil, err
 	}
-	transport, upgrader, err := spdy.RoundTripperFor(nil)
+	transport, upgrader, err := spdy.RoundTripperFor(&rest.Config{})
 	if err != nil {
 		return nil, err
 	}
