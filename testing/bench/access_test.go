@@ -142,7 +142,7 @@ while True:
 	b.ReportMetric(md, "direct-MiB/s")
 	b.ReportMetric(mf, "forward-MiB/s")
 	b.ReportMetric(mf/md, "forward/direct")
-	p50, p99 := rtts[len(rtts)/2], rtts[len(rtts)*99/100]
+	p50, p99 := rtts[int(0.50*float64(len(rtts)-1))], rtts[int(0.99*float64(len(rtts)-1))] // as percentiles reports them
 	fmt.Printf("ExecSync through qemu-guest-agent (TCG), %d runs of `true`: p50 %s, p99 %s\n", execRuns, p50.Round(100*time.Microsecond), p99.Round(100*time.Microsecond))
 	fmt.Printf("port-forward of %d MiB from the guest: %.0f MiB/s forwarded vs %.0f MiB/s direct, ratio %.2f (median of %d)\n",
 		forwardBytes>>20, mf, md, mf/md, forwardRounds)
