@@ -151,6 +151,11 @@ func (s *Supervisor) launch(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	s.client, s.conn, s.info, s.handles, s.pid = client, conn, info, handles, pid
+	if s.state == Restarting {
+		// Counted with the state change, so no one sees the new
+		// process running and the restart not yet counted.
+		s.restarts++
+	}
 	s.state, s.startedAt = Running, time.Now()
 	s.mu.Unlock()
 	s.log.WithFields(logrus.Fields{"pid": pid, "version": info.Version, "handles": handles}).Info("plugin running")
@@ -233,9 +238,6 @@ func (s *Supervisor) watch() {
 			cancel()
 			backoff = min(backoff*2, s.opts.MaxBackoff)
 			if err == nil {
-				s.mu.Lock()
-				s.restarts++
-				s.mu.Unlock()
 				break
 			}
 			s.mu.Lock()
