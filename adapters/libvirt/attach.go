@@ -30,6 +30,7 @@ const viewerBacklog = 1024
 type consoleHub struct {
 	h    *Hypervisor
 	id   string
+	run  uint64 // the VM's run (record.runs) the stream belongs to
 	log  logrus.FieldLogger
 	conn *libvirt.Connect
 
@@ -51,6 +52,10 @@ type consoleViewer struct {
 }
 
 // OpenConsole attaches a viewer to the running VM's serial console.
+//
+// Lock order: h.mu is never held while consoleMu is taken, nor consoleMu
+// while h.mu is taken (a VM's end is recorded under h.mu and closes its
+// console asynchronously): everything needed from h.mu is read first.
 func (h *Hypervisor) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
 	r, dom, err := h.lookup(id)
 	if err != nil {
@@ -60,11 +65,18 @@ func (h *Hypervisor) OpenConsole(ctx context.Context, id string) (io.ReadWriteCl
 	if state, _, err := dom.GetState(); err != nil || state != libvirt.DOMAIN_RUNNING {
 		return nil, fmt.Errorf("console of VM %s: the VM is not running: %w", r.Spec.Name, ports.ErrFailedPrecondition)
 	}
+	conn, err := h.connection()
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	run := r.runs
+	h.mu.Unlock()
 	h.consoleMu.Lock()
 	defer h.consoleMu.Unlock()
 	hub := h.consoles[id]
 	if hub == nil || hub.isClosed() {
-		if hub, err = h.openHub(r, dom); err != nil {
+		if hub, err = h.openHub(conn, r, dom, run); err != nil {
 			return nil, err
 		}
 		h.consoles[id] = hub
@@ -78,11 +90,9 @@ func (h *Hypervisor) OpenConsole(ctx context.Context, id string) (io.ReadWriteCl
 	return v, nil
 }
 
-func (h *Hypervisor) openHub(r *record, dom *libvirt.Domain) (*consoleHub, error) {
-	conn, err := h.connection()
-	if err != nil {
-		return nil, err
-	}
+// openHub opens the console stream of one run of a VM; it takes no lock
+// of h's.
+func (h *Hypervisor) openHub(conn *libvirt.Connect, r *record, dom *libvirt.Domain, run uint64) (*consoleHub, error) {
 	stream, err := conn.NewStream(0)
 	if err != nil {
 		return nil, libvirtError("console stream of "+r.Spec.Name, err)
@@ -94,7 +104,7 @@ func (h *Hypervisor) openHub(r *record, dom *libvirt.Domain) (*consoleHub, error
 		err = libvirtError("open the serial console of "+r.Spec.Name, err)
 		return nil, fmt.Errorf("%w (another console session, e.g. virsh console, may hold it)", err)
 	}
-	hub := &consoleHub{h: h, id: r.Spec.ID, conn: conn, stream: stream, viewers: map[*consoleViewer]struct{}{},
+	hub := &consoleHub{h: h, id: r.Spec.ID, run: run, conn: conn, stream: stream, viewers: map[*consoleViewer]struct{}{},
 		log: h.log.WithField("vm", r.Spec.Name)}
 	go hub.read()
 	return hub, nil
@@ -245,13 +255,19 @@ func (v *consoleViewer) Close() error {
 	return nil
 }
 
-// closeConsole ends the console streams of a VM that stopped or went.
-func (h *Hypervisor) closeConsole(id string) {
+// allRuns closes a VM's console whichever run it belongs to.
+const allRuns = ^uint64(0)
+
+// closeConsole ends the console stream of a VM that stopped (run: the
+// run that ended; a stream of a later run is left alone) or went. It takes
+// consoleMu: callers must not hold h.mu (exitLocked runs it in a
+// goroutine).
+func (h *Hypervisor) closeConsole(id string, run uint64) {
 	h.consoleMu.Lock()
 	hub := h.consoles[id]
 	h.consoleMu.Unlock()
-	if hub != nil {
-		go hub.close(io.EOF)
+	if hub != nil && hub.run <= run {
+		hub.close(io.EOF)
 	}
 }
 

@@ -327,7 +327,11 @@ func (h *Hypervisor) exitLocked(r *record, e exit) {
 		delete(h.tailers, r.Spec.ID)
 		go t.close() // drains the last output
 	}
-	h.closeConsole(r.Spec.ID)
+	// Not here, under h.mu: closing takes consoleMu, which OpenConsole
+	// holds while it opens a stream (lock order).
+	ended := r.runs
+	r.runs++
+	go h.closeConsole(r.Spec.ID, ended)
 }
 
 func (h *Hypervisor) notifyLocked(st ports.VMStatus) {
@@ -736,7 +740,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	if t != nil {
 		t.close()
 	}
-	h.closeConsole(id)
+	h.closeConsole(id, allRuns)
 	files := []string{r.ConsoleLog}
 	files = append(files, rotatedLogs(r.ConsoleLog)...)
 	for _, p := range r.DiskPaths {

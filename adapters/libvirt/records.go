@@ -36,6 +36,10 @@ type record struct {
 
 	ConsoleOffset int64  `json:"consoleOffset,omitempty"`
 	ConsoleInode  uint64 `json:"consoleInode,omitempty"`
+
+	// runs counts the VM's ends seen by this process: a console stream
+	// opened during one run is closed when that run ends, not a later one.
+	runs uint64
 }
 
 func (r *record) status() ports.VMStatus {

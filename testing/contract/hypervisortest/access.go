@@ -132,4 +132,69 @@ func runAccess(t *testing.T, env Env, vmID string) {
 			t.Errorf("stats of a stopped VM: %+v %v", stats, err)
 		}
 	}
+	if co, ok := hv.(ports.ConsoleOpener); ok {
+		t.Run("viewers attaching while the VM stops", func(t *testing.T) { attachWhileStopping(t, hv, co, vmID) })
+	}
+}
+
+// attachWhileStopping: viewers come and go while the VM is forced off; the
+// implementation must neither deadlock (every call still answers) nor keep
+// a viewer attached to the stopped VM.
+func attachWhileStopping(t *testing.T, hv ports.Hypervisor, co ports.ConsoleOpener, vmID string) {
+	ctx := context.Background()
+	for round := 0; round < 3; round++ {
+		if err := hv.Start(ctx, vmID); err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		const viewers = 4
+		for i := 0; i < viewers; i++ {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					v, err := co.OpenConsole(ctx, vmID)
+					if err != nil {
+						continue // stopped, or stopping
+					}
+					go io.Copy(io.Discard, v)
+					time.Sleep(time.Millisecond)
+					v.Close()
+				}
+			}()
+		}
+		time.Sleep(200 * time.Millisecond)
+		if _, err := hv.Stop(ctx, vmID, 0); err != nil {
+			t.Fatal(err)
+		}
+		close(stop)
+		for i := 0; i < viewers; i++ {
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("round %d: a viewer hangs in OpenConsole or Close after the VM stopped", round)
+			}
+		}
+		answered := make(chan error, 1)
+		go func() {
+			_, err := hv.Status(ctx, vmID)
+			answered <- err
+		}()
+		select {
+		case err := <-answered:
+			if err != nil {
+				t.Fatalf("Status after attaching while stopping: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: the hypervisor no longer answers after viewers attached while the VM stopped (deadlock)", round)
+		}
+		if _, err := co.OpenConsole(ctx, vmID); !errors.Is(err, ports.ErrFailedPrecondition) {
+			t.Fatalf("round %d: console of the stopped VM: %v", round, err)
+		}
+	}
 }
