@@ -21,21 +21,39 @@ import (
 // also writes to the raw log, so the CRI log keeps growing while viewers
 // are attached. The last viewer to leave closes the stream (QEMU then
 // discards output nobody reads, and the log still gets all of it).
+//
+// Locks, always taken in this order and never h.mu with any of them:
+// h.consoleMu (the hubs of h.consoles) → hub.mu (its viewers, closed) →
+// hub.sendMu (one writer at a time) → hub.streamMu (the stream's life:
+// users hold it shared, Free exclusively).
 
 // viewerBacklog is how much output (in chunks) a viewer may fall behind
 // before it is detached; a serial line at 115200 baud cannot outrun a
 // viewer that reads at all.
 const viewerBacklog = 1024
 
-type consoleHub struct {
-	h    *Hypervisor
-	id   string
-	run  uint64 // the VM's run (record.runs) the stream belongs to
-	log  logrus.FieldLogger
-	conn *libvirt.Connect
+// consoleStream is what the hub uses of a libvirt stream.
+type consoleStream interface {
+	Recv(p []byte) (int, error)
+	Send(p []byte) (int, error)
+	Abort() error
+	Free() error
+}
 
-	stream *libvirt.Stream
+var _ consoleStream = (*libvirt.Stream)(nil)
+
+type consoleHub struct {
+	h   *Hypervisor
+	id  string
+	run uint64 // the VM's run (record.runs) the stream belongs to
+	log logrus.FieldLogger
+
+	stream consoleStream
 	sendMu sync.Mutex
+	// streamMu guards the stream's life: Send and Abort hold it shared
+	// and check freed; the reader frees the stream holding it alone.
+	streamMu sync.RWMutex
+	freed    bool
 
 	mu      sync.Mutex
 	viewers map[*consoleViewer]struct{}
@@ -43,12 +61,13 @@ type consoleHub struct {
 }
 
 type consoleViewer struct {
-	hub  *consoleHub
-	out  chan []byte
-	gone chan struct{}
-	err  error // why the viewer was detached (nil: EOF)
-	once sync.Once
-	buf  []byte
+	hub       *consoleHub
+	out       chan []byte
+	gone      chan struct{}
+	err       error // why the viewer was detached (nil: EOF)
+	once      sync.Once
+	closeOnce sync.Once
+	buf       []byte
 }
 
 // OpenConsole attaches a viewer to the running VM's serial console.
@@ -72,27 +91,13 @@ func (h *Hypervisor) OpenConsole(ctx context.Context, id string) (io.ReadWriteCl
 	h.mu.Lock()
 	run := r.runs
 	h.mu.Unlock()
-	h.consoleMu.Lock()
-	defer h.consoleMu.Unlock()
-	hub := h.consoles[id]
-	if hub == nil || hub.isClosed() {
-		if hub, err = h.openHub(conn, r, dom, run); err != nil {
-			return nil, err
-		}
-		h.consoles[id] = hub
-	}
-	v := &consoleViewer{hub: hub, out: make(chan []byte, viewerBacklog), gone: make(chan struct{})}
-	hub.mu.Lock()
-	hub.viewers[v] = struct{}{}
-	n := len(hub.viewers)
-	hub.mu.Unlock()
-	hub.log.WithField("viewers", n).Info("console viewer attached")
-	return v, nil
+	return h.attachViewer(id, run, h.log.WithField("vm", r.Spec.Name), func() (consoleStream, error) {
+		return openConsoleStream(conn, r, dom)
+	})
 }
 
-// openHub opens the console stream of one run of a VM; it takes no lock
-// of h's.
-func (h *Hypervisor) openHub(conn *libvirt.Connect, r *record, dom *libvirt.Domain, run uint64) (*consoleHub, error) {
+// openConsoleStream opens the VM's console stream; it takes no lock of h's.
+func openConsoleStream(conn *libvirt.Connect, r *record, dom *libvirt.Domain) (consoleStream, error) {
 	stream, err := conn.NewStream(0)
 	if err != nil {
 		return nil, libvirtError("console stream of "+r.Spec.Name, err)
@@ -104,18 +109,50 @@ func (h *Hypervisor) openHub(conn *libvirt.Connect, r *record, dom *libvirt.Doma
 		err = libvirtError("open the serial console of "+r.Spec.Name, err)
 		return nil, fmt.Errorf("%w (another console session, e.g. virsh console, may hold it)", err)
 	}
-	hub := &consoleHub{h: h, id: r.Spec.ID, run: run, conn: conn, stream: stream, viewers: map[*consoleViewer]struct{}{},
-		log: h.log.WithField("vm", r.Spec.Name)}
-	go hub.read()
-	return hub, nil
+	return stream, nil
+}
+
+// attachViewer adds a viewer to the VM's hub, opening one (open) when
+// there is none or the one there closed. A viewer joins a hub only while
+// the hub is open: a hub closing at the same moment is replaced.
+func (h *Hypervisor) attachViewer(id string, run uint64, log logrus.FieldLogger, open func() (consoleStream, error)) (*consoleViewer, error) {
+	h.consoleMu.Lock()
+	defer h.consoleMu.Unlock()
+	for {
+		hub := h.consoles[id]
+		if hub == nil || hub.isClosed() {
+			stream, err := open()
+			if err != nil {
+				return nil, err
+			}
+			hub = &consoleHub{h: h, id: id, run: run, stream: stream, viewers: map[*consoleViewer]struct{}{}, log: log}
+			h.consoles[id] = hub
+			go hub.read()
+		}
+		v := &consoleViewer{hub: hub, out: make(chan []byte, viewerBacklog), gone: make(chan struct{})}
+		if n, ok := hub.add(v); ok {
+			hub.log.WithField("viewers", n).Info("console viewer attached")
+			return v, nil
+		}
+		// The hub closed after the check above: open another.
+	}
+}
+
+// add joins v to the hub unless it closed; it returns the viewer count.
+func (hub *consoleHub) add(v *consoleViewer) (int, bool) {
+	hub.mu.Lock()
+	defer hub.mu.Unlock()
+	if hub.closed {
+		return 0, false
+	}
+	hub.viewers[v] = struct{}{}
+	return len(hub.viewers), true
 }
 
 // read copies the console's output to every viewer until the stream ends
-// (the VM stopped) or the last viewer left.
+// (the VM stopped) or the hub closes (the last viewer left), then frees
+// the stream: only this goroutine frees it, once Recv returned.
 func (hub *consoleHub) read() {
-	// Only this goroutine frees the stream, once Recv returned: close
-	// merely aborts it.
-	defer hub.stream.Free()
 	buf := make([]byte, 32<<10)
 	var err error
 	for {
@@ -130,14 +167,15 @@ func (hub *consoleHub) read() {
 		}
 		break
 	}
-	if hub.isClosed() {
-		return // closed because nobody watches: expected
-	}
-	if !errors.Is(err, io.EOF) {
+	if !hub.isClosed() && !errors.Is(err, io.EOF) {
 		hub.log.WithError(err).Info("console stream ended")
 		err = fmt.Errorf("the console stream ended: %w", err)
 	}
-	hub.close(err)
+	hub.close(err) // no-op when closed because nobody watches
+	hub.streamMu.Lock()
+	hub.freed = true
+	hub.stream.Free()
+	hub.streamMu.Unlock()
 }
 
 func (hub *consoleHub) broadcast(p []byte) {
@@ -173,12 +211,41 @@ func (hub *consoleHub) close(err error) {
 	for v := range viewers {
 		v.detach(err)
 	}
-	hub.stream.Abort() // wakes read, which frees the stream
+	hub.abort() // wakes read, which frees the stream
 	hub.h.consoleMu.Lock()
 	if hub.h.consoles[hub.id] == hub {
 		delete(hub.h.consoles, hub.id)
 	}
 	hub.h.consoleMu.Unlock()
+}
+
+// abort aborts the stream unless it was freed already.
+func (hub *consoleHub) abort() {
+	hub.streamMu.RLock()
+	defer hub.streamMu.RUnlock()
+	if !hub.freed {
+		hub.stream.Abort()
+	}
+}
+
+// send writes p to the console; a freed stream is a closed pipe.
+func (hub *consoleHub) send(p []byte) (int, error) {
+	hub.sendMu.Lock()
+	defer hub.sendMu.Unlock()
+	hub.streamMu.RLock()
+	defer hub.streamMu.RUnlock()
+	if hub.freed {
+		return 0, io.ErrClosedPipe
+	}
+	written := 0
+	for written < len(p) {
+		n, err := hub.stream.Send(p[written:])
+		if err != nil {
+			return written, libvirtError("write to the console", err)
+		}
+		written += n
+	}
+	return written, nil
 }
 
 func (hub *consoleHub) leave(v *consoleViewer) {
@@ -230,18 +297,7 @@ func (v *consoleViewer) Write(p []byte) (int, error) {
 		return 0, io.ErrClosedPipe
 	default:
 	}
-	hub := v.hub
-	hub.sendMu.Lock()
-	defer hub.sendMu.Unlock()
-	written := 0
-	for written < len(p) {
-		n, err := hub.stream.Send(p[written:])
-		if err != nil {
-			return written, libvirtError("write to the console", err)
-		}
-		written += n
-	}
-	return written, nil
+	return v.hub.send(p)
 }
 
 func (v *consoleViewer) Close() error {

@@ -1,7 +1,11 @@
 package libvirt
 
 import (
+	"bytes"
+	"fmt"
 	"io"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,4 +43,201 @@ func TestVMStopDoesNotWaitForTheConsoleLock(t *testing.T) {
 		t.Fatal("recording a VM's end (under h.mu) waited for consoleMu: lock-order inversion with OpenConsole")
 	}
 	h.consoleMu.Unlock()
+}
+
+// stubStream stands in for a libvirt console stream and records misuse:
+// any call after Free is a use after free in libvirt.
+type stubStream struct {
+	mu     sync.Mutex
+	freed  bool
+	misuse []string
+	sent   bytes.Buffer
+	output chan []byte
+	ended  chan struct{}
+	once   sync.Once
+}
+
+func newStubStream() *stubStream {
+	return &stubStream{output: make(chan []byte, 16), ended: make(chan struct{})}
+}
+
+func (s *stubStream) check(call string) {
+	if s.freed {
+		s.misuse = append(s.misuse, call+" after Free")
+	}
+}
+
+// end finishes the stream as libvirt does when the VM stops.
+func (s *stubStream) end() { s.once.Do(func() { close(s.ended) }) }
+
+func (s *stubStream) Recv(p []byte) (int, error) {
+	select {
+	case b := <-s.output:
+		return copy(p, b), nil
+	case <-s.ended:
+		return 0, nil
+	}
+}
+
+func (s *stubStream) Send(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.check("Send")
+	return s.sent.Write(p)
+}
+
+func (s *stubStream) Abort() error {
+	s.mu.Lock()
+	s.check("Abort")
+	s.mu.Unlock()
+	s.end()
+	return nil
+}
+
+func (s *stubStream) Free() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.check("Free")
+	s.freed = true
+	return nil
+}
+
+func (s *stubStream) misused() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.misuse...)
+}
+
+func (s *stubStream) isFreed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.freed
+}
+
+const stubVM = "0123456789abcdef"
+
+func attachStub(t *testing.T, h *Hypervisor, s *stubStream) *consoleViewer {
+	t.Helper()
+	v, err := h.attachViewer(stubVM, 0, quietLog(), func() (consoleStream, error) { return s, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// readEnds reads v until it ends and reports the error (nil for EOF), or
+// fails the test when it does not end in time.
+func readEnds(t *testing.T, v io.Reader, what string) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, v)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: the viewer's output never ended", what)
+		return nil
+	}
+}
+
+// A viewer typing while the VM stops: the stream is freed by the reader,
+// and no Send (or Abort) may reach it afterwards.
+func TestConsoleWriteNeverTouchesAFreedStream(t *testing.T) {
+	for i := 0; i < 300; i++ {
+		h := New(quietLog())
+		s := newStubStream()
+		v := attachStub(t, h, s)
+		typing := make(chan error, 1)
+		go func() {
+			for {
+				if _, err := v.Write([]byte("x")); err != nil {
+					typing <- err
+					return
+				}
+			}
+		}()
+		s.end() // the VM stops
+		select {
+		case <-typing:
+		case <-time.After(5 * time.Second):
+			t.Fatal("writes to the console of a stopped VM never failed")
+		}
+		if err := readEnds(t, v, "stopped VM"); err != nil {
+			t.Fatalf("a viewer of a stopped VM: %v, want EOF", err)
+		}
+		v.Close()
+		deadline := time.Now().Add(5 * time.Second)
+		for !s.isFreed() && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if m := s.misused(); len(m) > 0 || !s.isFreed() {
+			t.Fatalf("round %d: stream misused %v (freed %v)", i, m, s.isFreed())
+		}
+	}
+}
+
+// Viewers attaching while the hub closes (its last viewer left, the VM
+// stopped): none lands in a closed hub, where it would wait forever.
+func TestConsoleViewerNeverJoinsAClosedHub(t *testing.T) {
+	h := New(quietLog())
+	var mu sync.Mutex
+	var streams []*stubStream
+	open := func() (consoleStream, error) {
+		s := newStubStream()
+		mu.Lock()
+		streams = append(streams, s)
+		mu.Unlock()
+		return s, nil
+	}
+	var viewers []*consoleViewer
+	stop := make(chan struct{})
+	closer := make(chan struct{})
+	go func() {
+		defer close(closer)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				h.closeConsole(stubVM, allRuns)
+				runtime.Gosched()
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 2000; i++ {
+				v, err := h.attachViewer(stubVM, 0, quietLog(), open)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				viewers = append(viewers, v)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-closer
+	h.closeConsole(stubVM, allRuns)
+	for i, v := range viewers {
+		if err := readEnds(t, v, fmt.Sprintf("viewer %d", i)); err != nil {
+			t.Fatalf("viewer %d: %v", i, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range streams {
+		if m := s.misused(); len(m) > 0 {
+			t.Fatalf("stream misused: %v", m)
+		}
+	}
 }
