@@ -180,14 +180,20 @@ func (hub *consoleHub) read() {
 
 func (hub *consoleHub) broadcast(p []byte) {
 	hub.mu.Lock()
-	defer hub.mu.Unlock()
+	dropped := false
 	for v := range hub.viewers {
 		select {
 		case v.out <- append([]byte(nil), p...):
 		default:
 			delete(hub.viewers, v)
 			v.detach(errors.New("detached: this viewer fell too far behind the console's output"))
+			dropped = true
 		}
+	}
+	hub.mu.Unlock()
+	if dropped {
+		hub.log.Warn("console viewer dropped: it fell too far behind")
+		hub.closeIfUnwatched()
 	}
 }
 
@@ -198,9 +204,15 @@ func (hub *consoleHub) isClosed() bool {
 }
 
 // close ends the stream and every viewer (err nil: end of output).
-func (hub *consoleHub) close(err error) {
+func (hub *consoleHub) close(err error) { hub.shutdown(err, false) }
+
+// closeIfUnwatched closes the hub when no viewer is attached: checked and
+// done under hub.mu, so a viewer joining meanwhile keeps it open.
+func (hub *consoleHub) closeIfUnwatched() { hub.shutdown(io.EOF, true) }
+
+func (hub *consoleHub) shutdown(err error, onlyUnwatched bool) {
 	hub.mu.Lock()
-	if hub.closed {
+	if hub.closed || (onlyUnwatched && len(hub.viewers) > 0) {
 		hub.mu.Unlock()
 		return
 	}
@@ -248,15 +260,14 @@ func (hub *consoleHub) send(p []byte) (int, error) {
 	return written, nil
 }
 
+// leave takes v out (it may be out already: dropped for lagging) and
+// closes the hub when nobody watches any more.
 func (hub *consoleHub) leave(v *consoleViewer) {
 	hub.mu.Lock()
 	delete(hub.viewers, v)
-	last := len(hub.viewers) == 0 && !hub.closed
 	hub.mu.Unlock()
 	hub.log.Info("console viewer detached")
-	if last {
-		hub.close(io.EOF)
-	}
+	hub.closeIfUnwatched()
 }
 
 func (v *consoleViewer) detach(err error) {
@@ -300,14 +311,13 @@ func (v *consoleViewer) Write(p []byte) (int, error) {
 	return v.hub.send(p)
 }
 
+// Close detaches the viewer; it always leaves the hub, even when the
+// viewer was dropped already, so that the last one out closes it.
 func (v *consoleViewer) Close() error {
-	select {
-	case <-v.gone:
-		return nil
-	default:
-	}
-	v.detach(io.EOF)
-	v.hub.leave(v)
+	v.closeOnce.Do(func() {
+		v.detach(io.EOF)
+		v.hub.leave(v)
+	})
 	return nil
 }
 

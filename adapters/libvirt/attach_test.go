@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -240,4 +241,97 @@ func TestConsoleViewerNeverJoinsAClosedHub(t *testing.T) {
 			t.Fatalf("stream misused: %v", m)
 		}
 	}
+}
+
+// waitHubGone waits until the VM has no hub and its stream was freed.
+func waitHubGone(t *testing.T, h *Hypervisor, s *stubStream, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		h.consoleMu.Lock()
+		hub := h.consoles[stubVM]
+		h.consoleMu.Unlock()
+		if hub == nil && s.isFreed() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the hub is still open (in the map: %v, stream freed: %v)", what, hub != nil, s.isFreed())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A viewer that stops reading is dropped; when it was the last one, the
+// hub and its libvirt stream close (else `virsh console` stays refused
+// until the VM stops), whether or not its owner closes it.
+func TestConsoleLaggingLastViewerClosesTheHub(t *testing.T) {
+	for _, closes := range []bool{true, false} {
+		h := New(quietLog())
+		s := newStubStream()
+		v := attachStub(t, h, s)
+		go func() {
+			for i := 0; i <= viewerBacklog+1; i++ {
+				select {
+				case s.output <- []byte("line\r\n"):
+				case <-s.ended:
+					return
+				}
+			}
+		}()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			select {
+			case <-v.gone:
+			default:
+				if time.Now().Before(deadline) {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				t.Fatal("a viewer that never reads was not dropped")
+			}
+			break
+		}
+		_, err := io.Copy(io.Discard, v)
+		if err == nil || !strings.Contains(err.Error(), "fell too far behind") {
+			t.Fatalf("the lagging viewer's end: %v", err)
+		}
+		if closes {
+			v.Close()
+		}
+		waitHubGone(t, h, s, fmt.Sprintf("lagging viewer dropped (closed by its owner: %v)", closes))
+		if m := s.misused(); len(m) > 0 {
+			t.Fatalf("stream misused: %v", m)
+		}
+	}
+}
+
+// A lagging viewer dropped while another watches leaves the hub open for
+// the other.
+func TestConsoleLaggingViewerLeavesOthersWatching(t *testing.T) {
+	h := New(quietLog())
+	s := newStubStream()
+	lagging := attachStub(t, h, s)
+	other := attachStub(t, h, s)
+	got := make(chan int, 1)
+	go func() {
+		n, _ := io.Copy(io.Discard, other)
+		got <- int(n)
+	}()
+	for i := 0; i <= viewerBacklog+1; i++ {
+		s.output <- []byte("x")
+	}
+	<-lagging.gone
+	lagging.Close()
+	time.Sleep(50 * time.Millisecond)
+	h.consoleMu.Lock()
+	hub := h.consoles[stubVM]
+	h.consoleMu.Unlock()
+	if hub == nil || s.isFreed() {
+		t.Fatal("the hub closed while a viewer still watches")
+	}
+	other.Close()
+	if n := <-got; n < viewerBacklog {
+		t.Fatalf("the watching viewer got %d bytes", n)
+	}
+	waitHubGone(t, h, s, "the last viewer left")
 }
