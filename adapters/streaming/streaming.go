@@ -35,6 +35,7 @@ const DefaultAddress = "127.0.0.1:0"
 type Server struct {
 	lib      kubeletstreaming.Server
 	listener net.Listener
+	conns    *conns
 	http     *http.Server
 	log      logrus.FieldLogger
 }
@@ -57,26 +58,33 @@ func Listen(address string, rt *core.Runtime, tools *Tools, log logrus.FieldLogg
 	cfg := kubeletstreaming.DefaultConfig
 	cfg.Addr = l.Addr().String()
 	cfg.BaseURL = &url.URL{Scheme: "http", Host: l.Addr().String()}
-	lib, err := kubeletstreaming.NewServer(cfg, &runtime{rt: rt, tools: tools, log: log})
+	lib, err := kubeletstreaming.NewServer(cfg, &runtime{rt: rt, tools: tools, log: log, maxExec: cfg.StreamIdleTimeout})
 	if err != nil {
 		l.Close()
 		return nil, fmt.Errorf("streaming server: %w", err)
 	}
-	return &Server{lib: lib, listener: l, log: log, http: &http.Server{Handler: lib, ReadHeaderTimeout: 30 * time.Second}}, nil
+	set := &conns{open: map[*clientConn]struct{}{}}
+	return &Server{lib: lib, listener: &trackingListener{Listener: l, set: set}, conns: set, log: log,
+		http: &http.Server{Handler: lib, ReadHeaderTimeout: 30 * time.Second, ConnContext: withConn}}, nil
 }
 
 // Address is where the server listens.
 func (s *Server) Address() string { return s.listener.Addr().String() }
 
-// Serve serves until ctx ends, then closes every stream.
+// Serve serves until ctx ends, then closes every stream: the listener,
+// idle connections (http.Server.Close) and the connections the streaming
+// library hijacked (which http.Server.Close leaves open), ending their
+// sessions.
 func (s *Server) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- s.http.Serve(s.listener) }()
 	select {
 	case err := <-errc:
+		s.conns.closeAll()
 		return err
 	case <-ctx.Done():
 		s.http.Close()
+		s.conns.closeAll()
 		if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
@@ -97,20 +105,34 @@ func (s *Server) GetPortForward(req *runtimeapi.PortForwardRequest) (*runtimeapi
 }
 
 // runtime connects the library's streams to the core.
+//
+// Every session ends when its client's connection does (sessionContext).
 type runtime struct {
 	rt    *core.Runtime
 	tools *Tools
 	log   logrus.FieldLogger
+	// maxExec bounds a guest command run by a streaming exec: the
+	// library's idle timeout, after which it would close the connection
+	// anyway (the guest agent sends no output before the command ends).
+	maxExec time.Duration
 }
 
 func (r *runtime) Exec(ctx context.Context, containerID string, cmd []string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) error {
 	go drain(resize)
+	ctx, cancel := sessionContext(ctx)
+	defer cancel()
 	var code int32
 	var err error
 	if vmtools.IsCommand(cmd) {
 		code, err = r.tools.Run(ctx, containerID, cmd, in, writer(out), writer(errw))
 	} else {
-		code, err = r.rt.Exec(ctx, containerID, cmd, core.ExecStreams{Stdin: in, Stdout: writer(out), Stderr: writer(errw), TTY: tty})
+		limited, stop := context.WithTimeout(ctx, r.maxExec)
+		defer stop()
+		code, err = r.rt.Exec(limited, containerID, cmd, core.ExecStreams{Stdin: in, Stdout: writer(out), Stderr: writer(errw), TTY: tty})
+		if err != nil && ctx.Err() == nil && errors.Is(limited.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("a streaming exec runs at most %s (the streaming server's idle timeout; the guest agent returns output only at the end): "+
+				"the guest command was stopped: %w", r.maxExec, err)
+		}
 	}
 	if err != nil {
 		return err
@@ -125,10 +147,14 @@ func (r *runtime) Exec(ctx context.Context, containerID string, cmd []string, in
 // Attach: a serial console has no window size, so resizes are dropped.
 func (r *runtime) Attach(ctx context.Context, containerID string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) error {
 	go drain(resize)
+	ctx, cancel := sessionContext(ctx)
+	defer cancel()
 	return r.rt.Attach(ctx, containerID, in, writer(out))
 }
 
 func (r *runtime) PortForward(ctx context.Context, podSandboxID string, port int32, stream io.ReadWriteCloser) error {
+	ctx, cancel := sessionContext(ctx)
+	defer cancel()
 	return r.rt.PortForward(ctx, podSandboxID, port, stream)
 }
 

@@ -37,8 +37,14 @@ func (c *Client) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser
 		return nil, c.conn.Error(err)
 	}
 	// The plugin answers with an empty message once the viewer is attached,
-	// or with the error that prevented it.
-	if _, err := stream.Recv(); err != nil {
+	// or with the error that prevented it; a plugin that does neither
+	// does not hold the caller (and its client) forever.
+	timer := time.AfterFunc(base.QuickCallTimeout, cancel)
+	_, err = stream.Recv()
+	if !timer.Stop() { // it fired: the stream is cancelled
+		return nil, fmt.Errorf("open the console of VM %s: the hypervisor plugin did not attach the viewer within %s: %w", id, base.QuickCallTimeout, ports.ErrUnavailable)
+	}
+	if err != nil {
 		cancel()
 		return nil, c.conn.Error(err)
 	}

@@ -193,6 +193,19 @@ func (h *Hypervisor) GuestExec(ctx context.Context, id string, req ports.GuestEx
 		if req.Timeout > 0 {
 			timeout = time.After(req.Timeout)
 		}
+		// The guest process runs until it ends, times out or the caller
+		// leaves (then it is killed): Diagnose counts it meanwhile.
+		h.mu.Lock()
+		if h.running == nil {
+			h.running = map[string]int{}
+		}
+		h.running[id]++
+		h.mu.Unlock()
+		defer func() {
+			h.mu.Lock()
+			h.running[id]--
+			h.mu.Unlock()
+		}()
 		select {
 		case <-time.After(d):
 		case <-timeout:
@@ -278,7 +291,14 @@ func (h *Hypervisor) Diagnose(ctx context.Context, id string) (ports.VMDiagnosti
 		return ports.VMDiagnostics{}, fmt.Errorf("fake diagnose %s: %w", id, ports.ErrNotFound)
 	}
 	def, _ := json.MarshalIndent(v.Spec, "", "  ")
-	return ports.VMDiagnostics{Definition: string(def), Details: map[string]string{"state": string(v.Status.State)}}, nil
+	viewers := 0
+	if c := h.consoles[id]; c != nil {
+		c.mu.Lock()
+		viewers = len(c.viewers)
+		c.mu.Unlock()
+	}
+	return ports.VMDiagnostics{Definition: string(def), Details: map[string]string{"state": string(v.Status.State),
+		"consoleViewers": strconv.Itoa(viewers), "guestProcesses": strconv.Itoa(h.running[id])}}, nil
 }
 
 func (h *Hypervisor) Inspect(ctx context.Context, id string, args []string) (ports.CommandOutput, error) {

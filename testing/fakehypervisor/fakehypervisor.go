@@ -45,6 +45,7 @@ type Hypervisor struct {
 
 	consoles   map[string]*console
 	execs      int
+	running    map[string]int // guest commands in progress, by VM
 	statsCalls int
 	vnc        net.Listener
 }

@@ -373,3 +373,79 @@ func TestExecLeaksNothing(t *testing.T) {
 		t.Fatalf("leak after 1,000 ExecSync and 200 exec streams: goroutines %d → %d, daemon fds %d → %d, plugin fds %d → %d", g0, g1, f0, f1, p0, p1)
 	}
 }
+
+// vmDetails reads the hypervisor's details of the pod's VM through
+// virtletctl's diag command.
+func vmDetails(t *testing.T, rt runtimeapi.RuntimeServiceClient, ctr string) map[string]string {
+	t.Helper()
+	var out bytes.Buffer
+	if err := streamExec(t, rt, ctr, []string{vmtools.Diag}, nil, &out, nil); err != nil {
+		t.Fatalf("diag: %v", err)
+	}
+	var diag vmtools.Diagnostics
+	if err := json.Unmarshal(out.Bytes(), &diag); err != nil {
+		t.Fatalf("diag is not JSON: %v", err)
+	}
+	return diag.VMs[ctr].Details
+}
+
+// waitDetail waits until the VM's detail key has the value want.
+func waitDetail(t *testing.T, rt runtimeapi.RuntimeServiceClient, ctr, key, want string, within time.Duration, what string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		got := vmDetails(t, rt, ctr)[key]
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s is %q after %s, want %q", what, key, got, within, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A client that goes away in the middle of a stream ends the session on
+// the daemon's side at once: the guest command is killed, the viewer
+// leaves the console (a viewer whose input merely ended keeps watching).
+// The session's context is the HTTP request's; the streaming server also
+// ends it when the hijacked connection goes.
+func TestStreamingSessionsEndWithTheirClient(t *testing.T) {
+	d, c := startDaemon(t)
+	_, ctr := runningFakeVM(t, d, c, "gone-vm")
+	rt, _ := d.CRI(t)
+
+	t.Run("exec", func(t *testing.T) {
+		cmd := exec.Command(c.Bin, "--config", "/dev/null", "--runtime-endpoint", c.Endpoint, "exec", ctr, "sleep", "60")
+		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waitDetail(t, rt, ctr, "guestProcesses", "1", 10*time.Second, "sleep 60 running")
+		cmd.Process.Kill() // the client vanishes (kubectl exec and Ctrl-C)
+		cmd.Wait()
+		start := time.Now()
+		waitDetail(t, rt, ctr, "guestProcesses", "0", 3*time.Second, "after the client left")
+		t.Logf("the guest command ended %s after its client left", time.Since(start).Round(time.Millisecond))
+	})
+
+	t.Run("attach", func(t *testing.T) {
+		cmd := exec.Command(c.Bin, "--config", "/dev/null", "--runtime-endpoint", c.Endpoint, "attach", "-i", ctr)
+		in, _ := cmd.StdinPipe()
+		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waitDetail(t, rt, ctr, "consoleViewers", "1", 10*time.Second, "crictl attached")
+		// Its input ends (a pipe, without a terminal): it keeps watching
+		// the console's output, as kubectl attach -i does.
+		in.Close()
+		time.Sleep(time.Second)
+		if n := vmDetails(t, rt, ctr)["consoleViewers"]; n != "1" {
+			t.Fatalf("a viewer whose input ended (no terminal) stopped watching: %s viewers", n)
+		}
+		cmd.Process.Kill() // then the client vanishes
+		cmd.Wait()
+		waitDetail(t, rt, ctr, "consoleViewers", "0", 3*time.Second, "after the attached client was killed")
+	})
+}
