@@ -21,7 +21,8 @@ import (
 // Exec through qemu-guest-agent: guest-exec starts the program (argv,
 // stdin as base64, output captured), guest-exec-status is polled until it
 // ended. The agent buffers the output until the program ends. On timeout
-// the program is killed with `kill -9` run by the agent too.
+// the program and its descendants are killed by a shell script the agent
+// runs too (killTree).
 
 // agentCallTimeout bounds one agent command that should answer at once.
 const agentCallTimeout = 5 * time.Second
@@ -235,11 +236,40 @@ func waitExec(ctx context.Context, dom *libvirt.Domain, name string, pid int64) 
 	}
 }
 
-// killGuestProcess kills pid in the guest (the agent has no kill command:
-// it runs the guest's kill) and collects both processes' status, so that
-// the agent forgets them.
+// killTree is the guest shell script that kills the process $1 and all
+// its descendants. The agent runs commands in its own process group, so
+// a group kill would take the agent with it; and killing the command
+// alone leaves the children it started holding its output pipes, so the
+// agent would never report it ended. Each generation is stopped before
+// its children are looked for (a stopped process forks no more), then
+// all are killed. It reads /proc with one cat per generation and no other
+// tool, so that it works in busybox guests too.
+const killTree = `level=$1 all=
+while [ -n "$level" ]; do
+	kill -STOP $level 2>/dev/null
+	all="$all $level"
+	next=
+	snapshot=$(cat /proc/[0-9]*/stat 2>/dev/null)
+	while read -r line; do
+		pid=${line%% *}
+		set -- ${line##*) }
+		for p in $level; do
+			[ "$2" = "$p" ] && next="$next $pid"
+		done
+	done <<EOF
+$snapshot
+EOF
+	level=$next
+done
+kill -9 $all 2>/dev/null
+exit 0
+`
+
+// killGuestProcess kills pid and its descendants in the guest (the agent
+// has no kill command: it runs the guest's shell) and collects both
+// processes' status, so that the agent forgets them.
 func killGuestProcess(ctx context.Context, dom *libvirt.Domain, name string, pid int64) error {
-	killer, err := startExec(ctx, dom, name, []string{"/bin/sh", "-c", "kill -9 " + strconv.FormatInt(pid, 10)}, nil)
+	killer, err := startExec(ctx, dom, name, []string{"/bin/sh", "-c", killTree, "virtlet-kill", strconv.FormatInt(pid, 10)}, nil)
 	if err != nil {
 		return fmt.Errorf("run kill in the guest: %w", err)
 	}
@@ -249,7 +279,7 @@ func killGuestProcess(ctx context.Context, dom *libvirt.Domain, name string, pid
 	}
 	if st.ExitCode != nil && *st.ExitCode != 0 {
 		msg, _ := base64.StdEncoding.DecodeString(st.ErrData)
-		return fmt.Errorf("kill -9 %d in the guest failed (exit code %d): %s", pid, *st.ExitCode, msg)
+		return fmt.Errorf("killing process %d and its children in the guest failed (exit code %d): %s", pid, *st.ExitCode, msg)
 	}
 	if _, err := waitExec(ctx, dom, name, pid); err != nil {
 		return fmt.Errorf("the killed process did not end: %w", err)

@@ -233,6 +233,15 @@ func TestReachTheVM(t *testing.T) {
 		if err == nil || !strings.Contains(errOut, "did not finish within 2s") || !strings.Contains(errOut, "was killed") || took > 3*time.Second {
 			t.Fatalf("sleep 60 with a 2 s timeout: after %s: %v %s", took, err, errOut)
 		}
+		// A command whose children outlive it holds the agent's output
+		// pipes: its whole tree is killed, and the timeout still ends
+		// the call promptly.
+		start = time.Now()
+		_, errOut, err = c.Run("exec", "-s", "--timeout", "2", cloud, "sh", "-c", "sleep 61 & (sleep 62 & sleep 63; wait) & sleep 64; wait")
+		took = time.Since(start)
+		if err == nil || !strings.Contains(errOut, "did not finish within 2s") || !strings.Contains(errOut, "was killed") || took > 4*time.Second {
+			t.Fatalf("a shell with grandchildren and a 2 s timeout: after %s: %v %s", took, err, errOut)
+		}
 		out, _, err = c.Run("exec", "-s", cloud, "sh", "-c", `for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sleep ] && echo still-running; done; true`)
 		if err != nil || strings.Contains(out, "still-running") {
 			t.Fatalf("the timed-out sleep still runs in the guest: %q %v", out, err)
