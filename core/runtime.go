@@ -74,8 +74,8 @@ type Runtime struct {
 	pulls  singleflight.Group // one download per image at a time
 	synced chan struct{}      // closed after the first resync with the hypervisor
 
-	fsOnce       sync.Once // finds the image store's filesystem once (stats)
-	fsMountpoint string
+	fsMu         sync.Mutex // guards fsMountpoint
+	fsMountpoint string     // the image store's filesystem, once found (stats)
 }
 
 // New checks the dependencies and returns a runtime with no records; call

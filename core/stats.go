@@ -9,10 +9,14 @@ import (
 )
 
 // Usage is a VM's resource usage in the terms kubelet uses for containers.
+// The *Known flags say which figures the hypervisor reported: an unknown
+// figure is left out of the CRI answer, never reported as zero.
 type Usage struct {
 	Timestamp time.Time
 	// CPUNanos is cumulative CPU time (kubelet derives rates from it).
 	CPUNanos uint64
+	// MemoryKnown: the four below are known.
+	MemoryKnown bool
 	// MemoryBytes is memory in use: what the guest uses when its balloon
 	// driver reports it, else the host memory the VM holds.
 	MemoryBytes uint64
@@ -22,8 +26,12 @@ type Usage struct {
 	// AvailableBytes is the VM's memory less the working set.
 	AvailableBytes uint64
 	// RSSBytes is the host memory the VM holds.
-	RSSBytes                 uint64
+	RSSBytes uint64
+	// FaultsKnown: the guest reported its page faults.
+	FaultsKnown              bool
 	MinorFaults, MajorFaults uint64
+	// RootDiskKnown: RootDiskBytes is known.
+	RootDiskKnown bool
 	// RootDiskBytes is the host storage the VM's writable root disk takes.
 	RootDiskBytes uint64
 	Disks         []ports.DiskStats
@@ -33,26 +41,31 @@ type Usage struct {
 // usageOf derives kubelet's figures from the hypervisor's.
 func usageOf(s ports.VMStats) Usage {
 	m := s.Memory
-	u := Usage{Timestamp: s.Timestamp, CPUNanos: s.CPUNanos, RSSBytes: m.RSSBytes,
-		MinorFaults: m.MinorFaults, MajorFaults: m.MajorFaults, Disks: s.Disks, NICs: s.NICs}
+	u := Usage{Timestamp: s.Timestamp, CPUNanos: s.CPUNanos, Disks: s.Disks, NICs: s.NICs}
 	if u.Timestamp.IsZero() {
 		u.Timestamp = time.Now()
 	}
-	if m.GuestReported && m.AvailableBytes >= m.UnusedBytes {
-		u.MemoryBytes = m.AvailableBytes - m.UnusedBytes
-		u.WorkingSetBytes = u.MemoryBytes
-		if m.CacheBytes <= u.WorkingSetBytes {
-			u.WorkingSetBytes -= m.CacheBytes
-		}
-	} else {
-		u.MemoryBytes, u.WorkingSetBytes = m.RSSBytes, m.RSSBytes
+	if m.FaultsReported {
+		u.FaultsKnown, u.MinorFaults, u.MajorFaults = true, m.MinorFaults, m.MajorFaults
 	}
-	if m.CurrentBytes > u.WorkingSetBytes {
-		u.AvailableBytes = m.CurrentBytes - u.WorkingSetBytes
+	if m.HostReported {
+		u.MemoryKnown, u.RSSBytes = true, m.RSSBytes
+		if m.GuestReported && m.AvailableBytes >= m.UnusedBytes {
+			u.MemoryBytes = m.AvailableBytes - m.UnusedBytes
+			u.WorkingSetBytes = u.MemoryBytes
+			if m.CacheBytes <= u.WorkingSetBytes {
+				u.WorkingSetBytes -= m.CacheBytes
+			}
+		} else {
+			u.MemoryBytes, u.WorkingSetBytes = m.RSSBytes, m.RSSBytes
+		}
+		if m.CurrentBytes > u.WorkingSetBytes {
+			u.AvailableBytes = m.CurrentBytes - u.WorkingSetBytes
+		}
 	}
 	for _, d := range s.Disks {
-		if d.Name == "root" {
-			u.RootDiskBytes = d.AllocationBytes
+		if d.Name == "root" && d.SizesReported {
+			u.RootDiskKnown, u.RootDiskBytes = true, d.AllocationBytes
 		}
 	}
 	return u
@@ -177,11 +190,14 @@ func (r *Runtime) usage(ctx context.Context, cs []*Container) ([]ContainerStats,
 
 // writableLayerFS names the filesystem of the VMs' writable disks: the
 // image store's, where kubelet already accounts image usage (ImageFsInfo).
+// It is looked up until found once, then remembered.
 func (r *Runtime) writableLayerFS(ctx context.Context) string {
-	r.fsOnce.Do(func() {
+	r.fsMu.Lock()
+	defer r.fsMu.Unlock()
+	if r.fsMountpoint == "" {
 		if u, err := r.deps.ImageFiles.Usage(ctx); err == nil {
 			r.fsMountpoint = u.Mountpoint
 		}
-	})
+	}
 	return r.fsMountpoint
 }

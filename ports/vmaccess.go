@@ -76,18 +76,25 @@ type VMStats struct {
 	NICs     []NICStats
 }
 
-// MemoryStats is a VM's memory as its balloon device reports it.
+// MemoryStats is a VM's memory as its balloon device reports it. Each
+// group of figures comes with whether it was reported at all: a figure
+// that was not is unknown, not zero.
 type MemoryStats struct {
+	// HostReported: CurrentBytes and RSSBytes are known (the hypervisor
+	// may not answer them while the VM's monitor is busy).
+	HostReported bool
 	// CurrentBytes is the memory the guest has (the balloon's size).
 	CurrentBytes uint64
 	// RSSBytes is the host memory the VM's process holds.
 	RSSBytes uint64
-	// GuestReported: the guest's balloon driver reports the fields below.
+	// GuestReported: the guest's balloon driver reports the three below.
 	GuestReported bool
 	// AvailableBytes is the memory the guest OS can use; UnusedBytes what
 	// it leaves free; CacheBytes what it uses for caches it can drop.
 	AvailableBytes, UnusedBytes, CacheBytes uint64
-	MinorFaults, MajorFaults                uint64
+	// FaultsReported: the guest reports its page faults.
+	FaultsReported           bool
+	MinorFaults, MajorFaults uint64
 }
 
 // DiskStats is one disk's I/O and size.
@@ -95,8 +102,10 @@ type DiskStats struct {
 	Name                  string // the VMSpec's disk name ("root", ...)
 	ReadBytes, WriteBytes uint64
 	ReadOps, WriteOps     uint64
-	AllocationBytes       uint64 // host storage the disk's data takes
-	CapacityBytes         uint64 // size the guest sees
+	// SizesReported: the two below are known.
+	SizesReported   bool
+	AllocationBytes uint64 // host storage the disk's data takes
+	CapacityBytes   uint64 // size the guest sees
 }
 
 // NICStats is one NIC's traffic.

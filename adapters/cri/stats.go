@@ -75,15 +75,27 @@ func containerStats(st core.ContainerStats) *runtimeapi.ContainerStats {
 	ts := u.Timestamp.UnixNano()
 	out.Cpu = &runtimeapi.CpuUsage{Timestamp: ts, UsageCoreNanoSeconds: u64(u.CPUNanos)}
 	out.Memory = memoryUsage(u)
-	out.WritableLayer = &runtimeapi.FilesystemUsage{Timestamp: ts, FsId: &runtimeapi.FilesystemIdentifier{Mountpoint: st.WritableLayerFS},
-		UsedBytes: u64(u.RootDiskBytes), InodesUsed: u64(0)}
+	if u.RootDiskKnown {
+		// Inodes: the disk is one file on the host; the guest's inodes
+		// are not the node's, so InodesUsed is left unset.
+		out.WritableLayer = &runtimeapi.FilesystemUsage{Timestamp: ts, FsId: &runtimeapi.FilesystemIdentifier{Mountpoint: st.WritableLayerFS},
+			UsedBytes: u64(u.RootDiskBytes)}
+	}
 	return out
 }
 
+// memoryUsage is nil when the hypervisor did not report the VM's memory:
+// kubelet then keeps its last figures rather than seeing zero.
 func memoryUsage(u *core.Usage) *runtimeapi.MemoryUsage {
-	return &runtimeapi.MemoryUsage{Timestamp: u.Timestamp.UnixNano(), WorkingSetBytes: u64(u.WorkingSetBytes),
-		AvailableBytes: u64(u.AvailableBytes), UsageBytes: u64(u.MemoryBytes), RssBytes: u64(u.RSSBytes),
-		PageFaults: u64(u.MinorFaults), MajorPageFaults: u64(u.MajorFaults)}
+	if !u.MemoryKnown {
+		return nil
+	}
+	m := &runtimeapi.MemoryUsage{Timestamp: u.Timestamp.UnixNano(), WorkingSetBytes: u64(u.WorkingSetBytes),
+		AvailableBytes: u64(u.AvailableBytes), UsageBytes: u64(u.MemoryBytes), RssBytes: u64(u.RSSBytes)}
+	if u.FaultsKnown {
+		m.PageFaults, m.MajorPageFaults = u64(u.MinorFaults), u64(u.MajorFaults)
+	}
+	return m
 }
 
 func sandboxStats(st core.SandboxStats) *runtimeapi.PodSandboxStats {

@@ -50,25 +50,47 @@ func (h *Hypervisor) Stats(ctx context.Context, ids []string) ([]ports.VMStats, 
 	return out, nil
 }
 
-// vmStats converts libvirt's figures (balloon in KiB) to the port's.
+// vmStats converts libvirt's figures (balloon in KiB) to the port's. A
+// figure libvirt did not report is left unknown, never zero: with NOWAIT
+// it skips what needs the VM's monitor while that is busy, and the
+// guest's figures need its balloon driver.
 func vmStats(spec ports.VMSpec, ds libvirt.DomainStats, now time.Time) ports.VMStats {
 	s := ports.VMStats{ID: spec.ID, Timestamp: now}
 	if c := ds.Cpu; c != nil && c.TimeSet {
 		s.CPUNanos = c.Time
 	}
 	if b := ds.Balloon; b != nil {
-		s.Memory = ports.MemoryStats{CurrentBytes: b.Current << 10, RSSBytes: b.Rss << 10,
-			GuestReported:  b.AvailableSet && b.UnusedSet,
-			AvailableBytes: b.Available << 10, UnusedBytes: b.Unused << 10, CacheBytes: b.DiskCaches << 10,
-			MinorFaults: b.MinorFault, MajorFaults: b.MajorFault}
+		m := &s.Memory
+		if b.CurrentSet && b.RssSet {
+			m.HostReported, m.CurrentBytes, m.RSSBytes = true, b.Current<<10, b.Rss<<10
+		}
+		if b.AvailableSet && b.UnusedSet {
+			m.GuestReported, m.AvailableBytes, m.UnusedBytes = true, b.Available<<10, b.Unused<<10
+			if b.DiskCachesSet {
+				m.CacheBytes = b.DiskCaches << 10
+			}
+		}
+		if b.MinorFaultSet && b.MajorFaultSet {
+			m.FaultsReported, m.MinorFaults, m.MajorFaults = true, b.MinorFault, b.MajorFault
+		}
 	}
 	for i, b := range ds.Block {
 		name := b.Name
 		if i < len(spec.Disks) {
 			name = spec.Disks[i].Name
 		}
-		s.Disks = append(s.Disks, ports.DiskStats{Name: name, ReadBytes: b.RdBytes, WriteBytes: b.WrBytes,
-			ReadOps: b.RdReqs, WriteOps: b.WrReqs, AllocationBytes: b.Allocation, CapacityBytes: b.Capacity})
+		d := ports.DiskStats{Name: name, ReadBytes: b.RdBytes, WriteBytes: b.WrBytes, ReadOps: b.RdReqs, WriteOps: b.WrReqs}
+		// The host storage a disk takes is its container's size
+		// (physical: the image file, the block device); allocation is
+		// only the highest offset the guest wrote.
+		if b.CapacitySet && (b.PhysicalSet || b.AllocationSet) {
+			d.SizesReported, d.CapacityBytes = true, b.Capacity
+			d.AllocationBytes = b.Allocation
+			if b.PhysicalSet {
+				d.AllocationBytes = b.Physical
+			}
+		}
+		s.Disks = append(s.Disks, d)
 	}
 	for i, n := range ds.Net {
 		name := n.Name

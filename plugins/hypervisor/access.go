@@ -350,11 +350,11 @@ func (s *Server) Display(ctx context.Context, req *hypervisorv1.VMRequest) (*hyp
 func statsToProto(s ports.VMStats) *hypervisorv1.VMStats {
 	m := s.Memory
 	p := &hypervisorv1.VMStats{Id: s.ID, Timestamp: base.Nanos(s.Timestamp), CpuNanos: s.CPUNanos,
-		Memory: &hypervisorv1.MemoryStats{CurrentBytes: m.CurrentBytes, RssBytes: m.RSSBytes, GuestReported: m.GuestReported,
+		Memory: &hypervisorv1.MemoryStats{CurrentBytes: m.CurrentBytes, RssBytes: m.RSSBytes, GuestReported: m.GuestReported, HostReported: m.HostReported, FaultsReported: m.FaultsReported,
 			AvailableBytes: m.AvailableBytes, UnusedBytes: m.UnusedBytes, CacheBytes: m.CacheBytes, MinorFaults: m.MinorFaults, MajorFaults: m.MajorFaults}}
 	for _, d := range s.Disks {
 		p.Disks = append(p.Disks, &hypervisorv1.DiskStats{Name: d.Name, ReadBytes: d.ReadBytes, WriteBytes: d.WriteBytes,
-			ReadOps: d.ReadOps, WriteOps: d.WriteOps, AllocationBytes: d.AllocationBytes, CapacityBytes: d.CapacityBytes})
+			ReadOps: d.ReadOps, WriteOps: d.WriteOps, AllocationBytes: d.AllocationBytes, CapacityBytes: d.CapacityBytes, SizesReported: d.SizesReported})
 	}
 	for _, n := range s.NICs {
 		p.Nics = append(p.Nics, &hypervisorv1.NICStats{Name: n.Name, RxBytes: n.RxBytes, TxBytes: n.TxBytes,
@@ -366,12 +366,12 @@ func statsToProto(s ports.VMStats) *hypervisorv1.VMStats {
 func statsFromProto(p *hypervisorv1.VMStats) ports.VMStats {
 	m := p.GetMemory()
 	s := ports.VMStats{ID: p.Id, Timestamp: base.Time(p.Timestamp), CPUNanos: p.CpuNanos,
-		Memory: ports.MemoryStats{CurrentBytes: m.GetCurrentBytes(), RSSBytes: m.GetRssBytes(), GuestReported: m.GetGuestReported(),
+		Memory: ports.MemoryStats{CurrentBytes: m.GetCurrentBytes(), RSSBytes: m.GetRssBytes(), GuestReported: m.GetGuestReported(), HostReported: m.GetHostReported(), FaultsReported: m.GetFaultsReported(),
 			AvailableBytes: m.GetAvailableBytes(), UnusedBytes: m.GetUnusedBytes(), CacheBytes: m.GetCacheBytes(),
 			MinorFaults: m.GetMinorFaults(), MajorFaults: m.GetMajorFaults()}}
 	for _, d := range p.Disks {
 		s.Disks = append(s.Disks, ports.DiskStats{Name: d.Name, ReadBytes: d.ReadBytes, WriteBytes: d.WriteBytes,
-			ReadOps: d.ReadOps, WriteOps: d.WriteOps, AllocationBytes: d.AllocationBytes, CapacityBytes: d.CapacityBytes})
+			ReadOps: d.ReadOps, WriteOps: d.WriteOps, AllocationBytes: d.AllocationBytes, CapacityBytes: d.CapacityBytes, SizesReported: d.SizesReported})
 	}
 	for _, n := range p.Nics {
 		s.NICs = append(s.NICs, ports.NICStats{Name: n.Name, RxBytes: n.RxBytes, TxBytes: n.TxBytes,

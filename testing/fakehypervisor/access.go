@@ -263,10 +263,11 @@ func (h *Hypervisor) Stats(ctx context.Context, ids []string) ([]ports.VMStats, 
 		up := uint64(now.Sub(v.Status.StartedAt))
 		mem := uint64(v.Spec.MemoryBytes)
 		s := ports.VMStats{ID: id, Timestamp: now, CPUNanos: up / 10,
-			Memory: ports.MemoryStats{CurrentBytes: mem, RSSBytes: mem / 2, GuestReported: true,
-				AvailableBytes: mem - mem/16, UnusedBytes: mem / 2, CacheBytes: mem / 8}}
+			Memory: ports.MemoryStats{HostReported: true, CurrentBytes: mem, RSSBytes: mem / 2, GuestReported: true,
+				AvailableBytes: mem - mem/16, UnusedBytes: mem / 2, CacheBytes: mem / 8,
+				FaultsReported: true, MinorFaults: up / 1e6, MajorFaults: up / 1e8}}
 		for _, d := range v.Spec.Disks {
-			s.Disks = append(s.Disks, ports.DiskStats{Name: d.Name, ReadBytes: up / 1000, AllocationBytes: 1 << 20})
+			s.Disks = append(s.Disks, ports.DiskStats{Name: d.Name, ReadBytes: up / 1000, SizesReported: true, AllocationBytes: 1 << 20, CapacityBytes: 1 << 30})
 		}
 		for _, n := range v.Spec.NICs {
 			s.NICs = append(s.NICs, ports.NICStats{Name: n.Name, RxBytes: up / 100, TxBytes: up / 200})

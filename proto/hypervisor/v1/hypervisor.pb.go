@@ -484,6 +484,8 @@ type MemoryStats struct {
 	CacheBytes     uint64                 `protobuf:"varint,6,opt,name=cache_bytes,json=cacheBytes,proto3" json:"cache_bytes,omitempty"`
 	MinorFaults    uint64                 `protobuf:"varint,7,opt,name=minor_faults,json=minorFaults,proto3" json:"minor_faults,omitempty"`
 	MajorFaults    uint64                 `protobuf:"varint,8,opt,name=major_faults,json=majorFaults,proto3" json:"major_faults,omitempty"`
+	HostReported   bool                   `protobuf:"varint,9,opt,name=host_reported,json=hostReported,proto3" json:"host_reported,omitempty"`
+	FaultsReported bool                   `protobuf:"varint,10,opt,name=faults_reported,json=faultsReported,proto3" json:"faults_reported,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -574,6 +576,20 @@ func (x *MemoryStats) GetMajorFaults() uint64 {
 	return 0
 }
 
+func (x *MemoryStats) GetHostReported() bool {
+	if x != nil {
+		return x.HostReported
+	}
+	return false
+}
+
+func (x *MemoryStats) GetFaultsReported() bool {
+	if x != nil {
+		return x.FaultsReported
+	}
+	return false
+}
+
 type DiskStats struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -583,6 +599,7 @@ type DiskStats struct {
 	WriteOps        uint64                 `protobuf:"varint,5,opt,name=write_ops,json=writeOps,proto3" json:"write_ops,omitempty"`
 	AllocationBytes uint64                 `protobuf:"varint,6,opt,name=allocation_bytes,json=allocationBytes,proto3" json:"allocation_bytes,omitempty"`
 	CapacityBytes   uint64                 `protobuf:"varint,7,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	SizesReported   bool                   `protobuf:"varint,8,opt,name=sizes_reported,json=sizesReported,proto3" json:"sizes_reported,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -664,6 +681,13 @@ func (x *DiskStats) GetCapacityBytes() uint64 {
 		return x.CapacityBytes
 	}
 	return 0
+}
+
+func (x *DiskStats) GetSizesReported() bool {
+	if x != nil {
+		return x.SizesReported
+	}
+	return false
 }
 
 type NICStats struct {
@@ -2388,7 +2412,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\tcpu_nanos\x18\x03 \x01(\x04R\bcpuNanos\x12:\n" +
 	"\x06memory\x18\x04 \x01(\v2\".virtlet.hypervisor.v1.MemoryStatsR\x06memory\x126\n" +
 	"\x05disks\x18\x05 \x03(\v2 .virtlet.hypervisor.v1.DiskStatsR\x05disks\x123\n" +
-	"\x04nics\x18\x06 \x03(\v2\x1f.virtlet.hypervisor.v1.NICStatsR\x04nics\"\xa9\x02\n" +
+	"\x04nics\x18\x06 \x03(\v2\x1f.virtlet.hypervisor.v1.NICStatsR\x04nics\"\xf7\x02\n" +
 	"\vMemoryStats\x12#\n" +
 	"\rcurrent_bytes\x18\x01 \x01(\x04R\fcurrentBytes\x12\x1b\n" +
 	"\trss_bytes\x18\x02 \x01(\x04R\brssBytes\x12%\n" +
@@ -2398,7 +2422,10 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\vcache_bytes\x18\x06 \x01(\x04R\n" +
 	"cacheBytes\x12!\n" +
 	"\fminor_faults\x18\a \x01(\x04R\vminorFaults\x12!\n" +
-	"\fmajor_faults\x18\b \x01(\x04R\vmajorFaults\"\xe9\x01\n" +
+	"\fmajor_faults\x18\b \x01(\x04R\vmajorFaults\x12#\n" +
+	"\rhost_reported\x18\t \x01(\bR\fhostReported\x12'\n" +
+	"\x0ffaults_reported\x18\n" +
+	" \x01(\bR\x0efaultsReported\"\x90\x02\n" +
 	"\tDiskStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -2408,7 +2435,8 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\bread_ops\x18\x04 \x01(\x04R\areadOps\x12\x1b\n" +
 	"\twrite_ops\x18\x05 \x01(\x04R\bwriteOps\x12)\n" +
 	"\x10allocation_bytes\x18\x06 \x01(\x04R\x0fallocationBytes\x12%\n" +
-	"\x0ecapacity_bytes\x18\a \x01(\x04R\rcapacityBytes\"\xcc\x01\n" +
+	"\x0ecapacity_bytes\x18\a \x01(\x04R\rcapacityBytes\x12%\n" +
+	"\x0esizes_reported\x18\b \x01(\bR\rsizesReported\"\xcc\x01\n" +
 	"\bNICStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\brx_bytes\x18\x02 \x01(\x04R\arxBytes\x12\x19\n" +
