@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,29 +24,111 @@ import (
 // Diagnostics for virtletctl: the live domain XML, a read-only virsh, and
 // where the VNC display listens.
 
-// readOnlyVerbs are the virsh commands `virtletctl virsh` may run: they
-// only read, and they run on a read-only connection besides, so libvirt
-// refuses any change even if one of them could make it.
-var readOnlyVerbs = map[string]bool{
-	"dominfo": true, "domstate": true, "dumpxml": true, "domstats": true, "domblklist": true, "domblkinfo": true,
-	"domblkstat": true, "domiflist": true, "domifstat": true, "dommemstat": true, "domdisplay": true, "vncdisplay": true,
-	"vcpuinfo": true, "vcpucount": true, "domjobinfo": true, "domcontrol": true, "domuuid": true, "domid": true,
-	"domname": true, "domifaddr": true, "ttyconsole": true,
+// virshVerb is what one virsh command served to `virtletctl virsh` may
+// be given besides the domain, which is always the pod's own and always
+// the first argument: boolean options, options with a value, and at most
+// args plain arguments (a device or an interface of that domain). Nothing
+// else passes: no option names another domain or connection (domstats
+// takes no plain argument, as each would be one more domain), and values
+// are plain names, never virsh syntax. The connection is read-only
+// besides, so libvirt refuses any change even if a command could make it.
+type virshVerb struct {
+	flags  []string
+	values []string
+	args   int
+}
+
+var virshVerbs = map[string]virshVerb{
+	"dominfo":    {},
+	"domstate":   {flags: []string{"--reason"}},
+	"dumpxml":    {flags: []string{"--inactive", "--update-cpu", "--migratable"}},
+	"domstats":   {flags: []string{"--state", "--cpu-total", "--balloon", "--vcpu", "--interface", "--block", "--perf", "--iothread", "--memory", "--raw", "--backing", "--nowait"}},
+	"domblklist": {flags: []string{"--inactive", "--details"}},
+	"domblkinfo": {flags: []string{"--human", "--all"}, values: []string{"--device"}, args: 1},
+	"domblkstat": {flags: []string{"--human"}, values: []string{"--device"}, args: 1},
+	"domiflist":  {flags: []string{"--inactive"}},
+	"domifstat":  {values: []string{"--interface"}, args: 1},
+	"domifaddr":  {flags: []string{"--full"}, values: []string{"--interface", "--source"}, args: 1},
+	"dommemstat": {flags: []string{"--live", "--config", "--current"}},
+	"domdisplay": {flags: []string{"--all"}, values: []string{"--type"}},
+	"vncdisplay": {},
+	"vcpuinfo":   {flags: []string{"--pretty"}},
+	"vcpucount":  {flags: []string{"--maximum", "--active", "--live", "--config", "--current"}},
+	"domjobinfo": {flags: []string{"--completed"}},
+	"domcontrol": {},
+	"domuuid":    {},
+	"domid":      {},
+	"ttyconsole": {},
 }
 
 // virshTimeout bounds one virsh run.
 const virshTimeout = 20 * time.Second
 
+// virshName is a plain argument or option value: a device, an interface,
+// a MAC address, a source or display type.
+var virshName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$`)
+
+// allowedVerbs lists the commands served, for error messages.
 func allowedVerbs() string {
 	var vs []string
-	for v := range readOnlyVerbs {
+	for v := range virshVerbs {
 		vs = append(vs, v)
 	}
 	sort.Strings(vs)
 	return strings.Join(vs, ", ")
 }
 
-// Inspect runs `virsh --readonly <verb> <domain> <args...>`.
+// checkVirshArgs checks a command against its verb's allow-list.
+func checkVirshArgs(args []string) error {
+	if len(args) == 0 {
+		return &ports.InvalidError{Field: "virsh command", Reason: "none given", Allowed: allowedVerbs()}
+	}
+	verb, ok := virshVerbs[args[0]]
+	if !ok {
+		return &ports.InvalidError{Field: "virsh command", Value: args[0],
+			Reason: "only commands that read this VM's state are served", Allowed: allowedVerbs()}
+	}
+	plain := 0
+	for i := 1; i < len(args); i++ {
+		a := args[i]
+		if !strings.HasPrefix(a, "-") {
+			if plain++; plain > verb.args {
+				return &ports.InvalidError{Field: "virsh " + args[0] + " argument", Value: a,
+					Reason: fmt.Sprintf("%s takes %d argument(s) besides the pod's own domain", args[0], verb.args)}
+			}
+			if !virshName.MatchString(a) {
+				return &ports.InvalidError{Field: "virsh " + args[0] + " argument", Value: a, Reason: "not a device or interface name"}
+			}
+			continue
+		}
+		name, value, hasValue := strings.Cut(a, "=")
+		switch {
+		case slices.Contains(verb.flags, name) && !hasValue:
+		case slices.Contains(verb.values, name):
+			if !hasValue {
+				if i+1 == len(args) {
+					return &ports.InvalidError{Field: "virsh " + args[0] + " option " + name, Reason: "needs a value"}
+				}
+				i++
+				value = args[i]
+			}
+			if !virshName.MatchString(value) {
+				return &ports.InvalidError{Field: "virsh " + args[0] + " option " + name, Value: value, Reason: "not a plain name"}
+			}
+		default:
+			allowed := strings.Join(append(slices.Clone(verb.flags), verb.values...), ", ")
+			if allowed == "" {
+				allowed = "none"
+			}
+			return &ports.InvalidError{Field: "virsh " + args[0] + " option", Value: a,
+				Reason: "not served (the domain is always the pod's own, the connection the plugin's)", Allowed: allowed}
+		}
+	}
+	return nil
+}
+
+// Inspect runs `virsh --readonly <verb> <domain> <args...>` once the
+// command passed its verb's allow-list.
 func (h *Hypervisor) Inspect(ctx context.Context, id string, args []string) (ports.CommandOutput, error) {
 	h.mu.Lock()
 	r := h.records[id]
@@ -53,18 +137,8 @@ func (h *Hypervisor) Inspect(ctx context.Context, id string, args []string) (por
 	if r == nil {
 		return ports.CommandOutput{}, fmt.Errorf("VM %s: %w", id, ports.ErrNotFound)
 	}
-	if len(args) == 0 || !readOnlyVerbs[args[0]] {
-		verb := ""
-		if len(args) > 0 {
-			verb = args[0]
-		}
-		return ports.CommandOutput{}, &ports.InvalidError{Field: "virsh command", Value: verb,
-			Reason: "only commands that read a VM's state are served", Allowed: allowedVerbs()}
-	}
-	for _, a := range args[1:] {
-		if strings.HasPrefix(a, "-c") || strings.HasPrefix(a, "--connect") {
-			return ports.CommandOutput{}, &ports.InvalidError{Field: "virsh argument", Value: a, Reason: "the connection is the plugin's"}
-		}
+	if err := checkVirshArgs(args); err != nil {
+		return ports.CommandOutput{}, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, virshTimeout)
 	defer cancel()

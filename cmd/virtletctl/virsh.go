@@ -17,7 +17,8 @@ func newVirsh(k *kube, name string) *cobra.Command {
 		Long: `virsh runs one virsh command that only reads (dominfo, dumpxml, domstats,
 domblklist, domiflist, dommemstat, vcpuinfo, ...) against the VM pod's
 libvirt domain on its node, on a read-only connection; the daemon adds the
-domain name. Commands that change anything are refused. It goes through
+domain name. Commands that change anything, and options or arguments
+that could reach another domain, are refused. It goes through
 the pod's exec subresource: you need the right to exec into the pod.`,
 		Example: "  " + name + " virsh my-vm -- dominfo\n  " + name + " virsh my-vm -- dumpxml",
 		Args:    cobra.MinimumNArgs(2),

@@ -138,6 +138,14 @@ spec:
 		if err == nil || !strings.Contains(errOut, "only commands that read") {
 			t.Fatalf("virsh destroy: %v %s", err, errOut)
 		}
+		// Nothing reaches another domain: domstats takes no domain list,
+		// and no option names a domain or a connection.
+		for _, args := range [][]string{{"domstats", "virtlet-other"}, {"dominfo", "--domain", "virtlet-other"}, {"dumpxml", "--connect=qemu:///system"}} {
+			_, errOut, err = run(append([]string{"virsh", "ctl-vm", "--"}, args...)...)
+			if err == nil || !strings.Contains(errOut, "virsh "+args[0]) {
+				t.Errorf("virsh %v: %v %s", args, err, errOut)
+			}
+		}
 		if out, _, _ := run("virsh", "ctl-vm", "--", "domstate"); !strings.Contains(out, "running") {
 			t.Fatalf("the VM after a refused destroy: %s", out)
 		}
