@@ -116,24 +116,31 @@ func (t *Tools) diagnose(ctx context.Context, containerID string) (vmtools.Diagn
 	return out, nil
 }
 
-// aboutPod keeps the log lines about this pod and those about no pod in
-// particular: other pods' lines are not this pod user's business.
+// podFields are the log fields that name a pod or its VM; plugins tag
+// their lines about a VM with one of them.
+var podFields = []string{"pod", "sandbox", "vm", "container", "id", "domain"}
+
+// aboutPod keeps the log lines that name this pod or its VM, and no other:
+// a line that names no pod (a plugin's start, a restart) may still quote
+// another pod's data in its message, and other pods are not this pod
+// user's business. The plugins' health is in the diagnostics' plugin list.
 func aboutPod(lines []vmtools.LogLine, d core.Diagnosis) []vmtools.LogLine {
 	mine := map[string]bool{d.Sandbox.ID: true, short(d.Sandbox.ID): true, d.Sandbox.Namespace + "/" + d.Sandbox.Name: true}
 	for _, c := range d.Containers {
-		mine[c.ID], mine[short(c.ID)], mine[c.Spec.Name] = true, true, true
+		mine[c.ID], mine[short(c.ID)] = true, true
+		if c.Spec.Name != "" {
+			mine[c.Spec.Name] = true
+		}
 	}
+	delete(mine, "")
+	delete(mine, "/")
 	var out []vmtools.LogLine
 	for _, l := range lines {
-		keep := true
-		for _, k := range []string{"pod", "vm", "container", "sandbox", "id"} {
-			if v, ok := l.Fields[k]; ok && v != "" {
-				keep = mine[v]
+		for _, k := range podFields {
+			if mine[l.Fields[k]] {
+				out = append(out, l)
 				break
 			}
-		}
-		if keep {
-			out = append(out, l)
 		}
 	}
 	return out

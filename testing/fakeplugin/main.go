@@ -23,7 +23,9 @@ func main() {
 	}
 	switch os.Args[1] {
 	case "hypervisor":
-		sdk.Serve(fakehypervisor.New())
+		h := fakehypervisor.New()
+		h.Log = sdk.Log
+		sdk.Serve(h)
 	case "image":
 		sdk.Serve(fakes.NewImageSource())
 	default:

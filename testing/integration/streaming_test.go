@@ -267,6 +267,7 @@ func TestStatsAndPortForwardRefusals(t *testing.T) {
 func TestVirtletctlCommandsOverExec(t *testing.T) {
 	d, c := startDaemon(t)
 	_, ctr := runningFakeVM(t, d, c, "tools-vm")
+	runningFakeVM(t, d, c, "other-vm") // its plugin log lines are not tools-vm's diag's
 	rt, _ := d.CRI(t)
 	var out, errOut bytes.Buffer
 	if err := streamExec(t, rt, ctr, []string{vmtools.Version}, nil, &out, nil); err != nil || !strings.Contains(out.String(), harness.Version) {
@@ -289,8 +290,22 @@ func TestVirtletctlCommandsOverExec(t *testing.T) {
 		t.Fatalf("diag is not JSON: %v\n%s", err, out.String())
 	}
 	if diag.Version != harness.Version || len(diag.VMs) != 1 || !bytes.Contains(diag.Records, []byte(ctr)) ||
-		!bytes.Contains(diag.Plugins, []byte("fake-hypervisor")) || len(diag.PluginLogs) == 0 {
+		!bytes.Contains(diag.Plugins, []byte("fake-hypervisor")) {
 		t.Fatalf("diag: %+v", diag)
+	}
+	// The plugin log lines are this pod's VM's, and no other pod's.
+	started := 0
+	for _, l := range diag.PluginLogs {
+		vm := l.Fields["vm"]
+		if !strings.HasSuffix(vm, "-tools-vm") {
+			t.Errorf("diag of tools-vm shows a line about another VM or none: %+v", l)
+		}
+		if l.Message == "fake VM started" {
+			started++
+		}
+	}
+	if started != 1 {
+		t.Errorf("diag shows %d lines about the VM's start, want 1: %+v", started, diag.PluginLogs)
 	}
 	// VNC: the exec's stdin and stdout are the display's connection.
 	pr, pw := io.Pipe()

@@ -249,7 +249,7 @@ func (v *Volumes) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.V
 		return ports.VolumeAttachment{}, fmt.Errorf("ceph volume %s (image %s/%s): %w", req.Name, vol.pool, vol.image, err)
 	}
 	rawKey, _ := base64.StdEncoding.DecodeString(vol.key) // checked by parse
-	v.log.WithFields(logrus.Fields{"volume": req.Name, "image": vol.pool + "/" + vol.image, "bytes": size, "created": created}).Info("RBD image ready")
+	v.log.WithFields(logrus.Fields{"vm": req.VMID, "volume": req.Name, "image": vol.pool + "/" + vol.image, "bytes": size, "created": created}).Info("RBD image ready")
 	att := ports.VolumeAttachment{Disks: []ports.Disk{{Name: "vol-" + req.Name, Device: ports.DeviceDisk, ReadOnly: req.ReadOnly,
 		Source: ports.DiskSource{Type: ports.SourceNetwork, Protocol: "rbd", Name: vol.pool + "/" + vol.image, Format: "raw",
 			Hosts: vol.monitors, Auth: &ports.DiskAuth{Username: vol.user, SecretType: "ceph", Secret: rawKey}}}}}

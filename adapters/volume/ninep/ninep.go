@@ -186,7 +186,7 @@ func (v *Volumes) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.V
 		if err != nil {
 			return ports.VolumeAttachment{}, fmt.Errorf("volume %s: give %s to QEMU's user (VirtletChown9pfsMounts): %w", req.Name, req.HostPath, err)
 		}
-		v.log.WithFields(logrus.Fields{"volume": req.Name, "files": n, "uid": v.uid, "gid": v.gid}).Info("share chowned for the VM")
+		v.log.WithFields(logrus.Fields{"vm": req.VMID, "volume": req.Name, "files": n, "uid": v.uid, "gid": v.gid}).Info("share chowned for the VM")
 	}
 	if err := os.MkdirAll(filepath.Dir(mp), 0o711); err != nil {
 		return ports.VolumeAttachment{}, err

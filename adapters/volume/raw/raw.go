@@ -157,7 +157,7 @@ func (v *Volumes) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.V
 		if req.ReadOnly {
 			return ports.VolumeAttachment{}, &ports.InvalidError{Field: "block volume " + req.Name, Reason: "a persistent root file system cannot be read-only"}
 		}
-		offset, size, err := prepareRootfs(ctx, dev, req.Name, *req.Rootfs, v.log)
+		offset, size, err := prepareRootfs(ctx, dev, req.Name, *req.Rootfs, v.log.WithField("vm", req.VMID))
 		if err != nil {
 			return ports.VolumeAttachment{}, err
 		}
