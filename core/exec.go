@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -139,8 +138,10 @@ func (r *Runtime) exec(ctx context.Context, id string, cmd []string, stdin []byt
 			what = fmt.Sprintf("the guest process (pid %d) could not be killed and may still run: %s", res.PID, res.KillError)
 		}
 		log.WithField("killed", res.Killed).Warn("exec timed out")
+		// Only the program's name: the error reaches logs, and arguments
+		// may carry secrets.
 		return ExecResult{}, fmt.Errorf("exec in VM %s: %q did not finish within %s; %s: %w",
-			c.Spec.Name, strings.Join(cmd, " "), timeout, what, context.DeadlineExceeded)
+			c.Spec.Name, cmd[0], timeout, what, context.DeadlineExceeded)
 	}
 	log.Debug("exec")
 	out := ExecResult{ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr}

@@ -15,12 +15,13 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
-// quiet methods are polled by kubelet every few seconds: logged at debug
-// level unless they fail.
+// quiet methods are polled by kubelet every few seconds (ExecSync: exec
+// probes): logged at debug level unless they fail.
 var quiet = map[string]bool{
 	"Version": true, "Status": true, "ListPodSandbox": true, "ListContainers": true, "PodSandboxStatus": true,
 	"ContainerStatus": true, "ListImages": true, "ImageStatus": true, "ImageFsInfo": true,
 	"ListContainerStats": true, "ListPodSandboxStats": true, "ContainerStats": true, "PodSandboxStats": true,
+	"ExecSync": true,
 }
 
 // instrument is the one place that logs every CRI call (method, pod,
