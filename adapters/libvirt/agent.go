@@ -27,32 +27,52 @@ import (
 // agentCallTimeout bounds one agent command that should answer at once.
 const agentCallTimeout = 5 * time.Second
 
-// noAgent explains a guest whose agent does not listen.
-func noAgent(name, why string) error {
-	return fmt.Errorf("the VM %s has no guest agent (%s): install and start qemu-guest-agent in the guest "+
-		"(its channel %s is in every domain), or use `virtletctl ssh`: %w", name, why, AgentChannel, ports.ErrFailedPrecondition)
+// agentState is what the live domain tells of the guest agent's channel.
+type agentState int
+
+const (
+	agentNoChannel    agentState = iota // the domain has no agent channel
+	agentDisconnected                   // nothing in the guest opened it
+	agentConnected                      // a program in the guest opened it
+)
+
+func (s agentState) String() string {
+	return [...]string{"no channel", "disconnected", "connected"}[s]
 }
 
-// agentConnected reads the agent channel's state from the live domain:
+// noAgent explains a guest whose agent cannot be reached.
+func noAgent(name string, s agentState) error {
+	if s == agentNoChannel {
+		return fmt.Errorf("the VM %s has no guest agent channel (%s) in its domain, which an older Virtlet defined: "+
+			"recreate the pod to get one, or use `virtletctl ssh`: %w", name, AgentChannel, ports.ErrFailedPrecondition)
+	}
+	return fmt.Errorf("the VM %s has no guest agent (nothing in the guest listens on its channel %s): "+
+		"install and start qemu-guest-agent in the guest, or use `virtletctl ssh`: %w", name, AgentChannel, ports.ErrFailedPrecondition)
+}
+
+// agentStateOf reads the agent channel's state from the live domain:
 // libvirt knows whether a program in the guest opened it.
-func agentConnected(dom *libvirt.Domain) (bool, error) {
+func agentStateOf(dom *libvirt.Domain) (agentState, error) {
 	raw, err := dom.GetXMLDesc(0)
 	if err != nil {
-		return false, err
+		return agentNoChannel, err
 	}
 	var d libvirtxml.Domain
 	if err := xml.Unmarshal([]byte(raw), &d); err != nil {
-		return false, err
+		return agentNoChannel, err
 	}
 	if d.Devices == nil {
-		return false, nil
+		return agentNoChannel, nil
 	}
 	for _, ch := range d.Devices.Channels {
 		if t := ch.Target; t != nil && t.VirtIO != nil && t.VirtIO.Name == AgentChannel {
-			return t.VirtIO.State == "connected", nil
+			if t.VirtIO.State == "connected" {
+				return agentConnected, nil
+			}
+			return agentDisconnected, nil
 		}
 	}
-	return false, nil
+	return agentNoChannel, nil
 }
 
 // agent sends one command and decodes its "return" into out. It never
@@ -156,12 +176,12 @@ func (h *Hypervisor) GuestExec(ctx context.Context, id string, req ports.GuestEx
 	if state, _, err := dom.GetState(); err != nil || state != libvirt.DOMAIN_RUNNING {
 		return ports.GuestExecResult{}, fmt.Errorf("exec in VM %s: the VM is not running: %w", name, ports.ErrFailedPrecondition)
 	}
-	connected, err := agentConnected(dom)
+	channel, err := agentStateOf(dom)
 	if err != nil {
 		return ports.GuestExecResult{}, libvirtError("read the agent channel of "+name, err)
 	}
-	if !connected {
-		return ports.GuestExecResult{}, noAgent(name, "nothing in the guest listens on its channel")
+	if channel != agentConnected {
+		return ports.GuestExecResult{}, noAgent(name, channel)
 	}
 	runCtx := ctx
 	if req.Timeout > 0 {

@@ -181,8 +181,8 @@ func (h *Hypervisor) Diagnose(ctx context.Context, id string) (ports.VMDiagnosti
 	if state, reason, err := dom.GetState(); err == nil {
 		details["libvirtState"] = fmt.Sprintf("%d (reason %d)", state, reason)
 	}
-	if ok, err := agentConnected(dom); err == nil {
-		details["guestAgent"] = map[bool]string{true: "connected", false: "disconnected"}[ok]
+	if s, err := agentStateOf(dom); err == nil {
+		details["guestAgent"] = s.String()
 	}
 	h.consoleMu.Lock()
 	if hub := h.consoles[id]; hub != nil {
