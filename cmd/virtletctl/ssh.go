@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -26,9 +27,10 @@ func newSSH(k *kube, name string) *cobra.Command {
 		Long: `ssh forwards a local port to port 22 of the VM (through the API server, as
 kubectl port-forward does) and runs your ssh client against it. The VM's
 sshd must accept your key: the pod's VirtletSSHKeys / VirtletSSHKeySource
-annotations put public keys into the VM; pass the matching private key with
--i, or let ssh use your agent and ~/.ssh keys. Without user@, ssh uses your
-local user name. Arguments after -- go to ssh (options, then a command).
+annotations put public keys into the VM. Without -i, virtletctl picks the
+private key in ~/.ssh whose .pub is one of the pod's keys (any file name),
+and warns when none is (ssh then tries your agent's keys). Without user@,
+ssh uses your local user name. Arguments after -- go to ssh (options, then a command).
 Host keys are not checked: a VM pod's host key is new with every pod.`,
 		Example: "  " + name + " ssh debian@my-vm -i ~/.ssh/vm_key\n  " + name + " ssh -n prod root@db-0 -- uptime",
 		Args:    cobra.MinimumNArgs(1),
@@ -62,8 +64,16 @@ Host keys are not checked: a VM pod's host key is new with every pod.`,
 			}
 			sshArgs := []string{"-p", strconv.Itoa(local), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
 				"-o", "LogLevel=ERROR", "-o", "HostKeyAlias=" + pod.Namespace + "/" + pod.Name}
-			if identity != "" {
-				sshArgs = append(sshArgs, "-i", identity)
+			keys, note := k.podKeys(ctx, pod)
+			if note != "" {
+				fmt.Fprintln(os.Stderr, "virtletctl ssh:", note)
+			}
+			sshDir := ""
+			if home, err := os.UserHomeDir(); err == nil {
+				sshDir = filepath.Join(home, ".ssh")
+			}
+			if id := chooseIdentity(identity, sshDir, keys, func(msg string) { fmt.Fprintln(os.Stderr, "virtletctl ssh:", msg) }); id != "" {
+				sshArgs = append(sshArgs, "-i", id)
 			}
 			sshArgs = append(append(sshArgs, dest), args[1:]...)
 			run := exec.CommandContext(ctx, sshBin, sshArgs...)
@@ -78,7 +88,7 @@ Host keys are not checked: a VM pod's host key is new with every pod.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVarP(&identity, "identity", "i", "", "private key file for ssh (default: ssh's own choice: agent, ~/.ssh)")
+	cmd.Flags().StringVarP(&identity, "identity", "i", "", "private key file for ssh (default: the key in ~/.ssh that the pod accepts, else ssh's own choice)")
 	cmd.Flags().IntVar(&port, "port", 22, "the VM's ssh port")
 	return cmd
 }

@@ -111,6 +111,20 @@ spec:
 		t.Errorf("kubectl virt ssh: %v %s", err, b)
 	}
 
+	// Without -i: virtletctl picks the key in ~/.ssh that the pod's
+	// VirtletSSHKeys accepts, under a name ssh would not try by itself.
+	home := t.TempDir()
+	os.Mkdir(filepath.Join(home, ".ssh"), 0o700)
+	for _, f := range []string{"", ".pub"} {
+		b, _ := os.ReadFile(key + f)
+		os.WriteFile(filepath.Join(home, ".ssh", "vm_key"+f), b, 0o600)
+	}
+	noI := exec.Command(ctl, "--kubeconfig", k.Kubeconfig, "ssh", "debian@ctl-vm", "--", "-o", "BatchMode=yes", "-o", "IdentityAgent=none", "echo picked-key")
+	noI.Env = append(os.Environ(), "HOME="+home)
+	if b, err := noI.CombinedOutput(); err != nil || !strings.Contains(string(b), "picked-key") {
+		t.Errorf("virtletctl ssh without -i, the pod's key in ~/.ssh/vm_key: %v %s", err, b)
+	}
+
 	t.Run("kubectl exec through the guest agent", func(t *testing.T) {
 		deadline := time.Now().Add(3 * time.Minute)
 		for {
