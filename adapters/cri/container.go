@@ -168,8 +168,9 @@ func (s *Server) ListContainers(ctx context.Context, req *runtimeapi.ListContain
 	return resp, nil
 }
 
-// listContainersItems is the field number of ListContainersResponse.containers.
-const listContainersItems = 1
+// listContainersItems is the field number of ListContainersResponse.containers,
+// read from the message's descriptor.
+var listContainersItems = itemsField(&runtimeapi.ListContainersResponse{}, "containers")
 
 func criContainer(c *core.Container) *runtimeapi.Container {
 	return &runtimeapi.Container{

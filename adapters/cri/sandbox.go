@@ -102,8 +102,9 @@ func (s *Server) ListPodSandbox(ctx context.Context, req *runtimeapi.ListPodSand
 	return resp, nil
 }
 
-// listPodSandboxItems is the field number of ListPodSandboxResponse.items.
-const listPodSandboxItems = 1
+// listPodSandboxItems is the field number of ListPodSandboxResponse.items,
+// read from the message's descriptor.
+var listPodSandboxItems = itemsField(&runtimeapi.ListPodSandboxResponse{}, "items")
 
 func podSandbox(sb *core.Sandbox) *runtimeapi.PodSandbox {
 	return &runtimeapi.PodSandbox{

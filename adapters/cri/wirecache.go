@@ -1,6 +1,7 @@
 package cri
 
 import (
+	"fmt"
 	"sync"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -65,6 +66,8 @@ func (c *wireCache) encode(num protowire.Number, entries []entry, build func(any
 
 // retain forgets every item not among entries (after a complete list).
 func (c *wireCache) retain(entries []entry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if len(c.items) == len(entries) {
 		return // nothing removed: every entry was just stored or confirmed
 	}
@@ -72,8 +75,6 @@ func (c *wireCache) retain(entries []entry) {
 	for _, e := range entries {
 		keep[e.id] = true
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	for id := range c.items {
 		if !keep[id] {
 			delete(c.items, id)
@@ -84,6 +85,17 @@ func (c *wireCache) retain(entries []entry) {
 // setEncoded makes reply carry buf as its encoded fields: they are written
 // verbatim when the reply is marshalled, and clients decode them as the
 // reply's repeated items.
+// itemsField is the number of the reply's repeated message field name:
+// from the descriptor, so that a renumbered field in a new cri-api fails
+// at start, not in kubelet.
+func itemsField(reply proto.Message, name protoreflect.Name) protowire.Number {
+	f := reply.ProtoReflect().Descriptor().Fields().ByName(name)
+	if f == nil || !f.IsList() || f.Kind() != protoreflect.MessageKind {
+		panic(fmt.Sprintf("%s has no repeated message field %s", reply.ProtoReflect().Descriptor().FullName(), name))
+	}
+	return f.Number()
+}
+
 func setEncoded(reply proto.Message, buf []byte) {
 	reply.ProtoReflect().SetUnknown(protoreflect.RawFields(buf))
 }
