@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/virtlet/virtlet/adapters/rpcguard"
 	"github.com/virtlet/virtlet/adapters/unixsock"
 	"github.com/virtlet/virtlet/core"
 	"github.com/virtlet/virtlet/plugins/base"
@@ -51,7 +52,7 @@ func NewServer(rt Runtime, version string, log logrus.FieldLogger) *Server {
 // call (never the options, which may be secret) and mapping error kinds to
 // gRPC codes.
 func (s *Server) GRPCServer() *grpc.Server {
-	g := grpc.NewServer(grpc.ChainUnaryInterceptor(s.instrument))
+	g := grpc.NewServer(grpc.ChainUnaryInterceptor(s.instrument, rpcguard.Unary(s.log)))
 	adminv1.RegisterAdminServer(g, s)
 	return g
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/virtlet/virtlet/adapters/rpcguard"
 	"github.com/virtlet/virtlet/adapters/unixsock"
 	"github.com/virtlet/virtlet/core"
 )
@@ -64,7 +65,8 @@ func (s *Server) WithStreaming(streams StreamURLs) *Server {
 // every call instrumented.
 func (s *Server) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	opts = append(opts,
-		grpc.ChainUnaryInterceptor(s.instrument),
+		grpc.ChainUnaryInterceptor(s.instrument, rpcguard.Unary(s.log)),
+		grpc.ChainStreamInterceptor(rpcguard.Stream(s.log)),
 		grpc.MaxRecvMsgSize(16<<20), grpc.MaxSendMsgSize(16<<20),
 	)
 	g := grpc.NewServer(opts...)
