@@ -19,16 +19,17 @@ import (
 // config is the daemon's configuration: defaults, then the config file,
 // then command-line flags.
 type config struct {
-	Listen            string        `json:"listen"`
-	AdminSocket       string        `json:"adminSocket"`
-	StateDir          string        `json:"stateDir"`
-	PluginsDir        string        `json:"pluginsDir"`
-	PluginBinDir      string        `json:"pluginBinDir"`
-	ImageTranslations string        `json:"imageTranslationsDir"`
-	LogFormat         string        `json:"logFormat"`
-	LogLevel          string        `json:"logLevel"`
-	DefaultVMMemory   string        `json:"defaultVMMemory"`
-	OperationTimeout  time.Duration `json:"operationTimeout"`
+	Listen            string `json:"listen"`
+	AdminSocket       string `json:"adminSocket"`
+	StateDir          string `json:"stateDir"`
+	PluginsDir        string `json:"pluginsDir"`
+	PluginBinDir      string `json:"pluginBinDir"`
+	ImageTranslations string `json:"imageTranslationsDir"`
+	LogFormat         string `json:"logFormat"`
+	LogLevel          string `json:"logLevel"`
+	DefaultVMMemory   string `json:"defaultVMMemory"`
+	// OperationTimeout is a duration such as "15m" (Go's syntax).
+	OperationTimeout string `json:"operationTimeout"`
 	// Kubeconfig is how the daemon reads ConfigMaps and Secrets; empty
 	// means in-cluster when running in a pod, else none.
 	Kubeconfig string `json:"kubeconfig"`
@@ -47,7 +48,7 @@ func defaults() config {
 	}
 	return config{
 		Listen: "unix:///run/virtlet.sock", AdminSocket: admin.DefaultSocket, StateDir: "/var/lib/virtlet", PluginsDir: manifest.DefaultDir,
-		PluginBinDir: bin, ImageTranslations: imagetranslations.DefaultDir, LogFormat: "text", LogLevel: "info", DefaultVMMemory: "1Gi", OperationTimeout: 15 * time.Minute,
+		PluginBinDir: bin, ImageTranslations: imagetranslations.DefaultDir, LogFormat: "text", LogLevel: "info", DefaultVMMemory: "1Gi", OperationTimeout: "15m",
 		StreamingAddress: streaming.DefaultAddress,
 	}
 }
@@ -74,7 +75,7 @@ func parseConfig(args []string) (config, bool, error) {
 	logFormat := fs.String("log-format", cfg.LogFormat, "log format: text or json")
 	logLevel := fs.String("log-level", cfg.LogLevel, "log level: trace, debug, info, warn, error")
 	memory := fs.String("default-vm-memory", cfg.DefaultVMMemory, "memory of a VM whose container has no memory limit")
-	opTimeout := fs.Duration("operation-timeout", cfg.OperationTimeout, "bound of slow operations that outlive kubelet's request")
+	opTimeout := fs.String("operation-timeout", cfg.OperationTimeout, "bound of slow operations that outlive kubelet's request")
 	kubeconfig := fs.String("kubeconfig", cfg.Kubeconfig, "kubeconfig for reading the ConfigMaps and Secrets VM pods name (default: in-cluster config when running in a pod)")
 	kubeObjectsDir := fs.String("kube-objects-dir", cfg.KubeObjectsDir, "read ConfigMaps and Secrets from the Kubernetes manifests in this directory instead of an API server")
 	streamingAddress := fs.String("streaming-address", cfg.StreamingAddress, "loopback host:port of the CRI streaming server (exec, attach, port-forward) that kubelet proxies; port 0 picks a free port")
@@ -118,16 +119,25 @@ func parseConfig(args []string) (config, bool, error) {
 	if cfg.Kubeconfig != "" && cfg.KubeObjectsDir != "" {
 		return cfg, false, fmt.Errorf("kubeconfig and kube objects directory are both set: choose one source of ConfigMaps and Secrets")
 	}
-	if set["operation-timeout"] {
-		cfg.OperationTimeout = *opTimeout
-	}
+	override("operation-timeout", &cfg.OperationTimeout, *opTimeout)
 	if cfg.LogFormat != "text" && cfg.LogFormat != "json" {
 		return cfg, false, fmt.Errorf("log format %q: want text or json", cfg.LogFormat)
 	}
 	if _, err := cfg.memoryBytes(); err != nil {
 		return cfg, false, err
 	}
+	if _, err := cfg.operationTimeout(); err != nil {
+		return cfg, false, err
+	}
 	return cfg, false, nil
+}
+
+func (c config) operationTimeout() (time.Duration, error) {
+	d, err := time.ParseDuration(c.OperationTimeout)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("operation timeout (operationTimeout, --operation-timeout) %q: want a positive duration such as 15m or 90s", c.OperationTimeout)
+	}
+	return d, nil
 }
 
 func (c config) memoryBytes() (int64, error) {

@@ -105,12 +105,13 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		return err
 	}
 	memory, _ := cfg.memoryBytes()
+	opTimeout, _ := cfg.operationTimeout()
 	rt, err := core.New(core.Deps{
 		Hypervisor: plugins.Hypervisor(), ImageSources: plugins.ImageSources(), ImageFiles: files, Store: store,
 		Translations: imagetranslations.New(cfg.ImageTranslations),
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
 		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.TCP{},
-	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: cfg.OperationTimeout, Log: log.WithField("component", "core")})
+	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core")})
 	if err != nil {
 		return err
 	}

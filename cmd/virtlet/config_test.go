@@ -1,0 +1,48 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The config file takes durations as operators write them.
+func TestConfigFileDurations(t *testing.T) {
+	for _, tc := range []struct {
+		file, flag string
+		want       time.Duration
+		err        string
+	}{
+		{file: "operationTimeout: 15m\n", want: 15 * time.Minute},
+		{file: "operationTimeout: 90s\n", want: 90 * time.Second},
+		{file: "logLevel: info\n", want: 15 * time.Minute},
+		{file: "operationTimeout: 15m\n", flag: "2m", want: 2 * time.Minute},
+		{file: "operationTimeout: soon\n", err: `operation timeout (operationTimeout, --operation-timeout) "soon": want a positive duration`},
+		{file: "operationTimeout: -1m\n", err: "want a positive duration"},
+		{file: "operationTimeout: 15m\n", flag: "0s", err: "want a positive duration"},
+	} {
+		path := filepath.Join(t.TempDir(), "virtlet.yaml")
+		if err := os.WriteFile(path, []byte(tc.file), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"--config", path}
+		if tc.flag != "" {
+			args = append(args, "--operation-timeout", tc.flag)
+		}
+		cfg, _, err := parseConfig(args)
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: got %v, want an error with %q", tc.file, err, tc.err)
+			}
+		case err != nil:
+			t.Errorf("%q: %v", tc.file, err)
+		default:
+			if got, _ := cfg.operationTimeout(); got != tc.want {
+				t.Errorf("%q %s: operation timeout %s, want %s", tc.file, tc.flag, got, tc.want)
+			}
+		}
+	}
+}
