@@ -197,20 +197,32 @@ type write struct {
 
 func (r *Runtime) commit(ctx context.Context, writes ...write) error {
 	ops := make([]ports.StoreOp, 0, len(writes))
+	put := func(bucket ports.Bucket, id string, v interface{}) error {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return fmt.Errorf("encode the record of %s: %w", id, err)
+		}
+		ops = append(ops, ports.Put(bucket, id, b))
+		return nil
+	}
 	for _, w := range writes {
+		var err error
 		switch {
 		case w.sandbox != nil:
-			ops = append(ops, ports.Put(ports.BucketSandboxes, w.sandbox.ID, mustJSON(w.sandbox)))
+			err = put(ports.BucketSandboxes, w.sandbox.ID, w.sandbox)
 		case w.container != nil:
-			ops = append(ops, ports.Put(ports.BucketContainers, w.container.ID, mustJSON(w.container)))
+			err = put(ports.BucketContainers, w.container.ID, w.container)
 		case w.image != nil:
-			ops = append(ops, ports.Put(ports.BucketImages, w.image.ID, mustJSON(w.image)))
+			err = put(ports.BucketImages, w.image.ID, w.image)
 		case w.sandboxID != "":
 			ops = append(ops, ports.Delete(ports.BucketSandboxes, w.sandboxID))
 		case w.containerID != "":
 			ops = append(ops, ports.Delete(ports.BucketContainers, w.containerID))
 		case w.imageID != "":
 			ops = append(ops, ports.Delete(ports.BucketImages, w.imageID))
+		}
+		if err != nil {
+			return fmt.Errorf("write state: %w", err)
 		}
 	}
 	if err := r.deps.Store.Apply(ctx, ops...); err != nil {
@@ -239,14 +251,6 @@ func (r *Runtime) commit(ctx context.Context, writes ...write) error {
 		}
 	}
 	return nil
-}
-
-func mustJSON(v interface{}) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(fmt.Sprintf("encode record: %v", err)) // records are plain data
-	}
-	return b
 }
 
 // detached runs a slow operation so that it completes even if the caller's
