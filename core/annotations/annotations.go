@@ -190,8 +190,29 @@ type parser struct {
 
 func (p *parser) fail(key, value, allowed, reason string) {
 	p.errs = append(p.errs, &ports.InvalidError{
-		Field: "annotation " + key, Value: abbreviate(value), Allowed: allowed, Reason: reason,
+		Field: "annotation " + key, Value: quotable(key, value), Allowed: allowed, Reason: reason,
 	})
+}
+
+// mayHoldSecrets are the annotations whose values may carry passwords or
+// keys (user-data, meta-data, scripts, SSH keys): an error, which reaches
+// the daemon's log and kubectl describe, never quotes them.
+var mayHoldSecrets = map[string]bool{
+	CloudInitUserData: true, CloudInitMetaData: true, CloudInitUserDataScript: true, SSHKeys: true,
+}
+
+// quotable is what an error may quote of an annotation's value: an
+// abbreviation, or nothing for an annotation that may hold secrets or
+// that is unknown (a misspelt user-data annotation is still user-data).
+func quotable(key, value string) string {
+	known := false
+	for _, k := range Known {
+		known = known || k == key
+	}
+	if mayHoldSecrets[key] || !known {
+		return ""
+	}
+	return abbreviate(value)
 }
 
 // get returns the annotation's value and whether it is set to something
@@ -224,7 +245,7 @@ func (p *parser) unknown() {
 			allowed = "did you mean " + s + "?"
 		}
 		p.errs = append(p.errs, &ports.InvalidError{
-			Field: "annotation " + key, Value: abbreviate(value),
+			Field: "annotation " + key, Value: quotable(key, value),
 			Reason: "unknown Virtlet annotation", Allowed: allowed,
 		})
 	}

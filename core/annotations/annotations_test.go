@@ -197,6 +197,35 @@ func TestLongValuesAbbreviated(t *testing.T) {
 	}
 }
 
+// Errors reach the daemon's log and kubectl describe: they never quote
+// a value that may hold secrets, nor the value of an unknown annotation
+// (a misspelt user-data annotation); other values are quoted.
+func TestErrorsQuoteNoSecret(t *testing.T) {
+	const secret = "hunter2-secret"
+	for _, tc := range []struct{ key, value string }{
+		{CloudInitUserData, "password: " + secret + "\n- broken: ["},
+		{CloudInitUserData, "- " + secret},
+		{CloudInitMetaData, "[" + secret},
+		{CloudInitUserDataScript, ""},
+		{"VirtletCloudInitUserDat", "password: " + secret},
+	} {
+		if tc.value == "" {
+			continue // a script is never invalid by content
+		}
+		_, err := Parse(map[string]string{tc.key: tc.value})
+		if err == nil {
+			t.Fatalf("%s accepted", tc.key)
+		}
+		if strings.Contains(err.Error(), secret) || !strings.Contains(err.Error(), tc.key) {
+			t.Errorf("%s: %q", tc.key, err.Error())
+		}
+	}
+	_, err := Parse(map[string]string{VCPUCount: "lots"})
+	if err == nil || !strings.Contains(err.Error(), `invalid value "lots"`) {
+		t.Errorf("a plain annotation's value is quoted: %v", err)
+	}
+}
+
 // FuzzParse checks that no annotation value makes the parser panic and that
 // whatever it accepts is within the documented ranges.
 func FuzzParse(f *testing.F) {
