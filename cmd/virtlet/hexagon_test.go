@@ -1,0 +1,78 @@
+package main
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// daemonMayImport are the project's packages the daemon process may link:
+// the core, the inbound adapters, the local ones it runs itself (state
+// store, image files, Kubernetes objects) and the plugin host's client
+// glue. Adapters that belong in a plugin process (libvirt, CNI, volumes,
+// cloud-init media, image sources) are not on it, nor are their heavy
+// libraries below.
+var daemonMayImport = []string{
+	"github.com/virtlet/virtlet/cmd/virtlet",
+	"github.com/virtlet/virtlet/cmd/internal",
+	"github.com/virtlet/virtlet/core",
+	"github.com/virtlet/virtlet/ports",
+	"github.com/virtlet/virtlet/proto",
+	"github.com/virtlet/virtlet/plugins/base",
+	"github.com/virtlet/virtlet/plugins/host",
+	"github.com/virtlet/virtlet/plugins/manifest",
+	"github.com/virtlet/virtlet/plugins/datasource",
+	"github.com/virtlet/virtlet/plugins/hypervisor",
+	"github.com/virtlet/virtlet/plugins/image",
+	"github.com/virtlet/virtlet/plugins/network",
+	"github.com/virtlet/virtlet/plugins/volume",
+	"github.com/virtlet/virtlet/adapters/cri",
+	"github.com/virtlet/virtlet/adapters/streaming",
+	"github.com/virtlet/virtlet/adapters/vmtools",
+	"github.com/virtlet/virtlet/adapters/admin",
+	"github.com/virtlet/virtlet/adapters/rpcguard",
+	"github.com/virtlet/virtlet/adapters/unixsock",
+	"github.com/virtlet/virtlet/adapters/dialer",
+	"github.com/virtlet/virtlet/adapters/boltstore",
+	"github.com/virtlet/virtlet/adapters/imagefiles",
+	"github.com/virtlet/virtlet/adapters/imagetranslations",
+	"github.com/virtlet/virtlet/adapters/kubeapi",
+	"github.com/virtlet/virtlet/adapters/kubedir",
+	"github.com/virtlet/virtlet/adapters/kubefiles",
+}
+
+// daemonMustNotLink are the outbound adapters' libraries.
+var daemonMustNotLink = []string{
+	"libvirt.org/",
+	"github.com/ceph/go-ceph",
+	"github.com/containers/image",
+	"github.com/containernetworking",
+}
+
+func TestDaemonLinksNoPluginAdapter(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/virtlet/virtlet/cmd/virtlet").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	if len(deps) < 10 {
+		t.Fatalf("go list returned too little to be the real dependency list: %v", deps)
+	}
+	for _, dep := range deps {
+		if strings.HasPrefix(dep, "github.com/virtlet/virtlet/") && !hasPrefix(dep, daemonMayImport) {
+			t.Errorf("the daemon links %s, which is not on its allow-list", dep)
+		}
+		if hasPrefix(dep, daemonMustNotLink) {
+			t.Errorf("the daemon links %s: that library belongs in a plugin process", dep)
+		}
+	}
+}
+
+func hasPrefix(pkg string, list []string) bool {
+	for _, a := range list {
+		if pkg == a || strings.HasPrefix(pkg, strings.TrimSuffix(a, "/")+"/") || strings.HasSuffix(a, "/") && strings.HasPrefix(pkg, a) {
+			return true
+		}
+	}
+	return false
+}
