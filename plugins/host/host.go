@@ -3,10 +3,12 @@
 package host
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -198,6 +200,36 @@ func hclogFor(log logrus.FieldLogger, plugin string, ring *logRing) hclog.Logger
 	return l
 }
 
+// outputLines logs what a plugin's Go code prints on os.Stdout or
+// os.Stderr without the SDK's logger (go-plugin carries both over gRPC and
+// would discard them): a warning per line, named after the stream.
+type outputLines struct {
+	sink   logSink
+	stream string
+	mu     sync.Mutex
+	buf    []byte
+}
+
+func (w *outputLines) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 && len(w.buf) < 16<<10 {
+			return len(p), nil
+		}
+		if i < 0 {
+			i = len(w.buf) // an endless line is cut
+		}
+		line := strings.TrimRight(string(w.buf[:i]), "\r")
+		w.buf = w.buf[min(i+1, len(w.buf)):]
+		if strings.TrimSpace(line) != "" {
+			w.sink.Accept(w.stream, hclog.Warn, line)
+		}
+	}
+}
+
 type logSink struct {
 	log    logrus.FieldLogger
 	plugin string
@@ -215,6 +247,14 @@ func (s logSink) Accept(name string, level hclog.Level, msg string, args ...inte
 			continue
 		}
 		fields[key] = args[i+1]
+	}
+	// A line the plugin wrote to stderr without the SDK's logger (a C
+	// library, a crash) comes as a bare debug message from go-plugin's
+	// logger named after the binary; it is worth a warning (go-plugin
+	// itself raises a Go panic's lines to error).
+	if level == hclog.Debug && len(args) == 0 && name != "" && !strings.HasPrefix(msg, "[DEBUG]") {
+		level = hclog.Warn
+		fields["stderr"] = true
 	}
 	if s.ring != nil {
 		s.ring.add(LogEntry{Time: time.Now(), Plugin: s.plugin, Level: level.String(), Message: msg, Fields: stringFields(fields)})

@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/virtlet/virtlet/plugins/base"
 	"github.com/virtlet/virtlet/plugins/host"
 	"github.com/virtlet/virtlet/plugins/manifest"
 	"github.com/virtlet/virtlet/ports"
@@ -346,4 +347,76 @@ func TestPluginLogsReachTheDaemonLog(t *testing.T) {
 		t.Logf("%s %s %v", e.Level, e.Message, e.Data)
 	}
 	t.Fatal("the plugin's log line did not reach the daemon's log with its fields")
+}
+
+// A plugin process gets PATH and go-plugin's handshake, not the daemon's
+// environment (credentials, kubeconfig, proxies).
+func TestPluginsDoNotInheritTheDaemonsEnvironment(t *testing.T) {
+	t.Setenv("VIRTLET_TEST_DAEMON_SECRET", "s3cret")
+	h := start(t, manifests(t, nil), nil)
+	pid := status(h, "fake-hypervisor").PID
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+	hasPath := false
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		switch {
+		case name == "PATH":
+			hasPath = true
+		case strings.HasPrefix(name, "PLUGIN_") || name == base.Handshake.MagicCookieKey:
+		default:
+			t.Errorf("the plugin inherited %s", name)
+		}
+	}
+	if !hasPath {
+		t.Errorf("the plugin has no PATH: %q", env)
+	}
+}
+
+// A plugin that crashes leaves its last words in the daemon's log at the
+// default level: the panic at error level, bare stderr lines (printed by
+// Go code on os.Stderr, or by C code on descriptor 2) as warnings, each
+// with the plugin's name.
+func TestPluginCrashOutputReachesTheLog(t *testing.T) {
+	log, hook := test.NewNullLogger()
+	log.SetLevel(logrus.InfoLevel)
+	fake := filepath.Join(bins, "virtlet-fake-plugin")
+	ms := load(t, map[string]string{
+		"10-hypervisor.yaml": fmt.Sprintf("name: buggy-hypervisor\nkind: hypervisor\ncommand: %s\nargs: [hypervisor-panicking]\nsha256: %s\n", fake, sum(t, fake)),
+	})
+	h := start(t, ms, log)
+	ctx := context.Background()
+	spec := ports.VMSpec{ID: strings.Repeat("d", 64), Name: "vm-d", VCPUs: 1, MemoryBytes: 64 << 20}
+	if err := h.Hypervisor().Define(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Hypervisor().Start(ctx, spec.ID); err == nil {
+		t.Fatal("Start of the panicking plugin succeeded")
+	}
+	var panicked, goStderr, cStderr bool
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && !(panicked && goStderr && cStderr) {
+		for _, e := range hook.AllEntries() {
+			if e.Data["plugin"] != "buggy-hypervisor" {
+				continue
+			}
+			panicked = panicked || e.Level == logrus.ErrorLevel && strings.Contains(e.Message, "panic: fake plugin bug in Start")
+			if e.Level == logrus.WarnLevel && e.Message == "fake: about to do something unwise" {
+				goStderr = true
+			}
+			if e.Level == logrus.WarnLevel && e.Message == "libfake: warning from C" {
+				cStderr = true
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !panicked || !goStderr || !cStderr {
+		for _, e := range hook.AllEntries() {
+			t.Logf("%s %q %v", e.Level, e.Message, e.Data)
+		}
+		t.Fatalf("crash output in the log: panic at error level %v; as warnings: os.Stderr line %v, fd 2 line %v", panicked, goStderr, cStderr)
+	}
 }

@@ -103,15 +103,22 @@ func (s *Supervisor) launch(ctx context.Context) error {
 	cmd := exec.Command(s.m.Command, s.m.Args...)
 	// The plugin dies with the daemon, even on SIGKILL: no orphans.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// It gets its configuration from its manifest, not from the daemon's
+	// environment (which may hold credentials, a kubeconfig path, proxy
+	// settings): only what finding and running tools needs.
+	cmd.Env = pluginEnv()
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  base.Handshake,
 		VersionedPlugins: base.PluginSet(s.m.Kind, nil),
 		Cmd:              cmd,
+		SkipHostEnv:      true,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		AutoMTLS:         true,
 		Managed:          true,
 		SecureConfig:     &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()},
 		Logger:           hclogFor(s.log, s.m.Name, &s.logs),
+		SyncStdout:       &outputLines{sink: logSink{log: s.log, plugin: s.m.Name, ring: &s.logs}, stream: "stdout"},
+		SyncStderr:       &outputLines{sink: logSink{log: s.log, plugin: s.m.Name, ring: &s.logs}, stream: "stderr"},
 		StartTimeout:     s.opts.StartTimeout,
 	})
 	fail := func(err error) error {
@@ -326,4 +333,15 @@ func (s *Supervisor) Handles() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.handles
+}
+
+// pluginEnv is a plugin process's environment: the daemon's PATH (plugins
+// run qemu-img, mkfs and the like) or a standard one, and nothing else
+// (go-plugin adds its handshake variables).
+func pluginEnv() []string {
+	path := os.Getenv("PATH")
+	if path == "" {
+		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	}
+	return []string{"PATH=" + path}
 }

@@ -3,15 +3,20 @@
 // VMs persisted in the plugin's state directory), `virtlet-fake-plugin
 // image` an image source that serves deterministic bytes for https URLs.
 //
+// `virtlet-fake-plugin hypervisor-panicking` is the hypervisor with a bug:
+// its Start panics.
+//
 // It exists to drive the daemon end to end in tests; it runs no VM and is
 // never shipped.
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 
 	"github.com/virtlet/virtlet/plugins/sdk"
+	"github.com/virtlet/virtlet/ports"
 	"github.com/virtlet/virtlet/testing/fakehypervisor"
 	"github.com/virtlet/virtlet/testing/fakes"
 )
@@ -26,10 +31,32 @@ func main() {
 		h := fakehypervisor.New()
 		h.Log = sdk.Log
 		sdk.Serve(h)
+	case "hypervisor-panicking":
+		// A plugin with a bug: Define prints on stderr, Start on the
+		// descriptor (as C libraries do) and panics, killing the process.
+		h := fakehypervisor.New()
+		h.Log = sdk.Log
+		sdk.Serve(panicking{h})
 	case "image":
 		sdk.Serve(fakes.NewImageSource())
 	default:
 		fmt.Fprintf(os.Stderr, "virtlet-fake-plugin: unknown kind %q\n", os.Args[1])
 		os.Exit(2)
 	}
+}
+
+type panicking struct{ *fakehypervisor.Hypervisor }
+
+// Define prints on os.Stderr (which go-plugin carries over gRPC) and
+// defines the VM.
+func (p panicking) Define(ctx context.Context, spec ports.VMSpec) error {
+	fmt.Fprintln(os.Stderr, "fake: about to do something unwise")
+	return p.Hypervisor.Define(ctx, spec)
+}
+
+// Start prints on descriptor 2, as C code does, and panics.
+func (p panicking) Start(ctx context.Context, id string) error {
+	// What a C library prints goes to the descriptor, not to os.Stderr.
+	fmt.Fprintln(os.NewFile(2, "stderr"), "libfake: warning from C")
+	panic("fake plugin bug in Start")
 }
