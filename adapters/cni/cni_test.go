@@ -413,3 +413,12 @@ func TestSeveralPodInterfaces(t *testing.T) {
 		}
 	}
 }
+
+// TestMain leaves the host's firewall as it found it: the plugin installs
+// its host-bridge rules for good, the tests must not.
+func TestMain(m *testing.M) {
+	before := HostBridgeRuleState()
+	code := m.Run()
+	RestoreHostBridgeRules(before)
+	os.Exit(code)
+}

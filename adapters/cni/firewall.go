@@ -50,3 +50,37 @@ func ensureHostBridgeRules() error {
 	}
 	return nil
 }
+
+// HostBridgeRuleState reports, per tool, whether each of the rules is
+// installed: with RestoreHostBridgeRules, tests (and an uninstall) leave
+// the host's firewall as they found it.
+func HostBridgeRuleState() map[string][]bool {
+	state := map[string][]bool{}
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			continue
+		}
+		for _, r := range hostBridgeRules {
+			table, chain, spec := r[:2], r[2], r[3:]
+			check := append(append(append([]string{}, table...), "-C", chain), spec...)
+			state[tool] = append(state[tool], exec.Command(tool, check...).Run() == nil)
+		}
+	}
+	return state
+}
+
+// RestoreHostBridgeRules deletes every copy of the rules that were not
+// installed in before (HostBridgeRuleState's answer).
+func RestoreHostBridgeRules(before map[string][]bool) {
+	for tool, was := range before {
+		for i, r := range hostBridgeRules {
+			if was[i] {
+				continue
+			}
+			table, chain, spec := r[:2], r[2], r[3:]
+			del := append(append(append([]string{}, table...), "-D", chain), spec...)
+			for n := 0; n < 100 && exec.Command(tool, del...).Run() == nil; n++ {
+			}
+		}
+	}
+}

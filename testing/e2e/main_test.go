@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/virtlet/virtlet/adapters/cni"
 	"github.com/virtlet/virtlet/testing/harness"
 	"github.com/virtlet/virtlet/testing/imageserver"
 )
@@ -41,6 +42,10 @@ func run(m *testing.M) int {
 	if err := harness.EnsureLibvirt(); err != nil {
 		return fail(err)
 	}
+	// The CNI plugin installs its host-bridge firewall rules for good; the
+	// suite leaves the host's firewall as it found it.
+	firewall := cni.HostBridgeRuleState()
+	defer cni.RestoreHostBridgeRules(firewall)
 	if tiny, err = harness.GuestImage("tiny"); err != nil {
 		return fail(err)
 	}
