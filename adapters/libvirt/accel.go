@@ -130,6 +130,12 @@ func chooseAccelerator(ctx context.Context, want, qemu, dir string) accelerator 
 		a.Reason = "no /dev/kvm"
 		return a
 	}
+	tcgLimit, kvmLimit, ok := probeLimits(ctx)
+	if !ok {
+		a := tcgAccel
+		a.Reason = "no time left to probe KVM within the caller's deadline"
+		return a
+	}
 	disk := filepath.Join(dir, "accel-probe.img")
 	if err := os.WriteFile(disk, probeDisk(), 0o644); err != nil {
 		a := tcgAccel
@@ -137,8 +143,8 @@ func chooseAccelerator(ctx context.Context, want, qemu, dir string) accelerator 
 		return a
 	}
 	defer os.Remove(disk)
-	tcgTook, tcgErr := runProbe(ctx, qemu, "tcg", disk, 20*time.Second)
-	kvmTook, kvmErr := runProbe(ctx, qemu, "kvm", disk, 3*time.Second)
+	tcgTook, tcgErr := runProbe(ctx, qemu, "tcg", disk, tcgLimit)
+	kvmTook, kvmErr := runProbe(ctx, qemu, "kvm", disk, kvmLimit)
 	switch {
 	case tcgErr != nil && kvmErr != nil:
 		a := tcgAccel
@@ -158,4 +164,31 @@ func chooseAccelerator(ctx context.Context, want, qemu, dir string) accelerator 
 		a.Reason = fmt.Sprintf("the probe booted in %s under KVM (%s under TCG)", kvmTook.Round(time.Millisecond), tcgTook.Round(time.Millisecond))
 		return a
 	}
+}
+
+// Probe limits: TCG gets 20 s, KVM 3 s, when the caller's deadline (the
+// plugin's Configure call) leaves that much besides probeReserve for the
+// rest of its work; else both shrink in proportion, and under minProbe
+// there is no probe at all.
+const (
+	tcgProbeLimit = 20 * time.Second
+	kvmProbeLimit = 3 * time.Second
+	probeReserve  = 5 * time.Second
+	minProbe      = 2 * time.Second
+)
+
+func probeLimits(ctx context.Context) (tcg, kvm time.Duration, ok bool) {
+	deadline, has := ctx.Deadline()
+	if !has {
+		return tcgProbeLimit, kvmProbeLimit, true
+	}
+	budget := time.Until(deadline) - probeReserve
+	if budget >= tcgProbeLimit+kvmProbeLimit {
+		return tcgProbeLimit, kvmProbeLimit, true
+	}
+	if budget < minProbe {
+		return 0, 0, false
+	}
+	share := float64(budget) / float64(tcgProbeLimit+kvmProbeLimit)
+	return time.Duration(share * float64(tcgProbeLimit)), time.Duration(share * float64(kvmProbeLimit)), true
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The probe really boots under QEMU: TCG always works where QEMU is
@@ -62,6 +63,42 @@ func TestChooseAccelerator(t *testing.T) {
 	if a := chooseAccelerator(context.Background(), "auto", "/nonexistent/qemu", t.TempDir()); a.Name != "tcg" || !strings.Contains(a.Reason, "both KVM") {
 		if _, err := os.Stat("/dev/kvm"); err == nil {
 			t.Fatalf("broken QEMU: %+v", a)
+		}
+	}
+}
+
+// The probes fit in the caller's deadline (Configure's), leaving time
+// for the rest of its work.
+func TestProbeLimitsFitTheDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		left     time.Duration // 0: no deadline
+		tcg, kvm time.Duration
+		ok       bool
+	}{
+		{0, 20 * time.Second, 3 * time.Second, true},
+		{60 * time.Second, 20 * time.Second, 3 * time.Second, true},
+		{29 * time.Second, 20 * time.Second, 3 * time.Second, true},
+		{16500 * time.Millisecond, 10 * time.Second, 1500 * time.Millisecond, true},
+		{6 * time.Second, 0, 0, false},
+	} {
+		ctx := context.Background()
+		if tc.left > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, tc.left)
+			defer cancel()
+		}
+		tcg, kvm, ok := probeLimits(ctx)
+		near := func(got, want time.Duration) bool { return got <= want && got > want-100*time.Millisecond }
+		if ok != tc.ok || tc.ok && (!near(tcg, tc.tcg) || !near(kvm, tc.kvm)) {
+			t.Errorf("%s left: tcg %s, kvm %s, ok %v; want %s, %s, %v", tc.left, tcg, kvm, ok, tc.tcg, tc.kvm, tc.ok)
+		}
+	}
+	// With no time to probe, the verdict is TCG at once.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := os.Stat("/dev/kvm"); err == nil {
+		if a := chooseAccelerator(ctx, "auto", "qemu-system-x86_64", t.TempDir()); a.Name != "tcg" || !strings.Contains(a.Reason, "no time left") {
+			t.Fatalf("auto with 3 s left: %+v", a)
 		}
 	}
 }
