@@ -409,9 +409,11 @@ func TestReachTheVM(t *testing.T) {
 
 	t.Run("an agent that never answers", func(t *testing.T) {
 		// Something in the guest holds the agent's port and never answers.
-		c.Must(t, "exec", "-s", cloud, "systemd-run", "--unit=agent-blackhole", "sh", "-c",
+		// It starts a second after this exec returned: the agent that
+		// runs the exec must live to report it.
+		c.Must(t, "exec", "-s", cloud, "systemd-run", "--on-active=1", "--timer-property=AccuracySec=100ms", "--unit=agent-blackhole", "sh", "-c",
 			"systemctl stop qemu-guest-agent; exec sleep 3600 < /dev/virtio-ports/org.qemu.guest_agent.0")
-		time.Sleep(3 * time.Second)
+		time.Sleep(5 * time.Second)
 		start := time.Now()
 		_, errOut, err := c.Run("exec", "-s", "--timeout", "2", cloud, "hostname")
 		took := time.Since(start)
