@@ -33,6 +33,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/virtlet/virtlet/adapters/boltstore"
+	"github.com/virtlet/virtlet/adapters/cni"
 	"github.com/virtlet/virtlet/adapters/cri"
 	"github.com/virtlet/virtlet/core"
 	"github.com/virtlet/virtlet/core/annotations"
@@ -129,7 +130,9 @@ func criWith500Pods(b *testing.B) (runtimeapi.RuntimeServiceClient, *cri.Server)
 var benchDir string
 
 func TestMain(m *testing.M) {
+	firewall := cni.HostBridgeRuleState() // left as found, as in the other suites
 	code := m.Run()
+	cni.RestoreHostBridgeRules(firewall)
 	for _, d := range []string{benchDir, binsDir} {
 		if d != "" {
 			os.RemoveAll(d)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/virtlet/virtlet/adapters/cni"
 	"github.com/virtlet/virtlet/testing/fakehypervisor"
 	"github.com/virtlet/virtlet/testing/harness"
 )
@@ -49,7 +50,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// The CNI plugin installs its host-bridge firewall rules for good; the
+	// suite leaves the host's firewall as it found it.
+	firewall := cni.HostBridgeRuleState()
 	code := m.Run()
+	cni.RestoreHostBridgeRules(firewall)
 	os.RemoveAll(bins)
 	os.Exit(code)
 }
