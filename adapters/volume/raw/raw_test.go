@@ -19,29 +19,17 @@ import (
 	"github.com/virtlet/virtlet/plugins/volume"
 	"github.com/virtlet/virtlet/ports"
 	"github.com/virtlet/virtlet/testing/contract/volumetest"
+	"github.com/virtlet/virtlet/testing/harness"
 )
 
-// loopDevice makes a loop device over a sparse file of size bytes, removed
-// after the test. Tests using it need root.
+// loopDevice makes a loop device over a sparse file of size bytes,
+// detached after the test. Tests using it need root.
 func loopDevice(t *testing.T, size int64) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("loop devices need root")
 	}
-	f := filepath.Join(t.TempDir(), "disk.img")
-	if err := os.WriteFile(f, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(f, size); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("losetup", "--find", "--show", f).CombinedOutput()
-	if err != nil {
-		t.Skipf("no loop device: %v: %s", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { exec.Command("losetup", "--detach", dev).Run() })
-	return dev
+	return harness.LoopDevice(t, size, nil)
 }
 
 func quiet() logrus.FieldLogger {
@@ -163,20 +151,6 @@ func image(t *testing.T, fill string, size int64) (string, []byte) {
 	return q, raw
 }
 
-func readAt(t *testing.T, dev string, off int64, n int) []byte {
-	t.Helper()
-	f, err := os.Open(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, n)
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // The persistent root story: a blank device gets the image once behind
 // its header; the guest's changes survive the next pod; another image is
 // refused unless the pod asks to reinitialise; data that is not a root
@@ -204,10 +178,10 @@ func TestPersistentRootfs(t *testing.T) {
 	if d.Offset != DataOffset || d.Size != 8<<20-DataOffset || d.Path != dev {
 		t.Fatalf("disk source %+v", d)
 	}
-	if got := readAt(t, dev, DataOffset, len(rawA)); !bytes.Equal(got, rawA) {
+	if got := harness.ReadAt(t, dev, DataOffset, int64(len(rawA))); !bytes.Equal(got, rawA) {
 		t.Fatal("the image is not behind the header")
 	}
-	if h := readAt(t, dev, 0, 64); !bytes.HasPrefix(h, []byte(headerMagic+`{"image":"sha256:aaaa"`)) {
+	if h := harness.ReadAt(t, dev, 0, 64); !bytes.HasPrefix(h, []byte(headerMagic+`{"image":"sha256:aaaa"`)) {
 		t.Fatalf("header %q", h)
 	}
 	// The guest writes; the next pod with the same image keeps it.
@@ -217,7 +191,7 @@ func TestPersistentRootfs(t *testing.T) {
 	if _, err := v.Prepare(ctx, req(imgA, "sha256:aaaa", false)); err != nil {
 		t.Fatal(err)
 	}
-	if got := readAt(t, dev, DataOffset+100, 14); string(got) != "guest-was-here" {
+	if got := harness.ReadAt(t, dev, DataOffset+100, 14); string(got) != "guest-was-here" {
 		t.Fatalf("the guest's change is gone: %q", got)
 	}
 	// Another image: refused, naming both, unless asked.
@@ -229,7 +203,7 @@ func TestPersistentRootfs(t *testing.T) {
 	if _, err := v.Prepare(ctx, req(imgB, "sha256:bbbb", true)); err != nil {
 		t.Fatal(err)
 	}
-	if got := readAt(t, dev, DataOffset, len(rawB)); !bytes.Equal(got, rawB) {
+	if got := harness.ReadAt(t, dev, DataOffset, int64(len(rawB))); !bytes.Equal(got, rawB) {
 		t.Fatal("reinitialising did not write the new image")
 	}
 	// Foreign data (no header) is not overwritten without asking.
@@ -242,7 +216,7 @@ func TestPersistentRootfs(t *testing.T) {
 	if _, err := v.Prepare(ctx, fr); !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), "not a Virtlet persistent root") {
 		t.Fatalf("foreign data: %v", err)
 	}
-	if got := readAt(t, foreign, 1024, 21); string(got) != "someone's file system" {
+	if got := harness.ReadAt(t, foreign, 1024, 21); string(got) != "someone's file system" {
 		t.Fatal("foreign data was touched")
 	}
 	// Too small for the image and the header.
@@ -256,7 +230,7 @@ func TestPersistentRootfs(t *testing.T) {
 	if err := v.Release(ctx, req(imgB, "sha256:bbbb", false)); err != nil {
 		t.Fatal(err)
 	}
-	if got := readAt(t, dev, DataOffset, len(rawB)); !bytes.Equal(got, rawB) {
+	if got := harness.ReadAt(t, dev, DataOffset, int64(len(rawB))); !bytes.Equal(got, rawB) {
 		t.Fatal("release changed the device")
 	}
 }
