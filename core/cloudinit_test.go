@@ -44,12 +44,8 @@ func TestVMGetsCloudInitMedia(t *testing.T) {
 		t.Errorf("meta-data %s", req.MetaData)
 	}
 	ud := string(req.UserData)
-	for _, want := range []string{"#cloud-config\n", "name: alice", "path: /etc/app/app.ini", `permissions: "0640"`,
-		"path: /etc/cloud/environment", "W2FwcF0K" /* "[app]\n" in base64 */} {
-		if !strings.Contains(ud, want) {
-			t.Errorf("user-data lacks %q:\n%s", want, ud)
-		}
-	}
+	lacks(t, "user-data", ud, "#cloud-config\n", "name: alice", "path: /etc/app/app.ini", `permissions: "0640"`,
+		"path: /etc/cloud/environment", "W2FwcF0K" /* "[app]\n" in base64 */)
 	if strings.Contains(ud, "path: /data") {
 		t.Errorf("an emptyDir mount became files:\n%s", ud)
 	}
@@ -146,11 +142,7 @@ func TestCloudInitErrors(t *testing.T) {
 			if err == nil {
 				t.Fatal("no error")
 			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q lacks %q", err, w)
-				}
-			}
+			lacks(t, "error", err.Error(), tc.want...)
 			if !errors.Is(err, tc.is) {
 				t.Errorf("error %v is not %v", err, tc.is)
 			}

@@ -439,11 +439,7 @@ func TestCreateContainerRefusals(t *testing.T) {
 			if err == nil || !errors.Is(err, tt.kind) {
 				t.Fatalf("err %v, want %v", err, tt.kind)
 			}
-			for _, frag := range tt.wantErr {
-				if !strings.Contains(err.Error(), frag) {
-					t.Errorf("message %q lacks %q", err, frag)
-				}
-			}
+			lacks(t, "message", err.Error(), tt.wantErr...)
 			if keys := e.store.Keys(ports.BucketContainers); len(keys) != 0 {
 				t.Fatalf("container records left: %v", keys)
 			}
@@ -824,5 +820,15 @@ func TestRepullKeepsARunningVMsBase(t *testing.T) {
 	}
 	if _, err := os.Stat(base); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the old data file stays: %v", err)
+	}
+}
+
+// lacks reports each of wants that text (named what) does not contain.
+func lacks(t *testing.T, what, text string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(text, w) {
+			t.Errorf("%s lacks %q:\n%s", what, w, text)
+		}
 	}
 }
