@@ -197,6 +197,17 @@ func TestUnsupportedCallsSayWhy(t *testing.T) {
 	}
 }
 
+func TestRuntimeConfigNamesTheCgroupDriver(t *testing.T) {
+	for driver, want := range map[string]runtimeapi.CgroupDriver{"systemd": runtimeapi.CgroupDriver_SYSTEMD, "cgroupfs": runtimeapi.CgroupDriver_CGROUPFS} {
+		s := newServer(t)
+		s.info.CgroupDriver = driver
+		r, err := s.RuntimeConfig(context.Background(), &runtimeapi.RuntimeConfigRequest{})
+		if err != nil || r.GetLinux().GetCgroupDriver() != want {
+			t.Errorf("%s: %v %v", driver, r, err)
+		}
+	}
+}
+
 func TestExecRefusals(t *testing.T) {
 	s := newServer(t)
 	for _, tt := range []struct {

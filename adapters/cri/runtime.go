@@ -46,6 +46,16 @@ func (s *Server) UpdateRuntimeConfig(ctx context.Context, req *runtimeapi.Update
 	return &runtimeapi.UpdateRuntimeConfigResponse{}, nil
 }
 
+// RuntimeConfig tells kubelet which cgroup driver to use for the pods'
+// cgroups, so that the two never disagree.
+func (s *Server) RuntimeConfig(ctx context.Context, req *runtimeapi.RuntimeConfigRequest) (*runtimeapi.RuntimeConfigResponse, error) {
+	driver := runtimeapi.CgroupDriver_CGROUPFS
+	if s.info.CgroupDriver == "systemd" {
+		driver = runtimeapi.CgroupDriver_SYSTEMD
+	}
+	return &runtimeapi.RuntimeConfigResponse{Linux: &runtimeapi.LinuxRuntimeConfiguration{CgroupDriver: driver}}, nil
+}
+
 // jsonInfo renders verbose details as CRI's map of JSON strings.
 func jsonInfo(m map[string]interface{}) map[string]string {
 	out := make(map[string]string, len(m))

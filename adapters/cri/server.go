@@ -27,6 +27,9 @@ type Info struct {
 	Version string
 	// Plugins, if set, describes the plugins for verbose Status replies.
 	Plugins func() interface{}
+	// CgroupDriver is "systemd" or "cgroupfs": the driver kubelet must use
+	// for pod cgroups (RuntimeConfig).
+	CgroupDriver string
 }
 
 // Server implements the CRI RuntimeService and ImageService over the core.

@@ -39,7 +39,14 @@ type config struct {
 	// StreamingAddress is where the CRI streaming server (exec, attach,
 	// port-forward) listens: a loopback host:port; port 0 picks a free one.
 	StreamingAddress string `json:"streamingAddress"`
+	// CgroupDriver is what RuntimeConfig tells kubelet to use for pod
+	// cgroups: "systemd" or "cgroupfs"; empty picks systemd on a node
+	// booted with systemd, else cgroupfs.
+	CgroupDriver string `json:"cgroupDriver"`
 }
+
+// systemdRunDir exists on a node booted with systemd (sd_booted(3)).
+var systemdRunDir = "/run/systemd/system"
 
 func defaults() config {
 	bin := ""
@@ -64,7 +71,7 @@ func dirOf(p string) string {
 func parseConfig(args []string) (config, bool, error) {
 	cfg := defaults()
 	fs := flag.NewFlagSet("virtlet", flag.ContinueOnError)
-	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir, streamingAddress); flags override it")
+	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir, streamingAddress, cgroupDriver); flags override it")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	listen := fs.String("listen", cfg.Listen, "CRI endpoint to serve, unix:///path.sock")
 	adminSocket := fs.String("admin-socket", cfg.AdminSocket, "unix socket of the admin API (mode 0600) the flexvolume driver and node tools use")
@@ -79,6 +86,7 @@ func parseConfig(args []string) (config, bool, error) {
 	kubeconfig := fs.String("kubeconfig", cfg.Kubeconfig, "kubeconfig for reading the ConfigMaps and Secrets VM pods name (default: in-cluster config when running in a pod)")
 	kubeObjectsDir := fs.String("kube-objects-dir", cfg.KubeObjectsDir, "read ConfigMaps and Secrets from the Kubernetes manifests in this directory instead of an API server")
 	streamingAddress := fs.String("streaming-address", cfg.StreamingAddress, "loopback host:port of the CRI streaming server (exec, attach, port-forward) that kubelet proxies; port 0 picks a free port")
+	cgroupDriver := fs.String("cgroup-driver", cfg.CgroupDriver, "cgroup driver kubelet must use (CRI RuntimeConfig): systemd or cgroupfs (default: systemd when the node runs systemd)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, false, err
 	}
@@ -116,6 +124,16 @@ func parseConfig(args []string) (config, bool, error) {
 	override("kubeconfig", &cfg.Kubeconfig, *kubeconfig)
 	override("kube-objects-dir", &cfg.KubeObjectsDir, *kubeObjectsDir)
 	override("streaming-address", &cfg.StreamingAddress, *streamingAddress)
+	override("cgroup-driver", &cfg.CgroupDriver, *cgroupDriver)
+	if cfg.CgroupDriver == "" {
+		cfg.CgroupDriver = "cgroupfs"
+		if st, err := os.Stat(systemdRunDir); err == nil && st.IsDir() {
+			cfg.CgroupDriver = "systemd"
+		}
+	}
+	if cfg.CgroupDriver != "systemd" && cfg.CgroupDriver != "cgroupfs" {
+		return cfg, false, fmt.Errorf("cgroup driver (cgroupDriver, --cgroup-driver) %q: want systemd or cgroupfs", cfg.CgroupDriver)
+	}
 	if cfg.Kubeconfig != "" && cfg.KubeObjectsDir != "" {
 		return cfg, false, fmt.Errorf("kubeconfig and kube objects directory are both set: choose one source of ConfigMaps and Secrets")
 	}

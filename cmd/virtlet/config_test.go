@@ -46,3 +46,37 @@ func TestConfigFileDurations(t *testing.T) {
 		}
 	}
 }
+
+// The cgroup driver kubelet is told to use: chosen, or picked from how the
+// node was booted.
+func TestCgroupDriver(t *testing.T) {
+	booted := t.TempDir()
+	defer func(dir string) { systemdRunDir = dir }(systemdRunDir)
+	for _, tc := range []struct {
+		args      []string
+		systemdOn bool
+		want, err string
+	}{
+		{want: "cgroupfs"},
+		{systemdOn: true, want: "systemd"},
+		{args: []string{"--cgroup-driver", "cgroupfs"}, systemdOn: true, want: "cgroupfs"},
+		{args: []string{"--cgroup-driver", "systemd"}, want: "systemd"},
+		{args: []string{"--cgroup-driver", "cgroupv2"}, err: `cgroup driver (cgroupDriver, --cgroup-driver) "cgroupv2": want systemd or cgroupfs`},
+	} {
+		systemdRunDir = filepath.Join(booted, "absent")
+		if tc.systemdOn {
+			systemdRunDir = booted
+		}
+		cfg, _, err := parseConfig(tc.args)
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v: got %v, want an error with %q", tc.args, err, tc.err)
+			}
+		case err != nil:
+			t.Errorf("%v: %v", tc.args, err)
+		case cfg.CgroupDriver != tc.want:
+			t.Errorf("%v (systemd booted: %v): cgroup driver %q, want %q", tc.args, tc.systemdOn, cfg.CgroupDriver, tc.want)
+		}
+	}
+}

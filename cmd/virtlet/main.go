@@ -134,7 +134,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	streamErr := make(chan error, 1)
 	go func() { streamErr <- streams.Serve(ctx) }()
 
-	server := cri.New(rt, cri.Info{Version: buildinfo.Version(), Plugins: pluginStatus}, log.WithField("component", "cri")).WithStreaming(streams)
+	server := cri.New(rt, cri.Info{Version: buildinfo.Version(), Plugins: pluginStatus, CgroupDriver: cfg.CgroupDriver}, log.WithField("component", "cri")).WithStreaming(streams)
 	listener, err := cri.Listen(cfg.Listen)
 	if err != nil {
 		return err
