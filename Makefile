@@ -1,9 +1,10 @@
 # Virtlet: a CRI runtime that runs Kubernetes pods as VMs.
 #
 #   make demo    the main job: daemon up, a VM pod booted, its console shown
-#   make check   everything CI runs: make test + make e2e
+#   make check   everything CI runs: make test + make e2e + make e2e-k8s
 #   make test    unit and integration tests (fake hypervisor plugin, real crictl), with -race
-#   make e2e     real-VM suites (real libvirtd + QEMU)
+#   make e2e     real-VM suites (real libvirtd + QEMU), driven by crictl
+#   make e2e-k8s real-VM suites behind a real kubelet and API server (TestKube*)
 #   make bench   benchmarks, printing their figures
 #   make build   every binary into bin/
 
@@ -21,7 +22,7 @@ DEFAULT_PLUGINS := $(shell sed -n 's/^command: *//p' plugins/manifest/defaults/*
 # Test-only plugins.
 TEST_PLUGINS := bin/virtlet-fake-plugin bin/virtlet-example-scratch
 
-.PHONY: all build deps tools proto test unit integration e2e bench check demo lint clean install
+.PHONY: all build deps tools proto test unit integration e2e e2e-k8s bench check demo lint clean install
 
 all: build
 
@@ -75,32 +76,61 @@ integration:
 test: deps lint unit integration
 
 e2e: deps
-	@if [ -d testing/e2e ]; then $(GO) test -count=1 -timeout 80m ./testing/e2e/...; else echo "no real-VM suites yet"; fi
+	$(GO) test -count=1 -timeout 80m -skip '^TestKube' ./testing/e2e/...
 
-check: test e2e
+# The Kubernetes binaries are built once per pinned version and cached
+# (testing/k8s/build.sh).
+e2e-k8s: deps
+	testing/k8s/build.sh >/dev/null
+	$(GO) test -count=1 -timeout 60m -run '^TestKube' ./testing/e2e/...
+
+check: test e2e e2e-k8s
 
 bench: deps
 	$(GO) test -run '^$$' -bench 'PluginRoundTrip|List|CloudInitISO' -benchtime 3000x ./testing/bench/
 	$(GO) test -run '^$$' -bench 'P1BootOverhead|P6PullVsCurl|P2SecondRootDisk|PodNetwork20|ReachTheVM' -benchtime 1x -timeout 40m ./testing/bench/
+	testing/k8s/build.sh >/dev/null
+	$(GO) test -run '^$$' -bench 'KubeApply' -benchtime 1x -timeout 30m ./testing/bench/
 	@echo "targets: PluginRoundTrip p50 <= 150 µs (grpc-floor-*: the bare transport on this machine, no Virtlet code);"
 	@echo "         List*500 server p99 <= 2000 µs (e2e-* adds the client's own decoding);"
 	@echo "         P1 boot overhead ratio <= 1.10 (virtlet's own steps are run+create; libvirt's domain start is in start);"
 	@echo "         P6 256 MiB pull / curl -o ratio <= 1.1; P2 second root disk <= 50 ms and <= 1 MiB written;"
 	@echo "         PodNetwork20: pod network setup (RunPodSandbox) and teardown (StopPodSandbox), p50 over 20 pods"
 	@echo "         ReachTheVM: ExecSync through qemu-guest-agent p50/p99; port-forward throughput / direct TCP to the VM (no target set)"
+	@echo "         KubeApply: kubectl apply -> Running / -> guest ready (p50 of 5), 10 at once -> Running p50/p99 (no target; KubeVirt publishes 15-25 s)"
 
 demo: deps build
 	@if [ -x testing/demo/run.sh ]; then testing/demo/run.sh; else echo "the demo boots a real VM pod: it needs the libvirt hypervisor plugin, which is not built yet" >&2; exit 1; fi
 
-# make install [DESTDIR=...] [PREFIX=/usr/local] [KUBELET_VOLUME_PLUGIN_DIR=...]: the
-# daemon with its default plugins next to it (the embedded manifests find
-# them there) and the flexvolume driver where kubelet looks for it.
+# make install [DESTDIR=...] [PREFIX=/usr/local] [SYSCONFDIR=/etc] [KUBELET_VOLUME_PLUGIN_DIR=...]:
+# a node install. The daemon, its plugins and virtletctl under $(PREFIX)/bin;
+# the shipped plugins' manifests, pinned by checksum, in
+# $(SYSCONFDIR)/virtlet/plugins.d; the config (kept if present) and an empty
+# image translations directory under $(SYSCONFDIR)/virtlet; the flexvolume
+# driver where kubelet looks for it; the systemd unit and kubelet's
+# drop-in. `virtletctl gen` prints the cluster side (README: "Installing a
+# node").
 PREFIX ?= /usr/local
+SYSCONFDIR ?= /etc
 KUBELET_VOLUME_PLUGIN_DIR ?= /usr/libexec/kubernetes/kubelet-plugins/volume/exec
+SYSTEMD_DIR ?= $(SYSCONFDIR)/systemd/system
+PATHS_SED := sed -e 's|/usr/local/bin|$(PREFIX)/bin|g' -e 's|/etc/virtlet|$(SYSCONFDIR)/virtlet|g'
 install: build
 	install -D -m 0755 bin/virtlet $(DESTDIR)$(PREFIX)/bin/virtlet
+	install -D -m 0755 bin/virtletctl $(DESTDIR)$(PREFIX)/bin/virtletctl
+	ln -sf virtletctl $(DESTDIR)$(PREFIX)/bin/kubectl-virt
 	for p in $(DEFAULT_PLUGINS); do install -D -m 0755 bin/$$p $(DESTDIR)$(PREFIX)/bin/$$p; done
+	install -d -m 0755 $(DESTDIR)$(SYSCONFDIR)/virtlet/plugins.d $(DESTDIR)$(SYSCONFDIR)/virtlet/images
+	for f in plugins/manifest/defaults/*.yaml; do \
+	  cmd=$$(sed -n 's/^command: *//p' $$f); \
+	  { sed "s|^command: .*|command: $(PREFIX)/bin/$$cmd|" $$f; echo "sha256: $$(sha256sum bin/$$cmd | cut -d' ' -f1)"; } \
+	    > $(DESTDIR)$(SYSCONFDIR)/virtlet/plugins.d/$$(basename $$f); \
+	  chmod 0644 $(DESTDIR)$(SYSCONFDIR)/virtlet/plugins.d/$$(basename $$f); done
+	[ -e $(DESTDIR)$(SYSCONFDIR)/virtlet/virtlet.yaml ] || $(PATHS_SED) deploy/node/virtlet.yaml > $(DESTDIR)$(SYSCONFDIR)/virtlet/virtlet.yaml
 	install -D -m 0755 bin/virtlet-flexvolume-driver "$(DESTDIR)$(KUBELET_VOLUME_PLUGIN_DIR)/virtlet~flexvolume_driver/flexvolume_driver"
+	install -d -m 0755 $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d
+	$(PATHS_SED) deploy/node/virtlet.service > $(DESTDIR)$(SYSTEMD_DIR)/virtlet.service
+	install -m 0644 deploy/node/10-virtlet.conf $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d/10-virtlet.conf
 
 clean:
 	rm -rf bin

@@ -1,21 +1,37 @@
 package main
 
 import (
-	"errors"
+	"fmt"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/virtlet/virtlet/deploy"
 )
 
-// errNoManifests: the node deployment (RuntimeClass, RBAC, node label,
-// install) belongs to the real-node work, which has not landed.
-var errNoManifests = errors.New("gen has nothing to print yet: the node deployment manifests (RuntimeClass virtlet, RBAC for reading ConfigMaps and Secrets, the node label) come with the real-node install, which this build does not have; until then follow README's \"Running the daemon\"")
-
 func newGen(name string) *cobra.Command {
-	return &cobra.Command{
-		Use:   "gen",
-		Short: "Print the cluster objects a Virtlet node needs (not available yet)",
-		Long:  "gen will print the cluster-side objects of a Virtlet node install. This build has none: it fails saying so.",
-		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, args []string) error { return errNoManifests },
+	var nodes []string
+	cmd := &cobra.Command{
+		Use:   "gen [--node NAME]...",
+		Short: "Print the cluster objects a Virtlet node needs (pipe to kubectl apply -f -)",
+		Long: "gen prints the cluster-side objects of a Virtlet install: the RuntimeClass virtlet, the RBAC that lets\n" +
+			"node daemons read ConfigMaps and Secrets, and, for each --node, the node's " + deploy.NodeLabel + "=" + deploy.NodeLabelValue + " label.\n" +
+			"  " + name + " gen --node node-1 | kubectl apply -f -",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, n := range nodes {
+				if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
+					return fmt.Errorf("--node %q: not a node name: %s", n, errs[0])
+				}
+			}
+			out, err := deploy.Manifests(nodes)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprint(cmd.OutOrStdout(), out)
+			return err
+		},
 	}
+	cmd.Flags().StringArrayVar(&nodes, "node", nil, "label this node as a Virtlet node (repeatable)")
+	return cmd
 }

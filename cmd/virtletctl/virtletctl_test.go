@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/virtlet/virtlet/adapters/vmtools"
 )
@@ -66,12 +66,53 @@ func TestEveryCommandHasHelp(t *testing.T) {
 	}
 }
 
-func TestGenSaysItHasNothingYet(t *testing.T) {
+// gen prints objects kubectl can apply: every document parses as a
+// Kubernetes object of the expected kind; bad node names are refused.
+func TestGenPrintsTheClusterObjects(t *testing.T) {
 	root := newRoot("virtletctl")
-	root.SetArgs([]string{"gen"})
-	err := root.Execute()
-	if !errors.Is(err, errNoManifests) || !strings.Contains(err.Error(), "real-node install") {
-		t.Fatalf("gen: %v", err)
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetArgs([]string{"gen", "--node", "node-1"})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, doc := range strings.Split(out.String(), "\n---\n") {
+		var obj struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+			Metadata   struct {
+				Name   string            `json:"name"`
+				Labels map[string]string `json:"labels"`
+			} `json:"metadata"`
+			Handler string `json:"handler"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil || obj.APIVersion == "" {
+			t.Fatalf("not an object: %v\n%s", err, doc)
+		}
+		kinds = append(kinds, obj.Kind+"/"+obj.Metadata.Name)
+		switch obj.Kind {
+		case "RuntimeClass":
+			if obj.Handler != "virtlet" {
+				t.Errorf("RuntimeClass handler %q", obj.Handler)
+			}
+		case "Node":
+			if obj.Metadata.Labels["extraRuntime"] != "virtlet" {
+				t.Errorf("node labels %v", obj.Metadata.Labels)
+			}
+		}
+	}
+	want := "ClusterRole/virtlet ClusterRoleBinding/virtlet RuntimeClass/virtlet Node/node-1"
+	if got := strings.Join(kinds, " "); got != want {
+		t.Errorf("gen printed %s, want %s", got, want)
+	}
+
+	root = newRoot("virtletctl")
+	root.SetArgs([]string{"gen", "--node", "Bad_Name"})
+	root.SetOut(&bytes.Buffer{})
+	root.SetErr(&bytes.Buffer{})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), `--node "Bad_Name"`) {
+		t.Errorf("gen --node Bad_Name: %v", err)
 	}
 }
 

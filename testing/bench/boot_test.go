@@ -30,22 +30,7 @@ var phases = map[string][]time.Duration{}
 // same line; medians of 5 runs each. Target: ratio ≤ 1.10. Run it alone,
 // with -benchtime 1x (make bench does).
 func BenchmarkP1BootOverhead(b *testing.B) {
-	tiny, err := harness.GuestImage("tiny")
-	if err != nil {
-		b.Fatal(err)
-	}
-	www := b.TempDir()
-	data, _ := os.ReadFile(tiny)
-	os.WriteFile(filepath.Join(www, "tiny.qcow2"), data, 0o644)
-	srv, err := imageserver.Start(www, "127.0.0.1:0", www)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer srv.Close()
-	translation, err := srv.Translation(map[string]string{"tiny": "tiny.qcow2"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	tiny, translation := serveTiny(b)
 	d := realDaemon(b)
 	d.Translate("bench.yaml", translation)
 	d.Start()
@@ -183,6 +168,28 @@ func builtBinaries(b *testing.B) string {
 		b.Fatal(buildErr)
 	}
 	return binsDir
+}
+
+// serveTiny builds the tiny guest image and serves it on loopback; it
+// returns the image's path and the translation naming it virtlet.cloud/tiny.
+func serveTiny(b *testing.B) (image, translation string) {
+	tiny, err := harness.GuestImage("tiny")
+	if err != nil {
+		b.Fatal(err)
+	}
+	www := b.TempDir()
+	data, _ := os.ReadFile(tiny)
+	os.WriteFile(filepath.Join(www, "tiny.qcow2"), data, 0o644)
+	srv, err := imageserver.Start(www, "127.0.0.1:0", www)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { srv.Close() })
+	translation, err = srv.Translation(map[string]string{"tiny": "tiny.qcow2"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return tiny, translation
 }
 
 func median(d []time.Duration) time.Duration {

@@ -24,7 +24,7 @@ import (
 // `kubectl virt`); virsh, diag, vnc and version reach the node's daemon
 // through the pod's exec subresource; kubectl exec runs through the guest
 // agent; kubelet's summary API shows the VM's usage.
-func TestVirtletctlThroughTheAPIServer(t *testing.T) {
+func TestKubeVirtletctlThroughTheAPIServer(t *testing.T) {
 	kubeBin, err := harness.KubeBinaries()
 	if err != nil {
 		t.Fatal(err)

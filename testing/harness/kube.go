@@ -22,7 +22,8 @@ import (
 	"time"
 )
 
-// Kube is a loopback-only control plane (etcd, kube-apiserver) and a
+// Kube is a loopback-only control plane (etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler) and a
 // kubelet whose container runtime is a Virtlet daemon: the path kubectl
 // and virtletctl take to a VM pod. Every process runs under the test and
 // is stopped by its PID; nothing listens beyond loopback.
@@ -43,6 +44,9 @@ type Kube struct {
 	KubeletPort int
 	procs       []*exec.Cmd
 	rootDir     string
+	ca          *x509.Certificate
+	caKey       *ecdsa.PrivateKey
+	serial      int64
 }
 
 // KubeBinaries builds (or finds in the cache) the Kubernetes binaries.
@@ -56,9 +60,19 @@ func KubeBinaries() (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
-// StartKube runs etcd, kube-apiserver and a kubelet pointed at the
-// daemon's CRI socket, and waits for the node to be Ready.
+// StartKube runs the control plane and a kubelet pointed at the daemon's
+// CRI socket, and waits for the node to be Ready.
 func StartKube(t testing.TB, bin string, d *Daemon) *Kube {
+	t.Helper()
+	k := StartControlPlane(t, bin)
+	k.StartKubelet(d)
+	return k
+}
+
+// StartControlPlane runs etcd, kube-apiserver, kube-controller-manager and
+// kube-scheduler, with every admission plugin of a default cluster, and
+// waits until the default namespace has its service account.
+func StartControlPlane(t testing.TB, bin string) *Kube {
 	t.Helper()
 	node, err := os.Hostname()
 	if err != nil {
@@ -75,8 +89,6 @@ func StartKube(t testing.TB, bin string, d *Daemon) *Kube {
 	t.Cleanup(func() { k.stop(); os.RemoveAll(dir) })
 	pki := k.makePKI()
 	etcdClient, etcdPeer, apiPort := FreePort(t), FreePort(t), FreePort(t)
-	kubeletPort, healthz := FreePort(t), FreePort(t)
-	k.KubeletPort = kubeletPort
 	k.APIServer = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
 
 	k.start("etcd", "etcd", "--name", "virtlet-test", "--data-dir", filepath.Join(dir, "etcd"),
@@ -88,16 +100,41 @@ func StartKube(t testing.TB, bin string, d *Daemon) *Kube {
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", apiPort), "--advertise-address=127.0.0.1",
 		"--tls-cert-file="+pki("apiserver.crt"), "--tls-private-key-file="+pki("apiserver.key"), "--client-ca-file="+pki("ca.crt"),
 		"--service-account-key-file="+pki("sa.pub"), "--service-account-signing-key-file="+pki("sa.key"),
-		"--service-account-issuer=https://kubernetes.default.svc", "--service-cluster-ip-range=10.96.0.0/24",
+		"--service-account-issuer=https://kubernetes.default.svc", "--service-cluster-ip-range="+ServiceCIDR,
 		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-		// No controller manager: no service account tokens, no taint removal.
-		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
 		"--kubelet-client-certificate="+pki("apiserver-kubelet-client.crt"), "--kubelet-client-key="+pki("apiserver-kubelet-client.key"),
 		"--kubelet-certificate-authority="+pki("ca.crt"), "--kubelet-preferred-address-types=Hostname,InternalIP",
 		"--endpoint-reconciler-type=none")
 	k.Kubeconfig = k.kubeconfig("admin")
 	k.wait("the API server", 3*time.Minute, func() bool { _, err := k.Kubectl("get", "--raw", "/readyz"); return err == nil })
+	// Port 0: neither serves HTTPS (their health is the objects they make).
+	k.start("kube-controller-manager", filepath.Join(bin, "kube-controller-manager"),
+		"--kubeconfig="+k.kubeconfig("controller-manager"), "--leader-elect=false", "--secure-port=0",
+		"--service-account-private-key-file="+pki("sa.key"), "--root-ca-file="+pki("ca.crt"),
+		"--use-service-account-credentials=true", "--service-cluster-ip-range="+ServiceCIDR,
+		"--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller")
+	k.start("kube-scheduler", filepath.Join(bin, "kube-scheduler"),
+		"--kubeconfig="+k.kubeconfig("scheduler"), "--leader-elect=false", "--secure-port=0")
+	k.wait("the default service account", 3*time.Minute, func() bool {
+		_, err := k.Kubectl("get", "serviceaccount", "default", "-n", "default")
+		return err == nil
+	})
+	return k
+}
 
+// ServiceCIDR is the test cluster's service range (loopback-only use:
+// nothing routes it).
+const ServiceCIDR = "10.96.0.0/24"
+
+// StartKubelet runs a kubelet whose container runtime is d and waits for
+// the node to be Ready.
+func (k *Kube) StartKubelet(d *Daemon) {
+	t := k.t
+	t.Helper()
+	dir := k.Dir
+	pki := func(n string) string { return filepath.Join(dir, "pki", n) }
+	kubeletPort, healthz := FreePort(t), FreePort(t)
+	k.KubeletPort = kubeletPort
 	k.rootDir = filepath.Join(dir, "kubelet")
 	sysctls := filepath.Join(dir, "sysctl")
 	for _, p := range []string{k.rootDir, sysctls, filepath.Join(dir, "pod-logs")} {
@@ -114,6 +151,7 @@ func StartKube(t testing.TB, bin string, d *Daemon) *Kube {
 		t.Fatalf("kubelet root dir: %v %s", err, out)
 	}
 	config := filepath.Join(dir, "kubelet.yaml")
+	// No cgroupDriver: kubelet takes it from the runtime (RuntimeConfig).
 	os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 127.0.0.1
@@ -121,7 +159,6 @@ port: %d
 healthzBindAddress: 127.0.0.1
 healthzPort: %d
 readOnlyPort: 0
-cgroupDriver: cgroupfs
 failSwapOn: false
 failCgroupV1: false
 containerRuntimeEndpoint: unix://%s
@@ -134,6 +171,7 @@ authentication:
   x509: {clientCAFile: %s}
 authorization: {mode: Webhook}
 resolvConf: ""
+clusterDomain: cluster.local
 protectKernelDefaults: true
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.available: "1%%"}
 imageGCHighThresholdPercent: 100
@@ -144,12 +182,29 @@ syncFrequency: 10s
 	k.start("kubelet", "unshare", "-m", "--propagation", "unchanged", "--", "sh", "-c", fmt.Sprintf(
 		"mount --bind %[1]s/overcommit_memory /proc/sys/vm/overcommit_memory && mount --bind %[1]s/panic /proc/sys/kernel/panic && "+
 			"mount --bind %[1]s/panic_on_oops /proc/sys/kernel/panic_on_oops && exec %[2]s --config=%[3]s --kubeconfig=%[4]s --root-dir=%[5]s --hostname-override=%[6]s --v=2",
-		sysctls, filepath.Join(bin, "kubelet"), config, k.kubeconfig("kubelet"), k.rootDir, node))
-	k.wait("node "+node+" Ready", 3*time.Minute, func() bool {
-		out, err := k.Kubectl("get", "node", node, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		sysctls, filepath.Join(k.Bin, "kubelet"), config, k.kubeconfig("kubelet"), k.rootDir, k.Node))
+	k.wait("node "+k.Node+" Ready", 3*time.Minute, func() bool {
+		out, err := k.Kubectl("get", "node", k.Node, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		return err == nil && out == "True"
 	})
-	return k
+}
+
+// ClientKubeconfig writes a kubeconfig for a new client certificate of
+// user in groups (what a node daemon would be given).
+func (k *Kube) ClientKubeconfig(user string, groups ...string) string {
+	k.t.Helper()
+	k.issue(user, user, groups, false, nil)
+	return k.kubeconfig(user)
+}
+
+// Apply runs kubectl apply on manifests.
+func (k *Kube) Apply(manifests string) error {
+	cmd := exec.Command(filepath.Join(k.Bin, "kubectl"), "--kubeconfig", k.Kubeconfig, "apply", "-f", "-")
+	cmd.Stdin = strings.NewReader(manifests)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("kubectl apply: %v: %s", err, out)
+	}
+	return nil
 }
 
 // Kubectl runs kubectl as the cluster's admin.
@@ -284,30 +339,15 @@ func (k *Kube) makePKI() func(string) string {
 		k.t.Fatal(err)
 	}
 	k.writePEM("ca.crt", "CERTIFICATE", caDER)
-	ca, _ := x509.ParseCertificate(caDER)
-	serial := int64(2)
-	issue := func(name, cn string, orgs []string, server bool, dns []string) {
-		key := k.key(name)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn, Organization: orgs},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-		serial++
-		if server {
-			tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
-			tmpl.DNSNames = dns
-			tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.96.0.1")}
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			k.t.Fatal(err)
-		}
-		k.writePEM(name+".crt", "CERTIFICATE", der)
-	}
-	issue("apiserver", "kube-apiserver", nil, true, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"})
-	issue("admin", "admin", []string{"system:masters"}, false, nil)
-	issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, false, nil)
-	issue("kubelet", "system:node:"+k.Node, []string{"system:nodes"}, false, nil)
-	issue("kubelet-serving", k.Node, nil, true, []string{k.Node, "localhost"})
+	k.ca, _ = x509.ParseCertificate(caDER)
+	k.caKey = caKey
+	k.issue("apiserver", "kube-apiserver", nil, true, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"})
+	k.issue("admin", "admin", []string{"system:masters"}, false, nil)
+	k.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, false, nil)
+	k.issue("controller-manager", "system:kube-controller-manager", nil, false, nil)
+	k.issue("scheduler", "system:kube-scheduler", nil, false, nil)
+	k.issue("kubelet", "system:node:"+k.Node, []string{"system:nodes"}, false, nil)
+	k.issue("kubelet-serving", k.Node, nil, true, []string{k.Node, "localhost"})
 	sa := k.key("sa")
 	pub, err := x509.MarshalPKIXPublicKey(&sa.PublicKey)
 	if err != nil {
@@ -315,6 +355,25 @@ func (k *Kube) makePKI() func(string) string {
 	}
 	k.writePEM("sa.pub", "PUBLIC KEY", pub)
 	return path
+}
+
+// issue writes name.crt and name.key: a certificate of the cluster's CA.
+func (k *Kube) issue(name, cn string, orgs []string, server bool, dns []string) {
+	key := k.key(name)
+	k.serial++
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(k.serial + 1), Subject: pkix.Name{CommonName: cn, Organization: orgs},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	if server {
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
+		tmpl.DNSNames = dns
+		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.96.0.1")}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, k.ca, &key.PublicKey, k.caKey)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	k.writePEM(name+".crt", "CERTIFICATE", der)
 }
 
 func (k *Kube) key(name string) *ecdsa.PrivateKey {

@@ -1,0 +1,558 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/deploy"
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// The suites that need a real kubelet and API server are named TestKube*:
+// `make e2e-k8s` runs them, `make e2e` the others.
+
+// kubeNode is one node of a loopback cluster whose runtime is the daemon,
+// set up as an operator would: the cluster objects `virtletctl gen` prints,
+// the daemon reading ConfigMaps and Secrets as a member of virtlet:nodes,
+// kubelet taking its cgroup driver from the daemon.
+type kubeNode struct {
+	k  *harness.Kube
+	d  *harness.Daemon
+	c  *harness.Crictl
+	tn *harness.TestNetwork
+}
+
+func startKubeNode(t *testing.T, netIndex int) *kubeNode {
+	t.Helper()
+	kubeBin, err := harness.KubeBinaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := harness.StartControlPlane(t, kubeBin)
+	objects, err := deploy.Manifests(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Apply(objects); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := k.ClientKubeconfig("virtlet-node-daemon", "virtlet:nodes")
+
+	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: netIndex})
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), tn.Plugin(bins)))
+	d.Translate("test-images.yaml", translation)
+	// The seeds' image names, translated to the test images.
+	seedNames, err := images.Translation(map[string]string{"cirros": "tiny.qcow2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Translate("seed-images.yaml", seedNames)
+	d.Start("--kubeconfig", kubeconfig)
+	k.StartKubelet(d)
+	// The node label, as `virtletctl gen --node` prints it.
+	label, err := deploy.Manifests([]string{k.Node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Apply(label); err != nil {
+		t.Fatal(err)
+	}
+	c := d.Crictl(crictl)
+	c.Timeout = 3 * time.Minute
+	return &kubeNode{k: k, d: d, c: c, tn: tn}
+}
+
+func (n *kubeNode) kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := n.k.Kubectl(args...)
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// waitFor polls until ok, or fails showing what kubelet and the pods say.
+func (n *kubeNode) waitFor(t *testing.T, what string, timeout time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !ok() {
+		if time.Now().After(deadline) {
+			pods, _ := n.k.Kubectl("get", "pods", "-o", "wide")
+			events, _ := n.k.Kubectl("get", "events", "--sort-by=.lastTimestamp")
+			t.Fatalf("%s: not after %s\npods:\n%s\nevents:\n%s\nkubelet log tail:\n%s", what, timeout, pods, tail(events, 3000), tail(n.k.Log("kubelet"), 3000))
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// podLogs is kubectl logs of a pod (empty while it has none).
+func (n *kubeNode) podLogs(pod string) string {
+	out, err := n.k.Kubectl("logs", pod)
+	if err != nil {
+		return ""
+	}
+	return out
+}
+
+// ipamLeases lists the addresses host-local holds on the test network.
+func (n *kubeNode) ipamLeases() []string {
+	entries, _ := os.ReadDir(filepath.Join(n.tn.IPAMDir, n.tn.Name))
+	var out []string
+	for _, e := range entries {
+		if net.ParseIP(e.Name()) != nil {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// assertEmptyNode: no pod, container, domain, VM file, cloud-init medium,
+// address or pod link is left on the node.
+func (n *kubeNode) assertEmptyNode(t *testing.T, links []string) {
+	t.Helper()
+	assertNothingLeft(t, n.d, n.c)
+	if pods := n.c.Must(t, "pods", "-q"); pods != "" {
+		t.Errorf("pod sandboxes left: %s", pods)
+	}
+	if leases := n.ipamLeases(); len(leases) != 0 {
+		t.Errorf("pod addresses left: %v", leases)
+	}
+	if now := withoutBridge(hostLinks(t), n.tn.Bridge); strings.Join(now, " ") != strings.Join(links, " ") {
+		t.Errorf("host links before: %v, after: %v", links, now)
+	}
+}
+
+func withoutBridge(links []string, bridge string) []string {
+	var out []string
+	for _, l := range links {
+		if l != bridge {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// seed001 is the cirros-vm pod of the Virtlet docs' "Defining a VM Pod",
+// unchanged: its image name is translated to the tiny test guest.
+const seed001 = `apiVersion: v1
+kind: Pod
+metadata:
+  name: cirros-vm
+  annotations:
+    kubernetes.io/target-runtime: virtlet.cloud
+    VirtletVCPUCount: "1"
+    VirtletDiskDriver: virtio
+    VirtletSSHKeys: |
+      ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQCaJEcFDXEK2ZbX0ZLS1EIYFZRbDAcRfuVjpstSc0De8+sV1aiu+dePxdkuDRwqFtCyk6dEZkssjOkBXtri00MECLkir6FcH3kKOJtbJ6vy3uaJc9w1ERo+wyl6SkAh/+JTJkp7QRXj8oylW5E20LsbnA/dIwWzAF51PPwF7A7FtNg9DnwPqMkxFo1Th/buOMKbP5ZA1mmNNtmzbMpMfJATvVyiv3ccsSJKOiyQr6UG+j7sc/7jMVz5Xk34Vd0l8GwcB0334MchHckmqDB142h/NCWTr8oLakDNvkfC1YneAfAO41hDkUbxPtVBG5M/o7P4fxoqiHEX+ZLfRxDtHB53 me@localhost
+    VirtletRootVolumeSize: 1Gi
+spec:
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+        - matchExpressions:
+          - key: extraRuntime
+            operator: In
+            values:
+            - virtlet
+  containers:
+  - name: cirros-vm
+    image: virtlet.cloud/cirros
+    imagePullPolicy: IfNotPresent
+    tty: true
+    stdin: true
+    resources:
+      limits:
+        memory: 160Mi
+`
+
+// A node whose runtime is the daemon, behind a real kubelet and API
+// server, runs the seeds' pods through kubectl: the scheduler places
+// them by the node label, kubelet runs, logs, attaches to, restarts and
+// removes them, and its log shows no runtime error.
+func TestKubeNode(t *testing.T) {
+	n := startKubeNode(t, 82)
+	// The bridge appears with the first pod and stays: links are
+	// compared without it.
+	links := withoutBridge(hostLinks(t), n.tn.Bridge)
+
+	t.Run("seed-001 cirros-vm", func(t *testing.T) {
+		applied := time.Now()
+		if err := n.k.Apply(seed001); err != nil {
+			t.Fatal(err)
+		}
+		n.waitFor(t, "cirros-vm Running", 3*time.Minute, func() bool {
+			out, _ := n.k.Kubectl("get", "pod", "cirros-vm", "-o", "jsonpath={.status.phase}")
+			return out == "Running"
+		})
+		running := time.Since(applied)
+		n.waitFor(t, "the guest's ready marker in kubectl logs", 3*time.Minute, func() bool {
+			return strings.Contains(n.podLogs("cirros-vm"), "@@TINY-READY")
+		})
+		t.Logf("kubectl apply → Running %s, → guest ready marker %s", running.Round(10*time.Millisecond), time.Since(applied).Round(10*time.Millisecond))
+		logs := n.podLogs("cirros-vm")
+		// The seed's annotations reached the guest: one vCPU, the root
+		// disk grown to 1Gi on virtio, the SSH key in the meta-data, the
+		// service account's projected token as a cloud-init file.
+		if got := marker(t, logs, "CPUS"); got != "1" {
+			t.Errorf("vCPUs %s, want 1", got)
+		}
+		if !regexp.MustCompile(`@@DISK vda SIZE_BYTES=1073741824 `).MatchString(logs) {
+			t.Errorf("no 1Gi virtio root disk in the console:\n%s", tail(logs, 3000))
+		}
+		for _, want := range []string{"me@localhost", "/var/run/secrets/kubernetes.io/serviceaccount/token"} {
+			if !strings.Contains(logs, want) {
+				t.Errorf("no %q in the guest's cloud-init data:\n%s", want, tail(logs, 3000))
+			}
+		}
+		if node := n.kubectl(t, "get", "pod", "cirros-vm", "-o", "jsonpath={.spec.nodeName}"); node != n.k.Node {
+			t.Errorf("scheduled on %q, want %s (the node label)", node, n.k.Node)
+		}
+
+		// logs -f follows the console while kubectl attach types into it.
+		follow := exec.Command(filepath.Join(n.k.Bin, "kubectl"), "--kubeconfig", n.k.Kubeconfig, "logs", "-f", "--tail=1", "cirros-vm")
+		followed := &harness.Screen{}
+		follow.Stdout, follow.Stderr = followed, followed
+		if err := follow.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer follow.Process.Kill()
+		// kubectl attach -it needs a terminal: script(1) gives it one.
+		attach := exec.Command("script", "-q", "-e", "-c",
+			fmt.Sprintf("%s --kubeconfig %s attach -it cirros-vm", filepath.Join(n.k.Bin, "kubectl"), n.k.Kubeconfig), "/dev/null")
+		stdin, _ := attach.StdinPipe()
+		attached := &harness.Screen{}
+		attach.Stdout, attach.Stderr = attached, attached
+		if err := attach.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer attach.Process.Kill()
+		n.waitFor(t, "kubectl attach connected", time.Minute, func() bool {
+			io.WriteString(stdin, "typed-through-kubectl-attach\r")
+			return strings.Contains(n.podLogs("cirros-vm"), "@@ECHO typed-through-kubectl-attach")
+		})
+		n.waitFor(t, "kubectl logs -f shows the echo", 30*time.Second, func() bool {
+			return strings.Contains(followed.String(), "@@ECHO typed-through-kubectl-attach")
+		})
+		if !strings.Contains(attached.String(), "@@ECHO typed-through-kubectl-attach") {
+			t.Errorf("kubectl attach did not show the console's answer:\n%s", tail(attached.String(), 2000))
+		}
+		stdin.Close()
+
+		n.kubectl(t, "delete", "pod", "cirros-vm", "--wait=true", "--timeout=3m")
+		n.waitFor(t, "the VM pod removed from the node", 2*time.Minute, func() bool {
+			return n.c.Must(t, "pods", "-q") == ""
+		})
+		n.assertEmptyNode(t, links)
+	})
+
+	// Seed 004's ubuntu-vm, its image swapped for the tiny guest (which
+	// prints the cloud-init data it gets): the daemon reads the ConfigMap
+	// and the Secret from the API server as a member of virtlet:nodes
+	// (the RBAC `virtletctl gen` prints), kubelet's ConfigMap and Secret
+	// volumes become files written by cloud-init.
+	t.Run("seed-004 ubuntu-vm's ConfigMaps and Secrets through the API", func(t *testing.T) {
+		objects := fmt.Sprintf(`apiVersion: v1
+kind: ConfigMap
+metadata: {name: vm-user-data}
+data:
+  runcmd: |
+    - echo user-data-from-configmap
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: mysecret}
+stringData:
+  authorized_keys: ssh-rsa AAAAkey-from-the-secret secret@example.com
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: foobar-files}
+data: {foobar.conf: "configmap-volume-file"}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: baz-files}
+stringData: {baz.key: "secret-volume-file"}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: ubuntu-vm
+  annotations:
+    kubernetes.io/target-runtime: virtlet.cloud
+    VirtletCloudInitMetaData: |
+      instance-id: foobar
+    VirtletCloudInitUserData: |
+      users:
+      - name: cloudy
+        gecos: Magic Cloud App Daemon User
+        inactive: true
+        system: true
+    VirtletCloudInitUserDataSource: configmap/vm-user-data
+    VirtletSSHKeys: |
+      ssh-rsa AAAAkey-one one@example.com
+    VirtletSSHKeySource: secret/mysecret
+spec:
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+        - matchExpressions:
+          - {key: extraRuntime, operator: In, values: [virtlet]}
+  containers:
+  - name: ubuntu-vm
+    image: %s
+    volumeMounts:
+    - {name: config, mountPath: /etc/foobar}
+    - {name: secret, mountPath: /etc/baz}
+    resources:
+      limits: {memory: 160Mi}
+  volumes:
+  - name: config
+    configMap: {name: foobar-files}
+  - name: secret
+    secret: {secretName: baz-files}
+`, tinyRef)
+		if err := n.k.Apply(objects); err != nil {
+			t.Fatal(err)
+		}
+		n.waitFor(t, "ubuntu-vm's guest ready", 3*time.Minute, func() bool { return strings.Contains(n.podLogs("ubuntu-vm"), "@@TINY-READY") })
+		logs := n.podLogs("ubuntu-vm")
+		for _, want := range []string{
+			"foobar",                                      // meta-data instance-id
+			"ssh-rsa AAAAkey-one",                         // VirtletSSHKeys
+			"ssh-rsa AAAAkey-from-the-secret",             // VirtletSSHKeySource (the Secret, read through the API)
+			"Magic Cloud App Daemon User",                 // VirtletCloudInitUserData
+			"echo user-data-from-configmap",               // VirtletCloudInitUserDataSource (the ConfigMap, merged)
+			"/etc/foobar/foobar.conf", "/etc/baz/baz.key", // the volumes' files
+		} {
+			if !strings.Contains(logs, want) {
+				t.Errorf("the guest's cloud-init data lacks %q:\n%s", want, tail(logs, 4000))
+			}
+		}
+		n.kubectl(t, "delete", "pod", "ubuntu-vm", "--wait=true", "--timeout=3m")
+		n.kubectl(t, "delete", "configmap", "vm-user-data", "foobar-files")
+		n.kubectl(t, "delete", "secret", "mysecret", "baz-files")
+	})
+
+	t.Run("a VM that fails is restarted by kubelet", func(t *testing.T) {
+		if err := n.k.Apply(tinyPod("crashy", "OnFailure")); err != nil {
+			t.Fatal(err)
+		}
+		n.waitFor(t, "crashy ready", 3*time.Minute, func() bool { return strings.Contains(n.podLogs("crashy"), "@@TINY-READY") })
+		ctr := n.c.Must(t, "ps", "--name", "crashy", "-q")
+		domain := inspectCtr(t, n.c, ctr).VM.Name
+		pidText, err := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(pidText)))
+		if err := exec.Command("kill", "-9", strconv.Itoa(pid)).Run(); err != nil {
+			t.Fatalf("kill QEMU %d: %v", pid, err)
+		}
+		n.waitFor(t, "crashy restarted and Running", 3*time.Minute, func() bool {
+			out, _ := n.k.Kubectl("get", "pod", "crashy", "-o", `jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].state.running.startedAt}`)
+			f := strings.Fields(out)
+			return len(f) == 2 && f[0] == "1"
+		})
+		last := n.kubectl(t, "get", "pod", "crashy", "-o", `jsonpath={.status.containerStatuses[0].lastState.terminated.exitCode} {.status.containerStatuses[0].lastState.terminated.reason}`)
+		if last != "1 Failed" {
+			t.Errorf("last state %q, want exit code 1, reason Failed (QEMU killed)", last)
+		}
+		n.kubectl(t, "delete", "pod", "crashy", "--wait=true", "--timeout=3m")
+	})
+
+	t.Run("a Deployment of VM pods behind a Service", func(t *testing.T) {
+		tmpl := tinyPod("web", "Always")
+		spec := tmpl[strings.Index(tmpl, "spec:\n")+len("spec:\n"):]
+		deployment := fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata:
+      labels: {app: web}
+      annotations:
+        kubernetes.io/target-runtime: virtlet.cloud
+    spec:
+%s---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+spec:
+  selector: {app: web}
+  ports:
+  - port: 80
+`, indent(spec, "      "))
+		if err := n.k.Apply(deployment); err != nil {
+			t.Fatal(err)
+		}
+		n.waitFor(t, "2 web replicas ready", 4*time.Minute, func() bool {
+			out, _ := n.k.Kubectl("get", "deployment", "web", "-o", "jsonpath={.status.readyReplicas}")
+			return out == "2"
+		})
+		// Pod IPs are the VMs' addresses: each guest's DHCP lease is its
+		// pod's IP, the Service's endpoints are those IPs, and each
+		// answers from the node (the stand-in for kube-proxy, which this
+		// harness does not run: it would rewrite the host's NAT table).
+		pods := strings.Fields(n.kubectl(t, "get", "pods", "-l", "app=web", "-o", "jsonpath={range .items[*]}{.metadata.name} {.status.podIP} {end}"))
+		if len(pods) != 4 {
+			t.Fatalf("web pods: %v", pods)
+		}
+		var podIPs []string
+		for i := 0; i < len(pods); i += 2 {
+			name, ip := pods[i], pods[i+1]
+			podIPs = append(podIPs, ip)
+			n.waitFor(t, name+"'s DHCP lease", 2*time.Minute, func() bool {
+				return strings.Contains(n.podLogs(name), "@@DHCP-BOUND iface=eth0 ip="+ip+" ")
+			})
+			if err := ping(t, ip); err != nil {
+				t.Errorf("pod %s at %s: %v", name, ip, err)
+			}
+		}
+		sort.Strings(podIPs)
+		n.waitFor(t, "the Service's endpoints are the pod IPs", time.Minute, func() bool {
+			out, _ := n.k.Kubectl("get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o", "jsonpath={range .items[*].endpoints[*]}{.addresses[0]} {end}")
+			eps := strings.Fields(out)
+			sort.Strings(eps)
+			return strings.Join(eps, " ") == strings.Join(podIPs, " ")
+		})
+
+		n.kubectl(t, "scale", "deployment", "web", "--replicas=0")
+		n.waitFor(t, "scaled to 0: no pods on the node", 3*time.Minute, func() bool {
+			out, _ := n.k.Kubectl("get", "pods", "-l", "app=web", "-o", "name")
+			return out == "" && n.c.Must(t, "pods", "-q") == ""
+		})
+		n.assertEmptyNode(t, links)
+		n.kubectl(t, "delete", "deployment", "web")
+		n.kubectl(t, "delete", "service", "web")
+	})
+
+	// Last: everything above ran through kubelet; its log must show no
+	// runtime error (what it logs when a CRI call fails or is missing).
+	t.Run("kubelet's log is free of runtime errors", func(t *testing.T) {
+		assertKubeletLogClean(t, n.k.Log("kubelet"))
+	})
+}
+
+// kubeletRuntimeErrors are what kubelet logs when the runtime fails it or
+// lacks a call.
+var kubeletRuntimeErrors = regexp.MustCompile(`(?i)not implemented|Unimplemented|failed to get summary stats|` +
+	`from runtime service failed|"Failed to .*(sandbox|container|image|stats)|rpc error`)
+
+// kubeletNoise are lines that match kubeletRuntimeErrors without being
+// the runtime's doing, each with the reason.
+var kubeletNoise = []*regexp.Regexp{
+	// This machine: cgroup v1 with split hierarchies, and a kubelet that
+	// lacks CAP_SYS_RESOURCE in the test's namespace.
+	regexp.MustCompile(`Failed to get the kubelet's cgroup`),
+	regexp.MustCompile(`Failed to ensure process in container with oom score`),
+	// cAdvisor probes for CRI-O at start-up.
+	regexp.MustCompile(`Registration of the crio container factory failed`),
+	// The eviction manager's first pass runs before the node registers.
+	regexp.MustCompile(`failed to get summary stats" err="failed to get node info: node .* not found`),
+	// kubelet's container deletor asks for the containers of a sandbox it
+	// has just removed; CRI's RemovePodSandbox removes them (containerd
+	// answers NotFound the same way).
+	regexp.MustCompile(`(ContainerStatus from runtime service failed|DeleteContainer returned error).*code = NotFound`),
+}
+
+func assertKubeletLogClean(t *testing.T, log string) {
+	t.Helper()
+	if bad := runtimeErrorLines(log); len(bad) > 0 {
+		n := len(bad)
+		if n > 30 {
+			bad = append(bad[:30], fmt.Sprintf("… and %d more", n-30))
+		}
+		t.Errorf("kubelet logged %d runtime errors:\n%s", n, strings.Join(bad, "\n"))
+	}
+}
+
+// runtimeErrorLines are the lines of kubelet's log that blame the runtime.
+func runtimeErrorLines(log string) []string {
+	var bad []string
+	sc := bufio.NewScanner(strings.NewReader(log))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+lines:
+	for sc.Scan() {
+		line := sc.Text()
+		if !kubeletRuntimeErrors.MatchString(line) {
+			continue
+		}
+		for _, noise := range kubeletNoise {
+			if noise.MatchString(line) {
+				continue lines
+			}
+		}
+		bad = append(bad, line)
+	}
+	return bad
+}
+
+// tinyPod is a VM pod of the tiny guest with a restart policy.
+func tinyPod(name, restart string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %[1]s
+  labels: {app: %[1]s}
+  annotations:
+    kubernetes.io/target-runtime: virtlet.cloud
+spec:
+  restartPolicy: %[2]s
+  nodeSelector: {extraRuntime: virtlet}
+  containers:
+  - name: %[1]s
+    image: %[3]s
+    tty: true
+    stdin: true
+    resources:
+      limits: {memory: 128Mi}
+`, name, restart, tinyRef)
+}
+
+func indent(s, prefix string) string {
+	lines := strings.SplitAfter(s, "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = prefix + l
+		}
+	}
+	return strings.Join(lines, "")
+}
+
+// The log check catches what kubelet logged against the runtime before
+// RuntimeConfig and the stats calls existed, and passes its own noise.
+func TestKubeletLogCheck(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		bad  bool
+	}{
+		{`E1123 10:00:00.000000 1 kubelet.go:1] "Failed to get runtime configuration" err="rpc error: code = Unimplemented desc = method RuntimeConfig not implemented"`, true},
+		{`E1123 10:00:00.000000 1 eviction_manager.go:297] "Eviction manager: failed to get summary stats" err="failed to list pod stats: rpc error: code = Unimplemented"`, true},
+		{`E1123 10:00:00.000000 1 remote_runtime.go:569] "ContainerStatus from runtime service failed" err="rpc error: code = Unknown desc = boom"`, true},
+		{`E1123 10:00:00.000000 1 eviction_manager.go:297] "Eviction manager: failed to get summary stats" err="failed to get node info: node \"vm\" not found"`, false},
+		{`E1123 10:00:00.000000 1 remote_runtime.go:569] "ContainerStatus from runtime service failed" err="rpc error: code = NotFound desc = container a: not found"`, false},
+		{`I1123 10:00:00.000000 1 kubelet.go:1] "Pod started"`, false},
+	} {
+		if flagged := len(runtimeErrorLines(tc.line)) > 0; flagged != tc.bad {
+			t.Errorf("flagged %v, want %v: %s", flagged, tc.bad, tc.line)
+		}
+	}
+}
