@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -20,7 +19,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/virtlet/virtlet/testing/harness"
-	"github.com/virtlet/virtlet/testing/imageserver"
 )
 
 const (
@@ -36,23 +34,7 @@ const (
 // address) against a direct TCP connection from the node to the VM, both
 // reading 64 MiB a guest program sends. Run with -benchtime 1x (make bench).
 func BenchmarkReachTheVM(b *testing.B) {
-	cloud, err := harness.GuestImage("cloud")
-	if err != nil {
-		b.Fatal(err)
-	}
-	www := b.TempDir()
-	if err := os.Symlink(cloud, filepath.Join(www, "cloud.qcow2")); err != nil {
-		b.Fatal(err)
-	}
-	srv, err := imageserver.Start(www, "127.0.0.1:0", www)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer srv.Close()
-	tr, err := srv.Translation(map[string]string{"debian-cloud": "cloud.qcow2"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	_, tr := serveGuest(b, "cloud", "debian-cloud")
 	tn := harness.NewTestNetwork(b, harness.NetworkOptions{Index: 82})
 	dir := builtBinaries(b)
 	d := harness.NewDaemon(b, filepath.Join(dir, "virtlet"), append(harness.Shipped(dir), tn.Plugin(dir)))

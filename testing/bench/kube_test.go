@@ -46,7 +46,7 @@ func BenchmarkKubeApply(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	_, translation := serveTiny(b)
+	_, translation := serveGuest(b, "tiny", "tiny")
 	dir := builtBinaries(b)
 	tn := harness.NewTestNetwork(b, harness.NetworkOptions{Index: 62})
 	d := harness.NewDaemon(b, filepath.Join(dir, "virtlet"), append(harness.Shipped(dir), tn.Plugin(dir)))

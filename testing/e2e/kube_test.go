@@ -182,7 +182,7 @@ spec:
 // them by the node label, kubelet runs, logs, attaches to, restarts and
 // removes them, and its log shows no runtime error.
 func TestKubeNode(t *testing.T) {
-	n := startKubeNode(t, 82)
+	n := startKubeNode(t, 83)
 	// The bridge appears with the first pod and stays: links are
 	// compared without it.
 	links := withoutBridge(hostLinks(t), n.tn.Bridge)

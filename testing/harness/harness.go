@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -181,7 +182,7 @@ func (d *Daemon) Start(extraArgs ...string) {
 		"--log-format", "json", "--log-level", "debug"}
 	// ConfigMaps and Secrets come from manifests unless the test names an
 	// API server.
-	if !contains(extraArgs, "--kubeconfig") {
+	if !slices.Contains(extraArgs, "--kubeconfig") {
 		args = append(args, "--kube-objects-dir", d.KubeDir())
 	}
 	args = append(args, extraArgs...)
@@ -210,15 +211,6 @@ func (d *Daemon) Start(extraArgs ...string) {
 		}
 	}
 	d.t.Fatalf("virtlet did not open %s:\n%s", d.Socket, d.Log())
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // AdminSocket is where the daemon serves its admin API.

@@ -340,7 +340,7 @@ func (k *Kube) makePKI() func(string) string {
 	}
 	k.writePEM("ca.crt", "CERTIFICATE", caDER)
 	k.ca, _ = x509.ParseCertificate(caDER)
-	k.caKey = caKey
+	k.caKey, k.serial = caKey, 1
 	k.issue("apiserver", "kube-apiserver", nil, true, []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"})
 	k.issue("admin", "admin", []string{"system:masters"}, false, nil)
 	k.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, false, nil)
@@ -361,7 +361,7 @@ func (k *Kube) makePKI() func(string) string {
 func (k *Kube) issue(name, cn string, orgs []string, server bool, dns []string) {
 	key := k.key(name)
 	k.serial++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(k.serial + 1), Subject: pkix.Name{CommonName: cn, Organization: orgs},
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(k.serial), Subject: pkix.Name{CommonName: cn, Organization: orgs},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
 	if server {
