@@ -167,8 +167,8 @@ func TestExecRefusals(t *testing.T) {
 	}
 	e.hv.NoAgent = true
 	start := time.Now()
-	_, err = e.rt.ExecSync(ctx, id, []string{"true"}, time.Second)
-	if !errors.Is(err, ports.ErrFailedPrecondition) || !strings.Contains(err.Error(), fakehypervisor.NoAgentError) || time.Since(start) > time.Second {
+	_, err = e.rt.ExecSync(ctx, id, []string{"true"}, time.Minute)
+	if !errors.Is(err, ports.ErrFailedPrecondition) || !strings.Contains(err.Error(), fakehypervisor.NoAgentError) || time.Since(start) > 15*time.Second {
 		t.Fatalf("no agent: %v after %s", err, time.Since(start))
 	}
 }

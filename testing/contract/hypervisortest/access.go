@@ -87,17 +87,23 @@ func runAccess(t *testing.T, env Env, vmID string) {
 	}
 	if ge, ok := hv.(ports.GuestExecer); ok {
 		t.Run("guest exec", func(t *testing.T) {
+			// Without an agent the answer must not wait for one: it comes
+			// long before the command's own timeout (the bound is loose so
+			// that a loaded machine does not fail it; the figure is logged).
+			const timeout = 2 * time.Minute
 			start := time.Now()
-			res, err := ge.GuestExec(ctx, vmID, ports.GuestExecRequest{Argv: []string{"hostname"}, Timeout: 10 * time.Second})
+			res, err := ge.GuestExec(ctx, vmID, ports.GuestExecRequest{Argv: []string{"hostname"}, Timeout: timeout})
+			took := time.Since(start)
 			if env.GuestAgent {
 				if err != nil || res.ExitCode != 0 || len(res.Stdout) == 0 {
 					t.Fatalf("hostname: %+v %v", res, err)
 				}
 				return
 			}
-			if !errors.Is(err, ports.ErrFailedPrecondition) || time.Since(start) > time.Second {
-				t.Fatalf("a guest without agent: %v after %s", err, time.Since(start))
+			if !errors.Is(err, ports.ErrFailedPrecondition) || took > timeout/4 {
+				t.Fatalf("a guest without agent: %v after %s", err, took)
 			}
+			t.Logf("no-agent error after %s", took.Round(time.Millisecond))
 		})
 	}
 
