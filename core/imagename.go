@@ -12,6 +12,10 @@ import (
 // ImagePrefix starts the name of every VM image.
 const ImagePrefix = "virtlet.cloud/"
 
+// IsVMImageName tells whether s names a VM image (it starts with
+// virtlet.cloud/), valid or not; other names are container images.
+func IsVMImageName(s string) bool { return strings.HasPrefix(s, ImagePrefix) }
+
 // ImageName is a parsed VM image name, virtlet.cloud/<path>[:tag][@digest].
 type ImageName struct {
 	Raw    string // as given

@@ -151,21 +151,27 @@ func TestRunSandboxVMPodRules(t *testing.T) {
 		name    string
 		mutate  func(*core.SandboxConfig)
 		wantErr string
+		// claimed: a mixed node routes the pod to Virtlet (which may
+		// then refuse it) rather than to its container runtime.
+		claimed bool
 	}{
-		{"annotation", func(c *core.SandboxConfig) {}, ""},
-		{"runtime handler only", func(c *core.SandboxConfig) { c.Annotations = nil; c.RuntimeHandler = "virtlet" }, ""},
+		{"annotation", func(c *core.SandboxConfig) {}, "", true},
+		{"runtime handler only", func(c *core.SandboxConfig) { c.Annotations = nil; c.RuntimeHandler = "virtlet" }, "", true},
 		{"neither", func(c *core.SandboxConfig) { c.Annotations = map[string]string{"a": "b"} },
-			"neither the annotation kubernetes.io/target-runtime: virtlet.cloud nor the runtime handler \"virtlet\""},
-		{"other target runtime", func(c *core.SandboxConfig) { c.Annotations[annotations.TargetRuntime] = "docker" }, `is "docker", not "virtlet.cloud"`},
-		{"other handler", func(c *core.SandboxConfig) { c.RuntimeHandler = "runc" }, `runtime handler "runc" is not "virtlet"`},
-		{"host network", func(c *core.SandboxConfig) { c.HostNetwork = true }, "hostNetwork is not supported"},
-		{"no uid", func(c *core.SandboxConfig) { c.UID = "" }, "needs name, namespace and uid"},
+			"neither the annotation kubernetes.io/target-runtime: virtlet.cloud nor the runtime handler \"virtlet\"", false},
+		{"other target runtime", func(c *core.SandboxConfig) { c.Annotations[annotations.TargetRuntime] = "docker" }, `is "docker", not "virtlet.cloud"`, false},
+		{"other handler", func(c *core.SandboxConfig) { c.RuntimeHandler = "runc" }, `runtime handler "runc" is not "virtlet"`, true},
+		{"host network", func(c *core.SandboxConfig) { c.HostNetwork = true }, "hostNetwork is not supported", true},
+		{"no uid", func(c *core.SandboxConfig) { c.UID = "" }, "needs name, namespace and uid", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t)
 			cfg := vmPod("p", nil)
 			tt.mutate(&cfg)
+			if got := core.ClaimsPod(cfg.Annotations, cfg.RuntimeHandler); got != tt.claimed {
+				t.Errorf("ClaimsPod: %v, want %v", got, tt.claimed)
+			}
 			id, err := e.rt.RunSandbox(context.Background(), cfg)
 			if tt.wantErr == "" {
 				if err != nil || id == "" {

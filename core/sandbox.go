@@ -36,6 +36,15 @@ type SandboxConfig struct {
 // ErrNotVMPod is wrapped by the errors refusing pods that are not VM pods.
 var ErrNotVMPod = errors.New("not a VM pod")
 
+// ClaimsPod tells whether a pod asks for Virtlet at RunPodSandbox: it carries
+// the target-runtime annotation with Virtlet's value, or it runs with the
+// virtlet RuntimeClass handler. A pod that does neither is a container pod,
+// which a node may forward to a container runtime; a pod that does either is
+// Virtlet's, valid or not (RunSandbox refuses an invalid one with the reason).
+func ClaimsPod(podAnnotations map[string]string, runtimeHandler string) bool {
+	return runtimeHandler == RuntimeHandler || podAnnotations[annotations.TargetRuntime] == annotations.TargetRuntimeValue
+}
+
 // checkVMPod applies the VM pod rules (seed 001) that RunPodSandbox can see:
 // the pod carries the target-runtime annotation or runs with the virtlet
 // RuntimeClass handler, and does not use the host's network.

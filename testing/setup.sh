@@ -19,6 +19,7 @@ PKGS=(
   qemu-block-extra                                    # QEMU's rbd driver (Ceph volumes)
   ceph-mon ceph-osd ceph-common                       # a real one-OSD Ceph cluster for the ceph volume tests
   etcd-server                                          # the API server of the kubelet-driven e2e (virtletctl)
+  containerd runc                                      # the forward runtime of container pods on a mixed node
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -29,9 +29,13 @@ var quiet = map[string]bool{
 func (s *Server) instrument(ctx context.Context, req interface{}, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (interface{}, error) {
 	fields := s.identify(req) // before the call: a removal forgets the pod
 	start := time.Now()
-	resp, err := handler(ctx, req)
+	var forwardedTo string
+	resp, err := handler(context.WithValue(ctx, forwardedKey{}, &forwardedTo), req)
 	method := path.Base(info.FullMethod)
 	fields["method"] = method
+	if forwardedTo != "" {
+		fields["runtime"] = forwardedTo
+	}
 	fields["duration"] = time.Since(start).Round(time.Microsecond)
 	if r, ok := resp.(interface{ GetPodSandboxId() string }); ok && r.GetPodSandboxId() != "" {
 		fields["sandbox"] = short(r.GetPodSandboxId())

@@ -64,17 +64,30 @@ func (s *Server) WithStreaming(streams StreamURLs) *Server {
 	return s
 }
 
+// Services is what the CRI socket serves: the Server itself, or a router
+// in front of it that forwards some calls elsewhere.
+type Services interface {
+	runtimeapi.RuntimeServiceServer
+	runtimeapi.ImageServiceServer
+}
+
 // GRPCServer returns a gRPC server with both CRI services registered and
 // every call instrumented.
 func (s *Server) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
+	return s.GRPCServerFor(s, opts...)
+}
+
+// GRPCServerFor is GRPCServer serving svc (a router in front of s): every
+// call is still logged and its error converted by s.
+func (s *Server) GRPCServerFor(svc Services, opts ...grpc.ServerOption) *grpc.Server {
 	opts = append(opts,
 		grpc.ChainUnaryInterceptor(s.instrument, rpcguard.Unary(s.log)),
 		grpc.ChainStreamInterceptor(rpcguard.Stream(s.log)),
 		grpc.MaxRecvMsgSize(16<<20), grpc.MaxSendMsgSize(16<<20),
 	)
 	g := grpc.NewServer(opts...)
-	runtimeapi.RegisterRuntimeServiceServer(g, s)
-	runtimeapi.RegisterImageServiceServer(g, s)
+	runtimeapi.RegisterRuntimeServiceServer(g, svc)
+	runtimeapi.RegisterImageServiceServer(g, svc)
 	return g
 }
 

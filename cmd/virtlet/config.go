@@ -43,6 +43,9 @@ type config struct {
 	// cgroups: "systemd" or "cgroupfs"; empty picks systemd on a node
 	// booted with systemd, else cgroupfs.
 	CgroupDriver string `json:"cgroupDriver"`
+	// ForwardRuntime is the CRI endpoint (unix:///path) of a container
+	// runtime that serves every pod that is not a VM pod; empty refuses them.
+	ForwardRuntime string `json:"forwardRuntime"`
 }
 
 // systemdRunDir exists on a node booted with systemd (sd_booted(3)).
@@ -71,7 +74,7 @@ func dirOf(p string) string {
 func parseConfig(args []string) (config, bool, error) {
 	cfg := defaults()
 	fs := flag.NewFlagSet("virtlet", flag.ContinueOnError)
-	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir, streamingAddress, cgroupDriver); flags override it")
+	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir, streamingAddress, cgroupDriver, forwardRuntime); flags override it")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	listen := fs.String("listen", cfg.Listen, "CRI endpoint to serve, unix:///path.sock")
 	adminSocket := fs.String("admin-socket", cfg.AdminSocket, "unix socket of the admin API (mode 0600) the flexvolume driver and node tools use")
@@ -87,6 +90,7 @@ func parseConfig(args []string) (config, bool, error) {
 	kubeObjectsDir := fs.String("kube-objects-dir", cfg.KubeObjectsDir, "read ConfigMaps and Secrets from the Kubernetes manifests in this directory instead of an API server")
 	streamingAddress := fs.String("streaming-address", cfg.StreamingAddress, "loopback host:port of the CRI streaming server (exec, attach, port-forward) that kubelet proxies; port 0 picks a free port")
 	cgroupDriver := fs.String("cgroup-driver", cfg.CgroupDriver, "cgroup driver kubelet must use (CRI RuntimeConfig): systemd or cgroupfs (default: systemd when the node runs systemd)")
+	forwardRuntime := fs.String("forward-runtime", cfg.ForwardRuntime, "CRI endpoint of a container runtime (unix:///run/containerd/containerd.sock) that serves the pods that are not VM pods, so that one node runs both; empty: such pods are refused")
 	if err := fs.Parse(args); err != nil {
 		return cfg, false, err
 	}
@@ -125,6 +129,13 @@ func parseConfig(args []string) (config, bool, error) {
 	override("kube-objects-dir", &cfg.KubeObjectsDir, *kubeObjectsDir)
 	override("streaming-address", &cfg.StreamingAddress, *streamingAddress)
 	override("cgroup-driver", &cfg.CgroupDriver, *cgroupDriver)
+	override("forward-runtime", &cfg.ForwardRuntime, *forwardRuntime)
+	if cfg.ForwardRuntime != "" && !strings.HasPrefix(cfg.ForwardRuntime, "unix:///") {
+		return cfg, false, fmt.Errorf("forward runtime (forwardRuntime, --forward-runtime) %q: want unix:///absolute/path/to/the/cri.sock", cfg.ForwardRuntime)
+	}
+	if cfg.ForwardRuntime != "" && strings.TrimPrefix(cfg.ForwardRuntime, "unix://") == strings.TrimPrefix(cfg.Listen, "unix://") {
+		return cfg, false, fmt.Errorf("forward runtime (forwardRuntime, --forward-runtime) %q is Virtlet's own socket", cfg.ForwardRuntime)
+	}
 	if cfg.CgroupDriver == "" {
 		cfg.CgroupDriver = "cgroupfs"
 		if st, err := os.Stat(systemdRunDir); err == nil && st.IsDir() {

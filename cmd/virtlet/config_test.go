@@ -80,3 +80,28 @@ func TestCgroupDriver(t *testing.T) {
 		}
 	}
 }
+
+func TestForwardRuntime(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		want, err string
+	}{
+		{want: ""},
+		{args: []string{"--forward-runtime", "unix:///run/containerd/containerd.sock"}, want: "unix:///run/containerd/containerd.sock"},
+		{args: []string{"--forward-runtime", "/run/containerd/containerd.sock"}, err: `forward runtime (forwardRuntime, --forward-runtime) "/run/containerd/containerd.sock": want unix:///`},
+		{args: []string{"--forward-runtime", "tcp://10.0.0.1:1234"}, err: "want unix:///"},
+		{args: []string{"--listen", "unix:///run/v.sock", "--forward-runtime", "unix:///run/v.sock"}, err: "is Virtlet's own socket"},
+	} {
+		cfg, _, err := parseConfig(tc.args)
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v: got %v, want an error with %q", tc.args, err, tc.err)
+			}
+		case err != nil:
+			t.Errorf("%v: %v", tc.args, err)
+		case cfg.ForwardRuntime != tc.want:
+			t.Errorf("%v: forward runtime %q, want %q", tc.args, cfg.ForwardRuntime, tc.want)
+		}
+	}
+}

@@ -27,6 +27,7 @@ var daemonMayImport = []string{
 	"github.com/virtlet/virtlet/plugins/network",
 	"github.com/virtlet/virtlet/plugins/volume",
 	"github.com/virtlet/virtlet/adapters/cri",
+	"github.com/virtlet/virtlet/adapters/crirouter",
 	"github.com/virtlet/virtlet/adapters/streaming",
 	"github.com/virtlet/virtlet/adapters/vmtools",
 	"github.com/virtlet/virtlet/adapters/admin",

@@ -13,12 +13,14 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/virtlet/virtlet/adapters/admin"
 	"github.com/virtlet/virtlet/adapters/boltstore"
 	"github.com/virtlet/virtlet/adapters/cri"
+	"github.com/virtlet/virtlet/adapters/crirouter"
 	"github.com/virtlet/virtlet/adapters/dialer"
 	"github.com/virtlet/virtlet/adapters/imagefiles"
 	"github.com/virtlet/virtlet/adapters/imagetranslations"
@@ -156,7 +158,44 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 			stopCRI()
 		}
 	}()
-	return cri.ServeUntil(criCtx, server.GRPCServer(), listener)
+	services := cri.Services(server)
+	if cfg.ForwardRuntime != "" {
+		router, err := forwardRouter(ctx, cfg, server, log.WithField("component", "crirouter"))
+		if err != nil {
+			listener.Close()
+			return err
+		}
+		defer router.Close()
+		services = router
+	}
+	return cri.ServeUntil(criCtx, server.GRPCServerFor(services), listener)
+}
+
+// forwardRouter puts a router in front of the CRI server that serves
+// container pods through the forward runtime. The runtime may come up
+// later (its calls fail, naming it, until then); one that answers must use
+// the cgroup driver kubelet is told to use.
+func forwardRouter(ctx context.Context, cfg config, server *cri.Server, log logrus.FieldLogger) (*crirouter.Router, error) {
+	router, err := crirouter.New(cfg.ForwardRuntime, server, log)
+	if err != nil {
+		return nil, err
+	}
+	probe, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	v, err := router.RemoteVersion(probe)
+	if err != nil {
+		log.WithError(err).Warn("the forward runtime does not answer yet: container pods wait for it")
+		return router, nil
+	}
+	driver, err := router.RemoteCgroupDriver(probe)
+	if err == nil && driver != "" && driver != cfg.CgroupDriver {
+		router.Close()
+		return nil, fmt.Errorf("forward runtime %s uses the %s cgroup driver, Virtlet tells kubelet %s: set cgroupDriver (--cgroup-driver) to %s",
+			cfg.ForwardRuntime, driver, cfg.CgroupDriver, driver)
+	}
+	log.WithFields(logrus.Fields{"endpoint": cfg.ForwardRuntime, "runtime": v.RuntimeName, "version": v.RuntimeVersion}).
+		Info("container pods are forwarded")
+	return router, nil
 }
 
 // pluginLogs converts the plugins' recent log lines for diagnostics.

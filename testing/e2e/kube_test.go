@@ -25,12 +25,14 @@ import (
 // kubeNode is one node of a loopback cluster whose runtime is the daemon,
 // set up as an operator would: the cluster objects `virtletctl gen` prints,
 // the daemon reading ConfigMaps and Secrets as a member of virtlet:nodes,
-// kubelet taking its cgroup driver from the daemon.
+// kubelet taking its cgroup driver from the daemon, container pods
+// forwarded to containerd (a mixed node; both share the pod network).
 type kubeNode struct {
-	k  *harness.Kube
-	d  *harness.Daemon
-	c  *harness.Crictl
-	tn *harness.TestNetwork
+	k    *harness.Kube
+	d    *harness.Daemon
+	c    *harness.Crictl
+	tn   *harness.TestNetwork
+	ctrd *harness.Containerd
 }
 
 func startKubeNode(t *testing.T, netIndex int) *kubeNode {
@@ -58,7 +60,8 @@ func startKubeNode(t *testing.T, netIndex int) *kubeNode {
 		t.Fatal(err)
 	}
 	d.Translate("seed-images.yaml", seedNames)
-	d.Start("--kubeconfig", kubeconfig)
+	ctrd := harness.StartContainerd(t, tn)
+	d.Start("--kubeconfig", kubeconfig, "--forward-runtime", ctrd.Endpoint)
 	k.StartKubelet(d)
 	// The node label, as `virtletctl gen --node` prints it.
 	label, err := deploy.Manifests([]string{k.Node})
@@ -70,7 +73,7 @@ func startKubeNode(t *testing.T, netIndex int) *kubeNode {
 	}
 	c := d.Crictl(crictl)
 	c.Timeout = 3 * time.Minute
-	return &kubeNode{k: k, d: d, c: c, tn: tn}
+	return &kubeNode{k: k, d: d, c: c, tn: tn, ctrd: ctrd}
 }
 
 func (n *kubeNode) kubectl(t *testing.T, args ...string) string {
@@ -442,6 +445,59 @@ spec:
 		n.assertEmptyNode(t, links)
 		n.kubectl(t, "delete", "deployment", "web")
 		n.kubectl(t, "delete", "service", "web")
+	})
+
+	t.Run("a mixed node: a container pod beside a VM pod", func(t *testing.T) {
+		box := `apiVersion: v1
+kind: Pod
+metadata:
+  name: mixed-box
+spec:
+  dnsPolicy: Default
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: box
+    image: ` + harness.BusyboxImage + `
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", "echo hello-from-the-container-pod; while true; do sleep 1; done"]
+`
+		if err := n.k.Apply(tinyPod("mixed-vm", "Always") + "---\n" + box); err != nil {
+			t.Fatal(err)
+		}
+		n.waitFor(t, "both pods Running", 3*time.Minute, func() bool {
+			out, _ := n.k.Kubectl("get", "pods", "mixed-vm", "mixed-box", "-o", "jsonpath={.items[*].status.phase}")
+			return out == "Running Running"
+		})
+		wide := n.kubectl(t, "get", "pods", "mixed-vm", "mixed-box", "-o", "wide")
+		t.Logf("kubectl get pods -o wide:\n%s", wide)
+		for _, name := range []string{"mixed-vm", "mixed-box"} {
+			ip := n.kubectl(t, "get", "pod", name, "-o", "jsonpath={.status.podIP}")
+			if !strings.HasPrefix(ip, "198.18.83.") || !regexp.MustCompile(name+`\s+1/1\s+Running\s+0\s+\S+\s+`+regexp.QuoteMeta(ip)+`\s+`+n.k.Node).MatchString(wide) {
+				t.Errorf("pod %s (IP %q) not Running on %s in the test network:\n%s", name, ip, n.k.Node, wide)
+			}
+		}
+		n.waitFor(t, "the container pod's log", time.Minute, func() bool {
+			return strings.Contains(n.podLogs("mixed-box"), "hello-from-the-container-pod")
+		})
+		if out := n.kubectl(t, "exec", "mixed-box", "--", "echo", "exec-through-kubelet"); out != "exec-through-kubelet" {
+			t.Errorf("kubectl exec in the container pod: %q", out)
+		}
+		// containerd runs the container, Virtlet the VM.
+		boxID := n.c.Must(t, "ps", "--name", "box", "-q")
+		vmID := n.c.Must(t, "ps", "--name", "mixed-vm", "-q")
+		tasks, err := n.ctrd.Ctr("tasks", "ls")
+		if err != nil || !strings.Contains(tasks, boxID) || strings.Contains(tasks, vmID) || boxID == "" || vmID == "" {
+			t.Errorf("containerd's tasks (want %q, not %q): %v\n%s", boxID, vmID, err, tasks)
+		}
+		if inspectCtr(t, n.c, vmID).VM.Name == "" {
+			t.Errorf("the VM pod's container %s has no domain", vmID)
+		}
+		n.kubectl(t, "delete", "pod", "mixed-vm", "mixed-box", "--wait=true", "--timeout=3m")
+		n.waitFor(t, "no pods on the node", 3*time.Minute, func() bool { return n.c.Must(t, "pods", "-q") == "" })
+		if ctrs, _ := n.ctrd.Ctr("containers", "ls", "-q"); strings.TrimSpace(ctrs) != "" {
+			t.Errorf("containerd keeps containers: %s", ctrs)
+		}
+		n.assertEmptyNode(t, links)
 	})
 
 	// Last: everything above ran through kubelet; its log must show no
