@@ -146,6 +146,51 @@ func (r *Router) wrap(err error) error {
 	return status.Errorf(st.Code(), "forward runtime %s: %s", r.endpoint, st.Message())
 }
 
+// route serves req with local, or, when forwarded, with remote: the call
+// is marked forwarded for the log, bounded, and its error names the forward
+// runtime.
+func route[Req, Resp any](r *Router, ctx context.Context, req Req, forwarded bool,
+	local func(context.Context, Req) (Resp, error),
+	remote func(context.Context, Req, ...grpc.CallOption) (Resp, error)) (Resp, error) {
+	if !forwarded {
+		return local(ctx, req)
+	}
+	ctx, cancel := r.forward(ctx)
+	defer cancel()
+	resp, err := remote(ctx, req)
+	if err != nil {
+		var none Resp
+		return none, r.wrap(err)
+	}
+	return resp, nil
+}
+
+// merged serves a list from one side, or from both when local and
+// forwarded are set: the forwarded items are added to the local reply by
+// add. That reply may carry its items pre-encoded (the CRI server's list
+// cache), so it is never copied into a new one.
+func merged[Req any, Resp any](r *Router, ctx context.Context, req Req, local, forwarded bool,
+	localCall func(context.Context, Req) (Resp, error),
+	remoteCall func(context.Context, Req, ...grpc.CallOption) (Resp, error),
+	add func(into, from Resp)) (Resp, error) {
+	if !local || !forwarded {
+		return route(r, ctx, req, forwarded, localCall, remoteCall)
+	}
+	var none Resp
+	resp, err := localCall(ctx, req)
+	if err != nil {
+		return none, err
+	}
+	fctx, cancel := bounded(ctx)
+	defer cancel()
+	more, err := remoteCall(fctx, req)
+	if err != nil {
+		return none, r.wrap(err)
+	}
+	add(resp, more)
+	return resp, nil
+}
+
 // viaSandbox answers whether the sandbox id is forwarded.
 func (r *Router) viaSandbox(id string) bool { return !r.local.OwnsSandbox(id) }
 
@@ -181,123 +226,46 @@ func (r *Router) UpdateRuntimeConfig(ctx context.Context, req *runtimeapi.Update
 }
 
 func (r *Router) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
-	if r.local.ClaimsPod(req.GetConfig(), req.GetRuntimeHandler()) {
-		return r.local.RunPodSandbox(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.RunPodSandbox(ctx, req)
-	return resp, r.wrap(err)
+	forwarded := !r.local.ClaimsPod(req.GetConfig(), req.GetRuntimeHandler())
+	return route(r, ctx, req, forwarded, r.local.RunPodSandbox, r.runtime.RunPodSandbox)
 }
 
 func (r *Router) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
-	if !r.viaSandbox(req.PodSandboxId) {
-		return r.local.StopPodSandbox(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.StopPodSandbox(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaSandbox(req.PodSandboxId), r.local.StopPodSandbox, r.runtime.StopPodSandbox)
 }
 
 func (r *Router) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
-	if !r.viaSandbox(req.PodSandboxId) {
-		return r.local.RemovePodSandbox(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.RemovePodSandbox(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaSandbox(req.PodSandboxId), r.local.RemovePodSandbox, r.runtime.RemovePodSandbox)
 }
 
 func (r *Router) PodSandboxStatus(ctx context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
-	if !r.viaSandbox(req.PodSandboxId) {
-		return r.local.PodSandboxStatus(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.PodSandboxStatus(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaSandbox(req.PodSandboxId), r.local.PodSandboxStatus, r.runtime.PodSandboxStatus)
 }
 
 func (r *Router) ListPodSandbox(ctx context.Context, req *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
-	if id := req.GetFilter().GetId(); id != "" {
-		if !r.viaSandbox(id) {
-			return r.local.ListPodSandbox(ctx, req)
-		}
-		fctx, cancel := r.forward(ctx)
-		defer cancel()
-		resp, err := r.runtime.ListPodSandbox(fctx, req)
-		return resp, r.wrap(err)
-	}
-	resp, err := r.local.ListPodSandbox(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	fctx, cancel := bounded(ctx)
-	defer cancel()
-	more, err := r.runtime.ListPodSandbox(fctx, req)
-	if err != nil {
-		return nil, r.wrap(err)
-	}
-	// resp may carry its items pre-encoded (the CRI server's wire cache):
-	// the forwarded ones are added to it, never copied into a new reply.
-	resp.Items = append(resp.Items, more.Items...)
-	return resp, nil
+	local, forwarded := r.sandboxesOwner(req.GetFilter().GetId())
+	return merged(r, ctx, req, local, forwarded, r.local.ListPodSandbox, r.runtime.ListPodSandbox,
+		func(into, from *runtimeapi.ListPodSandboxResponse) { into.Items = append(into.Items, from.Items...) })
 }
 
 func (r *Router) PodSandboxStats(ctx context.Context, req *runtimeapi.PodSandboxStatsRequest) (*runtimeapi.PodSandboxStatsResponse, error) {
-	if !r.viaSandbox(req.PodSandboxId) {
-		return r.local.PodSandboxStats(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.PodSandboxStats(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaSandbox(req.PodSandboxId), r.local.PodSandboxStats, r.runtime.PodSandboxStats)
 }
 
 func (r *Router) ListPodSandboxStats(ctx context.Context, req *runtimeapi.ListPodSandboxStatsRequest) (*runtimeapi.ListPodSandboxStatsResponse, error) {
-	if id := req.GetFilter().GetId(); id != "" {
-		if !r.viaSandbox(id) {
-			return r.local.ListPodSandboxStats(ctx, req)
-		}
-		fctx, cancel := r.forward(ctx)
-		defer cancel()
-		resp, err := r.runtime.ListPodSandboxStats(fctx, req)
-		return resp, r.wrap(err)
-	}
-	resp, err := r.local.ListPodSandboxStats(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	fctx, cancel := bounded(ctx)
-	defer cancel()
-	more, err := r.runtime.ListPodSandboxStats(fctx, req)
-	if err != nil {
-		return nil, r.wrap(err)
-	}
-	resp.Stats = append(resp.Stats, more.Stats...)
-	return resp, nil
+	local, forwarded := r.sandboxesOwner(req.GetFilter().GetId())
+	return merged(r, ctx, req, local, forwarded, r.local.ListPodSandboxStats, r.runtime.ListPodSandboxStats,
+		func(into, from *runtimeapi.ListPodSandboxStatsResponse) {
+			into.Stats = append(into.Stats, from.Stats...)
+		})
 }
 
 func (r *Router) UpdatePodSandboxResources(ctx context.Context, req *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
-	if !r.viaSandbox(req.PodSandboxId) {
-		return r.local.UpdatePodSandboxResources(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.UpdatePodSandboxResources(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaSandbox(req.PodSandboxId), r.local.UpdatePodSandboxResources, r.runtime.UpdatePodSandboxResources)
 }
 
 func (r *Router) PortForward(ctx context.Context, req *runtimeapi.PortForwardRequest) (*runtimeapi.PortForwardResponse, error) {
-	if !r.viaSandbox(req.PodSandboxId) {
-		return r.local.PortForward(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.PortForward(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaSandbox(req.PodSandboxId), r.local.PortForward, r.runtime.PortForward)
 }
 
 func (r *Router) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
@@ -312,50 +280,33 @@ func (r *Router) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 				"a VM pod needs the annotation kubernetes.io/target-runtime: virtlet.cloud or runtimeClassName: virtlet",
 			pod.GetNamespace(), pod.GetName(), req.GetConfig().GetMetadata().GetName(), image)
 	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.CreateContainer(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, true, r.local.CreateContainer, r.runtime.CreateContainer)
 }
 
 func (r *Router) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
-	if !r.viaContainer(req.ContainerId) {
-		return r.local.StartContainer(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.StartContainer(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.StartContainer, r.runtime.StartContainer)
 }
 
 func (r *Router) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
-	if !r.viaContainer(req.ContainerId) {
-		return r.local.StopContainer(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.StopContainer(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.StopContainer, r.runtime.StopContainer)
 }
 
 func (r *Router) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
-	if !r.viaContainer(req.ContainerId) {
-		return r.local.RemoveContainer(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.RemoveContainer(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.RemoveContainer, r.runtime.RemoveContainer)
 }
 
 func (r *Router) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
-	if !r.viaContainer(req.ContainerId) {
-		return r.local.ContainerStatus(ctx, req)
+	return route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.ContainerStatus, r.runtime.ContainerStatus)
+}
+
+// sandboxesOwner routes a sandbox list filtered by ID: local, forwarded, or
+// both (no ID in the filter).
+func (r *Router) sandboxesOwner(sandboxID string) (local, forwarded bool) {
+	if sandboxID == "" {
+		return true, true
 	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.ContainerStatus(ctx, req)
-	return resp, r.wrap(err)
+	f := r.viaSandbox(sandboxID)
+	return !f, f
 }
 
 // containersOwner routes a container list filtered by container or
@@ -374,124 +325,49 @@ func (r *Router) containersOwner(containerID, sandboxID string) (local, forwarde
 
 func (r *Router) ListContainers(ctx context.Context, req *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
 	local, forwarded := r.containersOwner(req.GetFilter().GetId(), req.GetFilter().GetPodSandboxId())
-	resp := &runtimeapi.ListContainersResponse{}
-	if local {
-		// Kept whole: its items may be pre-encoded (the wire cache).
-		var err error
-		if resp, err = r.local.ListContainers(ctx, req); err != nil {
-			return nil, err
-		}
-	}
-	if forwarded {
-		fctx, cancel := bounded(ctx)
-		defer cancel()
-		if !local {
-			cri.NoteForwarded(ctx, r.endpoint)
-		}
-		f, err := r.runtime.ListContainers(fctx, req)
-		if err != nil {
-			return nil, r.wrap(err)
-		}
-		resp.Containers = append(resp.Containers, f.Containers...)
-	}
-	return resp, nil
+	return merged(r, ctx, req, local, forwarded, r.local.ListContainers, r.runtime.ListContainers,
+		func(into, from *runtimeapi.ListContainersResponse) {
+			into.Containers = append(into.Containers, from.Containers...)
+		})
 }
 
 func (r *Router) ListContainerStats(ctx context.Context, req *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
 	local, forwarded := r.containersOwner(req.GetFilter().GetId(), req.GetFilter().GetPodSandboxId())
-	resp := &runtimeapi.ListContainerStatsResponse{}
-	if local {
-		var err error
-		if resp, err = r.local.ListContainerStats(ctx, req); err != nil {
-			return nil, err
-		}
-	}
-	if forwarded {
-		fctx, cancel := bounded(ctx)
-		defer cancel()
-		if !local {
-			cri.NoteForwarded(ctx, r.endpoint)
-		}
-		f, err := r.runtime.ListContainerStats(fctx, req)
-		if err != nil {
-			return nil, r.wrap(err)
-		}
-		resp.Stats = append(resp.Stats, f.Stats...)
-	}
-	return resp, nil
+	return merged(r, ctx, req, local, forwarded, r.local.ListContainerStats, r.runtime.ListContainerStats,
+		func(into, from *runtimeapi.ListContainerStatsResponse) {
+			into.Stats = append(into.Stats, from.Stats...)
+		})
 }
 
 func (r *Router) ContainerStats(ctx context.Context, req *runtimeapi.ContainerStatsRequest) (*runtimeapi.ContainerStatsResponse, error) {
-	if !r.viaContainer(req.ContainerId) {
-		return r.local.ContainerStats(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.ContainerStats(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.ContainerStats, r.runtime.ContainerStats)
 }
 
 func (r *Router) UpdateContainerResources(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
-	if !r.viaContainer(req.ContainerId) {
-		return r.local.UpdateContainerResources(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.UpdateContainerResources(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.UpdateContainerResources, r.runtime.UpdateContainerResources)
 }
 
 func (r *Router) ReopenContainerLog(ctx context.Context, req *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {
-	if !r.viaContainer(req.ContainerId) {
-		return r.local.ReopenContainerLog(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.ReopenContainerLog(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.ReopenContainerLog, r.runtime.ReopenContainerLog)
 }
 
 func (r *Router) CheckpointContainer(ctx context.Context, req *runtimeapi.CheckpointContainerRequest) (*runtimeapi.CheckpointContainerResponse, error) {
-	if !r.viaContainer(req.ContainerId) {
-		return r.local.CheckpointContainer(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.CheckpointContainer(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.CheckpointContainer, r.runtime.CheckpointContainer)
 }
 
 func (r *Router) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
-	if !r.viaContainer(req.ContainerId) {
-		return r.local.ExecSync(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.ExecSync(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.ExecSync, r.runtime.ExecSync)
 }
 
 // Exec, Attach and PortForward of forwarded pods answer with the forward
 // runtime's own streaming URLs: kubelet (or crictl) connects to them.
 
 func (r *Router) Exec(ctx context.Context, req *runtimeapi.ExecRequest) (*runtimeapi.ExecResponse, error) {
-	if !r.viaContainer(req.ContainerId) {
-		return r.local.Exec(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.Exec(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.Exec, r.runtime.Exec)
 }
 
 func (r *Router) Attach(ctx context.Context, req *runtimeapi.AttachRequest) (*runtimeapi.AttachResponse, error) {
-	if !r.viaContainer(req.ContainerId) {
-		return r.local.Attach(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.runtime.Attach(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.Attach, r.runtime.Attach)
 }
 
 // Status: the node is ready when both Virtlet and the forward runtime are;
@@ -547,57 +423,25 @@ func (r *Router) ListPodSandboxMetrics(ctx context.Context, req *runtimeapi.List
 // Image service.
 
 func (r *Router) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
-	if !r.viaImage(ctx, req.GetImage()) {
-		return r.local.PullImage(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.images.PullImage(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaImage(ctx, req.GetImage()), r.local.PullImage, r.images.PullImage)
 }
 
 func (r *Router) ImageStatus(ctx context.Context, req *runtimeapi.ImageStatusRequest) (*runtimeapi.ImageStatusResponse, error) {
-	if !r.viaImage(ctx, req.GetImage()) {
-		return r.local.ImageStatus(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.images.ImageStatus(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaImage(ctx, req.GetImage()), r.local.ImageStatus, r.images.ImageStatus)
 }
 
 func (r *Router) RemoveImage(ctx context.Context, req *runtimeapi.RemoveImageRequest) (*runtimeapi.RemoveImageResponse, error) {
-	if !r.viaImage(ctx, req.GetImage()) {
-		return r.local.RemoveImage(ctx, req)
-	}
-	ctx, cancel := r.forward(ctx)
-	defer cancel()
-	resp, err := r.images.RemoveImage(ctx, req)
-	return resp, r.wrap(err)
+	return route(r, ctx, req, r.viaImage(ctx, req.GetImage()), r.local.RemoveImage, r.images.RemoveImage)
 }
 
 func (r *Router) ListImages(ctx context.Context, req *runtimeapi.ListImagesRequest) (*runtimeapi.ListImagesResponse, error) {
+	local, forwarded := true, true
 	if image := req.GetFilter().GetImage(); image.GetImage() != "" {
-		if !r.viaImage(ctx, image) {
-			return r.local.ListImages(ctx, req)
-		}
-		fctx, cancel := r.forward(ctx)
-		defer cancel()
-		resp, err := r.images.ListImages(fctx, req)
-		return resp, r.wrap(err)
+		forwarded = r.viaImage(ctx, image)
+		local = !forwarded
 	}
-	resp, err := r.local.ListImages(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	fctx, cancel := bounded(ctx)
-	defer cancel()
-	more, err := r.images.ListImages(fctx, req)
-	if err != nil {
-		return nil, r.wrap(err)
-	}
-	resp.Images = append(resp.Images, more.Images...)
-	return resp, nil
+	return merged(r, ctx, req, local, forwarded, r.local.ListImages, r.images.ListImages,
+		func(into, from *runtimeapi.ListImagesResponse) { into.Images = append(into.Images, from.Images...) })
 }
 
 // ImageFsInfo lists the filesystems of both (Virtlet's first: kubelet reads

@@ -196,6 +196,14 @@ func TestRouting(t *testing.T) {
 				Config: &runtimeapi.ContainerConfig{Image: &runtimeapi.ImageSpec{Image: "busybox"}}})
 			return err
 		}, remote, "CreateContainer box-sb"},
+		{"a list filtered by a VM pod's ID", func() error {
+			_, err := r.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{Id: "vm-sb"}})
+			return err
+		}, loc.side, "ListPodSandbox"},
+		{"a list filtered by a container pod's ID", func() error {
+			_, err := r.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{Id: "box-sb"}})
+			return err
+		}, remote, "ListPodSandbox"},
 		{"a VM image", func() error {
 			_, err := r.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: "virtlet.cloud/cirros"}})
 			return err
