@@ -165,6 +165,18 @@ func route[Req, Resp any](r *Router, ctx context.Context, req Req, forwarded boo
 	return resp, nil
 }
 
+// idempotent makes a stop or remove of something neither side knows
+// succeed, as CRI requires of these calls (kubelet retries them): an ID
+// Virtlet does not know goes to the forward runtime, and some runtimes
+// (containerd 1.6) answer NotFound for it.
+func idempotent[Resp any, P interface{ *Resp }](r *Router, method, id string, resp P, err error) (P, error) {
+	if err != nil && status.Code(err) == codes.NotFound {
+		r.log.WithFields(logrus.Fields{"method": method, "id": id}).Debug("not found on either side: already gone")
+		return P(new(Resp)), nil
+	}
+	return resp, err
+}
+
 // merged serves a list from one side, or from both when local and
 // forwarded are set: the forwarded items are added to the local reply by
 // add. That reply may carry its items pre-encoded (the CRI server's list
@@ -231,11 +243,13 @@ func (r *Router) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandbo
 }
 
 func (r *Router) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
-	return route(r, ctx, req, r.viaSandbox(req.PodSandboxId), r.local.StopPodSandbox, r.runtime.StopPodSandbox)
+	resp, err := route(r, ctx, req, r.viaSandbox(req.PodSandboxId), r.local.StopPodSandbox, r.runtime.StopPodSandbox)
+	return idempotent(r, "StopPodSandbox", req.PodSandboxId, resp, err)
 }
 
 func (r *Router) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
-	return route(r, ctx, req, r.viaSandbox(req.PodSandboxId), r.local.RemovePodSandbox, r.runtime.RemovePodSandbox)
+	resp, err := route(r, ctx, req, r.viaSandbox(req.PodSandboxId), r.local.RemovePodSandbox, r.runtime.RemovePodSandbox)
+	return idempotent(r, "RemovePodSandbox", req.PodSandboxId, resp, err)
 }
 
 func (r *Router) PodSandboxStatus(ctx context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
@@ -288,11 +302,13 @@ func (r *Router) StartContainer(ctx context.Context, req *runtimeapi.StartContai
 }
 
 func (r *Router) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
-	return route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.StopContainer, r.runtime.StopContainer)
+	resp, err := route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.StopContainer, r.runtime.StopContainer)
+	return idempotent(r, "StopContainer", req.ContainerId, resp, err)
 }
 
 func (r *Router) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
-	return route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.RemoveContainer, r.runtime.RemoveContainer)
+	resp, err := route(r, ctx, req, r.viaContainer(req.ContainerId), r.local.RemoveContainer, r.runtime.RemoveContainer)
+	return idempotent(r, "RemoveContainer", req.ContainerId, resp, err)
 }
 
 func (r *Router) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
@@ -431,7 +447,8 @@ func (r *Router) ImageStatus(ctx context.Context, req *runtimeapi.ImageStatusReq
 }
 
 func (r *Router) RemoveImage(ctx context.Context, req *runtimeapi.RemoveImageRequest) (*runtimeapi.RemoveImageResponse, error) {
-	return route(r, ctx, req, r.viaImage(ctx, req.GetImage()), r.local.RemoveImage, r.images.RemoveImage)
+	resp, err := route(r, ctx, req, r.viaImage(ctx, req.GetImage()), r.local.RemoveImage, r.images.RemoveImage)
+	return idempotent(r, "RemoveImage", req.GetImage().GetImage(), resp, err)
 }
 
 func (r *Router) ListImages(ctx context.Context, req *runtimeapi.ListImagesRequest) (*runtimeapi.ListImagesResponse, error) {

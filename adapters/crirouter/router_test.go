@@ -58,6 +58,23 @@ func (s *side) ContainerStatus(_ context.Context, req *runtimeapi.ContainerStatu
 	return nil, status.Errorf(codes.NotFound, "container %s not found", req.ContainerId)
 }
 
+// Stops and removes of unknown IDs are answered NotFound, as containerd
+// 1.6 does.
+func (s *side) StopPodSandbox(_ context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
+	s.called("StopPodSandbox " + req.PodSandboxId)
+	return nil, status.Errorf(codes.NotFound, "an error occurred when try to find sandbox %q: not found", req.PodSandboxId)
+}
+
+func (s *side) StopContainer(_ context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
+	s.called("StopContainer " + req.ContainerId)
+	return nil, status.Errorf(codes.NotFound, "an error occurred when try to find container %q: not found", req.ContainerId)
+}
+
+func (s *side) RemoveContainer(_ context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
+	s.called("RemoveContainer " + req.ContainerId)
+	return nil, status.Errorf(codes.NotFound, "container %q not found", req.ContainerId)
+}
+
 func (s *side) CreateContainer(_ context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
 	s.called("CreateContainer " + req.PodSandboxId)
 	return &runtimeapi.CreateContainerResponse{ContainerId: s.name + "-ctr"}, nil
@@ -246,6 +263,29 @@ func TestForwardedErrorsKeepTheirCodeAndNameTheRuntime(t *testing.T) {
 	_, err := r.ContainerStatus(context.Background(), &runtimeapi.ContainerStatusRequest{ContainerId: "gone"})
 	if status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "forward runtime unix://") {
 		t.Fatalf("forwarded NotFound: %v", err)
+	}
+}
+
+// CRI's stops and removes are idempotent: an ID neither side knows is
+// already gone, whatever the forward runtime answers (kubelet and critest
+// rely on it), while other calls keep the NotFound.
+func TestStopAndRemoveOfUnknownIDsSucceed(t *testing.T) {
+	r, _, remote := newRouter(t, false)
+	ctx := context.Background()
+	if _, err := r.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: "gone"}); err != nil {
+		t.Errorf("StopPodSandbox of an unknown sandbox: %v", err)
+	}
+	if _, err := r.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: "gone"}); err != nil {
+		t.Errorf("StopContainer of an unknown container: %v", err)
+	}
+	if _, err := r.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: "gone"}); err != nil {
+		t.Errorf("RemoveContainer of an unknown container: %v", err)
+	}
+	if got := remote.last(); got != "RemoveContainer gone" {
+		t.Errorf("not asked of the forward runtime: last call %q", got)
+	}
+	if _, err := r.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: "gone"}); status.Code(err) != codes.NotFound {
+		t.Errorf("ContainerStatus of an unknown container: %v, want NotFound", err)
 	}
 }
 
