@@ -23,7 +23,7 @@ import (
 // container's env and the pod's network. Errors name the annotation or
 // mount at fault.
 func (r *Runtime) cloudInitInput(ctx context.Context, sb *Sandbox, opts annotations.VMOptions, cfg ContainerConfig, projected []Mount) (cloudinit.Input, error) {
-	in := cloudinit.Input{PodName: sb.Name, Namespace: sb.Namespace, Options: opts, Network: sb.Network}
+	in := cloudinit.Input{PodName: sb.Name, Namespace: sb.Namespace, Hostname: sb.Hostname, Options: opts, Network: sb.Network}
 	if ref := opts.UserDataSource; ref != nil {
 		data, err := r.kubeObject(ctx, sb.Namespace, *ref, annotations.CloudInitUserDataSource)
 		if err != nil {

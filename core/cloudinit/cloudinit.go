@@ -63,7 +63,10 @@ type EnvVar struct {
 // Input is everything the data is built from.
 type Input struct {
 	PodName, Namespace string
-	Options            annotations.VMOptions
+	// Hostname is the pod's host name as kubelet gives it (the pod's name
+	// unless its spec names another); empty means the pod's name.
+	Hostname string
+	Options  annotations.VMOptions
 	// UserDataSource holds the data of the object VirtletCloudInitUserDataSource
 	// names (nil without the annotation).
 	UserDataSource map[string][]byte
@@ -143,13 +146,14 @@ func sshKeys(in Input) ([]string, error) {
 	return append(fromSource, in.Options.SSHKeys...), nil
 }
 
-// metaData is the meta-data JSON: instance-id, local-hostname and
+// metaData is the meta-data JSON: instance-id, local-hostname (the pod's
+// host name, which is its name unless spec.hostname says otherwise) and
 // public-keys, overridden by VirtletCloudInitMetaData. (A datasource adds
 // what its format repeats, e.g. ConfigDrive's uuid and hostname.)
 func metaData(in Input, keys []string) ([]byte, error) {
 	md := map[string]interface{}{
 		"instance-id":    in.PodName + "." + in.Namespace,
-		"local-hostname": in.PodName,
+		"local-hostname": in.hostname(),
 	}
 	if len(keys) > 0 {
 		md["public-keys"] = keys
@@ -158,6 +162,13 @@ func metaData(in Input, keys []string) ([]byte, error) {
 		md[k] = v
 	}
 	return json.MarshalIndent(md, "", "  ")
+}
+
+func (in Input) hostname() string {
+	if in.Hostname != "" {
+		return in.Hostname
+	}
+	return in.PodName
 }
 
 // userData merges, in order, the generated user-data, the user-data source

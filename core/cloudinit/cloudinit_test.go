@@ -111,6 +111,11 @@ func TestGolden(t *testing.T) {
 				annotations.SSHKeys, "ssh-ed25519 BBBB annotation@host", annotations.CloudInitUserDataOverwrite, "true"),
 				SSHKeySource: map[string][]byte{"authorized_keys": []byte("ssh-ed25519 AAAA source@host\n")}}
 		},
+		// A pod whose spec names its host name (kubelet's Hostname): the
+		// guest's local-hostname is that name, not the pod's.
+		"hostname-from-pod-spec": func(t *testing.T) Input {
+			return Input{PodName: "web-0", Namespace: "ns", Hostname: "db-primary", Options: annotations.Defaults()}
+		},
 		"env": func(t *testing.T) Input {
 			return Input{PodName: "p", Namespace: "ns", Options: annotations.Defaults(),
 				Env: []EnvVar{{"MY_FOO_VAR", "foo"}, {"MY_FOOBAR_VAR", "foobar"}}}
