@@ -6,9 +6,10 @@
 // directories below a directory only root may enter (0750). So the plugin
 // bind-mounts each volume into a directory QEMU can traverse
 // (<state>/shares/<vm>/<volume>), read-only when the pod mounts it
-// read-only, and unmounts it when the VM goes. VirtletChown9pfsMounts
-// gives the volume's files to QEMU's user, as Virtlet did, so that the
-// guest may write them.
+// read-only, and unmounts it when the VM goes. The bind mount is idmapped
+// where the file system allows it (idmap.go): QEMU then uses root's files
+// as root would. VirtletChown9pfsMounts gives the volume's files to QEMU's
+// user instead, as Virtlet did.
 package ninep
 
 import (
@@ -47,7 +48,9 @@ type Volumes struct {
 	log      logrus.FieldLogger
 	dir      string // the shares' mount points
 	uid, gid int
+	gids     []int // all of QEMU's user's groups
 	mode     string
+	userns   *os.File // the idmapping of shares; nil: plain bind mounts
 }
 
 // New returns an unconfigured adapter.
@@ -93,13 +96,33 @@ func (v *Volumes) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("ninep: make %s private: %w", dir, err)
 	}
-	v.dir, v.uid, v.gid, v.mode = dir, uid, gid, cfg.AccessMode
+	gids := []int{gid}
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
+		groups, _ := u.GroupIds()
+		for _, g := range groups {
+			if n, err := strconv.Atoi(g); err == nil {
+				gids = append(gids, n)
+			}
+		}
+	}
+	userns, err := newUserNS(uid, gid)
+	if err != nil {
+		v.log.WithError(err).Warn("shares are plain bind mounts: QEMU's user must be able to read each volume")
+	}
+	if v.userns != nil {
+		v.userns.Close()
+	}
+	v.dir, v.uid, v.gid, v.gids, v.mode, v.userns = dir, uid, gid, gids, cfg.AccessMode, userns
 	return nil
 }
 
 // Close unmounts the shares' directory once no share is left in it (tests
 // and uninstalls; a running plugin keeps it).
 func (v *Volumes) Close() error {
+	if v.userns != nil {
+		v.userns.Close()
+		v.userns = nil
+	}
 	entries, _ := os.ReadDir(v.dir)
 	if len(entries) > 0 || !isMountPoint(v.dir) {
 		return nil
@@ -197,8 +220,25 @@ func (v *Volumes) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.V
 	if err := os.Mkdir(mp, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return ports.VolumeAttachment{}, err
 	}
-	if err := unix.Mount(src, mp, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return ports.VolumeAttachment{}, fmt.Errorf("volume %s: bind %s: %w", req.Name, src, err)
+	// Chowned files are QEMU's already: an idmapping would hide them.
+	idmapped := false
+	if v.userns != nil && !req.Chown {
+		if err := bindIDMapped(src, mp, v.userns, req.ReadOnly); err != nil {
+			v.log.WithError(err).WithFields(logrus.Fields{"vm": req.VMID, "volume": req.Name}).Info("no idmapped mount here: a plain bind mount")
+		} else {
+			idmapped = true
+		}
+	}
+	if !idmapped {
+		if can, judged := canRead(src, v.uid, v.gids); judged && !can {
+			os.Remove(mp)
+			return ports.VolumeAttachment{}, &ports.InvalidError{Field: field, Value: req.HostPath,
+				Reason:  fmt.Sprintf("QEMU's user (uid %d) may not read it and its file system has no idmapped mounts", v.uid),
+				Allowed: "a directory QEMU's user may read and enter, or the pod annotation VirtletChown9pfsMounts: \"true\""}
+		}
+		if err := unix.Mount(src, mp, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return ports.VolumeAttachment{}, fmt.Errorf("volume %s: bind %s: %w", req.Name, src, err)
+		}
 	}
 	// Keep the share's mounts to ourselves: nothing propagates to or from
 	// the node's mounts once it is made.
@@ -206,14 +246,14 @@ func (v *Volumes) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.V
 		v.unmount(mp)
 		return ports.VolumeAttachment{}, fmt.Errorf("volume %s: make the share private: %w", req.Name, err)
 	}
-	if req.ReadOnly {
+	if req.ReadOnly && !idmapped {
 		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
 		if err := unix.MountSetattr(-1, mp, unix.AT_RECURSIVE, attr); err != nil {
 			v.unmount(mp)
 			return ports.VolumeAttachment{}, fmt.Errorf("volume %s: make the share read-only: %w", req.Name, err)
 		}
 	}
-	v.log.WithFields(logrus.Fields{"vm": req.VMID, "volume": req.Name, "source": src, "readOnly": req.ReadOnly}).Info("share ready")
+	v.log.WithFields(logrus.Fields{"vm": req.VMID, "volume": req.Name, "source": src, "readOnly": req.ReadOnly, "idmapped": idmapped}).Info("share ready")
 	return att, nil
 }
 

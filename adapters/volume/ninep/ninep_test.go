@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -122,5 +123,55 @@ func TestShares(t *testing.T) {
 	_, err = v.Prepare(ctx, ports.VolumeRequest{VMID: "0123abcd", Name: "file", Type: ports.VolumeShare, HostPath: file})
 	if !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), "not a directory") {
 		t.Fatalf("a file as share: %v", err)
+	}
+}
+
+// A share of a directory only root may use is idmapped: QEMU's user
+// reads root's files through it and what it writes is root's on the host.
+// Without idmapped mounts such a directory is refused, naming the fix.
+func TestIdmappedShare(t *testing.T) {
+	v := configured(t)
+	if v.userns == nil {
+		t.Skip("no user namespaces here")
+	}
+	ctx := context.Background()
+	src := t.TempDir()
+	os.Chmod(src, 0o700) // root's alone
+	os.WriteFile(filepath.Join(src, "secret.txt"), []byte("root-only"), 0o600)
+	req := ports.VolumeRequest{VMID: "0123abcd", Name: "data", Type: ports.VolumeShare, HostPath: src}
+	att, err := v.Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Release(ctx, req) })
+	mp := att.Filesystems[0].Source
+	// QEMU's user must reach the mount point: open the test's own
+	// temporary directories on the way.
+	for d := filepath.Dir(v.dir); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o711)
+	}
+	asQEMU := exec.Command("sh", "-c", "cat "+mp+"/secret.txt && echo from-qemu > "+mp+"/new.txt && mkdir "+mp+"/dir")
+	asQEMU.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(v.uid), Gid: uint32(v.gid)}}
+	out, err := asQEMU.CombinedOutput()
+	if err != nil || string(out) != "root-only" {
+		t.Fatalf("QEMU's user through the share: %q %v", out, err)
+	}
+	for _, name := range []string{"new.txt", "dir"} {
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(src, name), &st); err != nil || st.Uid != 0 || st.Gid != 0 {
+			t.Errorf("%s on the host: owner %d:%d, %v; want root's", name, st.Uid, st.Gid, err)
+		}
+	}
+
+	// Without idmapped mounts, the same directory is refused at Prepare.
+	userns := v.userns
+	v.userns = nil
+	defer func() { v.userns = userns }()
+	_, err = v.Prepare(ctx, ports.VolumeRequest{VMID: "0123abcd", Name: "plain", Type: ports.VolumeShare, HostPath: src})
+	if !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), "VirtletChown9pfsMounts") || !strings.Contains(err.Error(), "may not read") {
+		t.Fatalf("a directory QEMU may not read, without idmapping: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(v.dir, "0123abcd", "plain")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused share's mount point stays: %v", err)
 	}
 }
