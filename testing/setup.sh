@@ -20,6 +20,7 @@ PKGS=(
   ceph-mon ceph-osd ceph-common                       # a real one-OSD Ceph cluster for the ceph volume tests
   etcd-server                                          # the API server of the kubelet-driven e2e (virtletctl)
   containerd runc                                      # the forward runtime of container pods on a mixed node
+  nftables                                             # kube-proxy (nftables mode) in the kubelet-driven e2e
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -54,6 +54,7 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(bins)
 	build := map[string]string{
+		"virtlet-failpoints":        "github.com/virtlet/virtlet/cmd/virtlet", // the crash matrix's daemon
 		"virtlet-flexvolume-driver": "github.com/virtlet/virtlet/cmd/virtlet-flexvolume-driver",
 		"virtlet-example-scratch":   "github.com/virtlet/virtlet/examples/scratch-volume",
 		"virtlet-example-vfat":      "github.com/virtlet/virtlet/examples/vfat-datasource",
@@ -84,7 +85,15 @@ func run(m *testing.M) int {
 	if translation, err = images.Translation(map[string]string{"tiny": "tiny.qcow2", "not-a-disk": "page.html"}); err != nil {
 		return fail(err)
 	}
-	return m.Run()
+	code := m.Run()
+	// kube-proxy's nftables tables go with the suite that ran it.
+	if left := harness.KubeProxyTables(); len(left) > 0 {
+		fmt.Fprintln(os.Stderr, "e2e: kube-proxy's nftables tables left on the host:", left)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
 }
 
 // plugins returns the manifests of the shipped plugins.

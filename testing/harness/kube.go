@@ -23,7 +23,7 @@ import (
 )
 
 // Kube is a loopback-only control plane (etcd, kube-apiserver,
-// kube-controller-manager, kube-scheduler) and a
+// kube-controller-manager, kube-scheduler), a kube-proxy and a
 // kubelet whose container runtime is a Virtlet daemon: the path kubectl
 // and virtletctl take to a VM pod. Every process runs under the test and
 // is stopped by its PID; nothing listens beyond loopback.
@@ -122,9 +122,80 @@ func StartControlPlane(t testing.TB, bin string) *Kube {
 	return k
 }
 
-// ServiceCIDR is the test cluster's service range (loopback-only use:
-// nothing routes it).
-const ServiceCIDR = "10.96.0.0/24"
+// ServiceCIDR is the test cluster's service range: test addresses
+// (198.18.0.0/15) that StartKubeProxy routes into a bridge without ports, so a
+// packet to a ClusterIP that kube-proxy does not rewrite ends on the node.
+const ServiceCIDR = "198.19.96.0/24"
+
+// serviceLink is the portless bridge the service range is routed into.
+const serviceLink = "vlsvc0"
+
+// StartKubeProxy runs kube-proxy in nftables mode, so the node reaches
+// ClusterIPs as a real node does. Its rules live in nftables tables of
+// its own ("kube-proxy", ip and ip6), deleted when the test ends; it is
+// told to leave conntrack's sysctls alone; the service range is routed
+// into a bridge without ports, so nothing sent to it can leave the machine.
+func (k *Kube) StartKubeProxy() {
+	t := k.t
+	t.Helper()
+	for _, args := range [][]string{
+		{"link", "add", serviceLink, "type", "bridge"}, // no ports: what reaches it goes nowhere
+		{"link", "set", serviceLink, "up"},
+		{"route", "add", ServiceCIDR, "dev", serviceLink},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			exec.Command("ip", "link", "del", serviceLink).Run()
+			t.Fatalf("ip %s: %v %s", strings.Join(args, " "), err, out)
+		}
+	}
+	k.issue("kube-proxy", "system:kube-proxy", nil, false, nil)
+	config := filepath.Join(k.Dir, "kube-proxy.yaml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clientConnection: {kubeconfig: %s}
+hostnameOverride: %s
+bindAddress: 127.0.0.1
+healthzBindAddress: 127.0.0.1:%d
+metricsBindAddress: 127.0.0.1:%d
+nodePortAddresses: [127.0.0.1/32]
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+`, k.kubeconfig("kube-proxy"), k.Node, FreePort(t), FreePort(t))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := k.start("kube-proxy", filepath.Join(k.Bin, "kube-proxy"), "--config="+config, "--v=2")
+	proxy := k.procs[len(k.procs)-1].Process
+	// Stopped before its tables go, or it would make them again.
+	t.Cleanup(func() {
+		proxy.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			proxy.Kill()
+			<-done
+		}
+		for _, family := range []string{"ip", "ip6"} {
+			exec.Command("nft", "delete", "table", family, "kube-proxy").Run()
+		}
+		exec.Command("ip", "link", "del", serviceLink).Run()
+	})
+	k.wait("kube-proxy's rules", time.Minute, func() bool {
+		return exec.Command("nft", "list", "table", "ip", "kube-proxy").Run() == nil
+	})
+}
+
+// KubeProxyTables lists the nftables tables kube-proxy holds on the host
+// ("ip kube-proxy"...): none once the test has ended.
+func KubeProxyTables() []string {
+	out, _ := exec.Command("nft", "list", "tables").Output()
+	var tables []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasSuffix(line, " kube-proxy") {
+			tables = append(tables, strings.TrimPrefix(line, "table "))
+		}
+	}
+	return tables
+}
 
 // StartKubelet runs a kubelet whose container runtime is d and waits for
 // the node to be Ready.
@@ -247,7 +318,8 @@ func (k *Kube) Log(name string) string {
 	return string(b)
 }
 
-func (k *Kube) start(name, bin string, args ...string) {
+// start runs a component; the channel closes when it has exited.
+func (k *Kube) start(name, bin string, args ...string) <-chan struct{} {
 	k.t.Helper()
 	logf, err := os.Create(filepath.Join(k.Dir, name+".log"))
 	if err != nil {
@@ -259,8 +331,10 @@ func (k *Kube) start(name, bin string, args ...string) {
 	if err := cmd.Start(); err != nil {
 		k.t.Fatalf("start %s: %v", name, err)
 	}
-	go func() { cmd.Wait(); logf.Close() }()
+	done := make(chan struct{})
+	go func() { cmd.Wait(); logf.Close(); close(done) }()
 	k.procs = append(k.procs, cmd)
+	return done
 }
 
 func (k *Kube) wait(what string, timeout time.Duration, ready func() bool) {
@@ -367,7 +441,7 @@ func (k *Kube) issue(name, cn string, orgs []string, server bool, dns []string) 
 	if server {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
 		tmpl.DNSNames = dns
-		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.96.0.1")}
+		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("198.19.96.1")} // the kubernetes Service
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, k.ca, &key.PublicKey, k.caKey)
 	if err != nil {

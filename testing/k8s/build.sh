@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes binaries the kubelet-driven tests run, at one
 # pinned version, from the Go module proxy: kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubelet and kubectl. They are cached under .cache/k8s/<version>-<hash of this script>
+# kube-controller-manager, kube-scheduler, kubelet, kube-proxy and kubectl. They are cached under .cache/k8s/<version>-<hash of this script>
 # and rebuilt only when this script changes. Prints the bin directory.
 #   testing/k8s/build.sh
 # A cold build takes 12-15 minutes on 2 cores (wrap it in the heavy lock).
@@ -12,7 +12,7 @@ repo=$(cd "$here/../.." && pwd)
 cache=${VIRTLET_K8S_CACHE:-$repo/.cache/k8s}
 key=$( (echo "$V"; cat "$here/build.sh") | sha256sum | cut -c1-16)
 out=$cache/$V-$key
-cmds="kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl"
+cmds="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl"
 done_=1
 for c in $cmds; do [ -x "$out/bin/$c" ] || done_=0; done
 if [ $done_ = 1 ]; then echo "$out/bin"; exit 0; fi
@@ -42,6 +42,7 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 	_ "k8s.io/kubernetes/cmd/kubelet"
