@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,7 +56,11 @@ func startKubeNode(t *testing.T, netIndex int) *kubeNode {
 	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), tn.Plugin(bins)))
 	d.Translate("test-images.yaml", translation)
 	// The seeds' image names, translated to the test images.
-	seedNames, err := images.Translation(map[string]string{"cirros": "tiny.qcow2"})
+	cloudTranslation(t) // serves cloud.qcow2
+	seedNames, err := images.Translation(map[string]string{
+		"cirros": "tiny.qcow2",
+		"cloud-images.ubuntu.com/xenial/current/xenial-server-cloudimg-amd64-disk1.img": "cloud.qcow2",
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,6 +68,7 @@ func startKubeNode(t *testing.T, netIndex int) *kubeNode {
 	ctrd := harness.StartContainerd(t, tn)
 	d.Start("--kubeconfig", kubeconfig, "--forward-runtime", ctrd.Endpoint)
 	k.StartKubelet(d)
+	k.StartKubeProxy()
 	// The node label, as `virtletctl gen --node` prints it.
 	label, err := deploy.Manifests([]string{k.Node})
 	if err != nil {
@@ -178,6 +184,81 @@ spec:
     resources:
       limits:
         memory: 160Mi
+`
+
+// seed002 is the k8s-in-k8s example of the Virtlet docs ("Using higher-level
+// Kubernetes objects") scaled to 2 replicas: the provisioning script
+// reports to the console instead of running kubeadm (this machine reaches
+// no package repository from a guest).
+const seed002 = `apiVersion: v1
+kind: Service
+metadata:
+  name: k8s
+  labels:
+    app: k8s
+spec:
+  ports:
+  - port: 22
+    name: ssh
+  clusterIP: None
+  selector:
+    app: inner-k8s
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: k8s
+spec:
+  serviceName: k8s
+  replicas: 2
+  selector:
+    matchLabels:
+      app: inner-k8s
+  template:
+    metadata:
+      labels:
+        app: inner-k8s
+      annotations:
+        kubernetes.io/target-runtime: virtlet.cloud
+        # set root volume size
+        VirtletRootVolumeSize: 4Gi
+        VirtletCloudInitUserData: |
+          write_files:
+          - path: /usr/local/bin/provision.sh
+            permissions: "0755"
+            owner: root
+            content: |
+              #!/bin/sh
+              set -u -e
+              echo "@@PROVISIONED $(hostname)" > /dev/ttyS0
+          users:
+          - name: root
+            # VirtletSSHKeys only affects the default user, but we want root access
+            ssh_authorized_keys:
+            - ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQCaJEcFDXEK2ZbX0ZLS1EIYFZRbDAcRfuVjpstSc0De8+sV1aiu+dePxdkuDRwqFtCyk6dEZkssjOkBXtri00MECLkir6FcH3kKOJtbJ6vy3uaJc9w1ERo+wyl6SkAh/+JTJkp7QRXj8oylW5E20LsbnA/dIwWzAF51PPwF7A7FtNg9DnwPqMkxFo1Th/buOMKbP5ZA1mmNNtmzbMpMfJATvVyiv3ccsSJKOiyQr6UG+j7sc/7jMVz5Xk34Vd0l8GwcB0334MchHckmqDB142h/NCWTr8oLakDNvkfC1YneAfAO41hDkUbxPtVBG5M/o7P4fxoqiHEX+ZLfRxDtHB53 me@localhost
+          runcmd:
+          - /usr/local/bin/provision.sh
+    spec:
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+            - matchExpressions:
+              - key: extraRuntime
+                operator: In
+                values:
+                - virtlet
+      containers:
+      - name: ubuntu-vm
+        image: virtlet.cloud/cloud-images.ubuntu.com/xenial/current/xenial-server-cloudimg-amd64-disk1.img
+        imagePullPolicy: IfNotPresent
+        # tty and stdin required for kubectl attach -t to work
+        tty: true
+        stdin: true
+        readinessProbe:
+          tcpSocket:
+            port: 22
+          initialDelaySeconds: 5
 `
 
 // A node whose runtime is the daemon, behind a real kubelet and API
@@ -412,8 +493,7 @@ spec:
 		})
 		// Pod IPs are the VMs' addresses: each guest's DHCP lease is its
 		// pod's IP, the Service's endpoints are those IPs, and each
-		// answers from the node (the stand-in for kube-proxy, which this
-		// harness does not run: it would rewrite the host's NAT table).
+		// answers from the node.
 		pods := strings.Fields(n.kubectl(t, "get", "pods", "-l", "app=web", "-o", "jsonpath={range .items[*]}{.metadata.name} {.status.podIP} {end}"))
 		if len(pods) != 4 {
 			t.Fatalf("web pods: %v", pods)
@@ -428,6 +508,11 @@ spec:
 			if err := ping(t, ip); err != nil {
 				t.Errorf("pod %s at %s: %v", name, ip, err)
 			}
+			// The guest's web server on the Service's port answers from
+			// the VM's address.
+			if page, err := httpGet("http://" + ip + "/"); err != nil || !strings.Contains(page, "tiny") {
+				t.Errorf("pod %s: GET http://%s/: %q, %v", name, ip, page, err)
+			}
 		}
 		sort.Strings(podIPs)
 		n.waitFor(t, "the Service's endpoints are the pod IPs", time.Minute, func() bool {
@@ -436,6 +521,17 @@ spec:
 			sort.Strings(eps)
 			return strings.Join(eps, " ") == strings.Join(podIPs, " ")
 		})
+		// The Service's ClusterIP, from the node through kube-proxy's
+		// rules, reaches both VMs' web servers.
+		clusterIP := n.kubectl(t, "get", "service", "web", "-o", "jsonpath={.spec.clusterIP}")
+		answered := map[string]bool{}
+		n.waitFor(t, "both VMs answering on the ClusterIP "+clusterIP, 2*time.Minute, func() bool {
+			if page, err := httpGet("http://" + clusterIP + "/"); err == nil {
+				answered[strings.TrimSpace(page)] = true
+			}
+			return len(answered) == 2
+		})
+		t.Logf("ClusterIP %s answered by %v", clusterIP, answered)
 
 		n.kubectl(t, "scale", "deployment", "web", "--replicas=0")
 		n.waitFor(t, "scaled to 0: no pods on the node", 3*time.Minute, func() bool {
@@ -445,6 +541,50 @@ spec:
 		n.assertEmptyNode(t, links)
 		n.kubectl(t, "delete", "deployment", "web")
 		n.kubectl(t, "delete", "service", "web")
+	})
+
+	// seed-002's k8s-in-k8s shape, scaled: a headless Service and a
+	// StatefulSet of 2 VM pods of the cloud image (seed-002's Ubuntu image
+	// name, translated), cloud-init user-data with a provisioning script
+	// and root's SSH key, a tcp/22 readiness probe; the pods become Ready
+	// in order and keep their stable names as hostnames.
+	t.Run("seed-002 StatefulSet of VM pods, Ready in order", func(t *testing.T) {
+		if err := n.k.Apply(seed002); err != nil {
+			t.Fatal(err)
+		}
+		n.waitFor(t, "k8s-0 and k8s-1 Ready", 12*time.Minute, func() bool {
+			out, _ := n.k.Kubectl("get", "statefulset", "k8s", "-o", "jsonpath={.status.readyReplicas}")
+			return out == "2"
+		})
+		ready0 := n.kubectl(t, "get", "pod", "k8s-0", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].lastTransitionTime}`)
+		created1 := n.kubectl(t, "get", "pod", "k8s-1", "-o", "jsonpath={.metadata.creationTimestamp}")
+		r0, err0 := time.Parse(time.RFC3339, ready0)
+		c1, err1 := time.Parse(time.RFC3339, created1)
+		if err0 != nil || err1 != nil || c1.Before(r0) {
+			t.Errorf("k8s-1 created at %q, before k8s-0 was Ready at %q (%v, %v)", created1, ready0, err0, err1)
+		}
+		t.Logf("k8s-0 Ready %s, k8s-1 created %s", ready0, created1)
+		for _, pod := range []string{"k8s-0", "k8s-1"} {
+			n.waitFor(t, pod+" provisioned", 3*time.Minute, func() bool {
+				return strings.Contains(n.podLogs(pod), "@@PROVISIONED "+pod)
+			})
+			ip := n.kubectl(t, "get", "pod", pod, "-o", "jsonpath={.status.podIP}")
+			if banner, err := sshBanner(ip); err != nil || !strings.HasPrefix(banner, "SSH-2.0-") {
+				t.Errorf("%s: ssh on %s:22: %q, %v", pod, ip, banner, err)
+			}
+		}
+		// The headless Service's endpoints are the two VMs.
+		out := n.kubectl(t, "get", "endpointslices", "-l", "kubernetes.io/service-name=k8s", "-o", "jsonpath={range .items[*].endpoints[*]}{.hostname} {end}")
+		if got := strings.Fields(out); len(got) != 2 || !slices.Contains(got, "k8s-0") || !slices.Contains(got, "k8s-1") {
+			t.Errorf("headless Service endpoints' hostnames: %q", out)
+		}
+		n.kubectl(t, "delete", "statefulset", "k8s")
+		n.kubectl(t, "delete", "service", "k8s")
+		n.waitFor(t, "the StatefulSet's pods gone", 4*time.Minute, func() bool {
+			out, _ := n.k.Kubectl("get", "pods", "-l", "app=inner-k8s", "-o", "name")
+			return out == "" && n.c.Must(t, "pods", "-q") == ""
+		})
+		n.assertEmptyNode(t, links)
 	})
 
 	t.Run("a mixed node: a container pod beside a VM pod", func(t *testing.T) {

@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -66,6 +69,33 @@ func ping(t *testing.T, ip string) error {
 		return fmt.Errorf("ping %s: %v\n%s", ip, err, out)
 	}
 	return nil
+}
+
+// httpGet fetches url from the node, within 10 s.
+func httpGet(url string) (string, error) {
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return string(body), fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return string(body), err
+}
+
+// sshBanner reads the SSH server's identification line at ip:22.
+func sshBanner(ip string) (string, error) {
+	c, err := net.DialTimeout("tcp", net.JoinHostPort(ip, "22"), 10*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(line), err
 }
 
 // sshTo runs a command in the guest as the cloud image's default user.
