@@ -33,15 +33,21 @@ import (
 
 // Config is the plugin's manifest config.
 type Config struct {
-	// Owner is the user (and optionally ":group") QEMU runs as, to whom
-	// VirtletChown9pfsMounts gives a volume's files (default
-	// "libvirt-qemu", with its primary group).
+	// Owner is the user and group (user[:group]; without a group, the
+	// user's primary one) QEMU runs as: libvirt's DAC label, which `virsh
+	// capabilities` shows. VirtletChown9pfsMounts gives a volume's files to
+	// them, and idmapped shares map root to them (default
+	// "libvirt-qemu:libvirt-qemu", Debian's libvirt; "libvirt-qemu" alone
+	// where that group does not exist).
 	Owner string `json:"owner,omitempty"`
 	// AccessMode is virtio-9p's security model: "squash" (default: files
 	// keep the host's owners; the guest's chown requests are ignored) or
 	// "mapped" (owners kept in extended attributes).
 	AccessMode string `json:"accessMode,omitempty"`
 }
+
+// defaultOwner is QEMU's user and group under Debian's libvirt.
+const defaultOwner = "libvirt-qemu:libvirt-qemu"
 
 // Volumes is the adapter.
 type Volumes struct {
@@ -63,7 +69,10 @@ func (v *Volumes) PluginInfo() ports.PluginInfo {
 // Configure resolves QEMU's user and makes the shares' directory
 // traversable.
 func (v *Volumes) Configure(ctx context.Context, pc ports.PluginConfig) error {
-	cfg := Config{Owner: "libvirt-qemu", AccessMode: "squash"}
+	cfg := Config{Owner: defaultOwner, AccessMode: "squash"}
+	if _, err := user.LookupGroup("libvirt-qemu"); err != nil {
+		cfg.Owner = "libvirt-qemu"
+	}
 	if err := pc.Decode(&cfg); err != nil {
 		return err
 	}
