@@ -2,12 +2,17 @@ package libvirt
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/virtlet/virtlet/ports"
 )
 
 // The probe really boots under QEMU: TCG always works where QEMU is
@@ -99,6 +104,18 @@ func TestProbeLimitsFitTheDeadline(t *testing.T) {
 	if _, err := os.Stat("/dev/kvm"); err == nil {
 		if a := chooseAccelerator(ctx, "auto", "qemu-system-x86_64", t.TempDir()); a.Name != "tcg" || !strings.Contains(a.Reason, "no time left") {
 			t.Fatalf("auto with 3 s left: %+v", a)
+		}
+	}
+}
+
+// A bad agentWait fails Configure naming the field and what it takes.
+func TestConfigureRefusesABadAgentWait(t *testing.T) {
+	for _, v := range []string{`"soon"`, `"-1s"`, `"5"`} {
+		h := New(logrus.New())
+		err := h.Configure(context.Background(), ports.PluginConfig{Config: []byte(`{"agentWait": ` + v + `}`), StateDir: t.TempDir()})
+		var inv *ports.InvalidError
+		if !errors.As(err, &inv) || inv.Field != "libvirt config agentWait" || !strings.Contains(err.Error(), "a duration") {
+			t.Errorf("agentWait %s: %v", v, err)
 		}
 	}
 }

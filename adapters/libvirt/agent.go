@@ -40,6 +40,35 @@ func (s agentState) String() string {
 	return [...]string{"no channel", "disconnected", "connected"}[s]
 }
 
+// DefaultAgentWait is how long after its start a VM's exec waits for the
+// guest agent: a cloud image under TCG starts it about a minute into its
+// boot.
+const DefaultAgentWait = 2 * time.Minute
+
+// waitAgent waits until the guest agent's channel is connected, while
+// the VM is in its first wait after startedAt and ctx lasts: an exec
+// right after StartContainer (kubelet's probes, kubectl exec, critest)
+// meets a guest that is still booting. It returns the last state seen.
+func waitAgent(ctx context.Context, dom *libvirt.Domain, startedAt time.Time, wait time.Duration) (agentState, error) {
+	delay := 50 * time.Millisecond
+	for {
+		s, err := agentStateOf(dom)
+		if err != nil || s != agentDisconnected {
+			return s, err
+		}
+		left := time.Until(startedAt.Add(wait))
+		if left <= 0 {
+			return s, nil
+		}
+		select {
+		case <-ctx.Done():
+			return s, ctx.Err()
+		case <-time.After(min(delay, left)):
+		}
+		delay = min(delay*2, 500*time.Millisecond)
+	}
+}
+
 // noAgent explains a guest whose agent cannot be reached.
 func noAgent(name string, s agentState) error {
 	if s == agentNoChannel {
@@ -48,6 +77,13 @@ func noAgent(name string, s agentState) error {
 	}
 	return fmt.Errorf("the VM %s has no guest agent (nothing in the guest listens on its channel %s): "+
 		"install and start qemu-guest-agent in the guest, or use `virtletctl ssh`: %w", name, AgentChannel, ports.ErrFailedPrecondition)
+}
+
+// agentNotYet explains an exec that ended while the booting guest's agent
+// had not connected yet.
+func agentNotYet(name string, startedAt time.Time, wait time.Duration, err error) error {
+	return fmt.Errorf("the guest agent of VM %s has not connected yet (the VM started %s ago; an exec waits for it up to %s after the start): %w",
+		name, time.Since(startedAt).Round(time.Second), wait, err)
 }
 
 // agentStateOf reads the agent channel's state from the live domain:
@@ -176,18 +212,24 @@ func (h *Hypervisor) GuestExec(ctx context.Context, id string, req ports.GuestEx
 	if state, _, err := dom.GetState(); err != nil || state != libvirt.DOMAIN_RUNNING {
 		return ports.GuestExecResult{}, fmt.Errorf("exec in VM %s: the VM is not running: %w", name, ports.ErrFailedPrecondition)
 	}
-	channel, err := agentStateOf(dom)
-	if err != nil {
-		return ports.GuestExecResult{}, libvirtError("read the agent channel of "+name, err)
-	}
-	if channel != agentConnected {
-		return ports.GuestExecResult{}, noAgent(name, channel)
-	}
 	runCtx := ctx
 	if req.Timeout > 0 {
 		var cancel context.CancelFunc
 		runCtx, cancel = context.WithTimeout(ctx, req.Timeout)
 		defer cancel()
+	}
+	h.mu.Lock()
+	startedAt, wait := r.StartedAt, h.cfg.agentWait
+	h.mu.Unlock()
+	channel, err := waitAgent(runCtx, dom, startedAt, wait)
+	if err != nil {
+		if runCtx.Err() != nil {
+			return ports.GuestExecResult{}, agentNotYet(name, startedAt, wait, runCtx.Err())
+		}
+		return ports.GuestExecResult{}, libvirtError("read the agent channel of "+name, err)
+	}
+	if channel != agentConnected {
+		return ports.GuestExecResult{}, noAgent(name, channel)
 	}
 	pid, err := startExec(runCtx, dom, name, req.Argv, req.Stdin)
 	if err != nil {

@@ -35,6 +35,11 @@ type Config struct {
 	VMDir string `json:"vmDir,omitempty"`
 	// QEMU is the emulator run by the accelerator probe.
 	QEMU string `json:"qemu,omitempty"`
+	// AgentWait is how long after a VM starts an exec waits for its guest
+	// agent to connect (a duration such as 2m; default 2m, 0 fails at
+	// once): a booting guest starts its agent late.
+	AgentWait string `json:"agentWait,omitempty"`
+	agentWait time.Duration
 }
 
 // Hypervisor is the libvirt hypervisor adapter.
@@ -84,7 +89,7 @@ var eventLoopOnce sync.Once
 // VMs a previous plugin process left: their records, states and console
 // streams.
 func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error {
-	cfg := Config{URI: "qemu:///system", Accelerator: "auto", QEMU: "qemu-system-x86_64"}
+	cfg := Config{URI: "qemu:///system", Accelerator: "auto", QEMU: "qemu-system-x86_64", AgentWait: DefaultAgentWait.String()}
 	if err := pc.Decode(&cfg); err != nil {
 		return fmt.Errorf("libvirt: %w", err)
 	}
@@ -93,6 +98,11 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	default:
 		return &ports.InvalidError{Field: "libvirt config accelerator", Value: cfg.Accelerator, Allowed: "auto, kvm or tcg"}
 	}
+	wait, err := time.ParseDuration(cfg.AgentWait)
+	if err != nil || wait < 0 {
+		return &ports.InvalidError{Field: "libvirt config agentWait", Value: cfg.AgentWait, Allowed: "a duration of 0 or more, such as 2m or 30s"}
+	}
+	cfg.agentWait = wait
 	if pc.StateDir == "" {
 		return fmt.Errorf("libvirt plugin needs a state directory: %w", ports.ErrInvalidArgument)
 	}

@@ -156,11 +156,15 @@ func containerUsage(t *testing.T, c *harness.Crictl, ctr string) usage {
 // reaches a pod: exec through its guest agent, its serial console through
 // attach (two viewers, Ctrl-] to leave), port-forward to sshd over IPv4
 // and IPv6, stats that follow the guest's CPU; and an agent that stops
-// answering. The tiny VM (no agent) gets the clear error at once.
+// answering. The tiny VM, told to run no agent, has an exec wait for one
+// while it boots (the libvirt plugin's agentWait, 15 s here), then gets
+// the clear error at once.
 func TestReachTheVM(t *testing.T) {
 	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 80, DualStack: true})
 	cloudTr := cloudTranslation(t)
-	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), tn.Plugin(bins)))
+	const agentWait = 15 * time.Second
+	ps := harness.WithConfig(plugins(), "libvirt", fmt.Sprintf("{agentWait: %s}", agentWait))
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(ps, tn.Plugin(bins)))
 	d.Translate("test-images.yaml", translation)
 	d.Translate("cloud.yaml", cloudTr)
 	d.Start()
@@ -171,7 +175,8 @@ func TestReachTheVM(t *testing.T) {
 	key, pub := sshKey(t)
 
 	cloudPod, cloudCfg := cloudVMPod(t, d, "reach-cloud", pub)
-	tinyPod, tinyCfg := vmPod(t, d, "reach-tiny", map[string]string{"VirtletForceDHCPNetworkConfig": "true"}, 160<<20)
+	tinyPod, tinyCfg := vmPod(t, d, "reach-tiny", map[string]string{"VirtletForceDHCPNetworkConfig": "true",
+		"VirtletCloudInitMetaData": "tiny: virtlet-tiny-no-agent"}, 160<<20)
 	cloudSB := c.Must(t, "runp", cloudPod)
 	tinySB := c.Must(t, "runp", tinyPod)
 	t.Cleanup(func() { c.Run("rmp", "-f", cloudSB, tinySB) })
@@ -185,15 +190,26 @@ func TestReachTheVM(t *testing.T) {
 	booted := time.Now()
 	tiny := c.Must(t, "create", tinySB, tinyCfg, tinyPod)
 	c.Must(t, "start", tiny)
+	tinyStarted := time.Now()
 
 	t.Run("a VM without a guest agent", func(t *testing.T) {
-		waitLog(t, c, tiny, "@@TINY-READY", 3*time.Minute)
-		// The answer must not wait for an agent: it comes long before the
-		// exec's timeout (a loose bound, so a loaded machine passes; the
-		// figure is logged).
+		// While the VM boots an exec waits for its agent, up to the exec's
+		// own timeout, and says so.
 		start := time.Now()
-		_, errOut, err := c.Run("exec", "-s", "--timeout", "120", tiny, "hostname")
+		_, errOut, err := c.Run("exec", "-s", "--timeout", "2", tiny, "hostname")
 		took := time.Since(start)
+		if err == nil || !strings.Contains(errOut, "has not connected yet") || took > 20*time.Second {
+			t.Fatalf("exec in the booting tiny VM: %v after %s: %s", err, took, errOut)
+		}
+		waitLog(t, c, tiny, "@@AGENT off", 3*time.Minute)
+		waitLog(t, c, tiny, "@@TINY-READY", 3*time.Minute)
+		time.Sleep(time.Until(tinyStarted.Add(agentWait + time.Second)))
+		// Past agentWait the answer must not wait for an agent: it comes
+		// long before the exec's timeout (a loose bound, so a loaded
+		// machine passes; the figure is logged).
+		start = time.Now()
+		_, errOut, err = c.Run("exec", "-s", "--timeout", "120", tiny, "hostname")
+		took = time.Since(start)
 		if err == nil || !strings.Contains(errOut, "has no guest agent") || !strings.Contains(errOut, "virtletctl ssh") || took > 30*time.Second {
 			t.Fatalf("exec in the tiny VM: %v after %s: %s", err, took, errOut)
 		}

@@ -41,5 +41,6 @@ func TestLibvirtHypervisorContract(t *testing.T) {
 				ConsoleLogPath: filepath.Join(dir, "logs", id+".log")}
 		},
 		StopTimeout: 90 * time.Second,
+		GuestAgent:  true, // the tiny guest runs qemu-guest-agent
 	})
 }

@@ -42,8 +42,13 @@ func Build(dir string, extra map[string]string) error {
 	}
 	for name, pkg := range pkgs {
 		// pacific: go-ceph against Debian 12's Ceph 16 (the ceph plugin).
-		args := []string{"build", "-tags", "pacific", "-o", filepath.Join(dir, name)}
-		if name == "virtlet" {
+		// A "-failpoints" binary is the crash tests' (core's failpoints armed).
+		tags := "pacific"
+		if strings.HasSuffix(name, "-failpoints") {
+			tags += ",failpoints"
+		}
+		args := []string{"build", "-tags", tags, "-o", filepath.Join(dir, name)}
+		if strings.HasPrefix(name, "virtlet") && pkg == pkgs["virtlet"] {
 			args = append(args, "-ldflags", "-X github.com/virtlet/virtlet/cmd/internal/buildinfo.version="+Version)
 		}
 		cmd := exec.Command("go", append(args, pkg)...)
@@ -99,6 +104,17 @@ func Shipped(dir string) []Plugin {
 	}
 }
 
+// WithConfig returns plugins with the named one's config set to config.
+func WithConfig(plugins []Plugin, name, config string) []Plugin {
+	out := append([]Plugin(nil), plugins...)
+	for i := range out {
+		if out[i].Name == name {
+			out[i].Config = config
+		}
+	}
+	return out
+}
+
 // Plugin is a plugin the daemon under test runs.
 type Plugin struct {
 	Name, Kind, Binary string
@@ -115,8 +131,10 @@ type Daemon struct {
 	Socket   string
 	StateDir string
 	LogFile  string
-	cmd      *exec.Cmd
-	exited   chan struct{}
+	// Env is added to the daemon's environment at its next Start.
+	Env    []string
+	cmd    *exec.Cmd
+	exited chan struct{}
 }
 
 // NewDaemon prepares a daemon with the given plugins (manifests written to
@@ -188,6 +206,9 @@ func (d *Daemon) Start(extraArgs ...string) {
 	args = append(args, extraArgs...)
 	cmd := exec.Command(d.Bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if len(d.Env) > 0 {
+		cmd.Env = append(os.Environ(), d.Env...)
+	}
 	if err := cmd.Start(); err != nil {
 		d.t.Fatal(err)
 	}
@@ -295,6 +316,21 @@ func (d *Daemon) Kill() {
 	d.cmd.Process.Kill()
 	<-d.exited
 	d.cmd = nil
+}
+
+// Exited tells whether the daemon has exited (it may kill itself at a
+// failpoint); it then forgets the process.
+func (d *Daemon) Exited() bool {
+	if d.cmd == nil {
+		return true
+	}
+	select {
+	case <-d.exited:
+		d.cmd = nil
+		return true
+	default:
+		return false
+	}
 }
 
 // Log returns the daemon's log so far.

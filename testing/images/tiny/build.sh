@@ -14,11 +14,25 @@ if [ ! -f "$kpkg/lib/modules/$kv/modules.dep" ]; then
   dpkg-deb -x "$work"/debs/linux-image-${kv}_*.deb "$kpkg"
   depmod -b "$kpkg" "$kv"
 fi
-MODS="virtio_pci virtio_blk virtio_scsi virtio_net sd_mod sr_mod ata_piix ahci isofs vfat nls_cp437 nls_ascii nls_utf8 9p 9pnet_virtio evdev button"
+MODS="virtio_pci virtio_blk virtio_scsi virtio_net virtio_console sd_mod sr_mod ata_piix ahci isofs vfat nls_cp437 nls_ascii nls_utf8 9p 9pnet_virtio evdev button"
 root=$work/initramfs
 rm -rf "$root"; mkdir -p "$root"/{bin,proc,sys,dev,ci,mnt,lib/modules/$kv/kernel}
 cp /bin/busybox "$root/bin/busybox"
 cp "$here/init" "$root/init"; chmod 755 "$root/init"
+cp "$here/pgrep" "$root/bin/pgrep"; chmod 755 "$root/bin/pgrep"
+# The guest agent (Debian's qemu-guest-agent) with the libraries it links,
+# taken from this host (the same Debian release), so exec reaches this
+# guest too.
+(cd "$work/debs" && ls qemu-guest-agent_*.deb >/dev/null 2>&1 || apt-get download -q qemu-guest-agent)
+ga=$work/ga; rm -rf "$ga"; mkdir -p "$ga"
+dpkg-deb -x "$(ls "$work"/debs/qemu-guest-agent_*.deb | tail -1)" "$ga"
+cp "$ga/usr/sbin/qemu-ga" "$root/bin/qemu-ga"
+if ldd "$ga/usr/sbin/qemu-ga" | grep -q "not found"; then
+  echo "qemu-ga needs libraries this host lacks:" >&2; ldd "$ga/usr/sbin/qemu-ga" >&2; exit 1
+fi
+for lib in $(ldd "$ga/usr/sbin/qemu-ga" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
+  mkdir -p "$root$(dirname "$lib")"; cp -L "$lib" "$root$lib"
+done
 : > "$root/modules.list"
 for m in $MODS; do modprobe -d "$kpkg" -S "$kv" --show-depends "$m" | awk '$1=="insmod"{print $2}'; done | awk '!seen[$0]++' |
 while read -r p; do
