@@ -1,10 +1,11 @@
 # Virtlet: a CRI runtime that runs Kubernetes pods as VMs.
 #
 #   make demo    the main job: daemon up, a VM pod booted, its console shown
-#   make check   everything CI runs: make test + make e2e + make e2e-k8s
+#   make check   everything CI runs: make test + make e2e + make e2e-k8s + make critest
 #   make test    unit and integration tests (fake hypervisor plugin, real crictl), with -race
 #   make e2e     real-VM suites (real libvirtd + QEMU), driven by crictl
 #   make e2e-k8s real-VM suites behind a real kubelet and API server (TestKube*)
+#   make critest cri-tools' CRI conformance suite; writes docs/critest.md
 #   make bench   benchmarks, printing their figures
 #   make build   every binary into bin/
 
@@ -22,7 +23,7 @@ DEFAULT_PLUGINS := $(shell sed -n 's/^command: *//p' plugins/manifest/defaults/*
 # Test-only plugins.
 TEST_PLUGINS := bin/virtlet-fake-plugin bin/virtlet-example-scratch
 
-.PHONY: all build deps tools proto test unit integration e2e e2e-k8s bench check demo lint clean install
+.PHONY: all build deps tools proto test unit integration e2e e2e-k8s critest bench check demo lint clean install
 
 all: build
 
@@ -76,7 +77,7 @@ integration:
 test: deps lint unit integration
 
 e2e: deps
-	$(GO) test -count=1 -timeout 80m -skip '^TestKube' ./testing/e2e/...
+	$(GO) test -count=1 -timeout 80m -skip '^TestKube|^TestCritest' ./testing/e2e/...
 
 # The Kubernetes binaries are built once per pinned version and cached
 # (testing/k8s/build.sh).
@@ -84,7 +85,12 @@ e2e-k8s: deps
 	testing/k8s/build.sh >/dev/null
 	$(GO) test -count=1 -timeout 60m -run '^TestKube' ./testing/e2e/...
 
-check: test e2e e2e-k8s
+# cri-tools' conformance suite against VM pods and forwarded container
+# pods; regenerates docs/critest.md.
+critest: deps
+	CRITEST_REPORT=$(CURDIR)/docs/critest.md $(GO) test -count=1 -timeout 80m -run '^TestCritest$$' ./testing/e2e/...
+
+check: test e2e e2e-k8s critest
 
 bench: deps
 	$(GO) test -run '^$$' -bench 'PluginRoundTrip|List|CloudInitISO' -benchtime 3000x ./testing/bench/

@@ -94,6 +94,60 @@ func StartContainerd(t testing.TB, tn *TestNetwork) *Containerd {
 	return c
 }
 
+// ImportBusybox imports a busybox image named name (every applet of
+// Debian's busybox-static and a pgrep, a /www with an index page for
+// httpd) whose entrypoint is entrypoint.
+func (c *Containerd) ImportBusybox(t testing.TB, name string, entrypoint ...string) {
+	t.Helper()
+	root := filepath.Join(t.TempDir(), "rootfs")
+	if _, err := buildBusyboxRoot(root); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("/bin/busybox", "--list").Output()
+	if err != nil {
+		t.Fatalf("busybox --list: %v", err)
+	}
+	for _, applet := range strings.Fields(string(out)) {
+		if applet == "busybox" {
+			continue
+		}
+		if err := os.Symlink("busybox", filepath.Join(root, "bin", applet)); err != nil && !os.IsExist(err) {
+			t.Fatal(err)
+		}
+	}
+	// busybox-static has no pgrep applet: the tiny guest's stand-in.
+	pgrep, err := os.ReadFile(filepath.Join(RepoRoot(), "testing", "images", "tiny", "pgrep"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "pgrep"), pgrep, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The accounts of the busybox images on Docker Hub.
+	etc := map[string]string{
+		"passwd": "root:x:0:0:root:/root:/bin/sh\ndaemon:x:1:1:daemon:/usr/sbin:/bin/false\nwww-data:x:33:33:www-data:/var/www:/bin/false\nnobody:x:65534:65534:nobody:/home:/bin/false\n",
+		"group":  "root:x:0:\ndaemon:x:1:\nwww-data:x:33:\nnogroup:x:65534:\n",
+	}
+	for name, content := range etc {
+		if err := os.WriteFile(filepath.Join(root, "etc", name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(root, "www"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "www", "index.html"), []byte("<html><body>busybox httpd</body></html>\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	archive := root + ".tar"
+	if err := writeDockerArchive(archive, name, root, entrypoint); err != nil {
+		t.Fatalf("image %s: %v", name, err)
+	}
+	if out, err := c.Ctr("images", "import", archive); err != nil {
+		t.Fatalf("import %s into containerd: %v\n%s", name, err, out)
+	}
+}
+
 // Log is containerd's output so far.
 func (c *Containerd) Log() string {
 	b, _ := os.ReadFile(c.log.Name())
@@ -168,6 +222,9 @@ func (c *Containerd) Stop(t testing.TB) {
 func (c *Containerd) stop(t testing.TB) {
 	c.Stop(t)
 	for pid, cmdline := range processesMentioning(c.socket) {
+		if !strings.Contains(cmdline, "containerd-shim") {
+			continue // a client, such as a daemon forwarding to it
+		}
 		t.Logf("containerd left %d: %s", pid, cmdline)
 		killTree(pid)
 	}
