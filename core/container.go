@@ -183,6 +183,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err := r.commit(ctx, write{container: c}); err != nil {
 		return "", err
 	}
+	r.failpoint(FPCreateRecorded)
 	fail := func(err error) (string, error) {
 		r.undoCreate(ctx, c, log)
 		return "", fmt.Errorf("pod %s: %w", pod, err)
@@ -196,6 +197,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err != nil {
 		return fail(err)
 	}
+	r.failpoint(FPCreateVolumes)
 	if vols.root != nil {
 		spec.Disks[0] = *vols.root
 	}
@@ -211,6 +213,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err != nil {
 		return fail(fmt.Errorf("build %s cloud-init media: %w", opts.CloudInitImageType, err))
 	}
+	r.failpoint(FPCreateMedia)
 	media.Serial = CIDataSerial
 	spec.Disks = append(spec.Disks, cloudInitDisk(media, opts.DiskDriver))
 	if err := checkDiskCount(spec.Disks); err != nil {
@@ -219,6 +222,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err := r.deps.Hypervisor.Define(ctx, spec); err != nil {
 		return fail(fmt.Errorf("define VM %s: %w", spec.Name, err))
 	}
+	r.failpoint(FPCreateDefined)
 	if len(rootFiles) > 0 {
 		if err := r.deps.Hypervisor.WriteFiles(ctx, id, rootFiles); err != nil {
 			return fail(fmt.Errorf("annotation %s: write the files of %s into the root file system: %w",
@@ -366,6 +370,7 @@ func (r *Runtime) StartContainer(ctx context.Context, id string) error {
 	if err := r.deps.Hypervisor.Start(ctx, c.ID); err != nil {
 		return fmt.Errorf("start VM %s: %w", c.Spec.Name, err)
 	}
+	r.failpoint(FPStartStarted)
 	running := *c
 	running.State = ContainerRunning
 	running.StartedAt = r.opts.Now()
@@ -398,6 +403,7 @@ func (r *Runtime) stopLocked(ctx context.Context, c *Container, timeout time.Dur
 	if err != nil {
 		return fmt.Errorf("stop VM %s: %w", c.Spec.Name, err)
 	}
+	r.failpoint(FPStopStopped)
 	exited := *c
 	r.applyExit(&exited, st)
 	if err := r.commit(ctx, write{container: &exited}); err != nil {
@@ -463,6 +469,7 @@ func (r *Runtime) removeLocked(ctx context.Context, c *Container) error {
 	if err := r.releaseVM(ctx, c); err != nil {
 		return fmt.Errorf("remove VM %s: %w", c.Spec.Name, err)
 	}
+	r.failpoint(FPRemoveReleased)
 	if err := r.commit(ctx, write{containerID: c.ID}); err != nil {
 		return err
 	}

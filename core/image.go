@@ -86,6 +86,7 @@ func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports
 		discard()
 		return "", fmt.Errorf("pull image %s from %s: %w", n.Raw, redactURL(location), err)
 	}
+	r.failpoint(FPPullFetched)
 	if !fullDigest.MatchString(res.Digest) {
 		discard()
 		return "", fmt.Errorf("pull image %s: image plugin returned a malformed digest %q: %w", n.Raw, res.Digest, ports.ErrUnavailable)
@@ -98,6 +99,7 @@ func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports
 		discard()
 		return "", fmt.Errorf("pull image %s: store data: %w", n.Raw, err)
 	}
+	r.failpoint(FPPullStored)
 	if err := r.indexImage(ctx, n, res, redactURL(location), registry); err != nil {
 		return "", err
 	}
@@ -251,6 +253,7 @@ func (r *Runtime) RemoveImage(ctx context.Context, spec string) error {
 	if err := r.commit(ctx, write{imageID: img.ID}); err != nil {
 		return err
 	}
+	r.failpoint(FPRemoveImageForgot)
 	if err := r.deps.ImageFiles.Remove(ctx, img.ID); err != nil {
 		return fmt.Errorf("remove data of image %s: %w", img.ID, err)
 	}

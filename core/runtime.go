@@ -45,6 +45,9 @@ type Options struct {
 	ProbeTimeout time.Duration
 	Log          logrus.FieldLogger
 	Now          func() time.Time
+	// Failpoint, when set, is called at each step named in failpoints.go
+	// (crash tests only).
+	Failpoint func(name string)
 }
 
 const (

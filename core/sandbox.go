@@ -103,6 +103,7 @@ func (r *Runtime) RunSandbox(ctx context.Context, cfg SandboxConfig) (string, er
 		if err := r.commit(ctx, write{sandbox: sb}); err != nil {
 			return err
 		}
+		r.failpoint(FPSandboxRecorded)
 		att, err := r.setupNetwork(ctx, sb)
 		if err != nil {
 			r.teardownNetwork(ctx, sb, log)
@@ -111,6 +112,7 @@ func (r *Runtime) RunSandbox(ctx context.Context, cfg SandboxConfig) (string, er
 			}
 			return err
 		}
+		r.failpoint(FPSandboxNetworked)
 		ready := *sb
 		ready.Network = att
 		ready.State = SandboxReady
@@ -186,6 +188,7 @@ func (r *Runtime) StopSandbox(ctx context.Context, id string) error {
 	if err := r.teardownNetwork(ctx, sb, log); err != nil {
 		return err
 	}
+	r.failpoint(FPStopSandboxDown)
 	stopped := *sb
 	stopped.State = SandboxNotReady
 	stopped.Network = nil
@@ -218,11 +221,13 @@ func (r *Runtime) RemoveSandbox(ctx context.Context, id string) error {
 			return fmt.Errorf("remove VM of sandbox %s: %w", short(full), err)
 		}
 	}
+	r.failpoint(FPRemoveSandboxVMs)
 	if sb.State != SandboxNotReady {
 		if err := r.teardownNetwork(ctx, sb, log); err != nil {
 			return err
 		}
 	}
+	r.failpoint(FPRemoveSandboxDown)
 	if err := r.commit(ctx, write{sandboxID: full}); err != nil {
 		return err
 	}

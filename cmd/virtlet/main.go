@@ -113,7 +113,8 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		Translations: imagetranslations.New(cfg.ImageTranslations),
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
 		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.TCP{},
-	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core")})
+	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core"),
+		Failpoint: failpointHook(log)})
 	if err != nil {
 		return err
 	}

@@ -318,9 +318,9 @@ func (d *Daemon) Kill() {
 	d.cmd = nil
 }
 
-// Exited tells whether the daemon has exited (it may kill itself at a
-// failpoint); it then forgets the process.
-func (d *Daemon) Exited() bool {
+// Exited tells whether the daemon exits within wait (it may kill itself
+// at a failpoint); it then forgets the process.
+func (d *Daemon) Exited(wait time.Duration) bool {
 	if d.cmd == nil {
 		return true
 	}
@@ -328,7 +328,7 @@ func (d *Daemon) Exited() bool {
 	case <-d.exited:
 		d.cmd = nil
 		return true
-	default:
+	case <-time.After(wait):
 		return false
 	}
 }

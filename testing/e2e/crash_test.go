@@ -1,0 +1,352 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// The crash matrix: a daemon built with failpoints kills itself with
+// SIGKILL at each step between a VM pod's side effects (core/failpoints.go),
+// from pulling its image to removing it. Each time the daemon is started
+// again, kubelet's retry of the call that died is replayed, and the pod's
+// life goes on to its end. Then nothing the pod had may be left (domain,
+// overlay, console log, record, cloud-init medium, netns, host links,
+// address, DHCP server, libvirt secret, image data or download file), and
+// a bystander VM pod that ran through every crash must run still, in the
+// same QEMU process. libvirtd itself is then killed mid-start and
+// mid-stop. The matrix (step × outcome) is printed.
+
+// crashImage is the image of the pod whose life the matrix interrupts.
+const crashImage = "virtlet.cloud/crash-tiny"
+
+// lifeStep is one CRI call of a pod's life, as kubelet makes it.
+type lifeStep struct {
+	name string
+	run  func() (string, error)
+}
+
+type matrixRow struct {
+	failpoint string
+	diedIn    string // the call during which the daemon died ("" if it never did)
+	retries   int
+	leaks     []string
+	bystander string
+}
+
+func TestCrashMatrix(t *testing.T) {
+	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 86})
+	// The crash pod's image: the tiny guest's content in another file, so
+	// that it has its own digest to pull, store and remove.
+	crashFile := filepath.Join(imgDir, "crash-tiny.qcow2")
+	if out, err := exec.Command("qemu-img", "convert", "-O", "qcow2", tiny, crashFile).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img convert: %v %s", err, out)
+	}
+	crashTr, err := images.Translation(map[string]string{"crash-tiny": "crash-tiny.qcow2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet-failpoints"), append(plugins(), tn.Plugin(bins)))
+	d.Translate("test-images.yaml", translation)
+	d.Translate("crash.yaml", crashTr)
+	d.Start()
+	c := d.Crictl(crictl)
+	c.Timeout = 3 * time.Minute
+	c.Must(t, "pull", tinyRef)
+
+	// The bystander runs through every crash.
+	byPod, byCtrCfg := vmPod(t, d, "bystander", nil, 160<<20)
+	bySB := c.Must(t, "runp", byPod)
+	byCtr := c.Must(t, "create", bySB, byCtrCfg, byPod)
+	c.Must(t, "start", byCtr)
+	waitLog(t, c, byCtr, "@@TINY-READY", 3*time.Minute)
+	byVM := inspectCtr(t, c, byCtr).VM.Name
+	byPID := qemuPID(t, byVM)
+	base := snapshotNode(t, d, tn)
+
+	var rows []matrixRow
+	for i, fp := range core.Failpoints {
+		row := matrixRow{failpoint: fp}
+		t.Run(fp, func(t *testing.T) {
+			d.Stop()
+			d.Env = []string{"VIRTLET_FAILPOINT=" + fp}
+			d.Start()
+			name := fmt.Sprintf("crash-%d", i)
+			podCfg, ctrCfg := vmPod(t, d, name, nil, 160<<20)
+			ctrCfg = withImage(t, ctrCfg, crashImage)
+			var sb, ctr string
+			steps := []lifeStep{
+				{"PullImage", func() (string, error) { return crictlRun(c, "pull", crashImage) }},
+				{"RunPodSandbox", func() (string, error) { s, err := crictlRun(c, "runp", podCfg); sb = s; return s, err }},
+				{"CreateContainer", func() (string, error) { s, err := crictlRun(c, "create", sb, ctrCfg, podCfg); ctr = s; return s, err }},
+				{"StartContainer", func() (string, error) { return crictlRun(c, "start", ctr) }},
+				{"StopContainer", func() (string, error) { return crictlRun(c, "stop", "--timeout", "0", ctr) }},
+				{"RemoveContainer", func() (string, error) { return crictlRun(c, "rm", ctr) }},
+				{"StopPodSandbox", func() (string, error) { return crictlRun(c, "stopp", sb) }},
+				{"RemovePodSandbox", func() (string, error) { return crictlRun(c, "rmp", sb) }},
+				{"RemoveImage", func() (string, error) { return crictlRun(c, "rmi", crashImage) }},
+			}
+			for _, step := range steps {
+				for attempt := 0; ; attempt++ {
+					out, err := step.run()
+					if err == nil {
+						break
+					}
+					// kubelet lists images before it removes one: an image
+					// the crash left unlisted is removed.
+					if attempt > 0 && step.name == "RemoveImage" && strings.Contains(err.Error(), "no such image") {
+						break
+					}
+					if !d.Exited(5 * time.Second) {
+						t.Fatalf("%s failed with the daemon alive: %v %s", step.name, err, out)
+					}
+					if attempt > 0 {
+						t.Fatalf("%s: the daemon died again on the retry: %v", step.name, err)
+					}
+					// The crash: start again without the failpoint and retry
+					// as kubelet does.
+					row.diedIn = step.name
+					row.retries++
+					d.Env = nil
+					d.Start()
+				}
+			}
+			if row.diedIn == "" {
+				t.Errorf("the daemon never reached failpoint %s", fp)
+			}
+			if !d.Exited(0) {
+				d.Stop() // a clean start sees the converged state
+			}
+			d.Env = nil
+			d.Start()
+			row.leaks = snapshotNode(t, d, tn).minus(base)
+			for _, l := range row.leaks {
+				t.Errorf("left after a crash at %s: %s", fp, l)
+			}
+			row.bystander = checkBystander(t, c, byCtr, byVM, byPID)
+		})
+		rows = append(rows, row)
+	}
+
+	// libvirtd killed while a VM starts, and while one stops.
+	for _, mid := range []string{"start", "stop"} {
+		row := matrixRow{failpoint: "libvirtd SIGKILL mid-" + mid}
+		t.Run(row.failpoint, func(t *testing.T) {
+			name := "libvirtd-" + mid
+			// A guest that ignores the power button: the stop lasts its
+			// whole timeout, so libvirtd dies in the middle of it.
+			podCfg, ctrCfg := vmPod(t, d, name, map[string]string{"VirtletCloudInitMetaData": "tiny: virtlet-tiny-no-acpi"}, 160<<20)
+			sb := c.Must(t, "runp", podCfg)
+			ctr := c.Must(t, "create", sb, ctrCfg, podCfg)
+			if mid == "stop" {
+				c.Must(t, "start", ctr)
+				waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+			}
+			args := []string{mid, ctr}
+			if mid == "stop" {
+				args = []string{"stop", "--timeout", "20", ctr}
+			}
+			done := make(chan error, 1)
+			began := time.Now()
+			go func() { _, err := crictlRun(c, args...); done <- err }()
+			time.Sleep(map[string]time.Duration{"start": 150 * time.Millisecond, "stop": 2 * time.Second}[mid])
+			killLibvirtd(t)
+			killed := time.Now()
+			err := <-done
+			row.diedIn = fmt.Sprintf("%s: answered in %.1fs", mid, time.Since(began).Seconds())
+			if err != nil {
+				row.diedIn = fmt.Sprintf("%s: failed in %.1fs", mid, time.Since(began).Seconds())
+			}
+			if err := harness.EnsureLibvirt(); err != nil {
+				t.Fatal(err)
+			}
+			// kubelet's retries, then the rest of the pod's life.
+			retry := func(args ...string) { retryCrictl(t, c, args...) }
+			retry(args...)
+			row.retries++
+			row.diedIn += fmt.Sprintf("; libvirt back %.1fs after", time.Since(killed).Seconds())
+			want := map[string]string{"start": "CONTAINER_RUNNING", "stop": "CONTAINER_EXITED"}[mid]
+			wantDomain := map[string]string{"start": "running", "stop": "shut off"}[mid]
+			i := inspectCtr(t, c, ctr)
+			if dom, _ := harness.Virsh("domstate", i.VM.Name); i.Status.State != want || dom != wantDomain {
+				t.Errorf("after libvirtd's restart and the retried %s: container %s, domain %q; want %s, %q", mid, i.Status.State, dom, want, wantDomain)
+			}
+			retry("stop", "--timeout", "0", ctr)
+			retry("rm", ctr)
+			retry("stopp", sb)
+			retry("rmp", sb)
+			row.leaks = snapshotNode(t, d, tn).minus(base)
+			for _, l := range row.leaks {
+				t.Errorf("left after libvirtd died mid-%s: %s", mid, l)
+			}
+			row.bystander = checkBystander(t, c, byCtr, byVM, byPID)
+		})
+		rows = append(rows, row)
+	}
+	t.Logf("crash matrix:\n%s", matrixTable(rows))
+	for _, args := range [][]string{{"stop", "--timeout", "0", byCtr}, {"rm", byCtr}, {"stopp", bySB}, {"rmp", bySB}} {
+		retryCrictl(t, c, args...)
+	}
+	assertNothingLeft(t, d, c)
+}
+
+// retryCrictl runs crictl until it succeeds, as kubelet retries, for up to
+// a minute.
+func retryCrictl(t *testing.T, c *harness.Crictl, args ...string) {
+	t.Helper()
+	harness.Eventually(t, time.Minute, "crictl "+strings.Join(args, " "), func() bool {
+		_, err := crictlRun(c, args...)
+		return err == nil
+	})
+}
+
+// crictlRun is crictl without failing the test.
+func crictlRun(c *harness.Crictl, args ...string) (string, error) {
+	out, errOut, err := c.Run(args...)
+	if err != nil {
+		return out, fmt.Errorf("crictl %s: %v: %s", args[0], err, strings.TrimSpace(errOut))
+	}
+	return strings.TrimSpace(out), nil
+}
+
+// withImage rewrites a container config file to use image.
+func withImage(t *testing.T, cfgPath, image string) string {
+	t.Helper()
+	data, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := strings.Replace(string(data), `"`+tinyRef+`"`, `"`+image+`"`, 1)
+	if out == string(data) {
+		t.Fatalf("no image %s in %s", tinyRef, cfgPath)
+	}
+	if err := os.WriteFile(cfgPath, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return cfgPath
+}
+
+func qemuPID(t *testing.T, domain string) string {
+	t.Helper()
+	pid, err := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
+	if err != nil {
+		t.Fatalf("QEMU of %s: %v", domain, err)
+	}
+	return strings.TrimSpace(string(pid))
+}
+
+// checkBystander: the bystander's VM runs in the QEMU it started in, and
+// its container says so.
+func checkBystander(t *testing.T, c *harness.Crictl, ctr, domain, pid string) string {
+	t.Helper()
+	state, _ := harness.Virsh("domstate", domain)
+	now, _ := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
+	st := inspectCtr(t, c, ctr).Status.State
+	if state != "running" || strings.TrimSpace(string(now)) != pid || st != "CONTAINER_RUNNING" {
+		t.Errorf("bystander VM: domain %s, QEMU %s (was %s), container %s", state, strings.TrimSpace(string(now)), pid, st)
+		return "LOST"
+	}
+	return "running"
+}
+
+func killLibvirtd(t *testing.T) {
+	t.Helper()
+	if out, err := exec.Command("pkill", "-KILL", "-x", "libvirtd").CombinedOutput(); err != nil {
+		t.Fatalf("kill libvirtd: %v %s", err, out)
+	}
+	for i := 0; i < 100 && exec.Command("pgrep", "-x", "libvirtd").Run() == nil; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// nodeSnapshot is what a node holds for VM pods, by kind.
+type nodeSnapshot map[string][]string
+
+// snapshotNode lists the daemon's and the host's resources of VM pods.
+func snapshotNode(t *testing.T, d *harness.Daemon, tn *harness.TestNetwork) nodeSnapshot {
+	t.Helper()
+	s := nodeSnapshot{}
+	s["domain"] = harness.DomainsUsing(d.Dir)
+	s["VM file"] = vmFiles(d)
+	s["cloud-init medium"], _ = filepath.Glob(filepath.Join(d.StateDir, "plugins", "*", "media", "*"))
+	s["image data"], _ = filepath.Glob(filepath.Join(d.StateDir, "images", "sha256", "*"))
+	s["image download"], _ = filepath.Glob(filepath.Join(d.StateDir, "images", "tmp", "*"))
+	filepath.WalkDir(filepath.Join(d.StateDir, "plugins", "cni"), func(p string, e os.DirEntry, err error) error {
+		if err == nil && !e.IsDir() {
+			s["CNI plugin file"] = append(s["CNI plugin file"], p)
+		}
+		return nil
+	})
+	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "virtlet-") {
+				s["netns"] = append(s["netns"], f[0])
+			}
+		}
+	}
+	s["host link"] = withoutBridge(hostLinks(t), tn.Bridge)
+	entries, _ := os.ReadDir(filepath.Join(tn.IPAMDir, tn.Name))
+	for _, e := range entries {
+		if strings.Count(e.Name(), ".") == 3 {
+			s["address"] = append(s["address"], e.Name())
+		}
+	}
+	if out, err := harness.Virsh("secret-list"); err == nil {
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, "virtlet") {
+				s["libvirt secret"] = append(s["libvirt secret"], strings.Fields(line)[0])
+			}
+		}
+	}
+	for _, kind := range []string{"pod", "container"} {
+		args := map[string][]string{"pod": {"pods", "-q"}, "container": {"ps", "-a", "-q"}}[kind]
+		if out, err := crictlRun(d.Crictl(crictl), args...); err == nil {
+			s[kind] = strings.Fields(out)
+		}
+	}
+	for k := range s {
+		sort.Strings(s[k])
+	}
+	return s
+}
+
+// minus lists what s has beyond base, as "kind: name".
+func (s nodeSnapshot) minus(base nodeSnapshot) []string {
+	var out []string
+	for kind, names := range s {
+		for _, n := range names {
+			if !slices.Contains(base[kind], n) {
+				out = append(out, kind+": "+n)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func matrixTable(rows []matrixRow) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-36s | %-28s | %-7s | %-10s | %s\n", "step (failpoint)", "daemon died in", "retries", "bystander", "left behind")
+	b.WriteString(strings.Repeat("-", 110) + "\n")
+	for _, r := range rows {
+		leaks := "nothing"
+		if len(r.leaks) > 0 {
+			leaks = strings.Join(r.leaks, ", ")
+		}
+		died := r.diedIn
+		if died == "" {
+			died = "(never reached)"
+		}
+		fmt.Fprintf(&b, "%-36s | %-28s | %-7d | %-10s | %s\n", r.failpoint, died, r.retries, r.bystander, leaks)
+	}
+	return b.String()
+}
