@@ -926,3 +926,15 @@ func bootDisk(r *record) diskfiles.Disk {
 }
 
 var _ ports.Hypervisor = (*Hypervisor)(nil)
+
+// close drops the libvirt connection (tests run many adapters in one
+// process; the plugin process just exits).
+func (h *Hypervisor) close() {
+	h.mu.Lock()
+	conn := h.conn
+	h.conn, h.ready = nil, false
+	h.mu.Unlock()
+	if conn != nil {
+		conn.Close()
+	}
+}

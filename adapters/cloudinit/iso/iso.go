@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/kdomanski/iso9660"
 
+	"github.com/virtlet/virtlet/adapters/atomicfile"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -122,7 +124,8 @@ func (m *Media) RemoveMedia(ctx context.Context, id string) error {
 	return nil
 }
 
-// Write builds an ISO 9660 image of files at path, atomically, mode 0600.
+// Write builds an ISO 9660 image of files at path, atomically and
+// durably, mode 0600.
 func Write(path, label string, files map[string][]byte) error {
 	w, err := iso9660.NewWriter()
 	if err != nil {
@@ -139,21 +142,12 @@ func Write(path, label string, files map[string][]byte) error {
 			return fmt.Errorf("add %s: %w", name, err)
 		}
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if err := w.WriteTo(f, label); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return fmt.Errorf("write ISO: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.WriteFunc(path, 0o600, func(f io.Writer) error {
+		if err := w.WriteTo(f, label); err != nil {
+			return fmt.Errorf("write ISO: %w", err)
+		}
+		return nil
+	})
 }
 
 var _ ports.Datasource = (*Media)(nil)
