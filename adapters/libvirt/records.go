@@ -42,6 +42,10 @@ type record struct {
 	// runs counts the VM's ends seen by this process: a console stream
 	// opened during one run is closed when that run ends, not a later one.
 	runs uint64
+	// seq counts the changes of State (and of a Start in progress): what
+	// libvirt said while h.mu was not held applies only if none happened
+	// since.
+	seq uint64
 }
 
 func (r *record) status() ports.VMStatus {
