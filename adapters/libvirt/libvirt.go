@@ -63,6 +63,11 @@ type Hypervisor struct {
 	consoles  map[string]*consoleHub // one console stream per VM, shared by its viewers
 
 	events chan event
+	// resyncs asks the dispatcher to resynchronise: nil after lost events,
+	// a channel to close when done from resume.
+	resyncs chan chan struct{}
+	// resyncEvery is how often the dispatcher resynchronises anyway.
+	resyncEvery time.Duration
 
 	// domainState asks libvirt for a domain's state and reason (a seam:
 	// tests make it slow).
@@ -80,6 +85,7 @@ type event struct {
 func New(log logrus.FieldLogger) *Hypervisor {
 	return &Hypervisor{log: log, records: map[string]*record{}, tailers: map[string]*tailer{},
 		subs: map[chan ports.VMStatus]struct{}{}, stopped: map[string][]chan struct{}{}, events: make(chan event, 256),
+		resyncs: make(chan chan struct{}, 1), resyncEvery: 30 * time.Second,
 		consoles: map[string]*consoleHub{}, domainState: (*libvirt.Domain).GetState}
 }
 
@@ -268,52 +274,88 @@ func (h *Hypervisor) onLifecycle(c *libvirt.Connect, d *libvirt.Domain, e *libvi
 	case h.events <- event{uuid: uuid, kind: e.Event, detail: e.Detail}:
 	default:
 		h.log.Warn("libvirt event queue full; a resync will catch up")
+		select {
+		case h.resyncs <- nil:
+		default: // one is pending already
+		}
 	}
 }
 
-// dispatch applies queued lifecycle events in order.
+// dispatch applies queued lifecycle events in order, and resynchronises
+// with libvirt when asked (events were lost, or the connection is new) and
+// every resyncEvery (an event may be lost where nobody notices). Both run
+// here, so that no event older than a resync is applied after it.
 func (h *Hypervisor) dispatch() {
-	for e := range h.events {
-		h.mu.Lock()
-		var r *record
-		for _, rec := range h.records {
-			if strings.EqualFold(rec.Spec.UUID, e.uuid) {
-				r = rec
-				break
+	tick := time.NewTicker(h.resyncEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case e := <-h.events:
+			h.apply(e)
+		case done := <-h.resyncs:
+			h.drainEvents()
+			h.resync()
+			if done != nil {
+				close(done)
 			}
+		case <-tick.C:
+			h.drainEvents()
+			h.resync()
 		}
-		if r == nil {
-			h.mu.Unlock()
-			continue // not ours
-		}
-		changed := true
-		switch e.kind {
-		case libvirt.DOMAIN_EVENT_STARTED, libvirt.DOMAIN_EVENT_RESUMED:
-			if r.State != ports.VMRunning {
-				r.State = ports.VMRunning
-				r.seq++
-				if r.StartedAt.IsZero() {
-					r.StartedAt = time.Now().UTC()
-				}
-			} else {
-				changed = false
-			}
-		case libvirt.DOMAIN_EVENT_CRASHED:
-			r.Crashed = true
-			changed = false
-		case libvirt.DOMAIN_EVENT_STOPPED:
-			h.exitLocked(r, exitFromEvent(libvirt.DomainEventStoppedDetailType(e.detail), r))
-		default:
-			changed = false
-		}
-		if changed {
-			if err := h.saveRecord(r); err != nil {
-				h.log.WithError(err).Warn("save VM record")
-			}
-			h.notifyLocked(r.status())
-		}
-		h.mu.Unlock()
 	}
+}
+
+// drainEvents applies the events queued so far.
+func (h *Hypervisor) drainEvents() {
+	for {
+		select {
+		case e := <-h.events:
+			h.apply(e)
+		default:
+			return
+		}
+	}
+}
+
+// apply applies one lifecycle event.
+func (h *Hypervisor) apply(e event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var r *record
+	for _, rec := range h.records {
+		if strings.EqualFold(rec.Spec.UUID, e.uuid) {
+			r = rec
+			break
+		}
+	}
+	if r == nil {
+		return // not ours
+	}
+	switch e.kind {
+	case libvirt.DOMAIN_EVENT_STARTED, libvirt.DOMAIN_EVENT_RESUMED:
+		if r.State == ports.VMRunning {
+			return
+		}
+		r.State = ports.VMRunning
+		r.seq++
+		if r.StartedAt.IsZero() {
+			r.StartedAt = time.Now().UTC()
+		}
+	case libvirt.DOMAIN_EVENT_CRASHED:
+		r.Crashed = true
+		return
+	case libvirt.DOMAIN_EVENT_STOPPED:
+		if r.State != ports.VMRunning {
+			return // applied already, from the shutoff reason (Stop, a resync)
+		}
+		h.exitLocked(r, exitFromEvent(libvirt.DomainEventStoppedDetailType(e.detail), r))
+	default:
+		return
+	}
+	if err := h.saveRecord(r); err != nil {
+		h.log.WithError(err).Warn("save VM record")
+	}
+	h.notifyLocked(r.status())
 }
 
 // exit is how a VM ended.
@@ -391,11 +433,18 @@ func (h *Hypervisor) exitLocked(r *record, e exit) {
 	go h.closeConsole(r.Spec.ID, ended)
 }
 
+// notifyLocked sends a state change to the watchers. One that does not
+// keep up is cut off (its channel closed) rather than skipped: a change it
+// never hears of would stay unknown, while the end of its watch makes it
+// resubscribe and resynchronise with List.
 func (h *Hypervisor) notifyLocked(st ports.VMStatus) {
 	for ch := range h.subs {
 		select {
 		case ch <- st:
-		default: // a slow watcher resynchronises with List
+		default:
+			h.log.WithField("vm", st.ID).Warn("a watcher fell behind; ending its watch so that it resynchronises")
+			delete(h.subs, ch)
+			close(ch)
 		}
 	}
 }
@@ -409,52 +458,95 @@ func (h *Hypervisor) endWatches() {
 	h.subs = map[chan ports.VMStatus]struct{}{}
 }
 
-// resume takes up the VMs of the records: states that changed while nobody
-// listened, and console streams of running VMs.
-// libvirt is asked without h.mu held (a slow domain must not hold up
-// calls about others); what it says is applied only to a record that did
-// not change meanwhile.
+// resume takes up the VMs of the records after (re)connecting: states
+// that changed while nobody listened, and console streams of running VMs.
+// The dispatcher does it (see dispatch); resume waits for it.
 func (h *Hypervisor) resume() {
+	done := make(chan struct{})
+	h.resyncs <- done
+	<-done
+}
+
+// resync compares what libvirt says of the records' domains with what the
+// records last reported, and applies (and reports) the difference: the
+// transitions of events lost or never received. It is cheap enough to run
+// often: one call lists the running domains; a VM found stopped costs one
+// more (for its shutoff reason). libvirt is asked without h.mu held (a
+// slow domain must not hold up calls about others); what it says applies
+// only to a record that did not change meanwhile.
+func (h *Hypervisor) resync() {
 	conn, err := h.connection()
 	if err != nil {
-		return
+		return // the reconnection resumes
 	}
 	type check struct {
-		r   *record
-		seq uint64
+		r     *record
+		seq   uint64
+		state ports.VMState
 	}
 	h.mu.Lock()
 	checks := make([]check, 0, len(h.records))
 	for _, r := range h.records {
-		checks = append(checks, check{r, r.seq})
+		checks = append(checks, check{r, r.seq, r.State})
 	}
 	h.mu.Unlock()
-	for _, c := range checks {
-		dom, err := conn.LookupDomainByUUIDString(c.r.Spec.UUID)
-		if err != nil {
-			continue // gone: List no longer reports it, and the core records it as lost
+	if len(checks) == 0 {
+		return
+	}
+	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_ACTIVE)
+	if err != nil {
+		h.log.WithError(err).Warn("resync: list running domains")
+		return
+	}
+	active := map[string]bool{}
+	for i := range doms {
+		if u, err := doms[i].GetUUIDString(); err == nil {
+			active[strings.ToLower(u)] = true
 		}
-		state, reason, err := h.domainState(dom)
-		dom.Free()
-		if err != nil {
-			continue
+		doms[i].Free()
+	}
+	for _, c := range checks {
+		state, reason := libvirt.DOMAIN_RUNNING, 0
+		if !active[strings.ToLower(c.r.Spec.UUID)] {
+			if c.state != ports.VMRunning {
+				continue
+			}
+			dom, err := conn.LookupDomainByUUIDString(c.r.Spec.UUID)
+			if err != nil {
+				continue // gone: List no longer reports it, and the core records it as lost
+			}
+			var s libvirt.DomainState
+			s, reason, err = h.domainState(dom)
+			dom.Free()
+			if err != nil || s != libvirt.DOMAIN_SHUTOFF {
+				continue // started again since the list
+			}
+			state = libvirt.DOMAIN_SHUTOFF
 		}
 		h.mu.Lock()
 		if r := c.r; h.records[r.Spec.ID] == r && r.seq == c.seq {
 			h.resumeLocked(r, state, reason)
+			if r.State != c.state {
+				h.notifyLocked(r.status())
+			}
 		}
 		h.mu.Unlock()
 	}
 }
 
-// resumeLocked applies a domain's state found by resume; callers hold h.mu.
+// resumeLocked applies a domain's state found by resync; callers hold
+// h.mu.
 func (h *Hypervisor) resumeLocked(r *record, state libvirt.DomainState, reason int) {
 	switch {
 	case state == libvirt.DOMAIN_RUNNING || state == libvirt.DOMAIN_PAUSED || state == libvirt.DOMAIN_BLOCKED:
 		if r.State != ports.VMRunning {
 			r.State = ports.VMRunning
 			r.seq++
+			if r.StartedAt.IsZero() || r.FinishedAt.After(r.StartedAt) {
+				r.StartedAt, r.FinishedAt = time.Now().UTC(), time.Time{} // started where no event told
+			}
 			h.saveRecord(r)
+			h.log.WithFields(logrus.Fields{"vm": r.Spec.Name}).Info("VM found running")
 		}
 		if h.tailers[r.Spec.ID] == nil {
 			h.startTailerLocked(r)
@@ -462,7 +554,7 @@ func (h *Hypervisor) resumeLocked(r *record, state libvirt.DomainState, reason i
 	case state == libvirt.DOMAIN_SHUTOFF && r.State == ports.VMRunning:
 		h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
 		h.saveRecord(r)
-		h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "reason": r.Reason}).Info("VM stopped while the plugin was away")
+		h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "reason": r.Reason}).Info("VM found stopped")
 	}
 }
 

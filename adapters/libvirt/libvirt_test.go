@@ -179,6 +179,22 @@ func TestReconnectReleasesTheOldConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.close)
+	// The test reads the raw events: it stands in for the dispatcher,
+	// whose resynchronisations (after reconnecting) it answers at once.
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case done := <-h.resyncs:
+				if done != nil {
+					close(done)
+				}
+			case <-stop:
+				return
+			}
+		}
+	}()
 	for range 3 {
 		old, _ := h.connection()
 		h.onClose(old, libvirt.CONNECT_CLOSE_REASON_EOF)

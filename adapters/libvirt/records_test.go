@@ -21,10 +21,13 @@ import (
 const testURI = "test:///default"
 
 // configured returns an adapter configured against the test driver with
-// the records of stateDir.
-func configured(t *testing.T, stateDir string, log logrus.FieldLogger) *Hypervisor {
+// the records of stateDir; tune changes it before it is configured.
+func configured(t *testing.T, stateDir string, log logrus.FieldLogger, tune ...func(*Hypervisor)) *Hypervisor {
 	t.Helper()
 	h := New(log)
+	for _, f := range tune {
+		f(h)
+	}
 	cfg, _ := json.Marshal(Config{URI: testURI, Accelerator: "tcg"})
 	if err := h.Configure(context.Background(), ports.PluginConfig{Config: cfg, StateDir: stateDir}); err != nil {
 		t.Fatal(err)
