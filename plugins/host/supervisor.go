@@ -59,6 +59,7 @@ type Supervisor struct {
 
 	mu          sync.Mutex
 	client      *plugin.Client
+	sockDir     string // the process's socket directory
 	conn        *grpc.ClientConn
 	info        ports.PluginInfo
 	handles     []string
@@ -107,6 +108,16 @@ func (s *Supervisor) launch(ctx context.Context) error {
 	// environment (which may hold credentials, a kubeconfig path, proxy
 	// settings): only what finding and running tools needs.
 	cmd.Env = pluginEnv()
+	// Its socket goes into a directory of this process's own, removed when
+	// the process is done: a plugin that dies by SIGKILL cannot remove its
+	// socket itself.
+	sockDir, err := os.MkdirTemp(s.opts.SocketDir, "virtlet-plugin-"+s.m.Name+"-")
+	if err != nil {
+		return fmt.Errorf("create socket directory: %w", err)
+	}
+	cmd.Env = append(cmd.Env, plugin.EnvUnixSocketDir+"="+sockDir)
+	// Not Managed: the supervisor kills every client it made (a dead
+	// plugin's too), and go-plugin's list of managed clients only grows.
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  base.Handshake,
 		VersionedPlugins: base.PluginSet(s.m.Kind, nil),
@@ -114,7 +125,6 @@ func (s *Supervisor) launch(ctx context.Context) error {
 		SkipHostEnv:      true,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		AutoMTLS:         true,
-		Managed:          true,
 		SecureConfig:     &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()},
 		Logger:           hclogFor(s.log, s.m.Name, &s.logs),
 		SyncStdout:       &outputLines{sink: logSink{log: s.log, plugin: s.m.Name, ring: &s.logs}, stream: "stdout"},
@@ -122,7 +132,7 @@ func (s *Supervisor) launch(ctx context.Context) error {
 		StartTimeout:     s.opts.StartTimeout,
 	})
 	fail := func(err error) error {
-		client.Kill()
+		release(client, sockDir)
 		return err
 	}
 	rpc, err := client.Client()
@@ -157,7 +167,7 @@ func (s *Supervisor) launch(ctx context.Context) error {
 		pid = rc.Pid
 	}
 	s.mu.Lock()
-	s.client, s.conn, s.info, s.handles, s.pid = client, conn, info, handles, pid
+	s.client, s.sockDir, s.conn, s.info, s.handles, s.pid = client, sockDir, conn, info, handles, pid
 	if s.state == Restarting {
 		// Counted with the state change, so no one sees the new
 		// process running and the restart not yet counted.
@@ -228,9 +238,11 @@ func (s *Supervisor) watch() {
 			backoff = s.opts.InitialBackoff
 		}
 		s.mu.Lock()
-		s.state, s.conn, s.lastErr = Restarting, nil, "the plugin process exited"
+		sockDir := s.sockDir
+		s.state, s.client, s.sockDir, s.conn, s.lastErr = Restarting, nil, "", nil, "the plugin process exited"
 		s.mu.Unlock()
 		s.log.WithField("ranFor", ranFor.Round(time.Millisecond)).Error("plugin process exited; restarting it")
+		release(client, sockDir)
 		for {
 			s.mu.Lock()
 			s.nextAttempt = time.Now().Add(backoff)
@@ -285,7 +297,7 @@ func (s *Supervisor) Error(err error) error {
 		default:
 		}
 		s.mu.Lock()
-		exited := s.client != nil && s.client.Exited()
+		exited := s.state == Restarting || s.client != nil && s.client.Exited()
 		s.mu.Unlock()
 		if exited {
 			return &ports.UnavailableError{Plugin: s.m.Name, Kind: s.m.Kind, Reason: "its process exited during the call; it is being restarted"}
@@ -308,12 +320,20 @@ func (s *Supervisor) Stop() {
 		<-s.done // a launch in progress is bounded by its start timeout
 	}
 	s.mu.Lock()
-	client := s.client
-	s.state, s.conn = Stopped, nil
+	client, sockDir := s.client, s.sockDir
+	s.state, s.client, s.sockDir, s.conn = Stopped, nil, "", nil
 	s.mu.Unlock()
 	if client != nil {
-		client.Kill()
+		release(client, sockDir)
 	}
+}
+
+// release ends a plugin client completely: the process if it still runs,
+// the gRPC connection (which would otherwise go on redialling a dead
+// socket), go-plugin's goroutines, and the socket directory.
+func release(client *plugin.Client, sockDir string) {
+	client.Kill()
+	os.RemoveAll(sockDir)
 }
 
 // Status reports the plugin's state.
