@@ -97,6 +97,16 @@ func (s *Supervisor) launch(ctx context.Context) error {
 	if err := os.Mkdir(stateDir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("create plugin state directory: %w", err)
 	}
+	// A private TMPDIR, emptied before every launch: temporary files (the
+	// ISO plugins stage cloud-init data there, secrets included) stay out
+	// of the shared /tmp and do not outlive the process that made them.
+	tmpDir := filepath.Join(stateDir, "tmp")
+	if err := os.RemoveAll(tmpDir); err != nil {
+		return fmt.Errorf("empty plugin temporary directory: %w", err)
+	}
+	if err := os.Mkdir(tmpDir, 0o700); err != nil {
+		return fmt.Errorf("create plugin temporary directory: %w", err)
+	}
 	sum, err := hex.DecodeString(s.m.SHA256)
 	if err != nil {
 		return fmt.Errorf("sha256: %w", err)
@@ -107,7 +117,7 @@ func (s *Supervisor) launch(ctx context.Context) error {
 	// It gets its configuration from its manifest, not from the daemon's
 	// environment (which may hold credentials, a kubeconfig path, proxy
 	// settings): only what finding and running tools needs.
-	cmd.Env = pluginEnv()
+	cmd.Env = pluginEnv(tmpDir)
 	// Its socket goes into a directory of this process's own, removed when
 	// the process is done: a plugin that dies by SIGKILL cannot remove its
 	// socket itself.
@@ -356,12 +366,12 @@ func (s *Supervisor) Handles() []string {
 }
 
 // pluginEnv is a plugin process's environment: the daemon's PATH (plugins
-// run qemu-img, mkfs and the like) or a standard one, and nothing else
-// (go-plugin adds its handshake variables).
-func pluginEnv() []string {
+// run qemu-img, mkfs and the like) or a standard one, its private TMPDIR,
+// and nothing else (go-plugin adds its own variables).
+func pluginEnv(tmpDir string) []string {
 	path := os.Getenv("PATH")
 	if path == "" {
 		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	}
-	return []string{"PATH=" + path}
+	return []string{"PATH=" + path, "TMPDIR=" + tmpDir}
 }

@@ -38,9 +38,9 @@ func (m *Media) PluginInfo() ports.PluginInfo {
 }
 
 // Configure takes the plugin's state directory. The ISO library stages
-// files under $TMPDIR, so Configure points the process's TMPDIR at a
-// private staging directory in the state directory and empties it of
-// anything a crashed build left: the files may hold secrets.
+// the files (secrets included) under $TMPDIR, which the plugin host makes
+// a private directory of the plugin process, emptied at every launch; the
+// process environment is never changed here (it is the whole process's).
 func (m *Media) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if err := pc.Decode(&struct{}{}); err != nil {
 		return err
@@ -48,15 +48,9 @@ func (m *Media) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if pc.StateDir == "" {
 		return fmt.Errorf("%s: needs a state directory: %w", m.Name, ports.ErrInvalidArgument)
 	}
-	staging := filepath.Join(pc.StateDir, "staging")
-	if err := os.RemoveAll(staging); err != nil {
-		return fmt.Errorf("clean staging directory: %w", err)
-	}
-	if err := os.MkdirAll(staging, 0o700); err != nil {
-		return err
-	}
-	if err := os.Setenv("TMPDIR", staging); err != nil {
-		return err
+	// Where earlier versions staged files: what a crash left may be secret.
+	if err := os.RemoveAll(filepath.Join(pc.StateDir, "staging")); err != nil {
+		return fmt.Errorf("clean old staging directory: %w", err)
 	}
 	return m.SetDir(filepath.Join(pc.StateDir, "media"), pc.StateDir)
 }
