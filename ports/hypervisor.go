@@ -29,8 +29,9 @@ type Hypervisor interface {
 	// List reports every VM the implementation owns.
 	List(ctx context.Context) ([]VMStatus, error)
 	// Watch streams state changes until ctx ends or the implementation goes
-	// away; then the channel is closed. Consumers resynchronise with List
-	// after each (re)subscription.
+	// away; then the channel is closed. A watcher that does not keep up is
+	// cut off the same way rather than skipped. Consumers resynchronise
+	// with List after each (re)subscription.
 	Watch(ctx context.Context) (<-chan VMStatus, error)
 	// ReopenLog reopens the VM's console log file after kubelet rotated it.
 	ReopenLog(ctx context.Context, id string) error

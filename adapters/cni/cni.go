@@ -17,12 +17,14 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/sirupsen/logrus"
 
+	"github.com/virtlet/virtlet/adapters/atomicfile"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -149,11 +151,7 @@ func (n *Network) save(r *record) error {
 	if err != nil {
 		return err
 	}
-	tmp := n.recordPath(r.SandboxID) + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, n.recordPath(r.SandboxID))
+	return atomicfile.Write(n.recordPath(r.SandboxID), data, 0o600)
 }
 
 func (n *Network) load(id string) (*record, error) {
@@ -584,7 +582,7 @@ func (n *Network) restore(ctx context.Context) error {
 		}
 		r, err := n.load(id)
 		if err != nil {
-			n.Log.WithError(err).Warn("unreadable pod network record")
+			n.quarantine(n.recordPath(id), err)
 			continue
 		}
 		log := n.Log.WithFields(logrus.Fields{"sandbox": id, "pod": r.Namespace + "/" + r.PodName})
@@ -604,6 +602,19 @@ func (n *Network) restore(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// quarantine sets aside a record that cannot be read back, so that it is
+// not read again at every start and a new setup of the pod starts afresh.
+// The log names the file and the error, never the content.
+func (n *Network) quarantine(p string, why error) {
+	log := n.Log.WithError(why).WithField("path", p)
+	aside, err := atomicfile.Quarantine(p, time.Now())
+	if err != nil {
+		log.WithField("quarantineError", err.Error()).Error("unreadable pod network record; could not set it aside, ignoring it")
+		return
+	}
+	log.WithField("quarantinedAs", aside).Error("unreadable pod network record set aside; what it described is not torn down")
 }
 
 var (

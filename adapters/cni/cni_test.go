@@ -17,9 +17,11 @@ import (
 
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 	"github.com/sirupsen/logrus"
+	"github.com/sirupsen/logrus/hooks/test"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/virtlet/virtlet/adapters/atomicfile"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -421,4 +423,34 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	RestoreHostBridgeRules(before)
 	os.Exit(code)
+}
+
+// A pod record that cannot be read back is set aside at start-up, with an
+// error naming the file (never its content), and the plugin starts.
+func TestUnreadableRecordIsQuarantined(t *testing.T) {
+	state := t.TempDir()
+	dir := filepath.Join(state, "pods")
+	os.MkdirAll(dir, 0o700)
+	bad := filepath.Join(dir, randHex(64)+".json")
+	os.WriteFile(bad, []byte(`{"sandboxID": "x", "podName": "secret-pod`), 0o600)
+	log, hook := test.NewNullLogger()
+	n := New(log)
+	cfg := fmt.Sprintf(`{"confDir": %q}`, t.TempDir())
+	if err := n.Configure(context.Background(), ports.PluginConfig{Config: []byte(cfg), StateDir: state}); err != nil {
+		t.Fatal(err)
+	}
+	aside, _ := filepath.Glob(bad + atomicfile.QuarantineMarker + "*")
+	if _, err := os.Stat(bad); !errors.Is(err, os.ErrNotExist) || len(aside) != 1 {
+		t.Fatalf("record still there (%v) or not set aside (%v)", err, aside)
+	}
+	logged := false
+	for _, e := range hook.AllEntries() {
+		if text, _ := e.String(); strings.Contains(text, "secret-pod") {
+			t.Errorf("the log quotes the record: %s", text)
+		}
+		logged = logged || e.Level == logrus.ErrorLevel && e.Data["path"] == bad && e.Data["quarantinedAs"] == aside[0]
+	}
+	if !logged {
+		t.Fatal("no error-level entry naming the record and where it went")
+	}
 }

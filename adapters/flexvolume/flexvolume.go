@@ -33,6 +33,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/virtlet/virtlet/adapters/atomicfile"
 	"github.com/virtlet/virtlet/core"
 	"github.com/virtlet/virtlet/ports"
 )
@@ -212,12 +213,7 @@ func request(dir string, opts map[string]string) (core.FlexvolumeOptions, error)
 }
 
 func writeOptions(dir string, data []byte) error {
-	p := filepath.Join(dir, ports.FlexvolumeOptionsFile)
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p)
+	return atomicfile.Write(filepath.Join(dir, ports.FlexvolumeOptionsFile), data, 0o600)
 }
 
 // unmount tells the daemon and removes what mount made. A directory mount
@@ -258,7 +254,7 @@ func (d *Driver) unmount(dir string) error {
 			return fmt.Errorf("unmount: %w", err)
 		}
 	}
-	for _, f := range []string{p, p + ".tmp"} {
+	for _, f := range []string{p, p + atomicfile.TempSuffix} {
 		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("unmount: %w", err)
 		}

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/virtlet/virtlet/adapters/atomicfile"
 )
 
 // accelerator is the chosen way to run guests.
@@ -87,7 +89,7 @@ func cachedAccelerator(ctx context.Context, want, qemu, dir string) (accelerator
 			Key   string
 			Accel accelerator
 		}{key, a}); err == nil {
-			os.WriteFile(file, data, 0o600)
+			atomicfile.Write(file, data, 0o600)
 		}
 	}
 	return a, false

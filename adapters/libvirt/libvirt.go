@@ -59,10 +59,24 @@ type Hypervisor struct {
 	stopped  map[string][]chan struct{} // Stop calls waiting for a VM to stop
 	ready    bool
 
+	// lifecycleID is conn's lifecycle event callback; reconnecting is set
+	// while a lost connection is being replaced.
+	lifecycleID  int
+	reconnecting bool
+
 	consoleMu sync.Mutex
 	consoles  map[string]*consoleHub // one console stream per VM, shared by its viewers
 
 	events chan event
+	// resyncs asks the dispatcher to resynchronise: nil after lost events,
+	// a channel to close when done from resume.
+	resyncs chan chan struct{}
+	// resyncEvery is how often the dispatcher resynchronises anyway.
+	resyncEvery time.Duration
+
+	// domainState asks libvirt for a domain's state and reason (a seam:
+	// tests make it slow).
+	domainState func(*libvirt.Domain) (libvirt.DomainState, int, error)
 }
 
 // event is a lifecycle event of one of our domains.
@@ -76,7 +90,8 @@ type event struct {
 func New(log logrus.FieldLogger) *Hypervisor {
 	return &Hypervisor{log: log, records: map[string]*record{}, tailers: map[string]*tailer{},
 		subs: map[chan ports.VMStatus]struct{}{}, stopped: map[string][]chan struct{}{}, events: make(chan event, 256),
-		consoles: map[string]*consoleHub{}}
+		resyncs: make(chan chan struct{}, 1), resyncEvery: 30 * time.Second,
+		consoles: map[string]*consoleHub{}, domainState: (*libvirt.Domain).GetState}
 }
 
 func (h *Hypervisor) PluginInfo() ports.PluginInfo {
@@ -135,20 +150,7 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	h.log.WithFields(logrus.Fields{"accelerator": accel.Name, "domainType": accel.DomainType, "why": accel.Reason, "cached": cached}).
 		Info("accelerator chosen")
 
-	eventLoopOnce.Do(func() {
-		if err := libvirt.EventRegisterDefaultImpl(); err != nil {
-			h.log.WithError(err).Error("register libvirt event loop")
-			return
-		}
-		go func() {
-			for {
-				if err := libvirt.EventRunDefaultImpl(); err != nil {
-					h.log.WithError(err).Error("libvirt event loop")
-					time.Sleep(time.Second)
-				}
-			}
-		}()
-	})
+	startEventLoop(h.log)
 	h.mu.Lock()
 	h.records, h.accel = records, accel
 	h.mu.Unlock()
@@ -161,6 +163,25 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	h.ready = true
 	h.mu.Unlock()
 	return nil
+}
+
+// startEventLoop runs libvirt's event loop, once per process; it must run
+// before a connection is opened for the connection's events to arrive.
+func startEventLoop(log logrus.FieldLogger) {
+	eventLoopOnce.Do(func() {
+		if err := libvirt.EventRegisterDefaultImpl(); err != nil {
+			log.WithError(err).Error("register libvirt event loop")
+			return
+		}
+		go func() {
+			for {
+				if err := libvirt.EventRunDefaultImpl(); err != nil {
+					log.WithError(err).Error("libvirt event loop")
+					time.Sleep(time.Second)
+				}
+			}
+		}()
+	})
 }
 
 // connect opens the libvirt connection and subscribes to lifecycle events.
@@ -176,7 +197,8 @@ func (h *Hypervisor) connect() error {
 	if err := conn.SetKeepAlive(5, 3); err != nil {
 		h.log.WithError(err).Warn("libvirt keepalive")
 	}
-	if _, err := conn.DomainEventLifecycleRegister(nil, h.onLifecycle); err != nil {
+	id, err := conn.DomainEventLifecycleRegister(nil, h.onLifecycle)
+	if err != nil {
 		conn.Close()
 		return fmt.Errorf("subscribe to libvirt events: %w", err)
 	}
@@ -184,8 +206,12 @@ func (h *Hypervisor) connect() error {
 		h.log.WithError(err).Warn("libvirt close callback")
 	}
 	h.mu.Lock()
-	h.conn, h.connErr = conn, nil
+	old, oldID := h.conn, h.lifecycleID
+	h.conn, h.lifecycleID, h.connErr = conn, id, nil
 	h.mu.Unlock()
+	if old != nil {
+		h.hangUp(old, oldID)
+	}
 	h.log.WithField("uri", uri).Info("connected to libvirtd")
 	return nil
 }
@@ -196,21 +222,56 @@ func (h *Hypervisor) setConnErr(err error) {
 	h.mu.Unlock()
 }
 
-// onClose runs when libvirtd goes away: the watchers are ended (the core
-// then resynchronises) and the adapter reconnects in the background.
-func (h *Hypervisor) onClose(conn *libvirt.Connect, reason libvirt.ConnectCloseReason) {
+// onClose runs (on libvirt's event loop) when libvirtd goes away: the
+// watchers are ended (the core then resynchronises), and in the background
+// the dead connection is released and a new one opened.
+func (h *Hypervisor) onClose(_ *libvirt.Connect, reason libvirt.ConnectCloseReason) {
+	h.mu.Lock()
+	old, oldID := h.conn, h.lifecycleID
+	h.conn, h.connErr = nil, fmt.Errorf("the connection closed (reason %d)", reason)
+	already := h.reconnecting
+	h.reconnecting = true
+	h.mu.Unlock()
+	if already {
+		return
+	}
 	h.log.WithField("reason", reason).Error("lost the libvirtd connection; reconnecting")
-	h.setConnErr(fmt.Errorf("the connection closed (reason %d)", reason))
 	h.endWatches()
 	go func() {
+		if old != nil {
+			h.hangUp(old, oldID)
+		}
 		for backoff := 200 * time.Millisecond; ; backoff = min(backoff*2, 10*time.Second) {
 			time.Sleep(backoff)
 			if err := h.connect(); err == nil {
+				h.mu.Lock()
+				h.reconnecting = false
+				h.mu.Unlock()
 				h.resume()
 				return
 			}
 		}
 	}()
+}
+
+// hangUp releases a connection the adapter no longer uses. Its callbacks
+// hold references to it: without deregistering them, Close would leave
+// the connection, its socket and the callbacks alive, and a later
+// connection's events would arrive twice. On a dead connection the
+// deregistrations fail after dropping the callbacks locally, which is all
+// that is needed.
+func (h *Hypervisor) hangUp(conn *libvirt.Connect, lifecycleID int) {
+	if err := conn.DomainEventDeregister(lifecycleID); err != nil {
+		h.log.WithError(err).Debug("deregister lifecycle events of the old libvirt connection")
+	}
+	if err := conn.UnregisterCloseCallback(); err != nil {
+		h.log.WithError(err).Debug("unregister the close callback of the old libvirt connection")
+	}
+	// Domains still held by calls in flight keep it referenced until
+	// they are freed.
+	if refs, err := conn.Close(); err != nil || refs > 0 {
+		h.log.WithError(err).WithField("references", refs).Debug("old libvirt connection still referenced")
+	}
 }
 
 // onLifecycle runs on libvirt's event loop: it only queues the event.
@@ -223,51 +284,88 @@ func (h *Hypervisor) onLifecycle(c *libvirt.Connect, d *libvirt.Domain, e *libvi
 	case h.events <- event{uuid: uuid, kind: e.Event, detail: e.Detail}:
 	default:
 		h.log.Warn("libvirt event queue full; a resync will catch up")
+		select {
+		case h.resyncs <- nil:
+		default: // one is pending already
+		}
 	}
 }
 
-// dispatch applies queued lifecycle events in order.
+// dispatch applies queued lifecycle events in order, and resynchronises
+// with libvirt when asked (events were lost, or the connection is new) and
+// every resyncEvery (an event may be lost where nobody notices). Both run
+// here, so that no event older than a resync is applied after it.
 func (h *Hypervisor) dispatch() {
-	for e := range h.events {
-		h.mu.Lock()
-		var r *record
-		for _, rec := range h.records {
-			if strings.EqualFold(rec.Spec.UUID, e.uuid) {
-				r = rec
-				break
+	tick := time.NewTicker(h.resyncEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case e := <-h.events:
+			h.apply(e)
+		case done := <-h.resyncs:
+			h.drainEvents()
+			h.resync()
+			if done != nil {
+				close(done)
 			}
+		case <-tick.C:
+			h.drainEvents()
+			h.resync()
 		}
-		if r == nil {
-			h.mu.Unlock()
-			continue // not ours
-		}
-		changed := true
-		switch e.kind {
-		case libvirt.DOMAIN_EVENT_STARTED, libvirt.DOMAIN_EVENT_RESUMED:
-			if r.State != ports.VMRunning {
-				r.State = ports.VMRunning
-				if r.StartedAt.IsZero() {
-					r.StartedAt = time.Now().UTC()
-				}
-			} else {
-				changed = false
-			}
-		case libvirt.DOMAIN_EVENT_CRASHED:
-			r.Crashed = true
-			changed = false
-		case libvirt.DOMAIN_EVENT_STOPPED:
-			h.exitLocked(r, exitFromEvent(libvirt.DomainEventStoppedDetailType(e.detail), r))
-		default:
-			changed = false
-		}
-		if changed {
-			if err := h.saveRecord(r); err != nil {
-				h.log.WithError(err).Warn("save VM record")
-			}
-			h.notifyLocked(r.status())
-		}
-		h.mu.Unlock()
 	}
+}
+
+// drainEvents applies the events queued so far.
+func (h *Hypervisor) drainEvents() {
+	for {
+		select {
+		case e := <-h.events:
+			h.apply(e)
+		default:
+			return
+		}
+	}
+}
+
+// apply applies one lifecycle event.
+func (h *Hypervisor) apply(e event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var r *record
+	for _, rec := range h.records {
+		if strings.EqualFold(rec.Spec.UUID, e.uuid) {
+			r = rec
+			break
+		}
+	}
+	if r == nil {
+		return // not ours
+	}
+	switch e.kind {
+	case libvirt.DOMAIN_EVENT_STARTED, libvirt.DOMAIN_EVENT_RESUMED:
+		if r.State == ports.VMRunning {
+			return
+		}
+		r.State = ports.VMRunning
+		r.seq++
+		if r.StartedAt.IsZero() {
+			r.StartedAt = time.Now().UTC()
+		}
+	case libvirt.DOMAIN_EVENT_CRASHED:
+		r.Crashed = true
+		return
+	case libvirt.DOMAIN_EVENT_STOPPED:
+		if r.State != ports.VMRunning {
+			return // applied already, from the shutoff reason (Stop, a resync)
+		}
+		h.exitLocked(r, exitFromEvent(libvirt.DomainEventStoppedDetailType(e.detail), r))
+	default:
+		return
+	}
+	if err := h.saveRecord(r); err != nil {
+		h.log.WithError(err).Warn("save VM record")
+	}
+	h.notifyLocked(r.status())
 }
 
 // exit is how a VM ended.
@@ -326,6 +424,7 @@ func forcedExit(r *record) exit {
 // exitLocked records a VM's end; callers hold h.mu.
 func (h *Hypervisor) exitLocked(r *record, e exit) {
 	r.State = ports.VMStopped
+	r.seq++
 	r.FinishedAt = time.Now().UTC()
 	r.ExitCode, r.Reason, r.Message = e.code, e.reason, e.message
 	r.StopRequested, r.Crashed = false, false
@@ -344,11 +443,18 @@ func (h *Hypervisor) exitLocked(r *record, e exit) {
 	go h.closeConsole(r.Spec.ID, ended)
 }
 
+// notifyLocked sends a state change to the watchers. One that does not
+// keep up is cut off (its channel closed) rather than skipped: a change it
+// never hears of would stay unknown, while the end of its watch makes it
+// resubscribe and resynchronise with List.
 func (h *Hypervisor) notifyLocked(st ports.VMStatus) {
 	for ch := range h.subs {
 		select {
 		case ch <- st:
-		default: // a slow watcher resynchronises with List
+		default:
+			h.log.WithField("vm", st.ID).Warn("a watcher fell behind; ending its watch so that it resynchronises")
+			delete(h.subs, ch)
+			close(ch)
 		}
 	}
 }
@@ -362,39 +468,103 @@ func (h *Hypervisor) endWatches() {
 	h.subs = map[chan ports.VMStatus]struct{}{}
 }
 
-// resume takes up the VMs of the records: states that changed while nobody
-// listened, and console streams of running VMs.
+// resume takes up the VMs of the records after (re)connecting: states
+// that changed while nobody listened, and console streams of running VMs.
+// The dispatcher does it (see dispatch); resume waits for it.
 func (h *Hypervisor) resume() {
+	done := make(chan struct{})
+	h.resyncs <- done
+	<-done
+}
+
+// resync compares what libvirt says of the records' domains with what the
+// records last reported, and applies (and reports) the difference: the
+// transitions of events lost or never received. It is cheap enough to run
+// often: one call lists the running domains; a VM found stopped costs one
+// more (for its shutoff reason). libvirt is asked without h.mu held (a
+// slow domain must not hold up calls about others); what it says applies
+// only to a record that did not change meanwhile.
+func (h *Hypervisor) resync() {
 	conn, err := h.connection()
 	if err != nil {
-		return
+		return // the reconnection resumes
+	}
+	type check struct {
+		r     *record
+		seq   uint64
+		state ports.VMState
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	for id, r := range h.records {
-		dom, err := conn.LookupDomainByUUIDString(r.Spec.UUID)
-		if err != nil {
-			continue // gone: List no longer reports it, and the core records it as lost
+	checks := make([]check, 0, len(h.records))
+	for _, r := range h.records {
+		checks = append(checks, check{r, r.seq, r.State})
+	}
+	h.mu.Unlock()
+	if len(checks) == 0 {
+		return
+	}
+	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_ACTIVE)
+	if err != nil {
+		h.log.WithError(err).Warn("resync: list running domains")
+		return
+	}
+	active := map[string]bool{}
+	for i := range doms {
+		if u, err := doms[i].GetUUIDString(); err == nil {
+			active[strings.ToLower(u)] = true
 		}
-		state, reason, err := dom.GetState()
-		dom.Free()
-		if err != nil {
-			continue
+		doms[i].Free()
+	}
+	for _, c := range checks {
+		state, reason := libvirt.DOMAIN_RUNNING, 0
+		if !active[strings.ToLower(c.r.Spec.UUID)] {
+			if c.state != ports.VMRunning {
+				continue
+			}
+			dom, err := conn.LookupDomainByUUIDString(c.r.Spec.UUID)
+			if err != nil {
+				continue // gone: List no longer reports it, and the core records it as lost
+			}
+			var s libvirt.DomainState
+			s, reason, err = h.domainState(dom)
+			dom.Free()
+			if err != nil || s != libvirt.DOMAIN_SHUTOFF {
+				continue // started again since the list
+			}
+			state = libvirt.DOMAIN_SHUTOFF
 		}
-		switch {
-		case state == libvirt.DOMAIN_RUNNING || state == libvirt.DOMAIN_PAUSED || state == libvirt.DOMAIN_BLOCKED:
-			if r.State != ports.VMRunning {
-				r.State = ports.VMRunning
-				h.saveRecord(r)
+		h.mu.Lock()
+		if r := c.r; h.records[r.Spec.ID] == r && r.seq == c.seq {
+			h.resumeLocked(r, state, reason)
+			if r.State != c.state {
+				h.notifyLocked(r.status())
 			}
-			if h.tailers[id] == nil {
-				h.startTailerLocked(r)
+		}
+		h.mu.Unlock()
+	}
+}
+
+// resumeLocked applies a domain's state found by resync; callers hold
+// h.mu.
+func (h *Hypervisor) resumeLocked(r *record, state libvirt.DomainState, reason int) {
+	switch {
+	case state == libvirt.DOMAIN_RUNNING || state == libvirt.DOMAIN_PAUSED || state == libvirt.DOMAIN_BLOCKED:
+		if r.State != ports.VMRunning {
+			r.State = ports.VMRunning
+			r.seq++
+			if r.StartedAt.IsZero() || r.FinishedAt.After(r.StartedAt) {
+				r.StartedAt, r.FinishedAt = time.Now().UTC(), time.Time{} // started where no event told
 			}
-		case state == libvirt.DOMAIN_SHUTOFF && r.State == ports.VMRunning:
-			h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
 			h.saveRecord(r)
-			h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "reason": r.Reason}).Info("VM stopped while the plugin was away")
+			h.log.WithFields(logrus.Fields{"vm": r.Spec.Name}).Info("VM found running")
 		}
+		if h.tailers[r.Spec.ID] == nil {
+			h.startTailerLocked(r)
+		}
+	case state == libvirt.DOMAIN_SHUTOFF && r.State == ports.VMRunning:
+		h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
+		h.saveRecord(r)
+		h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "reason": r.Reason}).Info("VM found stopped")
 	}
 }
 
@@ -581,6 +751,7 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 		return nil
 	}
 	h.mu.Lock()
+	r.seq++
 	r.StartedAt, r.FinishedAt = time.Now().UTC(), time.Time{}
 	r.ExitCode, r.Reason, r.Message = 0, "", ""
 	r.StopRequested, r.ForcedAfter, r.Crashed = false, 0, false
@@ -603,6 +774,7 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	r.State = ports.VMRunning
+	r.seq++
 	if err := h.saveRecord(r); err != nil {
 		return err
 	}
@@ -619,18 +791,18 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 	}
 	defer dom.Free()
 	running := func() bool {
-		state, _, err := dom.GetState()
+		state, _, err := h.domainState(dom)
 		return err == nil && state != libvirt.DOMAIN_SHUTOFF
 	}
-	if !running() {
+	// libvirt is never asked with h.mu held: a slow domain must not hold
+	// up calls about others.
+	state, reason, err := h.domainState(dom)
+	if err != nil || state == libvirt.DOMAIN_SHUTOFF {
+		if err == nil {
+			return h.foundShutOff(r, reason), nil // the stop event may still be on its way
+		}
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		if r.State == ports.VMRunning { // the stop event is still on its way
-			_, reason, _ := dom.GetState()
-			h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
-			h.saveRecord(r)
-			h.notifyLocked(r.status())
-		}
 		return r.status(), nil
 	}
 	done := make(chan struct{})
@@ -687,14 +859,29 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 	}
 	// The event may not have been applied yet: apply the shutoff reason.
 	h.mu.Lock()
+	applied := r.State != ports.VMRunning
+	h.mu.Unlock()
+	if !applied {
+		if _, reason, err := h.domainState(dom); err == nil {
+			return h.foundShutOff(r, reason), nil
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return r.status(), nil
+}
+
+// foundShutOff records the end of a VM found shut off whose stop event has
+// not been applied (yet), and reports the VM.
+func (h *Hypervisor) foundShutOff(r *record, reason int) ports.VMStatus {
+	h.mu.Lock()
 	defer h.mu.Unlock()
 	if r.State == ports.VMRunning {
-		_, reason, _ := dom.GetState()
 		h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
 		h.saveRecord(r)
 		h.notifyLocked(r.status())
 	}
-	return r.status(), nil
+	return r.status()
 }
 
 // Undefine removes the domain (forcing it off first), its overlay disks,
@@ -828,24 +1015,36 @@ func (h *Hypervisor) List(ctx context.Context) ([]ports.VMStatus, error) {
 	if err != nil {
 		return nil, libvirtError("list domains", err)
 	}
-	var out []ports.VMStatus
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for i := range doms {
-		m, ok := ours(&doms[i])
-		if ok {
-			if r := h.records[m.ID]; r != nil {
-				out = append(out, r.status())
-			} else {
-				state, _, _ := doms[i].GetState()
-				st := ports.VMStatus{ID: m.ID, State: ports.VMStopped}
-				if state != libvirt.DOMAIN_SHUTOFF {
-					st.State = ports.VMRunning
-				}
-				out = append(out, st)
-			}
+	defer func() {
+		for i := range doms {
+			doms[i].Free()
 		}
-		doms[i].Free()
+	}()
+	// Which domains are ours takes a call per domain: made without h.mu.
+	mine := map[string]*libvirt.Domain{}
+	for i := range doms {
+		if m, ok := ours(&doms[i]); ok {
+			mine[m.ID] = &doms[i]
+		}
+	}
+	var out []ports.VMStatus
+	orphans := map[string]*libvirt.Domain{}
+	h.mu.Lock()
+	for id, dom := range mine {
+		if r := h.records[id]; r != nil {
+			out = append(out, r.status())
+		} else {
+			orphans[id] = dom
+		}
+	}
+	h.mu.Unlock()
+	for id, dom := range orphans {
+		state, _, _ := h.domainState(dom)
+		st := ports.VMStatus{ID: id, State: ports.VMStopped}
+		if state != libvirt.DOMAIN_SHUTOFF {
+			st.State = ports.VMRunning
+		}
+		out = append(out, st)
 	}
 	return out, nil
 }
@@ -936,3 +1135,15 @@ func bootDisk(r *record) diskfiles.Disk {
 }
 
 var _ ports.Hypervisor = (*Hypervisor)(nil)
+
+// close drops the libvirt connection (tests run many adapters in one
+// process; the plugin process just exits).
+func (h *Hypervisor) close() {
+	h.mu.Lock()
+	conn, id := h.conn, h.lifecycleID
+	h.conn, h.ready = nil, false
+	h.mu.Unlock()
+	if conn != nil {
+		h.hangUp(conn, id)
+	}
+}

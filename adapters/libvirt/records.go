@@ -2,6 +2,7 @@ package libvirt
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/virtlet/virtlet/adapters/atomicfile"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -40,6 +42,10 @@ type record struct {
 	// runs counts the VM's ends seen by this process: a console stream
 	// opened during one run is closed when that run ends, not a later one.
 	runs uint64
+	// seq counts the changes of State (and of a Start in progress): what
+	// libvirt said while h.mu was not held applies only if none happened
+	// since.
+	seq uint64
 }
 
 func (r *record) status() ports.VMStatus {
@@ -60,18 +66,16 @@ func (h *Hypervisor) recordPath(id string) string {
 	return filepath.Join(h.stateDir, "records", id+".json")
 }
 
-// saveRecord writes a record atomically; callers hold h.mu.
+// saveRecord writes a record atomically and durably; callers hold h.mu.
 func (h *Hypervisor) saveRecord(r *record) error {
 	data, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
-	p := h.recordPath(r.Spec.ID)
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+	if err := atomicfile.Write(h.recordPath(r.Spec.ID), data, 0o600); err != nil {
 		return fmt.Errorf("save VM record: %w", err)
 	}
-	return os.Rename(tmp, p)
+	return nil
 }
 
 func (h *Hypervisor) deleteRecord(id string) error {
@@ -81,7 +85,8 @@ func (h *Hypervisor) deleteRecord(id string) error {
 	return nil
 }
 
-// loadRecords reads every saved record.
+// loadRecords reads every saved record. One that cannot be read back is
+// set aside (see quarantine): the plugin starts with the others.
 func (h *Hypervisor) loadRecords() (map[string]*record, error) {
 	dir := filepath.Join(h.stateDir, "records")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -96,15 +101,35 @@ func (h *Hypervisor) loadRecords() (map[string]*record, error) {
 		if !strings.HasSuffix(e.Name(), ".json") {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		p := filepath.Join(dir, e.Name())
+		data, err := os.ReadFile(p)
 		if err != nil {
 			return nil, err
 		}
 		r := &record{}
-		if err := json.Unmarshal(data, r); err != nil {
-			return nil, fmt.Errorf("VM record %s: %w", e.Name(), err)
+		if err = json.Unmarshal(data, r); err == nil && validID(r.Spec.ID) != nil {
+			err = errors.New("the record holds no valid VM ID")
+		}
+		if err != nil {
+			h.quarantine(p, err)
+			continue
 		}
 		out[r.Spec.ID] = r
 	}
 	return out, nil
+}
+
+// quarantine sets aside a record that cannot be read back. Its VM, if any,
+// is then a domain of ours without a record: List reports it and the core
+// removes it, as after a crash between defining and recording. The log
+// names the file and the parse error, never the content (it may hold
+// parts of the VM's spec).
+func (h *Hypervisor) quarantine(p string, why error) {
+	log := h.log.WithError(why).WithField("path", p)
+	aside, err := atomicfile.Quarantine(p, time.Now())
+	if err != nil {
+		log.WithField("quarantineError", err.Error()).Error("unreadable VM record; could not set it aside, ignoring it")
+		return
+	}
+	log.WithField("quarantinedAs", aside).Error("unreadable VM record set aside; its VM, if any, is left to the core's reconciliation")
 }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/go-plugin"
 	"github.com/sirupsen/logrus"
 
 	"github.com/virtlet/virtlet/plugins/datasource"
@@ -36,6 +35,9 @@ type Options struct {
 	MaxBackoff     time.Duration
 	// StartTimeout bounds a plugin's start-up handshake.
 	StartTimeout time.Duration
+	// SocketDir holds a private directory per plugin process for its
+	// socket (default $TMPDIR). Unix socket paths are short: keep it so.
+	SocketDir string
 }
 
 // Host owns the plugin processes.
@@ -189,7 +191,6 @@ func (h *Host) Shutdown() {
 		}(s)
 	}
 	wg.Wait()
-	plugin.CleanupClients()
 }
 
 // hclogFor bridges go-plugin's logger (and the plugins' log lines it

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -367,12 +368,48 @@ func TestPluginsDoNotInheritTheDaemonsEnvironment(t *testing.T) {
 		case name == "PATH":
 			hasPath = true
 		case strings.HasPrefix(name, "PLUGIN_") || name == base.Handshake.MagicCookieKey:
+		case name == "TMPDIR": // its own (TestPluginsGetAPrivateTMPDIR)
 		default:
 			t.Errorf("the plugin inherited %s", name)
 		}
 	}
 	if !hasPath {
 		t.Errorf("the plugin has no PATH: %q", env)
+	}
+}
+
+// Each plugin process gets a TMPDIR of its own, in its private state
+// directory and emptied at every launch: what a plugin stages there (the
+// ISO plugins: cloud-init data, secrets included) stays out of the shared
+// /tmp and does not outlive a crash.
+func TestPluginsGetAPrivateTMPDIR(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir()) // the daemon's, not inherited
+	state := t.TempDir()
+	tmp := filepath.Join(state, "fake-hypervisor", "tmp")
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	leftover := filepath.Join(tmp, "left-by-a-crash")
+	if err := os.WriteFile(leftover, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h, err := host.Start(context.Background(), manifests(t, nil), host.Options{StateDir: state, Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Shutdown)
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", status(h, "fake-hypervisor").PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env := strings.Split(string(raw), "\x00"); !slices.Contains(env, "TMPDIR="+tmp) {
+		t.Fatalf("the plugin's environment %q has no TMPDIR=%s", env, tmp)
+	}
+	if _, err := os.Stat(leftover); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a file left in the plugin's TMPDIR survived the launch: %v", err)
+	}
+	if info, err := os.Stat(tmp); err != nil || info.Mode().Perm() != 0o700 {
+		t.Fatalf("the plugin's TMPDIR: %v %v", info.Mode(), err)
 	}
 }
 

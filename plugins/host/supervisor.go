@@ -59,6 +59,7 @@ type Supervisor struct {
 
 	mu          sync.Mutex
 	client      *plugin.Client
+	sockDir     string // the process's socket directory
 	conn        *grpc.ClientConn
 	info        ports.PluginInfo
 	handles     []string
@@ -96,6 +97,16 @@ func (s *Supervisor) launch(ctx context.Context) error {
 	if err := os.Mkdir(stateDir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("create plugin state directory: %w", err)
 	}
+	// A private TMPDIR, emptied before every launch: temporary files (the
+	// ISO plugins stage cloud-init data there, secrets included) stay out
+	// of the shared /tmp and do not outlive the process that made them.
+	tmpDir := filepath.Join(stateDir, "tmp")
+	if err := os.RemoveAll(tmpDir); err != nil {
+		return fmt.Errorf("empty plugin temporary directory: %w", err)
+	}
+	if err := os.Mkdir(tmpDir, 0o700); err != nil {
+		return fmt.Errorf("create plugin temporary directory: %w", err)
+	}
 	sum, err := hex.DecodeString(s.m.SHA256)
 	if err != nil {
 		return fmt.Errorf("sha256: %w", err)
@@ -106,7 +117,17 @@ func (s *Supervisor) launch(ctx context.Context) error {
 	// It gets its configuration from its manifest, not from the daemon's
 	// environment (which may hold credentials, a kubeconfig path, proxy
 	// settings): only what finding and running tools needs.
-	cmd.Env = pluginEnv()
+	cmd.Env = pluginEnv(tmpDir)
+	// Its socket goes into a directory of this process's own, removed when
+	// the process is done: a plugin that dies by SIGKILL cannot remove its
+	// socket itself.
+	sockDir, err := os.MkdirTemp(s.opts.SocketDir, "virtlet-plugin-"+s.m.Name+"-")
+	if err != nil {
+		return fmt.Errorf("create socket directory: %w", err)
+	}
+	cmd.Env = append(cmd.Env, plugin.EnvUnixSocketDir+"="+sockDir)
+	// Not Managed: the supervisor kills every client it made (a dead
+	// plugin's too), and go-plugin's list of managed clients only grows.
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  base.Handshake,
 		VersionedPlugins: base.PluginSet(s.m.Kind, nil),
@@ -114,7 +135,6 @@ func (s *Supervisor) launch(ctx context.Context) error {
 		SkipHostEnv:      true,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		AutoMTLS:         true,
-		Managed:          true,
 		SecureConfig:     &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()},
 		Logger:           hclogFor(s.log, s.m.Name, &s.logs),
 		SyncStdout:       &outputLines{sink: logSink{log: s.log, plugin: s.m.Name, ring: &s.logs}, stream: "stdout"},
@@ -122,7 +142,7 @@ func (s *Supervisor) launch(ctx context.Context) error {
 		StartTimeout:     s.opts.StartTimeout,
 	})
 	fail := func(err error) error {
-		client.Kill()
+		release(client, sockDir)
 		return err
 	}
 	rpc, err := client.Client()
@@ -157,7 +177,7 @@ func (s *Supervisor) launch(ctx context.Context) error {
 		pid = rc.Pid
 	}
 	s.mu.Lock()
-	s.client, s.conn, s.info, s.handles, s.pid = client, conn, info, handles, pid
+	s.client, s.sockDir, s.conn, s.info, s.handles, s.pid = client, sockDir, conn, info, handles, pid
 	if s.state == Restarting {
 		// Counted with the state change, so no one sees the new
 		// process running and the restart not yet counted.
@@ -228,9 +248,11 @@ func (s *Supervisor) watch() {
 			backoff = s.opts.InitialBackoff
 		}
 		s.mu.Lock()
-		s.state, s.conn, s.lastErr = Restarting, nil, "the plugin process exited"
+		sockDir := s.sockDir
+		s.state, s.client, s.sockDir, s.conn, s.lastErr = Restarting, nil, "", nil, "the plugin process exited"
 		s.mu.Unlock()
 		s.log.WithField("ranFor", ranFor.Round(time.Millisecond)).Error("plugin process exited; restarting it")
+		release(client, sockDir)
 		for {
 			s.mu.Lock()
 			s.nextAttempt = time.Now().Add(backoff)
@@ -285,7 +307,7 @@ func (s *Supervisor) Error(err error) error {
 		default:
 		}
 		s.mu.Lock()
-		exited := s.client != nil && s.client.Exited()
+		exited := s.state == Restarting || s.client != nil && s.client.Exited()
 		s.mu.Unlock()
 		if exited {
 			return &ports.UnavailableError{Plugin: s.m.Name, Kind: s.m.Kind, Reason: "its process exited during the call; it is being restarted"}
@@ -308,12 +330,20 @@ func (s *Supervisor) Stop() {
 		<-s.done // a launch in progress is bounded by its start timeout
 	}
 	s.mu.Lock()
-	client := s.client
-	s.state, s.conn = Stopped, nil
+	client, sockDir := s.client, s.sockDir
+	s.state, s.client, s.sockDir, s.conn = Stopped, nil, "", nil
 	s.mu.Unlock()
 	if client != nil {
-		client.Kill()
+		release(client, sockDir)
 	}
+}
+
+// release ends a plugin client completely: the process if it still runs,
+// the gRPC connection (which would otherwise go on redialling a dead
+// socket), go-plugin's goroutines, and the socket directory.
+func release(client *plugin.Client, sockDir string) {
+	client.Kill()
+	os.RemoveAll(sockDir)
 }
 
 // Status reports the plugin's state.
@@ -336,12 +366,12 @@ func (s *Supervisor) Handles() []string {
 }
 
 // pluginEnv is a plugin process's environment: the daemon's PATH (plugins
-// run qemu-img, mkfs and the like) or a standard one, and nothing else
-// (go-plugin adds its handshake variables).
-func pluginEnv() []string {
+// run qemu-img, mkfs and the like) or a standard one, its private TMPDIR,
+// and nothing else (go-plugin adds its own variables).
+func pluginEnv(tmpDir string) []string {
 	path := os.Getenv("PATH")
 	if path == "" {
 		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	}
-	return []string{"PATH=" + path}
+	return []string{"PATH=" + path, "TMPDIR=" + tmpDir}
 }

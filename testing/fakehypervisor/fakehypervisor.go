@@ -138,12 +138,15 @@ func (h *Hypervisor) save() error {
 	return os.Rename(tmp, h.stateFile)
 }
 
-// notify sends a state change to the watchers; callers hold h.mu.
+// notify sends a state change to the watchers; callers hold h.mu. A
+// watcher that does not keep up is cut off, as the port asks.
 func (h *Hypervisor) notify(st ports.VMStatus) {
 	for ch := range h.subs {
 		select {
 		case ch <- st:
-		default: // a watcher that does not keep up resynchronises with List
+		default:
+			delete(h.subs, ch)
+			close(ch)
 		}
 	}
 }
@@ -366,8 +369,10 @@ func (h *Hypervisor) Watch(ctx context.Context) (<-chan ports.VMStatus, error) {
 	go func() {
 		<-ctx.Done()
 		h.mu.Lock()
-		delete(h.subs, ch)
-		close(ch)
+		if _, ok := h.subs[ch]; ok {
+			delete(h.subs, ch)
+			close(ch)
+		}
 		h.mu.Unlock()
 	}()
 	return ch, nil

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/kdomanski/iso9660"
 
+	"github.com/virtlet/virtlet/adapters/atomicfile"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -36,9 +38,9 @@ func (m *Media) PluginInfo() ports.PluginInfo {
 }
 
 // Configure takes the plugin's state directory. The ISO library stages
-// files under $TMPDIR, so Configure points the process's TMPDIR at a
-// private staging directory in the state directory and empties it of
-// anything a crashed build left: the files may hold secrets.
+// the files (secrets included) under $TMPDIR, which the plugin host makes
+// a private directory of the plugin process, emptied at every launch; the
+// process environment is never changed here (it is the whole process's).
 func (m *Media) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if err := pc.Decode(&struct{}{}); err != nil {
 		return err
@@ -46,15 +48,9 @@ func (m *Media) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if pc.StateDir == "" {
 		return fmt.Errorf("%s: needs a state directory: %w", m.Name, ports.ErrInvalidArgument)
 	}
-	staging := filepath.Join(pc.StateDir, "staging")
-	if err := os.RemoveAll(staging); err != nil {
-		return fmt.Errorf("clean staging directory: %w", err)
-	}
-	if err := os.MkdirAll(staging, 0o700); err != nil {
-		return err
-	}
-	if err := os.Setenv("TMPDIR", staging); err != nil {
-		return err
+	// Where earlier versions staged files: what a crash left may be secret.
+	if err := os.RemoveAll(filepath.Join(pc.StateDir, "staging")); err != nil {
+		return fmt.Errorf("clean old staging directory: %w", err)
 	}
 	return m.SetDir(filepath.Join(pc.StateDir, "media"), pc.StateDir)
 }
@@ -122,7 +118,8 @@ func (m *Media) RemoveMedia(ctx context.Context, id string) error {
 	return nil
 }
 
-// Write builds an ISO 9660 image of files at path, atomically, mode 0600.
+// Write builds an ISO 9660 image of files at path, atomically and
+// durably, mode 0600.
 func Write(path, label string, files map[string][]byte) error {
 	w, err := iso9660.NewWriter()
 	if err != nil {
@@ -139,21 +136,12 @@ func Write(path, label string, files map[string][]byte) error {
 			return fmt.Errorf("add %s: %w", name, err)
 		}
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if err := w.WriteTo(f, label); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return fmt.Errorf("write ISO: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.WriteFunc(path, 0o600, func(f io.Writer) error {
+		if err := w.WriteTo(f, label); err != nil {
+			return fmt.Errorf("write ISO: %w", err)
+		}
+		return nil
+	})
 }
 
 var _ ports.Datasource = (*Media)(nil)

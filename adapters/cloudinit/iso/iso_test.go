@@ -28,7 +28,6 @@ func TestDatasourceContract(t *testing.T) {
 		{configdrive.New, "configdrive", "config-2", configdrive.Layout, "openstack/latest/user_data"},
 	} {
 		configured := func(t *testing.T) datasource.Adapter {
-			t.Setenv("TMPDIR", os.TempDir()) // Configure moves it into the state directory
 			m := tc.new()
 			if err := m.Configure(context.Background(), ports.PluginConfig{StateDir: t.TempDir()}); err != nil {
 				t.Fatal(err)
@@ -42,5 +41,27 @@ func TestDatasourceContract(t *testing.T) {
 			c := datasource.NewClient(sdktest.Conn(t, configured(t)))
 			datasourcetest.Run(t, datasourcetest.Env{Datasource: c, Name: tc.name, Label: tc.label, Layout: tc.layout, UserData: tc.userData})
 		})
+	}
+}
+
+// The plugin leaves the process environment alone (TMPDIR included: the
+// host gives each plugin process a private one), and a build leaves
+// nothing in the temporary directory.
+func TestConfigureLeavesTheEnvironmentAlone(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	m := nocloud.New()
+	if err := m.Configure(context.Background(), ports.PluginConfig{StateDir: t.TempDir()}); err != nil {
+		t.Fatal(err)
+	}
+	if got := os.Getenv("TMPDIR"); got != tmp {
+		t.Fatalf("TMPDIR changed to %s", got)
+	}
+	req := ports.MediaRequest{VMID: "0123456789abcdef", Datasource: "nocloud", UserData: []byte("#cloud-config\n"), MetaData: []byte("{}")}
+	if _, err := m.BuildMedia(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(tmp); len(entries) != 0 {
+		t.Fatalf("the build left %v in TMPDIR", entries)
 	}
 }

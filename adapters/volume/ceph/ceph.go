@@ -31,6 +31,7 @@ import (
 	"github.com/ceph/go-ceph/rbd"
 	"github.com/sirupsen/logrus"
 
+	"github.com/virtlet/virtlet/adapters/atomicfile"
 	"github.com/virtlet/virtlet/adapters/volume/flexopts"
 	"github.com/virtlet/virtlet/ports"
 )
@@ -193,13 +194,8 @@ func (v *Volumes) Validate(ctx context.Context, req ports.VolumeRequest) (map[st
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return nil, err
 	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, []byte(vol.key), 0o600); err != nil {
+	if err := atomicfile.Write(p, []byte(vol.key), 0o600); err != nil {
 		return nil, fmt.Errorf("keep the key of ceph volume %s: %w", req.Name, err)
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		os.Remove(tmp)
-		return nil, err
 	}
 	kept := schema.Own(req.Options)
 	delete(kept, "secret")
@@ -213,7 +209,7 @@ func (v *Volumes) Forget(ctx context.Context, req ports.VolumeRequest) error {
 	if err != nil {
 		return err
 	}
-	for _, f := range []string{p, p + ".tmp"} {
+	for _, f := range []string{p, p + atomicfile.TempSuffix} {
 		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("forget the key of ceph volume %s: %w", req.Name, err)
 		}
