@@ -615,6 +615,10 @@ func libvirtError(op string, err error) error {
 				return fmt.Errorf("%s: %w", msg, ports.ErrAlreadyExists)
 			}
 		}
+		// The connection to libvirtd is gone: the caller may retry.
+		if le.Domain == libvirt.FROM_RPC || le.Code == libvirt.ERR_NO_CONNECT || le.Code == libvirt.ERR_INVALID_CONN || le.Code == libvirt.ERR_RPC {
+			return fmt.Errorf("%s (libvirtd unreachable): %w", msg, ports.ErrUnavailable)
+		}
 		if strings.Contains(le.Message, "already exists") {
 			return fmt.Errorf("%s: %w", msg, ports.ErrAlreadyExists)
 		}
@@ -789,21 +793,36 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 	if err != nil {
 		return ports.VMStatus{}, err
 	}
-	defer dom.Free()
-	running := func() bool {
+	defer func() { dom.Free() }()
+	// A VM is stopped only when libvirt says so: while libvirt cannot be
+	// asked (libvirtd died), the VM may well run on. Once the adapter has
+	// reconnected, the domain is looked up on the new connection.
+	running := func() (bool, error) {
 		state, _, err := h.domainState(dom)
-		return err == nil && state != libvirt.DOMAIN_SHUTOFF
+		if err != nil {
+			if _, fresh, lerr := h.lookup(id); lerr == nil {
+				dom.Free()
+				dom = fresh
+				state, _, err = h.domainState(dom)
+			}
+		}
+		if err != nil {
+			return false, libvirtError("state of domain "+r.Spec.Name, err)
+		}
+		return state != libvirt.DOMAIN_SHUTOFF, nil
+	}
+	stoppedForSure := func() bool {
+		run, err := running()
+		return err == nil && !run
 	}
 	// libvirt is never asked with h.mu held: a slow domain must not hold
 	// up calls about others.
 	state, reason, err := h.domainState(dom)
-	if err != nil || state == libvirt.DOMAIN_SHUTOFF {
-		if err == nil {
-			return h.foundShutOff(r, reason), nil // the stop event may still be on its way
-		}
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return r.status(), nil
+	if err != nil {
+		return ports.VMStatus{}, libvirtError("stop "+r.Spec.Name+": read its state", err)
+	}
+	if state == libvirt.DOMAIN_SHUTOFF {
+		return h.foundShutOff(r, reason), nil // the stop event may still be on its way
 	}
 	done := make(chan struct{})
 	h.mu.Lock()
@@ -826,7 +845,7 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 			case <-deadline:
 				return false
 			case <-tick.C:
-				if !running() {
+				if stoppedForSure() {
 					return true
 				}
 				if press && time.Since(lastPress) >= 3*time.Second {
@@ -838,7 +857,7 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 	}
 	stopped := false
 	if timeout > 0 {
-		if err := dom.ShutdownFlags(libvirt.DOMAIN_SHUTDOWN_ACPI_POWER_BTN); err != nil && running() {
+		if err := dom.ShutdownFlags(libvirt.DOMAIN_SHUTDOWN_ACPI_POWER_BTN); err != nil && !stoppedForSure() {
 			h.log.WithError(err).WithField("vm", r.Spec.Name).Warn("ACPI shutdown")
 		}
 		stopped = wait(timeout, true)
@@ -850,7 +869,7 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 		h.mu.Lock()
 		r.ForcedAfter = timeout
 		h.mu.Unlock()
-		if err := dom.Destroy(); err != nil && running() {
+		if err := dom.Destroy(); err != nil && !stoppedForSure() {
 			return ports.VMStatus{}, libvirtError("force off domain "+r.Spec.Name, err)
 		}
 		if !wait(10*time.Second, false) {

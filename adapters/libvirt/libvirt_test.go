@@ -2,6 +2,7 @@ package libvirt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -248,5 +249,31 @@ func TestReconnectReleasesTheOldConnection(t *testing.T) {
 	}
 	if started != 1 {
 		t.Fatalf("one domain start reached the adapter %d times", started)
+	}
+}
+
+// While libvirt cannot say what a VM does (libvirtd died during the stop),
+// Stop does not report the VM stopped: it fails as unavailable, and the
+// record stays running, so that the caller retries.
+func TestStopNeverReportsAVMItCannotSeeAsStopped(t *testing.T) {
+	h := configured(t, t.TempDir(), quietLog())
+	a := addVM(t, h, ports.VMRunning, true)
+	var calls atomic.Int32
+	h.domainState = func(d *libvirt.Domain) (libvirt.DomainState, int, error) {
+		if uuidOf(d) == a.Spec.UUID && calls.Add(1) > 1 {
+			return 0, 0, libvirt.Error{Code: libvirt.ERR_SYSTEM_ERROR, Domain: libvirt.FROM_RPC, Message: "Cannot recv data: Connection reset by peer"}
+		}
+		return d.GetState()
+	}
+	// The test driver ignores ACPI: the stop waits for the VM to go until
+	// the caller gives up, with the VM unseen all along.
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	st, err := h.Stop(ctx, a.Spec.ID, time.Minute)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop while libvirt cannot see the VM: %+v, %v", st, err)
+	}
+	if st, _ := h.Status(context.Background(), a.Spec.ID); st.State != ports.VMRunning {
+		t.Fatalf("the record after a stop libvirt could not confirm: %+v", st)
 	}
 }
