@@ -97,7 +97,7 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'P1BootOverhead|P6PullVsCurl|P2SecondRootDisk|PodNetwork20|ReachTheVM' -benchtime 1x -timeout 40m ./testing/bench/
 	testing/k8s/build.sh >/dev/null
 	$(GO) test -run '^$$' -bench 'KubeApply' -benchtime 1x -timeout 30m ./testing/bench/
-	@echo "targets: PluginRoundTrip p50 <= 150 µs (grpc-floor-*: the bare transport on this machine, no Virtlet code);"
+	@echo "targets: PluginRoundTrip p50 overhead above bare gRPC on the same connection (grpc-floor-*, no Virtlet code) <= 10 %;"
 	@echo "         List*500 server p99 <= 2000 µs (e2e-* adds the client's own decoding);"
 	@echo "         P1 boot overhead ratio <= 1.10 (virtlet's own steps are run+create; libvirt's domain start is in start);"
 	@echo "         P6 256 MiB pull / curl -o ratio <= 1.1; P2 second root disk <= 50 ms and <= 1 MiB written;"
