@@ -67,6 +67,7 @@ func startKubeNode(t *testing.T, netIndex int) *kubeNode {
 	d.Translate("seed-images.yaml", seedNames)
 	ctrd := harness.StartContainerd(t, tn)
 	d.Start("--kubeconfig", kubeconfig, "--forward-runtime", ctrd.Endpoint)
+	k.FlexvolumeDriver = filepath.Join(bins, "virtlet-flexvolume-driver")
 	k.StartKubelet(d)
 	k.StartKubeProxy()
 	// The node label, as `virtletctl gen --node` prints it.
@@ -341,13 +342,15 @@ func TestKubeNode(t *testing.T) {
 		n.assertEmptyNode(t, links)
 	})
 
-	// Seed 004's ubuntu-vm, its image swapped for the tiny guest (which
-	// prints the cloud-init data it gets): the daemon reads the ConfigMap
-	// and the Secret from the API server as a member of virtlet:nodes
-	// (the RBAC `virtletctl gen` prints), kubelet's ConfigMap and Secret
-	// volumes become files written by cloud-init.
-	t.Run("seed-004 ubuntu-vm's ConfigMaps and Secrets through the API", func(t *testing.T) {
-		objects := fmt.Sprintf(`apiVersion: v1
+	// Seed 004's ubuntu-vm on the cloud image (the seed's image name,
+	// translated), with real cloud-init: the daemon reads the ConfigMap and
+	// the Secret from the API server as a member of virtlet:nodes (the RBAC
+	// `virtletctl gen` prints); kubelet's ConfigMap and Secret volumes
+	// become files written by cloud-init, its qcow2 flexvolume (through
+	// Virtlet's driver, which kubelet runs) a disk mounted where the pod
+	// says. kubectl exec, through the guest agent, shows what the guest got.
+	t.Run("seed-004 ubuntu-vm on the cloud image, through the API", func(t *testing.T) {
+		objects := `apiVersion: v1
 kind: ConfigMap
 metadata: {name: vm-user-data}
 data:
@@ -382,7 +385,7 @@ metadata:
       users:
       - name: cloudy
         gecos: Magic Cloud App Daemon User
-        inactive: true
+        inactive: "5"
         system: true
     VirtletCloudInitUserDataSource: configmap/vm-user-data
     VirtletSSHKeys: |
@@ -397,38 +400,72 @@ spec:
           - {key: extraRuntime, operator: In, values: [virtlet]}
   containers:
   - name: ubuntu-vm
-    image: %s
+    image: virtlet.cloud/cloud-images.ubuntu.com/xenial/current/xenial-server-cloudimg-amd64-disk1.img
     volumeMounts:
     - {name: config, mountPath: /etc/foobar}
     - {name: secret, mountPath: /etc/baz}
+    - {name: extra, mountPath: /var/lib/docker}
     resources:
-      limits: {memory: 160Mi}
+      limits: {memory: 512Mi}
   volumes:
   - name: config
     configMap: {name: foobar-files}
   - name: secret
     secret: {secretName: baz-files}
-`, tinyRef)
+  - name: extra
+    flexVolume:
+      driver: virtlet/flexvolume_driver
+      options: {type: qcow2, capacity: 256MiB}
+`
 		if err := n.k.Apply(objects); err != nil {
 			t.Fatal(err)
 		}
-		n.waitFor(t, "ubuntu-vm's guest ready", 3*time.Minute, func() bool { return strings.Contains(n.podLogs("ubuntu-vm"), "@@TINY-READY") })
-		logs := n.podLogs("ubuntu-vm")
-		for _, want := range []string{
-			"foobar",                                      // meta-data instance-id
-			"ssh-rsa AAAAkey-one",                         // VirtletSSHKeys
-			"ssh-rsa AAAAkey-from-the-secret",             // VirtletSSHKeySource (the Secret, read through the API)
-			"Magic Cloud App Daemon User",                 // VirtletCloudInitUserData
-			"echo user-data-from-configmap",               // VirtletCloudInitUserDataSource (the ConfigMap, merged)
-			"/etc/foobar/foobar.conf", "/etc/baz/baz.key", // the volumes' files
+		applied := time.Now()
+		n.waitFor(t, "ubuntu-vm Running", 3*time.Minute, func() bool {
+			out, _ := n.k.Kubectl("get", "pod", "ubuntu-vm", "-o", "jsonpath={.status.phase}")
+			return out == "Running"
+		})
+		// An exec waits for the booting guest's agent (agentWait).
+		var status string
+		n.waitFor(t, "cloud-init done in the guest", 8*time.Minute, func() bool {
+			status, _ = n.k.Kubectl("exec", "ubuntu-vm", "--", "cloud-init", "status", "--wait")
+			return strings.Contains(status, "status: done")
+		})
+		t.Logf("kubectl apply → cloud-init done %s", time.Since(applied).Round(time.Second))
+		exec := func(cmd ...string) string {
+			out, err := n.k.Kubectl(append([]string{"exec", "ubuntu-vm", "--"}, cmd...)...)
+			if err != nil {
+				t.Errorf("kubectl exec %s: %v %s", strings.Join(cmd, " "), err, out)
+			}
+			return out
+		}
+		for _, c := range []struct {
+			cmd  []string
+			want string
+		}{
+			{[]string{"hostname"}, "ubuntu-vm"},
+			{[]string{"cat", "/var/lib/cloud/data/instance-id"}, "foobar"},                              // VirtletCloudInitMetaData
+			{[]string{"getent", "passwd", "cloudy"}, "Magic Cloud App Daemon User"},                     // VirtletCloudInitUserData
+			{[]string{"grep", "-c", "user-data-from-configmap", "/var/log/cloud-init-output.log"}, "1"}, // the ConfigMap's runcmd, merged
+			// The seed's users list has no "default": its keys reach
+			// cloud-init, which has no default user to give them to.
+			{[]string{"cloud-init", "query", "v1.public_ssh_keys"}, "ssh-rsa AAAAkey-one"},     // VirtletSSHKeys
+			{[]string{"cloud-init", "query", "v1.public_ssh_keys"}, "AAAAkey-from-the-secret"}, // VirtletSSHKeySource, through the API
+			{[]string{"cat", "/etc/foobar/foobar.conf"}, "configmap-volume-file"},              // ConfigMap volume
+			{[]string{"cat", "/etc/baz/baz.key"}, "secret-volume-file"},                        // Secret volume
+			{[]string{"findmnt", "-n", "-o", "FSTYPE", "/var/lib/docker"}, "ext4"},             // qcow2 flexvolume
 		} {
-			if !strings.Contains(logs, want) {
-				t.Errorf("the guest's cloud-init data lacks %q:\n%s", want, tail(logs, 4000))
+			if got := exec(c.cmd...); !strings.Contains(got, c.want) {
+				t.Errorf("kubectl exec %s: %q, want %q", strings.Join(c.cmd, " "), got, c.want)
 			}
 		}
 		n.kubectl(t, "delete", "pod", "ubuntu-vm", "--wait=true", "--timeout=3m")
 		n.kubectl(t, "delete", "configmap", "vm-user-data", "foobar-files")
 		n.kubectl(t, "delete", "secret", "mysecret", "baz-files")
+		n.waitFor(t, "the VM pod removed from the node", 2*time.Minute, func() bool {
+			return n.c.Must(t, "pods", "-q") == ""
+		})
+		n.assertEmptyNode(t, links)
 	})
 
 	t.Run("a VM that fails is restarted by kubelet", func(t *testing.T) {

@@ -42,6 +42,10 @@ type Kube struct {
 	APIServer  string // https://127.0.0.1:port
 	// KubeletPort is the kubelet's HTTPS port on 127.0.0.1.
 	KubeletPort int
+	// FlexvolumeDriver, when set before StartKubelet, is installed as
+	// kubelet's virtlet/flexvolume_driver, talking to the daemon's admin
+	// socket.
+	FlexvolumeDriver string
 	procs       []*exec.Cmd
 	rootDir     string
 	ca          *x509.Certificate
@@ -221,6 +225,19 @@ func (k *Kube) StartKubelet(d *Daemon) {
 	if out, err := exec.Command("sh", "-c", fmt.Sprintf("mount --bind %[1]s %[1]s && mount --make-shared %[1]s", k.rootDir)).CombinedOutput(); err != nil {
 		t.Fatalf("kubelet root dir: %v %s", err, out)
 	}
+	// kubelet's flexvolume plugins: Virtlet's driver, as `make install`
+	// puts it, told where this daemon's admin socket is.
+	plugins := filepath.Join(dir, "volume-plugins")
+	if k.FlexvolumeDriver != "" {
+		drv := filepath.Join(plugins, "virtlet~flexvolume_driver")
+		if err := os.MkdirAll(drv, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		wrapper := fmt.Sprintf("#!/bin/sh\nVIRTLET_ADMIN_SOCKET=%s exec %s \"$@\"\n", d.AdminSocket(), k.FlexvolumeDriver)
+		if err := os.WriteFile(filepath.Join(drv, "flexvolume_driver"), []byte(wrapper), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	config := filepath.Join(dir, "kubelet.yaml")
 	// No cgroupDriver: kubelet takes it from the runtime (RuntimeConfig).
 	os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
@@ -234,6 +251,7 @@ failSwapOn: false
 failCgroupV1: false
 containerRuntimeEndpoint: unix://%s
 podLogsDir: %s
+volumePluginDir: %s
 tlsCertFile: %s
 tlsPrivateKeyFile: %s
 authentication:
@@ -249,7 +267,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 nodeStatusReportFrequency: 10s
 syncFrequency: 10s
-`, kubeletPort, healthz, d.Socket, filepath.Join(dir, "pod-logs"), pki("kubelet-serving.crt"), pki("kubelet-serving.key"), pki("ca.crt"))), 0o644)
+`, kubeletPort, healthz, d.Socket, filepath.Join(dir, "pod-logs"), plugins, pki("kubelet-serving.crt"), pki("kubelet-serving.key"), pki("ca.crt"))), 0o644)
 	k.start("kubelet", "unshare", "-m", "--propagation", "unchanged", "--", "sh", "-c", fmt.Sprintf(
 		"mount --bind %[1]s/overcommit_memory /proc/sys/vm/overcommit_memory && mount --bind %[1]s/panic /proc/sys/kernel/panic && "+
 			"mount --bind %[1]s/panic_on_oops /proc/sys/kernel/panic_on_oops && exec %[2]s --config=%[3]s --kubeconfig=%[4]s --root-dir=%[5]s --hostname-override=%[6]s --v=2",
