@@ -26,23 +26,40 @@ type tailer struct {
 	done   chan struct{}
 	offset int64
 	inode  uint64
+	// wake is signalled by the shared inotify notifier when the raw log
+	// changes; nil when there is none and the tailer polls.
+	wake   chan struct{}
+	cancel func()
+	// The position last saved: an idle VM writes nothing.
+	savedOffset int64
+	savedInode  uint64
 }
 
 const (
-	tailPoll      = 25 * time.Millisecond
+	tailPoll      = 25 * time.Millisecond  // without inotify
+	tailSafety    = 2 * time.Second        // with inotify: a missed event costs at most this
 	partialAfter  = 300 * time.Millisecond // a prompt without newline shows up after this
 	saveEvery     = time.Second
 	readChunkSize = 64 * 1024
 )
 
 func startTailer(raw, criPath string, offset int64, inode uint64, save func(int64, uint64), log logrus.FieldLogger) (*tailer, error) {
-	t := &tailer{raw: raw, log: log, save: save, stop: make(chan struct{}), done: make(chan struct{}), offset: offset, inode: inode}
+	t := &tailer{raw: raw, log: log, save: save, stop: make(chan struct{}), done: make(chan struct{}), offset: offset, inode: inode,
+		savedOffset: offset, savedInode: inode}
 	if criPath != "" {
 		w, err := crilog.Open(criPath, "stdout")
 		if err != nil {
 			return nil, err
 		}
 		t.out = w
+	}
+	if n := sharedNotifier(); n != nil {
+		wake := make(chan struct{}, 1)
+		if cancel, err := n.subscribe(raw, wake); err == nil {
+			t.wake, t.cancel = wake, cancel
+		} else {
+			log.WithError(err).Warn("watch the console log; polling it instead")
+		}
 	}
 	go t.run()
 	return t, nil
@@ -59,13 +76,16 @@ func (t *tailer) run() {
 	defer close(t.done)
 	var f *os.File
 	defer func() {
+		if t.cancel != nil {
+			t.cancel()
+		}
 		if f != nil {
 			f.Close()
 		}
 		if t.out != nil {
 			t.out.Close()
 		}
-		t.save(t.offset, t.inode)
+		t.saveIfMoved()
 	}()
 	buf := make([]byte, readChunkSize)
 	lastData, lastSave := time.Now(), time.Now()
@@ -81,7 +101,7 @@ func (t *tailer) run() {
 				if !errors.Is(err, fs.ErrNotExist) {
 					t.log.WithError(err).Warn("open console log")
 				}
-				if t.wait() {
+				if t.wait(0) {
 					stopping = true
 				}
 				continue
@@ -112,16 +132,37 @@ func (t *tailer) run() {
 			pending = false
 		}
 		if time.Since(lastSave) >= saveEvery {
-			t.save(t.offset, t.inode)
+			t.saveIfMoved()
 			lastSave = time.Now()
 		}
 		if stopping {
 			return // drained
 		}
-		if t.wait() {
+		// A partial line is flushed partialAfter after its last byte; a
+		// new position is saved saveEvery after the last save.
+		var within time.Duration
+		if pending {
+			within = max(partialAfter-time.Since(lastData), time.Millisecond)
+		}
+		if t.offset != t.savedOffset || t.inode != t.savedInode {
+			saveIn := max(saveEvery-time.Since(lastSave), time.Millisecond)
+			if within == 0 || saveIn < within {
+				within = saveIn
+			}
+		}
+		if t.wait(within) {
 			stopping = true // one more pass to drain what is left
 		}
 	}
+}
+
+// saveIfMoved persists the position when it changed since the last save.
+func (t *tailer) saveIfMoved() {
+	if t.offset == t.savedOffset && t.inode == t.savedInode {
+		return
+	}
+	t.save(t.offset, t.inode)
+	t.savedOffset, t.savedInode = t.offset, t.inode
 }
 
 // open opens the raw log at the saved position (from the start if the file
@@ -148,12 +189,25 @@ func (t *tailer) open() (*os.File, error) {
 	return f, nil
 }
 
-// wait sleeps a poll interval; it reports whether the tailer was stopped.
-func (t *tailer) wait() bool {
+// wait sleeps until the raw log changes (or a poll interval without
+// inotify), at most within when that is set; it reports whether the
+// tailer was stopped.
+func (t *tailer) wait(within time.Duration) bool {
+	d := tailPoll
+	if t.wake != nil {
+		d = tailSafety
+	}
+	if within > 0 {
+		d = min(d, within)
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
 	select {
 	case <-t.stop:
 		return true
-	case <-time.After(tailPoll):
+	case <-t.wake:
+		return false
+	case <-timer.C:
 		return false
 	}
 }
