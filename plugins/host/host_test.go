@@ -170,6 +170,23 @@ func TestPluginsServeTheirPorts(t *testing.T) {
 			t.Fatalf("status %+v", st)
 		}
 	}
+	// Each call the daemon makes is counted: three more volume calls are
+	// three more calls of the scratch plugin.
+	calls := func(name string) uint64 {
+		for _, st := range h.Status() {
+			if st.Name == name {
+				return st.Calls
+			}
+		}
+		return 0
+	}
+	before := calls("scratch")
+	for i := 0; i < 3; i++ {
+		vol.Validate(ctx, ports.VolumeRequest{VMID: "vm1", Name: "data", Type: "scratch", Options: map[string]string{"size": "1"}})
+	}
+	if got := calls("scratch") - before; before == 0 || got != 3 {
+		t.Errorf("scratch plugin calls: %d before, %d more after 3 calls", before, got)
+	}
 	if h.Network() != nil {
 		t.Fatal("a network port without a network plugin")
 	}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,6 +47,9 @@ type PluginStatus struct {
 	Handles   []string         `json:"handles,omitempty"`
 	Restarts  int              `json:"restarts"`
 	LastError string           `json:"lastError,omitempty"`
+	// Calls counts the RPCs the daemon made to the plugin since it
+	// started (all its processes): what a VM start costs in plugin calls.
+	Calls uint64 `json:"calls"`
 }
 
 // Supervisor runs one plugin process: it launches it (checksum verified,
@@ -76,6 +80,8 @@ type Supervisor struct {
 	stop     chan struct{}
 	done     chan struct{}
 	watching bool
+
+	calls atomic.Uint64 // RPCs made to the plugin
 }
 
 func newSupervisor(m manifest.Manifest, opts Options) *Supervisor {
@@ -140,6 +146,16 @@ func (s *Supervisor) launch(ctx context.Context) error {
 		SyncStdout:       &outputLines{sink: logSink{log: s.log, plugin: s.m.Name, ring: &s.logs}, stream: "stdout"},
 		SyncStderr:       &outputLines{sink: logSink{log: s.log, plugin: s.m.Name, ring: &s.logs}, stream: "stderr"},
 		StartTimeout:     s.opts.StartTimeout,
+		GRPCDialOptions: []grpc.DialOption{
+			grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				s.calls.Add(1)
+				return invoker(ctx, method, req, reply, cc, opts...)
+			}),
+			grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+				s.calls.Add(1)
+				return streamer(ctx, desc, cc, method, opts...)
+			}),
+		},
 	})
 	fail := func(err error) error {
 		release(client, sockDir)
@@ -351,7 +367,7 @@ func (s *Supervisor) Status() PluginStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := PluginStatus{Name: s.m.Name, Kind: s.m.Kind, Manifest: s.m.File, State: s.state, Version: s.info.Version,
-		Handles: s.handles, Restarts: s.restarts, LastError: s.lastErr}
+		Handles: s.handles, Restarts: s.restarts, LastError: s.lastErr, Calls: s.calls.Load()}
 	if s.state == Running {
 		st.PID = s.pid
 	}
