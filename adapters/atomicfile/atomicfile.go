@@ -60,6 +60,31 @@ func WriteFunc(path string, perm os.FileMode, fill func(w io.Writer) error) erro
 	return SyncDir(filepath.Dir(path))
 }
 
+// RemoveTemps removes the temporary files that writes into dir left when
+// their process died (SIGKILL between the write and the rename): a plugin
+// calls it for its directories when it starts, before it writes anew. It
+// returns the names removed.
+func RemoveTemps(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read %s: %w", dir, err)
+	}
+	var removed []string
+	for _, e := range entries {
+		if e.IsDir() || filepath.Ext(e.Name()) != TempSuffix {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !os.IsNotExist(err) {
+			return removed, fmt.Errorf("remove interrupted write %s: %w", e.Name(), err)
+		}
+		removed = append(removed, e.Name())
+	}
+	return removed, nil
+}
+
 // SyncDir makes the entries of dir (a rename, a new or removed file)
 // durable.
 func SyncDir(dir string) error {

@@ -76,3 +76,28 @@ func TestQuarantineSetsTheFileAside(t *testing.T) {
 		t.Fatalf("the file is still in place: %v", err)
 	}
 }
+
+// What a write killed before its rename left is removed, and nothing else.
+func TestRemoveTempsRemovesInterruptedWrites(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]string{"a.json": "kept", "a.json" + atomicfile.TempSuffix: "torn", "b.iso" + atomicfile.TempSuffix: "torn", "notes.txt": "kept"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := atomicfile.RemoveTemps(dir)
+	if err != nil || len(removed) != 2 {
+		t.Fatalf("removed %v, %v", removed, err)
+	}
+	entries, _ := os.ReadDir(dir)
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	if strings.Join(left, " ") != "a.json notes.txt" {
+		t.Fatalf("left %v", left)
+	}
+	if removed, err := atomicfile.RemoveTemps(filepath.Join(dir, "missing")); err != nil || removed != nil {
+		t.Fatalf("a missing directory: %v %v", removed, err)
+	}
+}

@@ -83,6 +83,9 @@ func (n *Network) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if err := os.MkdirAll(n.records, 0o700); err != nil {
 		return err
 	}
+	if _, err := atomicfile.RemoveTemps(n.records); err != nil { // interrupted writes
+		return err
+	}
 	if err := ensureHostBridgeRules(); err != nil {
 		return err
 	}

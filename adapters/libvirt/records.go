@@ -92,6 +92,13 @@ func (h *Hypervisor) loadRecords() (map[string]*record, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
+	for _, d := range []string{dir, h.stateDir} { // records; the accelerator cache
+		if removed, err := atomicfile.RemoveTemps(d); err != nil {
+			return nil, err
+		} else if len(removed) > 0 {
+			h.log.WithField("files", removed).Info("removed what interrupted writes left")
+		}
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err

@@ -89,3 +89,21 @@ func TestUnreadableRecordIsQuarantinedAndTheOthersLoad(t *testing.T) {
 		t.Fatal("no error-level entry naming the record, where it went and why")
 	}
 }
+
+// A record write the plugin's death interrupted leaves a temporary file,
+// which the next start removes.
+func TestInterruptedRecordWriteIsCleanedUp(t *testing.T) {
+	state := t.TempDir()
+	dir := filepath.Join(state, "records")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	torn := filepath.Join(dir, "0123456789abcdef.json"+atomicfile.TempSuffix)
+	if err := os.WriteFile(torn, []byte(`{"spec": {"id": "0123`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	configured(t, state, quietLog())
+	if _, err := os.Stat(torn); !os.IsNotExist(err) {
+		t.Fatalf("the interrupted write's file is still there: %v", err)
+	}
+}

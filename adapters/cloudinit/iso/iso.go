@@ -52,7 +52,12 @@ func (m *Media) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if err := os.RemoveAll(filepath.Join(pc.StateDir, "staging")); err != nil {
 		return fmt.Errorf("clean old staging directory: %w", err)
 	}
-	return m.SetDir(filepath.Join(pc.StateDir, "media"), pc.StateDir)
+	if err := m.SetDir(filepath.Join(pc.StateDir, "media"), pc.StateDir); err != nil {
+		return err
+	}
+	// A medium whose writing was interrupted may hold user-data.
+	_, err := atomicfile.RemoveTemps(m.dir)
+	return err
 }
 
 // SetDir sets where images are written; every directory from parent down

@@ -91,7 +91,12 @@ func (v *Volumes) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if err := os.MkdirAll(v.keys, 0o700); err != nil {
 		return err
 	}
-	return os.Chmod(v.keys, 0o700)
+	if err := os.Chmod(v.keys, 0o700); err != nil {
+		return err
+	}
+	// A key whose writing was interrupted is a secret left behind.
+	_, err := atomicfile.RemoveTemps(v.keys)
+	return err
 }
 
 // volume is a checked ceph flexvolume.
