@@ -46,11 +46,11 @@ type Kube struct {
 	// kubelet's virtlet/flexvolume_driver, talking to the daemon's admin
 	// socket.
 	FlexvolumeDriver string
-	procs       []*exec.Cmd
-	rootDir     string
-	ca          *x509.Certificate
-	caKey       *ecdsa.PrivateKey
-	serial      int64
+	procs            []*exec.Cmd
+	rootDir          string
+	ca               *x509.Certificate
+	caKey            *ecdsa.PrivateKey
+	serial           int64
 }
 
 // KubeBinaries builds (or finds in the cache) the Kubernetes binaries.
