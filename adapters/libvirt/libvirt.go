@@ -73,6 +73,8 @@ type Hypervisor struct {
 	resyncs chan chan struct{}
 	// resyncEvery is how often the dispatcher resynchronises anyway.
 	resyncEvery time.Duration
+	// quit ends the dispatcher, which closes dispatched (close: tests).
+	quit, dispatched chan struct{}
 
 	// domainState asks libvirt for a domain's state and reason (a seam:
 	// tests make it slow).
@@ -153,8 +155,15 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	startEventLoop(h.log)
 	h.mu.Lock()
 	h.records, h.accel = records, accel
+	startDispatch := h.quit == nil
+	if startDispatch {
+		h.quit, h.dispatched = make(chan struct{}), make(chan struct{})
+	}
+	quit, dispatched := h.quit, h.dispatched
 	h.mu.Unlock()
-	go h.dispatch()
+	if startDispatch {
+		go h.dispatch(quit, dispatched)
+	}
 	if err := h.connect(); err != nil {
 		return err
 	}
@@ -295,11 +304,14 @@ func (h *Hypervisor) onLifecycle(c *libvirt.Connect, d *libvirt.Domain, e *libvi
 // with libvirt when asked (events were lost, or the connection is new) and
 // every resyncEvery (an event may be lost where nobody notices). Both run
 // here, so that no event older than a resync is applied after it.
-func (h *Hypervisor) dispatch() {
+func (h *Hypervisor) dispatch(quit <-chan struct{}, dispatched chan<- struct{}) {
+	defer close(dispatched)
 	tick := time.NewTicker(h.resyncEvery)
 	defer tick.Stop()
 	for {
 		select {
+		case <-quit:
+			return
 		case e := <-h.events:
 			h.apply(e)
 		case done := <-h.resyncs:
@@ -1161,8 +1173,15 @@ func (h *Hypervisor) close() {
 	h.mu.Lock()
 	conn, id := h.conn, h.lifecycleID
 	h.conn, h.ready = nil, false
+	quit, dispatched := h.quit, h.dispatched
+	h.quit = nil
 	h.mu.Unlock()
 	if conn != nil {
 		h.hangUp(conn, id)
+	}
+	// No event or resync applies (and writes a record) after close.
+	if quit != nil {
+		close(quit)
+		<-dispatched
 	}
 }
