@@ -193,10 +193,12 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 		rootfs = &ports.RootfsRequest{ImagePath: imagePath, ImageFormat: formatOr(img.Format, "qcow2"), ImageDigest: img.ID,
 			ImageName: cfg.UserImage, ImageVirtualSize: img.VirtualSize, Reinitialize: opts.RootfsReinit}
 	}
+	start := time.Now()
 	vols, err := r.prepareVolumes(ctx, c, opts.DiskDriver, rootfs)
 	if err != nil {
 		return fail(err)
 	}
+	r.phaseDone(ports.PhaseVolumes, start)
 	r.failpoint(FPCreateVolumes)
 	if vols.root != nil {
 		spec.Disks[0] = *vols.root
@@ -204,6 +206,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	spec.Disks = append(spec.Disks, vols.disks...)
 	spec.Filesystems = vols.filesystems
 	ciInput.Volumes = guestVolumes(plan.uses, vols.formats, opts.DiskDriver)
+	start = time.Now()
 	ci, err := cloudinit.Build(ciInput)
 	if err != nil {
 		return fail(err)
@@ -213,21 +216,26 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err != nil {
 		return fail(fmt.Errorf("build %s cloud-init media: %w", opts.CloudInitImageType, err))
 	}
+	r.phaseDone(ports.PhaseCloudInit, start)
 	r.failpoint(FPCreateMedia)
 	media.Serial = CIDataSerial
 	spec.Disks = append(spec.Disks, cloudInitDisk(media, opts.DiskDriver))
 	if err := checkDiskCount(spec.Disks); err != nil {
 		return fail(err)
 	}
+	start = time.Now()
 	if err := r.deps.Hypervisor.Define(ctx, spec); err != nil {
 		return fail(fmt.Errorf("define VM %s: %w", spec.Name, err))
 	}
+	r.phaseDone(ports.PhaseDefine, start)
 	r.failpoint(FPCreateDefined)
 	if len(rootFiles) > 0 {
+		start = time.Now()
 		if err := r.deps.Hypervisor.WriteFiles(ctx, id, rootFiles); err != nil {
 			return fail(fmt.Errorf("annotation %s: write the files of %s into the root file system: %w",
 				annotations.FilesFromDataSource, opts.FilesFromDataSource, err))
 		}
+		r.phaseDone(ports.PhaseWriteFiles, start)
 	}
 	created := *c
 	created.Spec = spec.WithoutSecrets()
@@ -367,9 +375,11 @@ func (r *Runtime) StartContainer(ctx context.Context, id string) error {
 	default:
 		return fmt.Errorf("container %s is %s; only a created VM can be started: %w", short(c.ID), c.State, ports.ErrFailedPrecondition)
 	}
+	start := time.Now()
 	if err := r.deps.Hypervisor.Start(ctx, c.ID); err != nil {
 		return fmt.Errorf("start VM %s: %w", c.Spec.Name, err)
 	}
+	r.phaseDone(ports.PhaseStart, start)
 	r.failpoint(FPStartStarted)
 	running := *c
 	running.State = ContainerRunning

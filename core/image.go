@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/url"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -23,18 +25,22 @@ var (
 // PullImage downloads a VM image into the store and returns its ID.
 // Concurrent pulls of one image download it once.
 func (r *Runtime) PullImage(ctx context.Context, name string, auth *ports.RegistryAuth) (string, error) {
+	refused := func(class ports.PullFailure, err error) (string, error) {
+		r.pulled(ports.ImagePull{Failure: pullFailure(err, class)})
+		return "", err
+	}
 	n, err := ParseImageName(name)
 	if err != nil {
-		return "", err
+		return refused(ports.PullInvalidName, err)
 	}
 	loc, err := r.resolveLocation(ctx, n)
 	if err != nil {
-		return "", err
+		return refused(ports.PullInvalidName, err)
 	}
 	loc.URL = withReference(loc.URL, n)
 	scheme, err := Scheme(loc.URL)
 	if err != nil {
-		return "", fmt.Errorf("image %s: %w", name, err)
+		return refused(ports.PullInvalidName, fmt.Errorf("image %s: %w", name, err))
 	}
 	src, ok := r.deps.ImageSources[scheme]
 	if !ok {
@@ -42,13 +48,20 @@ func (r *Runtime) PullImage(ctx context.Context, name string, auth *ports.Regist
 		if handled == "" {
 			handled = "none"
 		}
-		return "", fmt.Errorf("image %s: no image plugin handles %s:// locations (installed image plugins handle: %s; add one to the plugin manifests): %w",
-			name, scheme, handled, ports.ErrFailedPrecondition)
+		return refused(ports.PullNoPlugin, fmt.Errorf("image %s: no image plugin handles %s:// locations (installed image plugins handle: %s; add one to the plugin manifests): %w",
+			name, scheme, handled, ports.ErrFailedPrecondition))
 	}
 	var id string
 	err = r.detached(ctx, func(ctx context.Context) error {
 		v, err, _ := r.pulls.Do(n.Key(), func() (interface{}, error) {
-			return r.pull(ctx, n, loc, src, auth)
+			start := time.Now()
+			res, class, err := r.pull(ctx, n, loc, src, auth)
+			p := ports.ImagePull{Scheme: scheme, Bytes: res.Size, Took: time.Since(start)}
+			if err != nil {
+				p.Bytes, p.Failure = 0, pullFailure(err, class)
+			}
+			r.pulled(p)
+			return res.Digest, err
 		})
 		if err != nil {
 			return err
@@ -59,13 +72,15 @@ func (r *Runtime) PullImage(ctx context.Context, name string, auth *ports.Regist
 	return id, err
 }
 
-func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports.ImageSource, auth *ports.RegistryAuth) (string, error) {
+// pull downloads, stores and indexes an image; a failure comes with the
+// class of the step that failed (its error's kind may say more).
+func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports.ImageSource, auth *ports.RegistryAuth) (ports.FetchResult, ports.PullFailure, error) {
 	location := loc.URL
 	log := r.log.WithFields(logrus.Fields{"image": n.Raw, "location": redactURL(location), "translation": loc.Source})
 	files := r.deps.ImageFiles
 	tmp, err := files.NewTemp(ctx)
 	if err != nil {
-		return "", fmt.Errorf("image %s: reserve download file: %w", n.Raw, err)
+		return ports.FetchResult{}, ports.PullStore, fmt.Errorf("image %s: reserve download file: %w", n.Raw, err)
 	}
 	discard := func() {
 		if err := files.Discard(ctx, tmp); err != nil {
@@ -84,27 +99,31 @@ func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports
 	})
 	if err != nil {
 		discard()
-		return "", fmt.Errorf("pull image %s from %s: %w", n.Raw, redactURL(location), err)
+		class := ports.PullOther
+		if errors.Is(err, ports.ErrInvalidArgument) {
+			class = ports.PullInvalidImage // not a disk, not the pinned digest
+		}
+		return ports.FetchResult{}, class, fmt.Errorf("pull image %s from %s: %w", n.Raw, redactURL(location), err)
 	}
 	r.failpoint(FPPullFetched)
 	if !fullDigest.MatchString(res.Digest) {
 		discard()
-		return "", fmt.Errorf("pull image %s: image plugin returned a malformed digest %q: %w", n.Raw, res.Digest, ports.ErrUnavailable)
+		return ports.FetchResult{}, ports.PullOther, fmt.Errorf("pull image %s: image plugin returned a malformed digest %q: %w", n.Raw, res.Digest, ports.ErrUnavailable)
 	}
 	if expected != "" && res.Digest != expected {
 		discard()
-		return "", fmt.Errorf("pull image %s: digest mismatch: downloaded data is %s: %w", n.Raw, res.Digest, ports.ErrInvalidArgument)
+		return ports.FetchResult{}, ports.PullInvalidImage, fmt.Errorf("pull image %s: digest mismatch: downloaded data is %s: %w", n.Raw, res.Digest, ports.ErrInvalidArgument)
 	}
 	if _, err := files.Commit(ctx, tmp, res.Digest); err != nil {
 		discard()
-		return "", fmt.Errorf("pull image %s: store data: %w", n.Raw, err)
+		return ports.FetchResult{}, ports.PullStore, fmt.Errorf("pull image %s: store data: %w", n.Raw, err)
 	}
 	r.failpoint(FPPullStored)
 	if err := r.indexImage(ctx, n, res, redactURL(location), registry); err != nil {
-		return "", err
+		return ports.FetchResult{}, ports.PullStore, err
 	}
 	log.WithFields(logrus.Fields{"id": res.Digest, "size": res.Size}).Info("image pulled")
-	return res.Digest, nil
+	return res, "", nil
 }
 
 // redactURL drops credentials and query strings from a location for logs

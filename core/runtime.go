@@ -31,6 +31,7 @@ type Deps struct {
 	Files        ports.ProjectedFiles        // nil: ConfigMap/Secret volume mounts fail
 	VolumeDirs   ports.VolumeDirs            // nil: flexvolume mounts fail
 	Dialer       ports.Dialer                // nil: port-forward and the VNC display fail
+	Observer     ports.Observer              // nil: nothing is measured
 }
 
 // Options tune the runtime.

@@ -34,6 +34,7 @@ type env struct {
 	vols   *fakes.Volumes
 	vdirs  fakes.VolumeDirs
 	dialer ports.Dialer
+	obs    *observed
 	logDir string
 	cancel context.CancelFunc
 }
@@ -52,7 +53,7 @@ func newEnv(t *testing.T) *env {
 		files: fakes.NewImageFiles(dir), net: fakes.NewNetwork(), logDir: t.TempDir(),
 		nc: fakes.NewDatasource("nocloud"), cd: fakes.NewDatasource("configdrive"),
 		kube: fakes.NewKubeObjects(), vfiles: fakes.ProjectedFiles{},
-		vols: fakes.NewVolumes(), vdirs: fakes.VolumeDirs{},
+		vols: fakes.NewVolumes(), vdirs: fakes.VolumeDirs{}, obs: &observed{},
 	}
 	e.start(t)
 	return e
@@ -68,7 +69,7 @@ func (e *env) start(t *testing.T) {
 		Hypervisor: e.hv, ImageSources: map[string]ports.ImageSource{"https": e.images},
 		ImageFiles: e.files, Store: e.store, Network: e.net,
 		Datasources: map[string]ports.Datasource{"nocloud": e.nc, "configdrive": e.cd},
-		Kube:        e.kube, Files: e.vfiles, VolumeDirs: e.vdirs, Dialer: e.dialer,
+		Kube:        e.kube, Files: e.vfiles, VolumeDirs: e.vdirs, Dialer: e.dialer, Observer: e.obs,
 		Volumes: map[string]ports.Volumes{ports.VolumeShare: e.vols, ports.VolumeBlock: e.vols, "qcow2": e.vols, "ceph": e.vols, "sized": e.vols},
 	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second})
 	if err != nil {

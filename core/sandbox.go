@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -132,10 +133,12 @@ func (r *Runtime) setupNetwork(ctx context.Context, sb *Sandbox) (*ports.Network
 	if r.deps.Network == nil {
 		return nil, nil
 	}
+	start := time.Now()
 	att, err := r.deps.Network.Setup(ctx, networkRequest(sb))
 	if err != nil {
 		return nil, fmt.Errorf("set up network of pod %s/%s: %w", sb.Namespace, sb.Name, err)
 	}
+	r.phaseDone(ports.PhaseNetwork, start)
 	return &att, nil
 }
 

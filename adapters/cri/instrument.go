@@ -24,19 +24,39 @@ var quiet = map[string]bool{
 	"ExecSync": true,
 }
 
+// CallObserver hears of every CRI call as it ends: its method
+// ("RunPodSandbox"), the gRPC code it ended with, whether a router
+// forwarded it to the other runtime of a mixed node, and how long it took.
+// It runs on the call's goroutine: it must be quick.
+type CallObserver func(method string, code codes.Code, forwarded bool, took time.Duration)
+
+// WithCallObserver makes the server report every call to o.
+func (s *Server) WithCallObserver(o CallObserver) *Server {
+	s.observe = o
+	return s
+}
+
 // instrument is the one place that logs every CRI call (method, pod,
-// duration, error) and turns core errors into gRPC status codes.
+// duration, error), turns core errors into gRPC status codes and reports
+// the call to the observer.
 func (s *Server) instrument(ctx context.Context, req interface{}, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (interface{}, error) {
 	fields := s.identify(req) // before the call: a removal forgets the pod
 	start := time.Now()
 	var forwardedTo string
 	resp, err := handler(context.WithValue(ctx, forwardedKey{}, &forwardedTo), req)
+	took := time.Since(start)
 	method := path.Base(info.FullMethod)
 	fields["method"] = method
 	if forwardedTo != "" {
 		fields["runtime"] = forwardedTo
 	}
-	fields["duration"] = time.Since(start).Round(time.Microsecond)
+	fields["duration"] = took.Round(time.Microsecond)
+	if err != nil {
+		err = toStatus(err)
+	}
+	if s.observe != nil {
+		s.observe(method, status.Code(err), forwardedTo != "", took)
+	}
 	if r, ok := resp.(interface{ GetPodSandboxId() string }); ok && r.GetPodSandboxId() != "" {
 		fields["sandbox"] = short(r.GetPodSandboxId())
 	}
@@ -45,7 +65,6 @@ func (s *Server) instrument(ctx context.Context, req interface{}, info *grpc.Una
 	}
 	log := s.log.WithFields(fields)
 	if err != nil {
-		err = toStatus(err)
 		if status.Code(err) == codes.NotFound || status.Code(err) == codes.Unimplemented {
 			log.WithError(err).Debug("CRI call failed")
 		} else {

@@ -40,6 +40,7 @@ type Server struct {
 	info    Info
 	log     logrus.FieldLogger
 	streams StreamURLs
+	observe CallObserver
 
 	sandboxWire, containerWire wireCache
 }

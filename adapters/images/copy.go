@@ -15,8 +15,7 @@ import (
 // the digest costs almost nothing on top of the transfer (a 256 MiB image
 // otherwise spends ~200 ms of serial SHA-256 after each chunk's write).
 // When dst is a file, its writeback starts as the copy goes.
-// progress, if set, sees each chunk after it is written.
-func hashingCopy(dst io.Writer, h hash.Hash, src io.Reader, progress io.Writer) (int64, error) {
+func hashingCopy(dst io.Writer, h hash.Hash, src io.Reader) (int64, error) {
 	const (
 		buffers        = 16
 		size           = 256 << 10
@@ -42,8 +41,6 @@ func hashingCopy(dst io.Writer, h hash.Hash, src io.Reader, progress io.Writer) 
 			if writeErr == nil {
 				if _, err := dst.Write(c.data); err != nil {
 					writeErr = err
-				} else if progress != nil {
-					progress.Write(c.data)
 				}
 				// Start writing back what is done, without waiting: the
 				// final fsync then waits for the tail only, not for a

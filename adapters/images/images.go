@@ -256,15 +256,18 @@ func (s *Source) store(ctx context.Context, req ports.FetchRequest, where string
 	}
 	defer f.Close()
 	hash := sha256.New()
-	pw := &progressWriter{log: log, total: size, every: progressEvery, start: time.Now(), last: time.Now()}
-	n, err := hashingCopy(f, hash, body, pw)
+	start := time.Now()
+	counted := &progress{r: body}
+	stop := counted.report(log, size, progressEvery)
+	n, err := hashingCopy(f, hash, counted)
+	stop()
 	if err != nil && !(errors.Is(err, io.ErrUnexpectedEOF) && size > n) {
 		return ports.FetchResult{}, fmt.Errorf("download %s: %w (after %d bytes)", where, err, n)
 	}
 	if size >= 0 && n != size {
 		return ports.FetchResult{}, fmt.Errorf("download %s: truncated: got %d of %d bytes", where, n, size)
 	}
-	copied := time.Since(pw.start)
+	copied := time.Since(start)
 	if err := f.Sync(); err != nil {
 		return ports.FetchResult{}, fmt.Errorf("write %s: %w", req.Dest, err)
 	}
@@ -276,7 +279,7 @@ func (s *Source) store(ctx context.Context, req ports.FetchRequest, where string
 	if err != nil {
 		return ports.FetchResult{}, fmt.Errorf("image %s from %s: %v: %w", req.Name, where, err, ports.ErrInvalidArgument)
 	}
-	elapsed := time.Since(pw.start)
+	elapsed := time.Since(start)
 	log.WithFields(logrus.Fields{"bytes": n, "seconds": elapsed.Seconds(), "copySeconds": copied.Seconds(), "MiBps": rate(n, elapsed),
 		"format": info.Format, "digest": digest}).
 		Info("image downloaded")
@@ -298,28 +301,6 @@ func rate(n int64, d time.Duration) float64 {
 		return 0
 	}
 	return float64(n) / (1 << 20) / d.Seconds()
-}
-
-// progressWriter logs a download's progress at an interval.
-type progressWriter struct {
-	log         logrus.FieldLogger
-	total, done int64
-	every       time.Duration
-	start, last time.Time
-}
-
-func (p *progressWriter) Write(b []byte) (int, error) {
-	p.done += int64(len(b))
-	if now := time.Now(); now.Sub(p.last) >= p.every {
-		p.last = now
-		f := logrus.Fields{"bytes": p.done, "MiBps": rate(p.done, now.Sub(p.start))}
-		if p.total > 0 {
-			f["total"] = p.total
-			f["percent"] = 100 * p.done / p.total
-		}
-		p.log.WithFields(f).Info("downloading image")
-	}
-	return len(b), nil
 }
 
 var _ ports.ImageSource = (*Source)(nil)

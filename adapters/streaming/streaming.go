@@ -34,6 +34,7 @@ const DefaultAddress = "127.0.0.1:0"
 // Server serves the streams of Exec, Attach and PortForward.
 type Server struct {
 	lib      kubeletstreaming.Server
+	sessions *runtime
 	listener net.Listener
 	conns    *conns
 	http     *http.Server
@@ -58,14 +59,35 @@ func Listen(address string, rt *core.Runtime, tools *Tools, log logrus.FieldLogg
 	cfg := kubeletstreaming.DefaultConfig
 	cfg.Addr = l.Addr().String()
 	cfg.BaseURL = &url.URL{Scheme: "http", Host: l.Addr().String()}
-	lib, err := kubeletstreaming.NewServer(cfg, &runtime{rt: rt, tools: tools, log: log, maxExec: cfg.StreamIdleTimeout})
+	sessions := &runtime{rt: rt, tools: tools, log: log, maxExec: cfg.StreamIdleTimeout}
+	lib, err := kubeletstreaming.NewServer(cfg, sessions)
 	if err != nil {
 		l.Close()
 		return nil, fmt.Errorf("streaming server: %w", err)
 	}
 	set := &conns{open: map[*clientConn]struct{}{}}
-	return &Server{lib: lib, listener: &trackingListener{Listener: l, set: set}, conns: set, log: log,
+	return &Server{lib: lib, sessions: sessions, listener: &trackingListener{Listener: l, set: set}, conns: set, log: log,
 		http: &http.Server{Handler: lib, ReadHeaderTimeout: 30 * time.Second, ConnContext: withConn}}, nil
+}
+
+// Session kinds, as a SessionObserver hears them.
+const (
+	SessionExec        = "exec"         // a command in the guest
+	SessionTool        = "virtletctl"   // one of Virtlet's own commands (vmtools)
+	SessionAttach      = "attach"       // the serial console
+	SessionPortForward = "port_forward" // one forwarded connection
+)
+
+// SessionObserver hears of each session as it begins, and of its end
+// through the function it returns (with the session's error, nil when it
+// ended well).
+type SessionObserver func(kind string) (ended func(err error))
+
+// WithSessionObserver makes the server report every session to o. Call it
+// before Serve.
+func (s *Server) WithSessionObserver(o SessionObserver) *Server {
+	s.sessions.observe = o
+	return s
 }
 
 // Address is where the server listens.
@@ -115,14 +137,29 @@ type runtime struct {
 	// library's idle timeout, after which it would close the connection
 	// anyway (the guest agent sends no output before the command ends).
 	maxExec time.Duration
+	observe SessionObserver // nil: none
+}
+
+// session reports a session's beginning; call the result with its end.
+func (r *runtime) session(kind string) func(err error) {
+	if r.observe == nil {
+		return func(error) {}
+	}
+	return r.observe(kind)
 }
 
 func (r *runtime) Exec(ctx context.Context, containerID string, cmd []string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize) error {
 	go drain(resize)
 	ctx, cancel := sessionContext(ctx)
 	defer cancel()
+	kind := SessionExec
+	if vmtools.IsCommand(cmd) {
+		kind = SessionTool
+	}
+	ended := r.session(kind)
 	var code int32
 	var err error
+	defer func() { ended(err) }()
 	if vmtools.IsCommand(cmd) {
 		code, err = r.tools.Run(ctx, containerID, cmd, in, writer(out), writer(errw))
 	} else {
@@ -138,7 +175,8 @@ func (r *runtime) Exec(ctx context.Context, containerID string, cmd []string, in
 		return err
 	}
 	if code != 0 {
-		// The library reports this to the client as the exit code.
+		// The library reports this to the client as the exit code (the
+		// session itself went well).
 		return utilexec.CodeExitError{Err: fmt.Errorf("command terminated with exit code %d", code), Code: int(code)}
 	}
 	return nil
@@ -149,13 +187,19 @@ func (r *runtime) Attach(ctx context.Context, containerID string, in io.Reader, 
 	go drain(resize)
 	ctx, cancel := sessionContext(ctx)
 	defer cancel()
-	return r.rt.Attach(ctx, containerID, in, writer(out))
+	ended := r.session(SessionAttach)
+	err := r.rt.Attach(ctx, containerID, in, writer(out))
+	ended(err)
+	return err
 }
 
 func (r *runtime) PortForward(ctx context.Context, podSandboxID string, port int32, stream io.ReadWriteCloser) error {
 	ctx, cancel := sessionContext(ctx)
 	defer cancel()
-	return r.rt.PortForward(ctx, podSandboxID, port, stream)
+	ended := r.session(SessionPortForward)
+	err := r.rt.PortForward(ctx, podSandboxID, port, stream)
+	ended(err)
+	return err
 }
 
 // drain drops terminal resizes (nil without a terminal: nothing to do)

@@ -3,7 +3,9 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,6 +48,12 @@ type config struct {
 	// ForwardRuntime is the CRI endpoint (unix:///path) of a container
 	// runtime that serves every pod that is not a VM pod; empty refuses them.
 	ForwardRuntime string `json:"forwardRuntime"`
+	// MetricsAddress is where the Prometheus endpoint (/metrics, /healthz)
+	// listens, host:port; empty: no endpoint. Port 0 picks a free one.
+	MetricsAddress string `json:"metricsAddress"`
+	// MetricsAllowRemote lets MetricsAddress be other than a loopback
+	// address: the endpoint has no authentication and no TLS.
+	MetricsAllowRemote bool `json:"metricsAllowRemote"`
 }
 
 // systemdRunDir exists on a node booted with systemd (sd_booted(3)).
@@ -74,7 +82,7 @@ func dirOf(p string) string {
 func parseConfig(args []string) (config, bool, error) {
 	cfg := defaults()
 	fs := flag.NewFlagSet("virtlet", flag.ContinueOnError)
-	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir, streamingAddress, cgroupDriver, forwardRuntime); flags override it")
+	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir, streamingAddress, cgroupDriver, forwardRuntime, metricsAddress, metricsAllowRemote); flags override it")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	listen := fs.String("listen", cfg.Listen, "CRI endpoint to serve, unix:///path.sock")
 	adminSocket := fs.String("admin-socket", cfg.AdminSocket, "unix socket of the admin API (mode 0600) the flexvolume driver and node tools use")
@@ -91,6 +99,8 @@ func parseConfig(args []string) (config, bool, error) {
 	streamingAddress := fs.String("streaming-address", cfg.StreamingAddress, "loopback host:port of the CRI streaming server (exec, attach, port-forward) that kubelet proxies; port 0 picks a free port")
 	cgroupDriver := fs.String("cgroup-driver", cfg.CgroupDriver, "cgroup driver kubelet must use (CRI RuntimeConfig): systemd or cgroupfs (default: systemd when the node runs systemd)")
 	forwardRuntime := fs.String("forward-runtime", cfg.ForwardRuntime, "CRI endpoint of a container runtime (unix:///run/containerd/containerd.sock) that serves the pods that are not VM pods, so that one node runs both; empty: such pods are refused")
+	metricsAddress := fs.String("metrics-address", cfg.MetricsAddress, "host:port of the Prometheus endpoint (/metrics, /healthz), such as 127.0.0.1:9474; a loopback address unless --metrics-allow-remote; empty: no endpoint")
+	metricsRemote := fs.Bool("metrics-allow-remote", cfg.MetricsAllowRemote, "let --metrics-address be a non-loopback address (the endpoint has no authentication or TLS: put it on a network only Prometheus reaches)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, false, err
 	}
@@ -130,6 +140,13 @@ func parseConfig(args []string) (config, bool, error) {
 	override("streaming-address", &cfg.StreamingAddress, *streamingAddress)
 	override("cgroup-driver", &cfg.CgroupDriver, *cgroupDriver)
 	override("forward-runtime", &cfg.ForwardRuntime, *forwardRuntime)
+	override("metrics-address", &cfg.MetricsAddress, *metricsAddress)
+	if set["metrics-allow-remote"] {
+		cfg.MetricsAllowRemote = *metricsRemote
+	}
+	if err := cfg.checkMetrics(); err != nil {
+		return cfg, false, err
+	}
 	if cfg.ForwardRuntime != "" && !strings.HasPrefix(cfg.ForwardRuntime, "unix:///") {
 		return cfg, false, fmt.Errorf("forward runtime (forwardRuntime, --forward-runtime) %q: want unix:///absolute/path/to/the/cri.sock", cfg.ForwardRuntime)
 	}
@@ -159,6 +176,27 @@ func parseConfig(args []string) (config, bool, error) {
 		return cfg, false, err
 	}
 	return cfg, false, nil
+}
+
+// checkMetrics refuses an endpoint the network could reach unless the
+// operator asked for it: the metrics name every pod and carry no
+// authentication.
+func (c config) checkMetrics() error {
+	if c.MetricsAddress == "" {
+		if c.MetricsAllowRemote {
+			return fmt.Errorf("metricsAllowRemote (--metrics-allow-remote) is set without metricsAddress (--metrics-address): the metrics endpoint is off")
+		}
+		return nil
+	}
+	host, port, err := net.SplitHostPort(c.MetricsAddress)
+	if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("metrics address (metricsAddress, --metrics-address) %q: want host:port, such as 127.0.0.1:9474", c.MetricsAddress)
+	}
+	if ip := net.ParseIP(host); !c.MetricsAllowRemote && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return fmt.Errorf("metrics address (metricsAddress, --metrics-address) %q is not a loopback address: the endpoint has no authentication or TLS "+
+			"and names every pod; use 127.0.0.1 or [::1], or set metricsAllowRemote (--metrics-allow-remote) to serve it beyond this node", c.MetricsAddress)
+	}
+	return nil
 }
 
 func (c config) operationTimeout() (time.Duration, error) {

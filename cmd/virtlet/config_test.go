@@ -105,3 +105,56 @@ func TestForwardRuntime(t *testing.T) {
 		}
 	}
 }
+
+// The metrics endpoint is off by default, and stays on loopback unless the
+// operator says otherwise, in the config file or with a flag.
+func TestMetricsAddress(t *testing.T) {
+	for _, tc := range []struct {
+		file      string
+		args      []string
+		want, err string
+		remote    bool
+	}{
+		{want: ""},
+		{args: []string{"--metrics-address", "127.0.0.1:9474"}, want: "127.0.0.1:9474"},
+		{args: []string{"--metrics-address", "[::1]:9474"}, want: "[::1]:9474"},
+		{args: []string{"--metrics-address", "localhost:0"}, want: "localhost:0"},
+		{file: "metricsAddress: 127.0.0.2:9474\n", want: "127.0.0.2:9474"},
+		{file: "metricsAddress: 127.0.0.1:9474\n", args: []string{"--metrics-address", "127.0.0.1:9500"}, want: "127.0.0.1:9500"},
+		{args: []string{"--metrics-address", "0.0.0.0:9474"},
+			err: `metrics address (metricsAddress, --metrics-address) "0.0.0.0:9474" is not a loopback address`},
+		{args: []string{"--metrics-address", ":9474"}, err: "set metricsAllowRemote (--metrics-allow-remote)"},
+		{args: []string{"--metrics-address", "10.1.2.3:9474"}, err: "is not a loopback address"},
+		{args: []string{"--metrics-address", "node.example.com:9474"}, err: "is not a loopback address"},
+		{file: "metricsAddress: 0.0.0.0:9474\n", err: "is not a loopback address"},
+		{args: []string{"--metrics-address", "0.0.0.0:9474", "--metrics-allow-remote"}, want: "0.0.0.0:9474", remote: true},
+		{file: "metricsAddress: 0.0.0.0:9474\nmetricsAllowRemote: true\n", want: "0.0.0.0:9474", remote: true},
+		{file: "metricsAddress: \":9474\"\n", args: []string{"--metrics-allow-remote"}, want: ":9474", remote: true},
+		{file: "metricsAddress: 0.0.0.0:9474\nmetricsAllowRemote: true\n", args: []string{"--metrics-allow-remote=false"},
+			err: "is not a loopback address"},
+		{args: []string{"--metrics-address", "9474"}, err: `metrics address (metricsAddress, --metrics-address) "9474": want host:port`},
+		{args: []string{"--metrics-address", "127.0.0.1:http"}, err: "want host:port"},
+		{args: []string{"--metrics-address", "127.0.0.1:70000"}, err: "want host:port"},
+		{args: []string{"--metrics-allow-remote"}, err: "metricsAllowRemote (--metrics-allow-remote) is set without metricsAddress (--metrics-address)"},
+	} {
+		args := tc.args
+		if tc.file != "" {
+			path := filepath.Join(t.TempDir(), "virtlet.yaml")
+			if err := os.WriteFile(path, []byte(tc.file), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			args = append([]string{"--config", path}, args...)
+		}
+		cfg, _, err := parseConfig(args)
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q %v: got %v, want an error with %q", tc.file, tc.args, err, tc.err)
+			}
+		case err != nil:
+			t.Errorf("%q %v: %v", tc.file, tc.args, err)
+		case cfg.MetricsAddress != tc.want || cfg.MetricsAllowRemote != tc.remote:
+			t.Errorf("%q %v: metrics address %q (remote %v), want %q (remote %v)", tc.file, tc.args, cfg.MetricsAddress, cfg.MetricsAllowRemote, tc.want, tc.remote)
+		}
+	}
+}

@@ -40,6 +40,7 @@ var daemonMayImport = []string{
 	"github.com/virtlet/virtlet/adapters/kubeapi",
 	"github.com/virtlet/virtlet/adapters/kubedir",
 	"github.com/virtlet/virtlet/adapters/kubefiles",
+	"github.com/virtlet/virtlet/adapters/metrics",
 }
 
 // daemonMustNotLink are the outbound adapters' libraries.

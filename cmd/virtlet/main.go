@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -27,6 +28,7 @@ import (
 	"github.com/virtlet/virtlet/adapters/kubeapi"
 	"github.com/virtlet/virtlet/adapters/kubedir"
 	"github.com/virtlet/virtlet/adapters/kubefiles"
+	"github.com/virtlet/virtlet/adapters/metrics"
 	"github.com/virtlet/virtlet/adapters/streaming"
 	"github.com/virtlet/virtlet/adapters/vmtools"
 	"github.com/virtlet/virtlet/cmd/internal/buildinfo"
@@ -94,6 +96,15 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	if err != nil {
 		return err
 	}
+	// The metrics port is taken before any plugin starts, so that a port
+	// in use stops the daemon at once; it serves once everything is wired.
+	var metricsListener net.Listener
+	if cfg.MetricsAddress != "" {
+		if metricsListener, err = metrics.Listen(cfg.MetricsAddress); err != nil {
+			return err
+		}
+		defer metricsListener.Close()
+	}
 	plugins, err := host.Start(ctx, manifests, host.Options{
 		StateDir: filepath.Join(cfg.StateDir, "plugins"), Log: log.WithField("component", "plugins"),
 	})
@@ -108,11 +119,17 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	}
 	memory, _ := cfg.memoryBytes()
 	opTimeout, _ := cfg.operationTimeout()
+	var m *metrics.Metrics
+	var observer ports.Observer // not a nil *Metrics: the core tests for nil
+	if metricsListener != nil {
+		m = metrics.New(metrics.Options{Log: log.WithField("component", "metrics")})
+		observer = m
+	}
 	rt, err := core.New(core.Deps{
 		Hypervisor: plugins.Hypervisor(), ImageSources: plugins.ImageSources(), ImageFiles: files, Store: store,
 		Translations: imagetranslations.New(cfg.ImageTranslations),
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
-		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.TCP{},
+		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.TCP{}, Observer: observer,
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core"),
 		Failpoint: failpointHook(log)})
 	if err != nil {
@@ -134,10 +151,21 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		return err
 	}
 	log.WithField("address", streams.Address()).Info("serving CRI streams (exec, attach, port-forward)")
+	server := cri.New(rt, cri.Info{Version: buildinfo.Version(), Plugins: pluginStatus, CgroupDriver: cfg.CgroupDriver}, log.WithField("component", "cri")).WithStreaming(streams)
+	if m != nil {
+		streams.WithSessionObserver(m.Session)
+		server.WithCallObserver(m.CRICall)
+		m.WithRuntime(rt).WithPlugins(func() []metrics.Plugin { return pluginMetrics(plugins) })
+		go func() {
+			if err := m.Serve(ctx, metricsListener); err != nil {
+				log.WithError(err).Error("the metrics endpoint stopped; the daemon serves on without it")
+			}
+		}()
+		log.WithField("address", metricsListener.Addr().String()).Info("serving metrics (/metrics, /healthz)")
+	}
 	streamErr := make(chan error, 1)
 	go func() { streamErr <- streams.Serve(ctx) }()
 
-	server := cri.New(rt, cri.Info{Version: buildinfo.Version(), Plugins: pluginStatus, CgroupDriver: cfg.CgroupDriver}, log.WithField("component", "cri")).WithStreaming(streams)
 	listener, err := cri.Listen(cfg.Listen)
 	if err != nil {
 		return err
@@ -226,6 +254,15 @@ func kubeObjects(cfg config, log logrus.FieldLogger) (ports.KubeObjects, error) 
 		log.Warn("no --kubeconfig or --kube-objects-dir, and not in a cluster: pods whose annotations name ConfigMaps or Secrets will fail")
 		return nil, nil
 	}
+}
+
+// pluginMetrics reports the plugins' states for the metrics.
+func pluginMetrics(h *host.Host) []metrics.Plugin {
+	var out []metrics.Plugin
+	for _, st := range h.Status() {
+		out = append(out, metrics.Plugin{Name: st.Name, Kind: string(st.Kind), Up: st.State == host.Running, Restarts: st.Restarts})
+	}
+	return out
 }
 
 // pluginsByName keys the plugins' status by name (crictl info shows JSON

@@ -61,6 +61,12 @@ func TestMain(m *testing.M) {
 
 func startDaemon(t *testing.T, extra ...harness.Plugin) (*harness.Daemon, *harness.Crictl) {
 	t.Helper()
+	return startDaemonWith(t, nil, extra...)
+}
+
+// startDaemonWith is startDaemon with extra daemon arguments.
+func startDaemonWith(t *testing.T, args []string, extra ...harness.Plugin) (*harness.Daemon, *harness.Crictl) {
+	t.Helper()
 	fake := filepath.Join(bins, "virtlet-fake-plugin")
 	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append([]harness.Plugin{
 		{Name: "fake-hypervisor", Kind: "hypervisor", Binary: fake, Args: []string{"hypervisor"}},
@@ -69,7 +75,7 @@ func startDaemon(t *testing.T, extra ...harness.Plugin) (*harness.Daemon, *harne
 		{Name: "nocloud", Kind: "datasource", Binary: filepath.Join(bins, "virtlet-plugin-nocloud")},
 		{Name: "configdrive", Kind: "datasource", Binary: filepath.Join(bins, "virtlet-plugin-configdrive")},
 	}, extra...))
-	d.Start()
+	d.Start(args...)
 	return d, d.Crictl(crictl)
 }
 
