@@ -132,7 +132,16 @@ func (c *Client) Watch(ctx context.Context) (<-chan ports.VMStatus, error) {
 	if err != nil {
 		return nil, c.conn.Error(err)
 	}
+	// Return once the plugin has subscribed (its first message, without an
+	// ID): a change between this call and a later List is then never lost.
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, c.conn.Error(err)
+	}
 	out := make(chan ports.VMStatus, 64)
+	if first.Id != "" { // a plugin that sends no marker
+		out <- statusFromProto(first)
+	}
 	go func() {
 		defer close(out)
 		for {

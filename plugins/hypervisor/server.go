@@ -102,6 +102,11 @@ func (s *Server) Watch(_ *hypervisorv1.WatchRequest, stream hypervisorv1.Hypervi
 	if err != nil {
 		return base.ToRPC(err)
 	}
+	// A status without an ID says the subscription stands: the client
+	// returns only then, so that no change after its Watch is lost.
+	if err := stream.Send(&hypervisorv1.VMStatus{}); err != nil {
+		return err
+	}
 	for st := range ch {
 		if err := stream.Send(statusToProto(st)); err != nil {
 			return err
