@@ -21,7 +21,8 @@ import (
 // again, kubelet's retry of the call that died is replayed, and the pod's
 // life goes on to its end. Then nothing the pod had may be left (domain,
 // overlay, console log, record, cloud-init medium, netns, host links,
-// address, DHCP server, libvirt secret, image data or download file), and
+// address, DHCP server (the CNI plugin's sockets), libvirt secret, image
+// data or download file), and
 // a bystander VM pod that ran through every crash must run still, in the
 // same QEMU process. libvirtd itself is then killed mid-start and
 // mid-stop. The matrix (step × outcome) is printed.
@@ -295,6 +296,12 @@ func snapshotNode(t *testing.T, d *harness.Daemon, tn *harness.TestNetwork) node
 		}
 	}
 	s["host link"] = withoutBridge(hostLinks(t), tn.Bridge)
+	// The CNI plugin holds a socket per DHCP server it runs.
+	for pid, cmdline := range harness.ChildrenOf(d.PID()) {
+		if strings.Contains(cmdline, "virtlet-plugin-cni") {
+			s["CNI plugin sockets (DHCP servers)"] = []string{fmt.Sprint(sockets(pid))}
+		}
+	}
 	entries, _ := os.ReadDir(filepath.Join(tn.IPAMDir, tn.Name))
 	for _, e := range entries {
 		if strings.Count(e.Name(), ".") == 3 {
