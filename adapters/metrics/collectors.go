@@ -46,6 +46,8 @@ var (
 		"1 when the plugin process runs and serves, 0 while it starts or restarts.", []string{"plugin", "kind"}, nil)
 	pluginRestartsDesc = prometheus.NewDesc(namespace+"_plugin_restarts_total",
 		"Restarts of the plugin process since the daemon started.", []string{"plugin", "kind"}, nil)
+	pluginCallsDesc = prometheus.NewDesc(namespace+"_plugin_calls_total",
+		"RPCs the daemon made to the plugin since it started.", []string{"plugin", "kind"}, nil)
 )
 
 // pluginsCollector reports the plugin host's supervisors.
@@ -54,6 +56,7 @@ type pluginsCollector struct{ plugins func() []Plugin }
 func (c *pluginsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pluginUpDesc
 	ch <- pluginRestartsDesc
+	ch <- pluginCallsDesc
 }
 
 func (c *pluginsCollector) Collect(ch chan<- prometheus.Metric) {
@@ -64,6 +67,7 @@ func (c *pluginsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(pluginUpDesc, prometheus.GaugeValue, up, p.Name, p.Kind)
 		ch <- prometheus.MustNewConstMetric(pluginRestartsDesc, prometheus.CounterValue, float64(p.Restarts), p.Name, p.Kind)
+		ch <- prometheus.MustNewConstMetric(pluginCallsDesc, prometheus.CounterValue, float64(p.Calls), p.Name, p.Kind)
 	}
 }
 

@@ -30,8 +30,9 @@ type Runtime interface {
 // Plugin is a supervised plugin as the metrics show it.
 type Plugin struct {
 	Name, Kind string
-	Up         bool // running and serving
-	Restarts   int  // since the daemon started
+	Up         bool   // running and serving
+	Restarts   int    // since the daemon started
+	Calls      uint64 // RPCs the daemon made to it since it started
 }
 
 // Options tune the metrics.

@@ -112,7 +112,7 @@ func TestScrapeAfterCRICalls(t *testing.T) {
 	m := metrics.New(metrics.Options{Log: quietLog()})
 	rt := newRuntime(t, m)
 	m.WithRuntime(rt).WithPlugins(func() []metrics.Plugin {
-		return []metrics.Plugin{{Name: "libvirt", Kind: "hypervisor", Up: true}, {Name: "cni", Kind: "network", Restarts: 2}}
+		return []metrics.Plugin{{Name: "libvirt", Kind: "hypervisor", Up: true}, {Name: "cni", Kind: "network", Restarts: 2, Calls: 7}}
 	})
 	client := criClient(t, cri.New(rt, cri.Info{Version: "test"}, quietLog()).WithCallObserver(m.CRICall))
 	ctx := context.Background()
@@ -205,6 +205,9 @@ func TestScrapeAfterCRICalls(t *testing.T) {
 	}
 	if v := value(find(t, fams, "virtlet_plugin_up", map[string]string{"plugin": "cni"})); v != 0 {
 		t.Errorf("cni up %v", v)
+	}
+	if v := value(find(t, fams, "virtlet_plugin_calls_total", map[string]string{"plugin": "cni", "kind": "network"})); v != 7 {
+		t.Errorf("cni calls %v", v)
 	}
 	if v := value(find(t, fams, "virtlet_plugin_restarts_total", map[string]string{"plugin": "cni", "kind": "network"})); v != 2 {
 		t.Errorf("cni restarts %v", v)

@@ -260,7 +260,7 @@ func kubeObjects(cfg config, log logrus.FieldLogger) (ports.KubeObjects, error) 
 func pluginMetrics(h *host.Host) []metrics.Plugin {
 	var out []metrics.Plugin
 	for _, st := range h.Status() {
-		out = append(out, metrics.Plugin{Name: st.Name, Kind: string(st.Kind), Up: st.State == host.Running, Restarts: st.Restarts})
+		out = append(out, metrics.Plugin{Name: st.Name, Kind: string(st.Kind), Up: st.State == host.Running, Restarts: st.Restarts, Calls: st.Calls})
 	}
 	return out
 }
