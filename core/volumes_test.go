@@ -329,13 +329,16 @@ func TestFilesFromDataSource(t *testing.T) {
 		data map[string][]byte
 		want string
 	}{
-		"no path":      {map[string][]byte{"x": []byte("eA==")}, "key x_path: missing"},
-		"relative":     {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("etc/x")}, `key x_path: invalid value "etc/x": not a clean absolute file path`},
-		"dot-dot":      {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("/etc/../x")}, "not a clean absolute file path"},
-		"not base64":   {map[string][]byte{"x": []byte("plain text"), "x_path": []byte("/x")}, "key x: the content for /x is not valid base64"},
-		"bad encoding": {map[string][]byte{"x": []byte("a"), "x_path": []byte("/x"), "x_encoding": []byte("gzip")}, `key x_encoding: invalid value "gzip": unknown encoding`},
-		"stray path":   {map[string][]byte{"y_path": []byte("/y")}, "key y_path: it belongs to no file key"},
-		"empty":        {map[string][]byte{}, "has no file keys"},
+		"no path":         {map[string][]byte{"x": []byte("eA==")}, "key x_path: missing"},
+		"relative":        {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("etc/x")}, `key x_path: invalid value "etc/x": not a clean absolute file path`},
+		"dot-dot":         {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("/etc/../x")}, "not a clean absolute file path"},
+		"leading dot-dot": {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("../etc/x")}, "not a clean absolute file path"},
+		"NUL":             {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("/etc/shadow\x00.conf")}, "holds a NUL or control character"},
+		"newline":         {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("/etc/x\ny")}, "holds a NUL or control character"},
+		"not base64":      {map[string][]byte{"x": []byte("plain text"), "x_path": []byte("/x")}, "key x: the content for /x is not valid base64"},
+		"bad encoding":    {map[string][]byte{"x": []byte("a"), "x_path": []byte("/x"), "x_encoding": []byte("gzip")}, `key x_encoding: invalid value "gzip": unknown encoding`},
+		"stray path":      {map[string][]byte{"y_path": []byte("/y")}, "key y_path: it belongs to no file key"},
+		"empty":           {map[string][]byte{}, "has no file keys"},
 	} {
 		e.kube.ConfigMaps["default/bad"] = tc.data
 		sb := e.runPod(t, "bad-"+strings.ReplaceAll(name, " ", "-"), map[string]string{annotations.FilesFromDataSource: "configmap/bad"})
