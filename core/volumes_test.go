@@ -386,6 +386,31 @@ func TestReconcileReleasesVolumesOfInterruptedCreation(t *testing.T) {
 	}
 }
 
+// A creation whose undo fails (the volume plugin was restarting) is undone
+// again once the plugin is back, without waiting for a resubscription to
+// the hypervisor: nothing of it stays, not even its record.
+func TestFailedUndoIsRetried(t *testing.T) {
+	e := newEnv(t)
+	sb := e.runPod(t, "p", nil)
+	cfg := vmContainer(e.pull(t))
+	cfg.Mounts = []core.Mount{{ContainerPath: "/s", HostPath: volDir("kubernetes.io~empty-dir", "s")}}
+	e.hv.Fail["Define"] = errors.New("the hypervisor plugin died during the call")
+	e.vols.SetFail("Release", &ports.UnavailableError{Plugin: "ninep", Kind: ports.KindVolume, Reason: "restarting"})
+	if _, err := e.rt.CreateContainer(context.Background(), sb, cfg); err == nil {
+		t.Fatal("no error")
+	}
+	if len(e.vols.Prepared()) != 1 {
+		t.Fatalf("prepared %v", e.vols.Prepared())
+	}
+	e.vols.SetFail("Release", nil)
+	eventually(t, "volumes released", func() bool { return len(e.vols.Prepared()) == 0 })
+	eventually(t, "the record dropped", func() bool { return len(e.store.Keys(ports.BucketContainers)) == 0 })
+	delete(e.hv.Fail, "Define")
+	if id := e.createVM(t, sb); id == "" {
+		t.Fatal("no container")
+	}
+}
+
 // One share mounted twice keeps each mount's read-only flag in the guest
 // (the host side is read-only only if every mount is); two hostPaths with
 // the same base name are two shares.
