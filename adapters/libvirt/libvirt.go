@@ -926,6 +926,13 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 		}
 		dom = nil
 	}
+	if r == nil {
+		// A plugin killed during Define leaves the files it had made
+		// before the record that would name them.
+		if err := h.removeLeftovers(id); err != nil {
+			return err
+		}
+	}
 	if r == nil && dom == nil {
 		return fmt.Errorf("VM %s: %w", id, ports.ErrNotFound)
 	}
