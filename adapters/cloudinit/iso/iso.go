@@ -52,7 +52,18 @@ func (m *Media) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if err := os.RemoveAll(filepath.Join(pc.StateDir, "staging")); err != nil {
 		return fmt.Errorf("clean old staging directory: %w", err)
 	}
-	return m.SetDir(filepath.Join(pc.StateDir, "media"), pc.StateDir)
+	if err := m.SetDir(filepath.Join(pc.StateDir, "media"), pc.StateDir); err != nil {
+		return err
+	}
+	// Half-written images of a process killed while writing them (they
+	// may hold secrets); no write is in progress before Configure.
+	partial, _ := filepath.Glob(filepath.Join(m.dir, "*.iso"+atomicfile.TempSuffix))
+	for _, p := range partial {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove a partial image: %w", err)
+		}
+	}
+	return nil
 }
 
 // SetDir sets where images are written; every directory from parent down
@@ -112,8 +123,10 @@ func (m *Media) RemoveMedia(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("remove %s media of VM %s: %w", m.Name, id, err)
+	for _, f := range []string{p, p + atomicfile.TempSuffix} {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove %s media of VM %s: %w", m.Name, id, err)
+		}
 	}
 	return nil
 }
