@@ -147,7 +147,8 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		listener.Close()
 		return err
 	}
-	adminServer := admin.NewServer(rt, buildinfo.Version(), log.WithField("component", "admin")).GRPCServer()
+	adminServer := admin.NewServer(rt, buildinfo.Version(), log.WithField("component", "admin")).
+		WithPlugins(func() []admin.PluginState { return pluginStates(plugins) }).GRPCServer()
 	go adminServer.Serve(adminListener)
 	defer adminServer.Stop()
 	log.WithFields(logrus.Fields{"listen": cfg.Listen, "admin": cfg.AdminSocket}).Info("serving CRI")
@@ -226,6 +227,16 @@ func kubeObjects(cfg config, log logrus.FieldLogger) (ports.KubeObjects, error) 
 		log.Warn("no --kubeconfig or --kube-objects-dir, and not in a cluster: pods whose annotations name ConfigMaps or Secrets will fail")
 		return nil, nil
 	}
+}
+
+// pluginStates converts the plugins' status for the admin API.
+func pluginStates(h *host.Host) []admin.PluginState {
+	var out []admin.PluginState
+	for _, st := range h.Status() {
+		out = append(out, admin.PluginState{Name: st.Name, Kind: string(st.Kind), State: string(st.State),
+			PID: st.PID, Restarts: st.Restarts, LastError: st.LastError})
+	}
+	return out
 }
 
 // pluginsByName keys the plugins' status by name (crictl info shows JSON
