@@ -34,7 +34,7 @@ func configured(t *testing.T) *Volumes {
 
 func env(v ports.Volumes) volumetest.Env {
 	return volumetest.Env{
-		Volumes: v,
+		Volumes: v, NamesFiles: true,
 		Request: func(t *testing.T, vmID, name string) ports.VolumeRequest {
 			return ports.VolumeRequest{VMID: vmID, Name: name, Type: "qcow2", Options: map[string]string{"capacity": "64MiB"}}
 		},
