@@ -42,6 +42,12 @@ func createOverlay(ctx context.Context, path string, o ports.DiskOverlay, disk s
 		os.Remove(path)
 		return 0, fmt.Errorf("disk %s: qemu-img create: %v: %s", disk, err, strings.TrimSpace(string(out)))
 	}
+	// The guest's writes land here: root's alone (qemu-img leaves it
+	// 0644); libvirt hands it to QEMU's user while the VM runs.
+	if err := os.Chmod(path, 0o600); err != nil {
+		os.Remove(path)
+		return 0, fmt.Errorf("disk %s: %w", disk, err)
+	}
 	return time.Since(start), nil
 }
 

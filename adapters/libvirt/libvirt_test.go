@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -317,5 +318,22 @@ func TestUndefineRemovesWhatAnInterruptedDefineLeft(t *testing.T) {
 	}
 	if err := h.Undefine(context.Background(), "../../etc"); !errors.Is(err, ports.ErrInvalidArgument) {
 		t.Errorf("Undefine of a bad ID: %v", err)
+	}
+}
+
+// A VM's root overlay holds what the guest writes: root's alone until
+// libvirt hands it to QEMU's user for the VM's run.
+func TestOverlayIsPrivate(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", base, "16M").CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	overlay := filepath.Join(dir, "vm-root.qcow2")
+	if _, err := createOverlay(context.Background(), overlay, ports.DiskOverlay{BasePath: base, BaseFormat: "qcow2"}, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(overlay); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("overlay mode %v %v, want 0600", st.Mode(), err)
 	}
 }

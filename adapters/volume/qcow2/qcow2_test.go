@@ -81,6 +81,9 @@ func TestDiskSizeAndFormat(t *testing.T) {
 			Format      string `json:"format"`
 		}
 		json.Unmarshal(out, &info)
+		if st, err := os.Stat(att.Disks[0].Source.Path); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("the disk's mode: %v %v, want 0600 (it holds the guest's data)", st.Mode(), err)
+		}
 		if info.VirtualSize != tc.size || info.Format != "qcow2" || att.Format != tc.fs || att.FormatUUID != tc.uuid {
 			t.Errorf("options %v: %+v, format %q uuid %q", tc.opts, info, att.Format, att.FormatUUID)
 		}
