@@ -9,7 +9,9 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/virtlet/virtlet/core/annotations"
 	"github.com/virtlet/virtlet/core/cloudinit"
@@ -137,6 +139,12 @@ func (r *Runtime) filesFromDataSource(ctx context.Context, sb *Sandbox, opts ann
 		p := strings.TrimSpace(string(rawPath))
 		if !path.IsAbs(p) || path.Clean(p) != p || p == "/" {
 			return nil, fail(key+"_path", p, "not a clean absolute file path", "an absolute guest path without '..', e.g. /etc/app.conf")
+		}
+		// A NUL would cut the path short in the kernel's eyes (or fail
+		// the write after the VM is defined); a control character has no
+		// place in a file name kubelet would make.
+		if strings.ContainsFunc(p, unicode.IsControl) {
+			return nil, fail(key+"_path", strconv.Quote(p), "holds a NUL or control character", "an absolute guest path of printable characters")
 		}
 		if prev, dup := seen[p]; dup {
 			return nil, fail(key+"_path", p, "key "+prev+" writes the same path", "one key per path")

@@ -267,8 +267,13 @@ func checkDiskCount(disks []ports.Disk) error {
 // undoCreate removes what a failed CreateContainer made.
 func (r *Runtime) undoCreate(ctx context.Context, c *Container, log logrus.FieldLogger) {
 	if err := r.releaseVM(ctx, c); err != nil {
-		// The record stays "creating" so that the reconciler retries.
-		log.WithError(err).Error("undo VM creation; will retry on resync")
+		// The record stays "creating"; retryUndos tries again shortly
+		// (and the next resync would).
+		log.WithError(err).Error("undo VM creation; will retry")
+		select {
+		case r.undos <- c.ID:
+		default: // a full queue: the next resync undoes it
+		}
 		return
 	}
 	if err := r.commit(ctx, write{containerID: c.ID}); err != nil {

@@ -20,6 +20,7 @@ import (
 func (r *Runtime) Run(ctx context.Context) {
 	var once sync.Once
 	ev := &eventQueue{r: r, pending: map[string]ports.VMStatus{}}
+	go r.retryUndos(ctx)
 	backoff := 200 * time.Millisecond
 	for ctx.Err() == nil {
 		watchCtx, cancel := context.WithCancel(ctx)
@@ -157,11 +158,7 @@ func (r *Runtime) resyncContainer(ctx context.Context, id string, vms map[string
 	log := r.log.WithFields(logrus.Fields{"container": short(id), "vm": c.Spec.Name})
 	switch c.State {
 	case ContainerCreating:
-		log.Warn("cleaning up a VM whose creation was interrupted")
-		if err := r.releaseVM(ctx, c); err != nil {
-			return fmt.Errorf("undo interrupted creation of VM %s: %w", c.Spec.Name, err)
-		}
-		return r.commit(ctx, write{containerID: id})
+		return r.undoInterruptedLocked(ctx, c, log)
 	case ContainerCreated, ContainerRunning:
 		vm, ok := vms[id]
 		if !ok {
@@ -172,6 +169,78 @@ func (r *Runtime) resyncContainer(ctx context.Context, id string, vms map[string
 		return r.applyLocked(ctx, c, vm)
 	}
 	return nil
+}
+
+// undoInterruptedLocked removes what a creation that failed or was
+// interrupted made, and its record.
+func (r *Runtime) undoInterruptedLocked(ctx context.Context, c *Container, log logrus.FieldLogger) error {
+	log.Warn("cleaning up a VM whose creation was interrupted")
+	if err := r.releaseVM(ctx, c); err != nil {
+		return fmt.Errorf("undo interrupted creation of VM %s: %w", c.Spec.Name, err)
+	}
+	if err := r.commit(ctx, write{containerID: c.ID}); err != nil {
+		return err
+	}
+	log.Info("interrupted creation undone")
+	return nil
+}
+
+// retryUndos undoes again, with backoff, the creations whose undo failed
+// (a plugin it needed was restarting, usually back within seconds).
+// Without it their volumes, media and records would wait for the next
+// resubscription to the hypervisor, which may be days away.
+func (r *Runtime) retryUndos(ctx context.Context) {
+	type pending struct {
+		next    time.Time
+		backoff time.Duration
+	}
+	todo := map[string]*pending{}
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case id := <-r.undos:
+			if todo[id] == nil {
+				todo[id] = &pending{next: time.Now().Add(time.Second), backoff: time.Second}
+			}
+		case <-tick.C:
+		}
+		for id, p := range todo {
+			if time.Now().Before(p.next) {
+				continue
+			}
+			opCtx, cancel := context.WithTimeout(ctx, time.Minute)
+			err := r.undoInterrupted(opCtx, id)
+			cancel()
+			if err != nil {
+				p.backoff = min(2*p.backoff, 30*time.Second)
+				p.next = time.Now().Add(p.backoff)
+				r.log.WithError(err).WithFields(logrus.Fields{"container": short(id), "retryIn": p.backoff}).Warn("undo VM creation")
+				continue
+			}
+			delete(todo, id)
+		}
+	}
+}
+
+// undoInterrupted undoes the creation of container id if its record is
+// still "creating".
+func (r *Runtime) undoInterrupted(ctx context.Context, id string) error {
+	c, ok := r.container(id)
+	if !ok {
+		return nil
+	}
+	unlock, err := r.lockPod(ctx, c.SandboxID)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if c, ok = r.container(id); !ok || c.State != ContainerCreating {
+		return nil
+	}
+	return r.undoInterruptedLocked(ctx, c, r.log.WithFields(logrus.Fields{"container": short(id), "vm": c.Spec.Name}))
 }
 
 // applyLocked moves a container to the state its VM reports.

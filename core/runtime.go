@@ -77,6 +77,7 @@ type Runtime struct {
 	imgMu  sync.Mutex         // serialises image index updates
 	pulls  singleflight.Group // one download per image at a time
 	synced chan struct{}      // closed after the first resync with the hypervisor
+	undos  chan string        // containers whose failed creation could not be undone (retryUndos)
 
 	fsMu         sync.Mutex // guards fsMountpoint
 	fsMountpoint string     // the image store's filesystem, once found (stats)
@@ -116,6 +117,7 @@ func New(deps Deps, opts Options) (*Runtime, error) {
 		containers: make(map[string]*Container),
 		images:     make(map[string]*Image),
 		synced:     make(chan struct{}),
+		undos:      make(chan string, 64),
 	}, nil
 }
 

@@ -329,13 +329,16 @@ func TestFilesFromDataSource(t *testing.T) {
 		data map[string][]byte
 		want string
 	}{
-		"no path":      {map[string][]byte{"x": []byte("eA==")}, "key x_path: missing"},
-		"relative":     {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("etc/x")}, `key x_path: invalid value "etc/x": not a clean absolute file path`},
-		"dot-dot":      {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("/etc/../x")}, "not a clean absolute file path"},
-		"not base64":   {map[string][]byte{"x": []byte("plain text"), "x_path": []byte("/x")}, "key x: the content for /x is not valid base64"},
-		"bad encoding": {map[string][]byte{"x": []byte("a"), "x_path": []byte("/x"), "x_encoding": []byte("gzip")}, `key x_encoding: invalid value "gzip": unknown encoding`},
-		"stray path":   {map[string][]byte{"y_path": []byte("/y")}, "key y_path: it belongs to no file key"},
-		"empty":        {map[string][]byte{}, "has no file keys"},
+		"no path":         {map[string][]byte{"x": []byte("eA==")}, "key x_path: missing"},
+		"relative":        {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("etc/x")}, `key x_path: invalid value "etc/x": not a clean absolute file path`},
+		"dot-dot":         {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("/etc/../x")}, "not a clean absolute file path"},
+		"leading dot-dot": {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("../etc/x")}, "not a clean absolute file path"},
+		"NUL":             {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("/etc/shadow\x00.conf")}, "holds a NUL or control character"},
+		"newline":         {map[string][]byte{"x": []byte("eA=="), "x_path": []byte("/etc/x\ny")}, "holds a NUL or control character"},
+		"not base64":      {map[string][]byte{"x": []byte("plain text"), "x_path": []byte("/x")}, "key x: the content for /x is not valid base64"},
+		"bad encoding":    {map[string][]byte{"x": []byte("a"), "x_path": []byte("/x"), "x_encoding": []byte("gzip")}, `key x_encoding: invalid value "gzip": unknown encoding`},
+		"stray path":      {map[string][]byte{"y_path": []byte("/y")}, "key y_path: it belongs to no file key"},
+		"empty":           {map[string][]byte{}, "has no file keys"},
 	} {
 		e.kube.ConfigMaps["default/bad"] = tc.data
 		sb := e.runPod(t, "bad-"+strings.ReplaceAll(name, " ", "-"), map[string]string{annotations.FilesFromDataSource: "configmap/bad"})
@@ -380,6 +383,31 @@ func TestReconcileReleasesVolumesOfInterruptedCreation(t *testing.T) {
 	eventually(t, "volumes released", func() bool { return len(e.vols.Prepared()) == 0 })
 	if keys := e.store.Keys(ports.BucketContainers); len(keys) != 0 {
 		t.Errorf("records left: %v", keys)
+	}
+}
+
+// A creation whose undo fails (the volume plugin was restarting) is undone
+// again once the plugin is back, without waiting for a resubscription to
+// the hypervisor: nothing of it stays, not even its record.
+func TestFailedUndoIsRetried(t *testing.T) {
+	e := newEnv(t)
+	sb := e.runPod(t, "p", nil)
+	cfg := vmContainer(e.pull(t))
+	cfg.Mounts = []core.Mount{{ContainerPath: "/s", HostPath: volDir("kubernetes.io~empty-dir", "s")}}
+	e.hv.Fail["Define"] = errors.New("the hypervisor plugin died during the call")
+	e.vols.SetFail("Release", &ports.UnavailableError{Plugin: "ninep", Kind: ports.KindVolume, Reason: "restarting"})
+	if _, err := e.rt.CreateContainer(context.Background(), sb, cfg); err == nil {
+		t.Fatal("no error")
+	}
+	if len(e.vols.Prepared()) != 1 {
+		t.Fatalf("prepared %v", e.vols.Prepared())
+	}
+	e.vols.SetFail("Release", nil)
+	eventually(t, "volumes released", func() bool { return len(e.vols.Prepared()) == 0 })
+	eventually(t, "the record dropped", func() bool { return len(e.store.Keys(ports.BucketContainers)) == 0 })
+	delete(e.hv.Fail, "Define")
+	if id := e.createVM(t, sb); id == "" {
+		t.Fatal("no container")
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"path"
+	"runtime"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -41,6 +42,26 @@ type Server struct {
 	rt      Runtime
 	version string
 	log     logrus.FieldLogger
+	plugins func() []PluginState
+}
+
+// PluginState is a plugin as its supervisor sees it.
+type PluginState struct {
+	Name, Kind, State string
+	PID, Restarts     int
+	LastError         string
+}
+
+// Status is what the admin API's Status reports.
+type Status struct {
+	Goroutines int
+	Plugins    []PluginState
+}
+
+// WithPlugins makes Status report the plugins that plugins lists.
+func (s *Server) WithPlugins(plugins func() []PluginState) *Server {
+	s.plugins = plugins
+	return s
 }
 
 // NewServer returns an admin server.
@@ -79,6 +100,18 @@ func Listen(socket string) (net.Listener, error) { return unixsock.Listen(socket
 
 func (s *Server) Version(ctx context.Context, _ *adminv1.VersionRequest) (*adminv1.VersionResponse, error) {
 	return &adminv1.VersionResponse{Version: s.version}, nil
+}
+
+// Status reports the plugins and the goroutine count; it asks no plugin.
+func (s *Server) Status(ctx context.Context, _ *adminv1.StatusRequest) (*adminv1.StatusResponse, error) {
+	resp := &adminv1.StatusResponse{Goroutines: int64(runtime.NumGoroutine())}
+	if s.plugins != nil {
+		for _, p := range s.plugins() {
+			resp.Plugins = append(resp.Plugins, &adminv1.PluginStatus{Name: p.Name, Kind: p.Kind, State: p.State,
+				Pid: int64(p.PID), Restarts: int64(p.Restarts), LastError: p.LastError})
+		}
+	}
+	return resp, nil
 }
 
 func flexvolume(r *adminv1.FlexvolumeRequest) core.FlexvolumeOptions {
@@ -142,6 +175,20 @@ func (c *Client) Version(ctx context.Context) (string, error) {
 		return "", clientError(err)
 	}
 	return resp.Version, nil
+}
+
+// Status asks the daemon for its plugins' states and goroutine count.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	resp, err := c.api.Status(ctx, &adminv1.StatusRequest{})
+	if err != nil {
+		return Status{}, clientError(err)
+	}
+	st := Status{Goroutines: int(resp.Goroutines)}
+	for _, p := range resp.Plugins {
+		st.Plugins = append(st.Plugins, PluginState{Name: p.Name, Kind: p.Kind, State: p.State,
+			PID: int(p.Pid), Restarts: int(p.Restarts), LastError: p.LastError})
+	}
+	return st, nil
 }
 
 // ErrDaemonUnreachable: nothing answers on the admin socket.

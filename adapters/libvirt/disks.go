@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/virtlet/virtlet/adapters/atomicfile"
 	"github.com/virtlet/virtlet/adapters/diskimage"
 	"github.com/virtlet/virtlet/ports"
 )
@@ -41,6 +42,12 @@ func createOverlay(ctx context.Context, path string, o ports.DiskOverlay, disk s
 		os.Remove(path)
 		return 0, fmt.Errorf("disk %s: qemu-img create: %v: %s", disk, err, strings.TrimSpace(string(out)))
 	}
+	// The guest's writes land here: root's alone (qemu-img leaves it
+	// 0644); libvirt hands it to QEMU's user while the VM runs.
+	if err := os.Chmod(path, 0o600); err != nil {
+		os.Remove(path)
+		return 0, fmt.Errorf("disk %s: %w", disk, err)
+	}
 	return time.Since(start), nil
 }
 
@@ -62,4 +69,26 @@ func removeFiles(paths ...string) error {
 func rotatedLogs(path string) []string {
 	matches, _ := filepath.Glob(path + ".[0-9]*")
 	return matches
+}
+
+// removeLeftovers removes the files Define makes for VM id before it saves
+// the record that names them (overlays, console logs, the record's
+// temporary file): a plugin killed in between leaves them unnamed.
+func (h *Hypervisor) removeLeftovers(id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	vmDir := h.vmDir
+	h.mu.Unlock()
+	if vmDir == "" {
+		return nil
+	}
+	overlays, _ := filepath.Glob(filepath.Join(vmDir, id+"-*.qcow2"))
+	console := filepath.Join(vmDir, id+".console")
+	files := append(overlays, console, h.recordPath(id)+atomicfile.TempSuffix)
+	if err := removeFiles(append(files, rotatedLogs(console)...)...); err != nil {
+		return fmt.Errorf("remove files of VM %s: %w", id, err)
+	}
+	return nil
 }

@@ -82,6 +82,11 @@ func domainXML(in domainInput) (string, error) {
 		Features:   &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}},
 		Clock:      &libvirtxml.DomainClock{Offset: "utc"},
 		OnPoweroff: "destroy", OnReboot: "restart", OnCrash: "destroy",
+		// QEMU runs as qemu.conf's unprivileged user, owning the VM's
+		// disks only while it runs (libvirt relabels them): asked for by
+		// the domain itself, so that a host whose qemu.conf sets
+		// security_default_confined = 0 does not run it unconfined.
+		SecLabel: []libvirtxml.DomainSecLabel{{Type: "dynamic", Model: "dac", Relabel: "yes"}},
 		Devices: &libvirtxml.DomainDeviceList{
 			Controllers: []libvirtxml.DomainController{{Type: "usb", Model: "none"}},
 			Serials: []libvirtxml.DomainSerial{{

@@ -67,6 +67,13 @@ type Hypervisor struct {
 	consoleMu sync.Mutex
 	consoles  map[string]*consoleHub // one console stream per VM, shared by its viewers
 
+	// defineMu makes one validated define at a time: libvirtd validates
+	// against its RNG schema with libxml2, whose first concurrent
+	// validations after libvirtd starts race (Debian 12's 2.9.14: "Unable
+	// to parse RNG ...: Error type 'unsignedInt' is not exported by type
+	// library"). A define takes milliseconds.
+	defineMu sync.Mutex
+
 	events chan event
 	// resyncs asks the dispatcher to resynchronise: nil after lost events,
 	// a channel to close when done from resume.
@@ -722,7 +729,9 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		undo()
 		return err
 	}
+	h.defineMu.Lock()
 	dom, err := conn.DomainDefineXMLFlags(domXML, libvirt.DOMAIN_DEFINE_VALIDATE)
+	h.defineMu.Unlock()
 	if err != nil {
 		undo()
 		return libvirtError("define domain "+spec.Name, err)
@@ -937,6 +946,13 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 			return libvirtError("look up domain of VM "+id, err)
 		}
 		dom = nil
+	}
+	if r == nil {
+		// A plugin killed during Define leaves the files it had made
+		// before the record that would name them.
+		if err := h.removeLeftovers(id); err != nil {
+			return err
+		}
 	}
 	if r == nil && dom == nil {
 		return fmt.Errorf("VM %s: %w", id, ports.ErrNotFound)

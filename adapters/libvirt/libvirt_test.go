@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,6 +15,7 @@ import (
 
 	"libvirt.org/go/libvirt"
 
+	"github.com/virtlet/virtlet/adapters/atomicfile"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -275,5 +280,60 @@ func TestStopNeverReportsAVMItCannotSeeAsStopped(t *testing.T) {
 	}
 	if st, _ := h.Status(context.Background(), a.Spec.ID); st.State != ports.VMRunning {
 		t.Fatalf("the record after a stop libvirt could not confirm: %+v", st)
+	}
+}
+
+// A plugin killed in the middle of Define leaves the VM's overlay (and
+// perhaps its console log and a half-written record) with no record naming
+// them; the core's undo, an Undefine of a VM the plugin does not know,
+// removes them, and nothing of another VM.
+func TestUndefineRemovesWhatAnInterruptedDefineLeft(t *testing.T) {
+	h := configured(t, t.TempDir(), quietLog())
+	id := strings.Repeat("ab", 32)
+	other := addVM(t, h, ports.VMDefined, false)
+	left := []string{
+		filepath.Join(h.vmDir, id+"-root.qcow2"),
+		filepath.Join(h.vmDir, id+".console"),
+		filepath.Join(h.vmDir, id+".console.1"),
+		h.recordPath(id) + atomicfile.TempSuffix,
+	}
+	kept := []string{filepath.Join(h.vmDir, other.Spec.ID+"-root.qcow2"), h.recordPath(other.Spec.ID)}
+	for _, p := range append(left, kept...) {
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
+			t.Fatal(err)
+		}
+	}
+	if err := h.Undefine(context.Background(), id); !errors.Is(err, ports.ErrNotFound) {
+		t.Fatalf("Undefine of a VM without record or domain: %v", err)
+	}
+	for _, p := range left {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s left: %v", p, err)
+		}
+	}
+	for _, p := range kept {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("another VM's %s: %v", p, err)
+		}
+	}
+	if err := h.Undefine(context.Background(), "../../etc"); !errors.Is(err, ports.ErrInvalidArgument) {
+		t.Errorf("Undefine of a bad ID: %v", err)
+	}
+}
+
+// A VM's root overlay holds what the guest writes: root's alone until
+// libvirt hands it to QEMU's user for the VM's run.
+func TestOverlayIsPrivate(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", base, "16M").CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	overlay := filepath.Join(dir, "vm-root.qcow2")
+	if _, err := createOverlay(context.Background(), overlay, ports.DiskOverlay{BasePath: base, BaseFormat: "qcow2"}, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(overlay); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("overlay mode %v %v, want 0600", st.Mode(), err)
 	}
 }

@@ -175,7 +175,8 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		listener.Close()
 		return err
 	}
-	adminServer := admin.NewServer(rt, buildinfo.Version(), log.WithField("component", "admin")).GRPCServer()
+	adminServer := admin.NewServer(rt, buildinfo.Version(), log.WithField("component", "admin")).
+		WithPlugins(func() []admin.PluginState { return pluginStates(plugins) }).GRPCServer()
 	go adminServer.Serve(adminListener)
 	defer adminServer.Stop()
 	log.WithFields(logrus.Fields{"listen": cfg.Listen, "admin": cfg.AdminSocket}).Info("serving CRI")
@@ -261,6 +262,16 @@ func pluginMetrics(h *host.Host) []metrics.Plugin {
 	var out []metrics.Plugin
 	for _, st := range h.Status() {
 		out = append(out, metrics.Plugin{Name: st.Name, Kind: string(st.Kind), Up: st.State == host.Running, Restarts: st.Restarts, Calls: st.Calls})
+	}
+	return out
+}
+
+// pluginStates converts the plugins' status for the admin API.
+func pluginStates(h *host.Host) []admin.PluginState {
+	var out []admin.PluginState
+	for _, st := range h.Status() {
+		out = append(out, admin.PluginState{Name: st.Name, Kind: string(st.Kind), State: string(st.State),
+			PID: st.PID, Restarts: st.Restarts, LastError: st.LastError})
 	}
 	return out
 }

@@ -14,7 +14,7 @@ import (
 
 func env(t *testing.T, v ports.Volumes) volumetest.Env {
 	return volumetest.Env{
-		Volumes: v,
+		Volumes: v, NamesFiles: true,
 		Request: func(t *testing.T, vmID, name string) ports.VolumeRequest {
 			return ports.VolumeRequest{VMID: vmID, Name: name, Type: "scratch", Options: map[string]string{"size": "4096"}}
 		},

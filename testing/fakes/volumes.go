@@ -119,6 +119,18 @@ func (v *Volumes) Release(ctx context.Context, req ports.VolumeRequest) error {
 	return nil
 }
 
+// SetFail makes the named method return err (nil: succeed again), safe
+// while the runtime calls the fake from its own goroutines.
+func (v *Volumes) SetFail(method string, err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err == nil {
+		delete(v.Fail, method)
+		return
+	}
+	v.Fail[method] = err
+}
+
 // Prepared lists the prepared volumes as "VMID/name type".
 func (v *Volumes) Prepared() []string {
 	v.mu.Lock()

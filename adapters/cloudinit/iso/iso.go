@@ -55,7 +55,8 @@ func (m *Media) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if err := m.SetDir(filepath.Join(pc.StateDir, "media"), pc.StateDir); err != nil {
 		return err
 	}
-	// A medium whose writing was interrupted may hold user-data.
+	// Half-written images of a process killed while writing them (they
+	// may hold secrets); no write is in progress before Configure.
 	_, err := atomicfile.RemoveTemps(m.dir)
 	return err
 }
@@ -117,8 +118,10 @@ func (m *Media) RemoveMedia(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("remove %s media of VM %s: %w", m.Name, id, err)
+	for _, f := range []string{p, p + atomicfile.TempSuffix} {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove %s media of VM %s: %w", m.Name, id, err)
+		}
 	}
 	return nil
 }

@@ -2,7 +2,10 @@ package iso_test
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/virtlet/virtlet/adapters/cloudinit/configdrive"
@@ -63,5 +66,38 @@ func TestConfigureLeavesTheEnvironmentAlone(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(tmp); len(entries) != 0 {
 		t.Fatalf("the build left %v in TMPDIR", entries)
+	}
+}
+
+// A plugin killed while writing an image leaves its temporary file (which
+// may hold secrets): the next start removes every one, and RemoveMedia
+// removes the VM's own; finished images stay.
+func TestPartialImagesAreRemoved(t *testing.T) {
+	state := t.TempDir()
+	media := filepath.Join(state, "media")
+	os.MkdirAll(media, 0o711)
+	partial := filepath.Join(media, "0123456789abcdef.iso.tmp")
+	done := filepath.Join(media, "fedcba9876543210.iso")
+	for _, p := range []string{partial, done} {
+		if err := os.WriteFile(p, []byte("password: hunter2"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := nocloud.New()
+	if err := m.Configure(context.Background(), ports.PluginConfig{StateDir: state}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(partial); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a partial image survived the start: %v", err)
+	}
+	if _, err := os.Stat(done); err != nil {
+		t.Errorf("a finished image: %v", err)
+	}
+	os.WriteFile(partial, []byte("password: hunter2"), 0o600)
+	if err := m.RemoveMedia(context.Background(), "0123456789abcdef"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(partial); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("RemoveMedia left the partial image: %v", err)
 	}
 }

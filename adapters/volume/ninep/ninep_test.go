@@ -39,7 +39,7 @@ func env(t *testing.T, v ports.Volumes) volumetest.Env {
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "hello.txt"), []byte("hello"), 0o644)
 	return volumetest.Env{
-		Volumes: v, Persistent: false, Shared: true, NotFlexvolume: true,
+		Volumes: v, Persistent: false, Shared: true, NotFlexvolume: true, NamesFiles: true,
 		Request: func(t *testing.T, vmID, name string) ports.VolumeRequest {
 			return ports.VolumeRequest{VMID: vmID, Name: name, Type: ports.VolumeShare, HostPath: src}
 		},

@@ -152,6 +152,12 @@ func (v *Volumes) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.V
 			os.Remove(tmp)
 			return ports.VolumeAttachment{}, fmt.Errorf("qemu-img create: %v: %s", err, strings.TrimSpace(string(out)))
 		}
+		// The guest's data: root's alone (qemu-img leaves it 0644);
+		// libvirt hands it to QEMU's user while the VM runs.
+		if err := os.Chmod(tmp, 0o600); err != nil {
+			os.Remove(tmp)
+			return ports.VolumeAttachment{}, err
+		}
 		if err := os.Rename(tmp, p); err != nil {
 			os.Remove(tmp)
 			return ports.VolumeAttachment{}, err

@@ -34,7 +34,7 @@ func configured(t *testing.T) *Volumes {
 
 func env(v ports.Volumes) volumetest.Env {
 	return volumetest.Env{
-		Volumes: v,
+		Volumes: v, NamesFiles: true,
 		Request: func(t *testing.T, vmID, name string) ports.VolumeRequest {
 			return ports.VolumeRequest{VMID: vmID, Name: name, Type: "qcow2", Options: map[string]string{"capacity": "64MiB"}}
 		},
@@ -81,6 +81,9 @@ func TestDiskSizeAndFormat(t *testing.T) {
 			Format      string `json:"format"`
 		}
 		json.Unmarshal(out, &info)
+		if st, err := os.Stat(att.Disks[0].Source.Path); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("the disk's mode: %v %v, want 0600 (it holds the guest's data)", st.Mode(), err)
+		}
 		if info.VirtualSize != tc.size || info.Format != "qcow2" || att.Format != tc.fs || att.FormatUUID != tc.uuid {
 			t.Errorf("options %v: %+v, format %q uuid %q", tc.opts, info, att.Format, att.FormatUUID)
 		}

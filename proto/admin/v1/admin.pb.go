@@ -21,6 +21,181 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type StatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusRequest) Reset() {
+	*x = StatusRequest{}
+	mi := &file_admin_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusRequest) ProtoMessage() {}
+
+func (x *StatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
+func (*StatusRequest) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+type StatusResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Goroutines    int64                  `protobuf:"varint,1,opt,name=goroutines,proto3" json:"goroutines,omitempty"`
+	Plugins       []*PluginStatus        `protobuf:"bytes,2,rep,name=plugins,proto3" json:"plugins,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusResponse) Reset() {
+	*x = StatusResponse{}
+	mi := &file_admin_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusResponse) ProtoMessage() {}
+
+func (x *StatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
+func (*StatusResponse) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *StatusResponse) GetGoroutines() int64 {
+	if x != nil {
+		return x.Goroutines
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetPlugins() []*PluginStatus {
+	if x != nil {
+		return x.Plugins
+	}
+	return nil
+}
+
+type PluginStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Kind  string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// starting, running, restarting or stopped.
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// The plugin process while it runs.
+	Pid int64 `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	// Restarts since the daemon started.
+	Restarts      int64  `protobuf:"varint,5,opt,name=restarts,proto3" json:"restarts,omitempty"`
+	LastError     string `protobuf:"bytes,6,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PluginStatus) Reset() {
+	*x = PluginStatus{}
+	mi := &file_admin_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PluginStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PluginStatus) ProtoMessage() {}
+
+func (x *PluginStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PluginStatus.ProtoReflect.Descriptor instead.
+func (*PluginStatus) Descriptor() ([]byte, []int) {
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PluginStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PluginStatus) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *PluginStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *PluginStatus) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *PluginStatus) GetRestarts() int64 {
+	if x != nil {
+		return x.Restarts
+	}
+	return 0
+}
+
+func (x *PluginStatus) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
 type VersionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -29,7 +204,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[0]
+	mi := &file_admin_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -41,7 +216,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[0]
+	mi := &file_admin_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -54,7 +229,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 type VersionResponse struct {
@@ -66,7 +241,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_admin_v1_admin_proto_msgTypes[1]
+	mi := &file_admin_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -78,7 +253,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[1]
+	mi := &file_admin_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -91,7 +266,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -117,7 +292,7 @@ type FlexvolumeRequest struct {
 
 func (x *FlexvolumeRequest) Reset() {
 	*x = FlexvolumeRequest{}
-	mi := &file_admin_v1_admin_proto_msgTypes[2]
+	mi := &file_admin_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -129,7 +304,7 @@ func (x *FlexvolumeRequest) String() string {
 func (*FlexvolumeRequest) ProtoMessage() {}
 
 func (x *FlexvolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[2]
+	mi := &file_admin_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -142,7 +317,7 @@ func (x *FlexvolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlexvolumeRequest.ProtoReflect.Descriptor instead.
 func (*FlexvolumeRequest) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *FlexvolumeRequest) GetPodUid() string {
@@ -189,7 +364,7 @@ type ValidateVolumeResponse struct {
 
 func (x *ValidateVolumeResponse) Reset() {
 	*x = ValidateVolumeResponse{}
-	mi := &file_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_admin_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -201,7 +376,7 @@ func (x *ValidateVolumeResponse) String() string {
 func (*ValidateVolumeResponse) ProtoMessage() {}
 
 func (x *ValidateVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_admin_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -214,7 +389,7 @@ func (x *ValidateVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValidateVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ValidateVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ValidateVolumeResponse) GetOptions() map[string]string {
@@ -232,7 +407,7 @@ type ForgetVolumeResponse struct {
 
 func (x *ForgetVolumeResponse) Reset() {
 	*x = ForgetVolumeResponse{}
-	mi := &file_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_admin_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -244,7 +419,7 @@ func (x *ForgetVolumeResponse) String() string {
 func (*ForgetVolumeResponse) ProtoMessage() {}
 
 func (x *ForgetVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_admin_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -257,14 +432,28 @@ func (x *ForgetVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ForgetVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_admin_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_admin_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 var File_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x14admin/v1/admin.proto\x12\x10virtlet.admin.v1\"\x10\n" +
+	"\x14admin/v1/admin.proto\x12\x10virtlet.admin.v1\"\x0f\n" +
+	"\rStatusRequest\"j\n" +
+	"\x0eStatusResponse\x12\x1e\n" +
+	"\n" +
+	"goroutines\x18\x01 \x01(\x03R\n" +
+	"goroutines\x128\n" +
+	"\aplugins\x18\x02 \x03(\v2\x1e.virtlet.admin.v1.PluginStatusR\aplugins\"\x99\x01\n" +
+	"\fPluginStatus\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x10\n" +
+	"\x03pid\x18\x04 \x01(\x03R\x03pid\x12\x1a\n" +
+	"\brestarts\x18\x05 \x01(\x03R\brestarts\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x06 \x01(\tR\tlastError\"\x10\n" +
 	"\x0eVersionRequest\"+\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\"\x8c\x02\n" +
@@ -282,11 +471,12 @@ const file_admin_v1_admin_proto_rawDesc = "" +
 	"\fOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x16\n" +
-	"\x14ForgetVolumeResponse2\x95\x02\n" +
+	"\x14ForgetVolumeResponse2\xe2\x02\n" +
 	"\x05Admin\x12N\n" +
 	"\aVersion\x12 .virtlet.admin.v1.VersionRequest\x1a!.virtlet.admin.v1.VersionResponse\x12_\n" +
 	"\x0eValidateVolume\x12#.virtlet.admin.v1.FlexvolumeRequest\x1a(.virtlet.admin.v1.ValidateVolumeResponse\x12[\n" +
-	"\fForgetVolume\x12#.virtlet.admin.v1.FlexvolumeRequest\x1a&.virtlet.admin.v1.ForgetVolumeResponseB3Z1github.com/virtlet/virtlet/proto/admin/v1;adminv1b\x06proto3"
+	"\fForgetVolume\x12#.virtlet.admin.v1.FlexvolumeRequest\x1a&.virtlet.admin.v1.ForgetVolumeResponse\x12K\n" +
+	"\x06Status\x12\x1f.virtlet.admin.v1.StatusRequest\x1a .virtlet.admin.v1.StatusResponseB3Z1github.com/virtlet/virtlet/proto/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_admin_v1_admin_proto_rawDescOnce sync.Once
@@ -300,30 +490,36 @@ func file_admin_v1_admin_proto_rawDescGZIP() []byte {
 	return file_admin_v1_admin_proto_rawDescData
 }
 
-var file_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_admin_v1_admin_proto_goTypes = []any{
-	(*VersionRequest)(nil),         // 0: virtlet.admin.v1.VersionRequest
-	(*VersionResponse)(nil),        // 1: virtlet.admin.v1.VersionResponse
-	(*FlexvolumeRequest)(nil),      // 2: virtlet.admin.v1.FlexvolumeRequest
-	(*ValidateVolumeResponse)(nil), // 3: virtlet.admin.v1.ValidateVolumeResponse
-	(*ForgetVolumeResponse)(nil),   // 4: virtlet.admin.v1.ForgetVolumeResponse
-	nil,                            // 5: virtlet.admin.v1.FlexvolumeRequest.OptionsEntry
-	nil,                            // 6: virtlet.admin.v1.ValidateVolumeResponse.OptionsEntry
+	(*StatusRequest)(nil),          // 0: virtlet.admin.v1.StatusRequest
+	(*StatusResponse)(nil),         // 1: virtlet.admin.v1.StatusResponse
+	(*PluginStatus)(nil),           // 2: virtlet.admin.v1.PluginStatus
+	(*VersionRequest)(nil),         // 3: virtlet.admin.v1.VersionRequest
+	(*VersionResponse)(nil),        // 4: virtlet.admin.v1.VersionResponse
+	(*FlexvolumeRequest)(nil),      // 5: virtlet.admin.v1.FlexvolumeRequest
+	(*ValidateVolumeResponse)(nil), // 6: virtlet.admin.v1.ValidateVolumeResponse
+	(*ForgetVolumeResponse)(nil),   // 7: virtlet.admin.v1.ForgetVolumeResponse
+	nil,                            // 8: virtlet.admin.v1.FlexvolumeRequest.OptionsEntry
+	nil,                            // 9: virtlet.admin.v1.ValidateVolumeResponse.OptionsEntry
 }
 var file_admin_v1_admin_proto_depIdxs = []int32{
-	5, // 0: virtlet.admin.v1.FlexvolumeRequest.options:type_name -> virtlet.admin.v1.FlexvolumeRequest.OptionsEntry
-	6, // 1: virtlet.admin.v1.ValidateVolumeResponse.options:type_name -> virtlet.admin.v1.ValidateVolumeResponse.OptionsEntry
-	0, // 2: virtlet.admin.v1.Admin.Version:input_type -> virtlet.admin.v1.VersionRequest
-	2, // 3: virtlet.admin.v1.Admin.ValidateVolume:input_type -> virtlet.admin.v1.FlexvolumeRequest
-	2, // 4: virtlet.admin.v1.Admin.ForgetVolume:input_type -> virtlet.admin.v1.FlexvolumeRequest
-	1, // 5: virtlet.admin.v1.Admin.Version:output_type -> virtlet.admin.v1.VersionResponse
-	3, // 6: virtlet.admin.v1.Admin.ValidateVolume:output_type -> virtlet.admin.v1.ValidateVolumeResponse
-	4, // 7: virtlet.admin.v1.Admin.ForgetVolume:output_type -> virtlet.admin.v1.ForgetVolumeResponse
-	5, // [5:8] is the sub-list for method output_type
-	2, // [2:5] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	2, // 0: virtlet.admin.v1.StatusResponse.plugins:type_name -> virtlet.admin.v1.PluginStatus
+	8, // 1: virtlet.admin.v1.FlexvolumeRequest.options:type_name -> virtlet.admin.v1.FlexvolumeRequest.OptionsEntry
+	9, // 2: virtlet.admin.v1.ValidateVolumeResponse.options:type_name -> virtlet.admin.v1.ValidateVolumeResponse.OptionsEntry
+	3, // 3: virtlet.admin.v1.Admin.Version:input_type -> virtlet.admin.v1.VersionRequest
+	5, // 4: virtlet.admin.v1.Admin.ValidateVolume:input_type -> virtlet.admin.v1.FlexvolumeRequest
+	5, // 5: virtlet.admin.v1.Admin.ForgetVolume:input_type -> virtlet.admin.v1.FlexvolumeRequest
+	0, // 6: virtlet.admin.v1.Admin.Status:input_type -> virtlet.admin.v1.StatusRequest
+	4, // 7: virtlet.admin.v1.Admin.Version:output_type -> virtlet.admin.v1.VersionResponse
+	6, // 8: virtlet.admin.v1.Admin.ValidateVolume:output_type -> virtlet.admin.v1.ValidateVolumeResponse
+	7, // 9: virtlet.admin.v1.Admin.ForgetVolume:output_type -> virtlet.admin.v1.ForgetVolumeResponse
+	1, // 10: virtlet.admin.v1.Admin.Status:output_type -> virtlet.admin.v1.StatusResponse
+	7, // [7:11] is the sub-list for method output_type
+	3, // [3:7] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_admin_v1_admin_proto_init() }
@@ -337,7 +533,7 @@ func file_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admin_v1_admin_proto_rawDesc), len(file_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ const (
 	Admin_Version_FullMethodName        = "/virtlet.admin.v1.Admin/Version"
 	Admin_ValidateVolume_FullMethodName = "/virtlet.admin.v1.Admin/ValidateVolume"
 	Admin_ForgetVolume_FullMethodName   = "/virtlet.admin.v1.Admin/ForgetVolume"
+	Admin_Status_FullMethodName         = "/virtlet.admin.v1.Admin/Status"
 )
 
 // AdminClient is the client API for Admin service.
@@ -42,6 +43,10 @@ type AdminClient interface {
 	// ForgetVolume lets the plugin drop what it kept, when kubelet unmounts
 	// the volume.
 	ForgetVolume(ctx context.Context, in *FlexvolumeRequest, opts ...grpc.CallOption) (*ForgetVolumeResponse, error)
+	// Status reports the daemon's plugins as their supervisors see them and
+	// the daemon's goroutine count (a leak shows there first), without
+	// asking any plugin: it answers at once while the CRI is busy.
+	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 }
 
 type adminClient struct {
@@ -82,6 +87,16 @@ func (c *adminClient) ForgetVolume(ctx context.Context, in *FlexvolumeRequest, o
 	return out, nil
 }
 
+func (c *adminClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StatusResponse)
+	err := c.cc.Invoke(ctx, Admin_Status_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -100,6 +115,10 @@ type AdminServer interface {
 	// ForgetVolume lets the plugin drop what it kept, when kubelet unmounts
 	// the volume.
 	ForgetVolume(context.Context, *FlexvolumeRequest) (*ForgetVolumeResponse, error)
+	// Status reports the daemon's plugins as their supervisors see them and
+	// the daemon's goroutine count (a leak shows there first), without
+	// asking any plugin: it answers at once while the CRI is busy.
+	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -118,6 +137,9 @@ func (UnimplementedAdminServer) ValidateVolume(context.Context, *FlexvolumeReque
 }
 func (UnimplementedAdminServer) ForgetVolume(context.Context, *FlexvolumeRequest) (*ForgetVolumeResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ForgetVolume not implemented")
+}
+func (UnimplementedAdminServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Status not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -194,6 +216,24 @@ func _Admin_ForgetVolume_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_Status_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Status(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Status_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Status(ctx, req.(*StatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -212,6 +252,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ForgetVolume",
 			Handler:    _Admin_ForgetVolume_Handler,
+		},
+		{
+			MethodName: "Status",
+			Handler:    _Admin_Status_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -28,11 +28,34 @@ type Env struct {
 	// NotFlexvolume: the type is only for Kubernetes volumes (directory
 	// shares, block devices); Validate must refuse every request.
 	NotFlexvolume bool
+	// NamesFiles: the plugin names files or directories after the VM's
+	// ID and the volume's name (kubelet's volume directory, the
+	// flexvolume driver's argument); a name that would lead out of its
+	// directory must be refused before anything is made.
+	NamesFiles bool
+}
+
+// escapingNames are VM IDs and volume names that would lead a path out of
+// a plugin's directory, or be cut short by the kernel.
+var escapingNames = []struct{ vm, name string }{
+	{"vm-esc", "../escape"}, {"vm-esc", ".."}, {"vm-esc", "."}, {"vm-esc", "/etc/passwd"}, {"vm-esc", "a/b"},
+	{"vm-esc", "nul\x00x"}, {"vm-esc", ""}, {"../vm", "data"}, {"..", "data"}, {"/vm", "data"}, {"vm\x00x", "data"},
 }
 
 // Run checks the contract.
 func Run(t *testing.T, env Env) {
 	ctx := context.Background()
+	if env.NamesFiles {
+		t.Run("names that would lead out of the plugin's directory are refused", func(t *testing.T) {
+			for _, n := range escapingNames {
+				req := env.Request(t, n.vm, n.name)
+				if att, err := env.Volumes.Prepare(ctx, req); !errors.Is(err, ports.ErrInvalidArgument) {
+					t.Errorf("Prepare of VM %q volume %q: %+v %v, want an invalid-argument error", n.vm, n.name, att, err)
+					env.Volumes.Release(ctx, req)
+				}
+			}
+		})
+	}
 	t.Run("prepare is idempotent, release undoes it, release again succeeds", func(t *testing.T) {
 		req := env.Request(t, "vm-1", "data")
 		att, err := env.Volumes.Prepare(ctx, req)

@@ -1,0 +1,260 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containers/image/v5/types"
+
+	"github.com/virtlet/virtlet/testing/containerdisk"
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// Secrets that must show up nowhere on the node but where they belong:
+// user-data and SSH keys from Secrets (they belong in the VM's cloud-init
+// medium, 0600) and a registry password given with a pull (it belongs to
+// the request alone).
+const (
+	udSecret       = "ud-S3CRET-4b1e9d"
+	sshKeySecret   = "AAAAC3NzaC1lZDI1NTE5AAAAIKeySecret7c2a"
+	pullPassword   = "pull-S3CRET-90fd3"
+	secretsObjects = `apiVersion: v1
+kind: Secret
+metadata: {name: app-ud, namespace: default}
+stringData:
+  runcmd: "- echo ` + udSecret + `\n"
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: app-keys, namespace: default}
+stringData:
+  authorized_keys: "ssh-ed25519 ` + sshKeySecret + ` from-secret\n"
+`
+)
+
+// A VM pod with user-data and SSH keys from Secrets, on an image pulled
+// from a registry with a password, runs; then:
+//   - the daemon's sockets, state directory, database, plugin directories
+//     and records, and the cloud-init medium have their modes;
+//   - no secret is in the daemon's log, in any process's command line, in
+//     the domain's XML, or in any file below the daemon's directory that
+//     others may read;
+//   - QEMU runs as an unprivileged user under libvirt's seccomp sandbox,
+//     confined by a dynamic DAC label that the domain asks for itself,
+//     and owns the VM's disks only while it runs (dynamic ownership).
+func TestSecretsAndConfinement(t *testing.T) {
+	reg, err := containerdisk.StartRegistry(containerdisk.RegistryOptions{TLS: true, User: "puller", Password: pullPassword})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reg.Close)
+	ca, err := os.ReadFile(reg.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certDir := t.TempDir()
+	os.WriteFile(filepath.Join(certDir, "ca.crt"), ca, 0o644)
+	files, err := containerdisk.DiskFiles(tiny, "tiny.qcow2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = containerdisk.PushAs(context.Background(), "docker://"+reg.Addr+"/private/tiny:v1", files,
+		&types.SystemContext{DockerCertPath: certDir, DockerAuthConfig: &types.DockerAuthConfig{Username: "puller", Password: pullPassword}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), plugins())
+	d.Translate("private.yaml", fmt.Sprintf(`translations:
+- regexp: 'private/(.*)'
+  url: docker://%s/private/$1
+  transport: private
+transports:
+  private: {tls: {certificates: [{cert: %q}]}}
+`, reg.Addr, string(ca)))
+	d.KubeObjects("secrets.yaml", secretsObjects)
+	d.Start()
+	c := d.Crictl(crictl)
+	c.Timeout = 3 * time.Minute
+	const image = "virtlet.cloud/private/tiny:v1"
+	if _, errOut, err := c.Run("pull", image); err == nil || !strings.Contains(errOut, "pull secret") {
+		t.Fatalf("a pull without credentials: %v %s", err, errOut)
+	}
+	c.Must(t, "pull", "--creds", "puller:"+pullPassword, image)
+
+	podJSON, ctrJSON := vmPod(t, d, "secrets", map[string]string{
+		"VirtletCloudInitUserDataSource": "secret/app-ud",
+		"VirtletSSHKeySource":            "secret/app-keys",
+	}, 160<<20)
+	ctrJSON = withImage(t, ctrJSON, image)
+	sb := c.Must(t, "runp", podJSON)
+	ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
+	c.Must(t, "start", ctr)
+	waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	domain := inspectCtr(t, c, ctr).VM.Name
+
+	t.Run("modes", func(t *testing.T) {
+		modes := map[string]os.FileMode{
+			d.Socket:                                0o660, // kubelet's group may talk CRI
+			d.AdminSocket():                         0o600,
+			d.StateDir:                              0o711, // QEMU traverses it to the images and disks
+			filepath.Join(d.StateDir, "virtlet.db"): 0o600,
+			filepath.Join(d.StateDir, "plugins"):    0o711,
+		}
+		// Plugin directories: private, or traversable (not listable) for
+		// the plugins that hand QEMU files below them.
+		for _, p := range []string{"images", "raw", "ceph"} {
+			modes[filepath.Join(d.StateDir, "plugins", p)] = 0o700
+		}
+		for _, p := range []string{"libvirt", "nocloud", "configdrive", "qcow2", "ninep"} {
+			modes[filepath.Join(d.StateDir, "plugins", p)] = 0o711
+		}
+		for _, p := range []string{"libvirt", "nocloud", "configdrive", "images", "qcow2", "raw", "ninep", "ceph"} {
+			modes[filepath.Join(d.StateDir, "plugins", p, "tmp")] = 0o700
+		}
+		records, _ := filepath.Glob(filepath.Join(d.StateDir, "plugins", "libvirt", "records", "*"))
+		media, _ := filepath.Glob(filepath.Join(d.StateDir, "plugins", "nocloud", "media", "*"))
+		if len(records) != 1 || len(media) != 1 {
+			t.Fatalf("records %v, media %v: want one of each", records, media)
+		}
+		modes[filepath.Dir(records[0])] = 0o700
+		modes[records[0]] = 0o600
+		modes[media[0]] = 0o600 // it holds the user-data and the keys
+		// The ceph plugin's keys directory (its default: the harness
+		// configures none).
+		modes["/run/virtlet/ceph-keys"] = 0o700
+		for p, want := range modes {
+			st, err := os.Stat(p)
+			if err != nil {
+				t.Errorf("%s: %v", p, err)
+				continue
+			}
+			if st.Mode().Perm() != want {
+				t.Errorf("%s has mode %04o, want %04o", p, st.Mode().Perm(), want)
+			}
+		}
+	})
+
+	secrets := []string{udSecret, sshKeySecret, pullPassword}
+	t.Run("secrets", func(t *testing.T) {
+		check := func(where, text string) {
+			for _, s := range secrets {
+				if strings.Contains(text, s) {
+					t.Errorf("secret %q is in %s", s, where)
+				}
+			}
+		}
+		// The user-data reached the medium: what the test looks for is
+		// where it should be.
+		media, _ := filepath.Glob(filepath.Join(d.StateDir, "plugins", "nocloud", "media", "*.iso"))
+		if len(media) != 1 || !strings.Contains(string(mustRead(t, media[0])), udSecret) ||
+			!strings.Contains(string(mustRead(t, media[0])), sshKeySecret) {
+			t.Fatalf("the Secrets' values are not in the cloud-init medium %v", media)
+		}
+		check("the daemon's log", d.Log())
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			if cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil {
+				check("the command line of process "+e.Name()+" ("+strings.SplitN(string(cmdline), "\x00", 2)[0]+")", string(cmdline))
+				if environ, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ")); err == nil {
+					check("the environment of process "+e.Name(), string(environ))
+				}
+			}
+		}
+		for _, flag := range []string{"", "--inactive", "--security-info"} {
+			args := []string{"dumpxml", domain}
+			if flag != "" {
+				args = append(args, flag)
+			}
+			xml, err := harness.Virsh(args...)
+			if err != nil {
+				t.Fatalf("virsh %v: %v %s", args, err, xml)
+			}
+			check("virsh dumpxml "+flag, xml)
+		}
+		// Every file below the daemon's directory that others may read.
+		var readable int
+		filepath.WalkDir(d.Dir, func(p string, e fs.DirEntry, err error) error {
+			if err != nil || !e.Type().IsRegular() {
+				return nil
+			}
+			if st, err := os.Stat(p); err == nil && st.Mode().Perm()&0o004 != 0 {
+				readable++
+				check(p+" (world-readable)", string(mustRead(t, p)))
+			}
+			return nil
+		})
+		t.Logf("%d world-readable files below %s hold no secret", readable, d.Dir)
+	})
+
+	t.Run("QEMU", func(t *testing.T) {
+		pid := qemuPID(t, domain)
+		status := string(mustRead(t, "/proc/"+pid+"/status"))
+		field := func(name string) []string {
+			m := regexp.MustCompile(`(?m)^` + name + `:\s+(.*)$`).FindStringSubmatch(status)
+			if m == nil {
+				t.Fatalf("no %s in /proc/%s/status", name, pid)
+			}
+			return strings.Fields(m[1])
+		}
+		uid, gid := field("Uid"), field("Gid")
+		for _, id := range append(uid, gid...) {
+			if id == "0" {
+				t.Errorf("QEMU runs with uid %v gid %v: root", uid, gid)
+			}
+		}
+		if s := field("Seccomp")[0]; s != "2" {
+			t.Errorf("QEMU's Seccomp mode is %s, want 2 (filtered)", s)
+		}
+		cmdline := strings.Split(string(mustRead(t, "/proc/"+pid+"/cmdline")), "\x00")
+		sandbox := ""
+		for i, a := range cmdline {
+			if a == "-sandbox" && i+1 < len(cmdline) {
+				sandbox = cmdline[i+1]
+			}
+		}
+		for _, want := range []string{"on", "obsolete=deny", "elevateprivileges=deny", "spawn=deny", "resourcecontrol=deny"} {
+			if !strings.Contains(","+sandbox+",", ","+want+",") {
+				t.Errorf("QEMU's -sandbox %q lacks %s", sandbox, want)
+			}
+		}
+		// The domain asks for the dynamic DAC label itself (a host whose
+		// qemu.conf turns default confinement off does not run it
+		// unconfined), and libvirt gave it QEMU's user.
+		inactive, _ := harness.Virsh("dumpxml", "--inactive", domain)
+		if !regexp.MustCompile(`<seclabel type='dynamic' model='dac' relabel='yes'`).MatchString(inactive) {
+			t.Errorf("the defined domain asks for no dynamic DAC label:\n%s", seclabels(inactive))
+		}
+		live, _ := harness.Virsh("dumpxml", domain)
+		want := fmt.Sprintf("<label>+%s:+%s</label>", uid[0], gid[0])
+		if !strings.Contains(live, "model='dac'") || !strings.Contains(live, want) {
+			t.Errorf("the running domain's DAC label is not QEMU's %s:\n%s", want, seclabels(live))
+		}
+		// Dynamic ownership: QEMU's user owns the root disk while the VM
+		// runs (libvirt gave it), root again once the VM is gone.
+		overlay := filepath.Join(d.StateDir, "plugins", "libvirt", "vms", ctr+"-root.qcow2")
+		var st syscall.Stat_t
+		if err := syscall.Stat(overlay, &st); err != nil || fmt.Sprint(st.Uid) != uid[0] {
+			t.Errorf("the running VM's root disk %s is owned by uid %d (%v), want QEMU's %s", overlay, st.Uid, err, uid[0])
+		}
+		if mode := os.FileMode(st.Mode).Perm(); mode&0o004 != 0 {
+			t.Errorf("the root disk %s is world-readable (%04o)", overlay, mode)
+		}
+	})
+
+	c.Must(t, "stop", "--timeout", "0", ctr)
+	c.Must(t, "rmp", "-f", sb)
+	assertNothingLeft(t, d, c)
+}
+
+// seclabels returns the <seclabel> elements of a domain's XML, for errors.
+func seclabels(xml string) string {
+	return strings.Join(regexp.MustCompile(`(?s)<seclabel.*?(?:/>|</seclabel>)`).FindAllString(xml, -1), "\n")
+}
