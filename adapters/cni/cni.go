@@ -470,7 +470,28 @@ func leasesFor(att ports.NetworkAttachment, links []plumbing, hostname string) [
 				out[0].DNS = append(out[0].DNS, ip)
 			}
 		}
-		out[0].Search = att.DNS.Searches
+		out[0].Search = dhcpSearch(att.DNS.Searches)
+	}
+	return out
+}
+
+// dhcpSearch is the search list as the domain search option (RFC 3397)
+// can carry it: names without their trailing dot (the option ends every
+// name with the root label; "example.com." would gain an empty name), and
+// without the root itself ("." is allowed in a pod's dnsConfig) or names
+// that are not a sequence of 1-63 byte labels of at most 253 bytes, which
+// the option cannot encode.
+func dhcpSearch(searches []string) []string {
+	var out []string
+	for _, s := range searches {
+		s = strings.TrimSuffix(s, ".")
+		valid := s != "" && len(s) <= 253
+		for _, label := range strings.Split(s, ".") {
+			valid = valid && len(label) >= 1 && len(label) <= 63
+		}
+		if valid && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
 	}
 	return out
 }

@@ -10,6 +10,7 @@ import (
 
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/insomniacslk/dhcp/dhcpv4"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/virtlet/virtlet/ports"
 )
@@ -67,6 +68,21 @@ func FuzzLeases(f *testing.F) {
 			}
 			if hasV4 && n != 1 {
 				t.Fatalf("interface %d (%+v) has an IPv4 address and %d leases: %+v", k, iface, n, leases)
+			}
+		}
+		if len(leases) > 0 && att.DNS != nil {
+			// The first lease carries the search list: every name of it
+			// that Kubernetes accepts in a dnsConfig, and nothing else.
+			for _, name := range leases[0].Search {
+				if name == "" || !slices.Contains(att.DNS.Searches, name) && !slices.Contains(att.DNS.Searches, name+".") {
+					t.Fatalf("search %q, asked for %q", leases[0].Search, att.DNS.Searches)
+				}
+			}
+			for _, name := range att.DNS.Searches {
+				name = strings.TrimSuffix(name, ".")
+				if len(validation.IsDNS1123Subdomain(name)) == 0 && !slices.Contains(leases[0].Search, name) {
+					t.Fatalf("search %q lacks %q", leases[0].Search, name)
+				}
 			}
 		}
 		for _, l := range leases {
