@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"testing"
+	"unicode/utf8"
 
 	yamlv3 "go.yaml.in/yaml/v3"
 	"sigs.k8s.io/yaml"
@@ -75,6 +76,11 @@ func FuzzNetworkConfig(f *testing.F) {
 	f.Add("eth0", "52:54:00:12:34:56", 1500, "10.1.2.3/8", "", "10.1.2.4/8", "10.0.0.1", "::/0", "fe80::1", "fd00::10", "")
 	f.Add("yes", "12:30", -1, "", "", "x", "", "", "", "", "")
 	f.Fuzz(func(t *testing.T, name, mac string, mtu int, addr1, gw1, addr2, gw2, routeDst, routeGw, dns, search string) {
+		for _, s := range []string{name, mac, addr1, gw1, addr2, gw2, routeDst, routeGw, dns, search} {
+			if !utf8.ValidString(s) {
+				return // attachments come over gRPC, whose strings are UTF-8
+			}
+		}
 		iface := ports.NetworkInterface{Name: name, MAC: mac, MTU: mtu}
 		for _, ip := range []ports.IPConfig{{Address: addr1, Gateway: gw1}, {Address: addr2, Gateway: gw2}} {
 			if ip.Address != "" {
@@ -125,9 +131,9 @@ func FuzzNetworkConfig(f *testing.F) {
 				Address []string `json:"address"`
 				Search  []string `json:"search"`
 				Subnets []struct {
-					Type    string        `json:"type"`
-					Address string        `json:"address"`
-					Gateway string        `json:"gateway"`
+					Type    string `json:"type"`
+					Address string `json:"address"`
+					Gateway string `json:"gateway"`
 					Routes  []struct {
 						Network string `json:"network"`
 						Gateway string `json:"gateway"`

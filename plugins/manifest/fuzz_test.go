@@ -98,7 +98,7 @@ func FuzzParse(f *testing.F) {
 }
 
 // normalConfig decodes the config, so that manifests compare by what it
-// says, not by how its JSON is spaced.
+// says, not by how its JSON is spaced; an empty list reads back as none.
 func normalConfig(t *testing.T, m manifest.Manifest) interface{} {
 	var cfg interface{}
 	if len(m.Config) > 0 {
@@ -107,5 +107,11 @@ func normalConfig(t *testing.T, m manifest.Manifest) interface{} {
 		}
 	}
 	m.Config = nil
+	if len(m.Args) == 0 {
+		m.Args = nil
+	}
+	if len(m.Handles) == 0 {
+		m.Handles = nil
+	}
 	return []interface{}{m, cfg}
 }
