@@ -133,7 +133,10 @@ func Parse(file string, data []byte) (ports.TranslationConfig, error) {
 			return fail(field+".url", "required")
 		}
 		if t.Regexp != "" {
-			if _, err := regexp.Compile(t.Regexp); err != nil {
+			// Compiled as the core applies it: a regexp that compiles
+			// alone may not once anchored (an unterminated \Q quotes the
+			// anchor's parenthesis), and would be skipped silently.
+			if _, err := t.Pattern(); err != nil {
 				return fail(field+".regexp", "%v", err)
 			}
 		}
