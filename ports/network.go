@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
+	"unicode"
 )
 
 // Network attaches VM pods to the pod network.
@@ -93,9 +95,91 @@ type AddressRole struct {
 	Routes []Route
 }
 
+// Validate checks what the VM's NICs, cloud-init's network configuration
+// and DHCP are made from: an attachment comes from a network plugin (a
+// third party's, or CNI's result), and a name, MAC, address or gateway that
+// is not one would otherwise break them far from its cause.
+func (att *NetworkAttachment) Validate() error {
+	for i, iface := range att.Interfaces {
+		if !validIfName(iface.Name) {
+			return fmt.Errorf("interface %d: name %q is not a network interface name (1-15 printable characters, no '/', ':' or space)", i, iface.Name)
+		}
+		if mac, err := net.ParseMAC(iface.MAC); err != nil || len(mac) != 6 {
+			return fmt.Errorf("interface %s: %q is not an Ethernet MAC address", iface.Name, iface.MAC)
+		}
+		if iface.MTU < 0 || iface.MTU > 65535 {
+			return fmt.Errorf("interface %s: MTU %d", iface.Name, iface.MTU)
+		}
+		for _, ip := range iface.IPs {
+			ipnet, err := parseCIDR(ip.Address)
+			if err != nil {
+				return fmt.Errorf("interface %s address %q: %w", iface.Name, ip.Address, err)
+			}
+			if ip.Gateway != "" && !sameFamily(ip.Gateway, ipnet) {
+				return fmt.Errorf("interface %s address %s: gateway %q is not an address of its family", iface.Name, ip.Address, ip.Gateway)
+			}
+		}
+	}
+	for _, r := range att.Routes {
+		dst, err := parseCIDR(r.Destination)
+		if err != nil || !sameFamily(r.Gateway, dst) {
+			return fmt.Errorf("route to %q via %q: a route needs a destination CIDR and a gateway of its family", r.Destination, r.Gateway)
+		}
+	}
+	if dns := att.DNS; dns != nil {
+		for _, s := range dns.Servers {
+			if net.ParseIP(s) == nil {
+				return fmt.Errorf("DNS server %q is not an IP address", s)
+			}
+		}
+		for _, s := range append(append([]string{}, dns.Searches...), dns.Options...) {
+			if s == "" || strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) >= 0 {
+				return fmt.Errorf("DNS search domain or option %q is empty or holds spaces or control characters", s)
+			}
+		}
+	}
+	return nil
+}
+
+// parseCIDR parses an address in CIDR form, refusing an IPv4 address
+// written as IPv6 (::ffff:a.b.c.d/n): its mask would be IPv6's.
+func parseCIDR(s string) (*net.IPNet, error) {
+	ip, ipnet, err := net.ParseCIDR(s)
+	if err != nil {
+		return nil, err
+	}
+	if ip.To4() != nil && strings.Contains(s, ":") {
+		return nil, fmt.Errorf("an IPv4 address in IPv6 notation")
+	}
+	return ipnet, nil
+}
+
+func sameFamily(ip string, n *net.IPNet) bool {
+	a := net.ParseIP(ip)
+	return a != nil && (a.To4() != nil) == (n.IP.To4() != nil)
+}
+
+// validIfName is Linux's rule for interface names (dev_valid_name), with
+// printable characters only.
+func validIfName(s string) bool {
+	if s == "" || len(s) > 15 || s == "." || s == ".." {
+		return false
+	}
+	for _, r := range s {
+		if r == '/' || r == ':' || r > unicode.MaxASCII || !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return false
+		}
+	}
+	return true
+}
+
 // AddressRoles decides, for every address of every interface (keyed by
-// interface and address index), its gateway and routes.
+// interface and address index), its gateway and routes. It fails on an
+// attachment that Validate refuses.
 func (att *NetworkAttachment) AddressRoles() (map[[2]int]*AddressRole, error) {
+	if err := att.Validate(); err != nil {
+		return nil, err
+	}
 	roles := map[[2]int]*AddressRole{}
 	type subnet struct {
 		key [2]int
@@ -106,10 +190,7 @@ func (att *NetworkAttachment) AddressRoles() (map[[2]int]*AddressRole, error) {
 	gwDone := map[bool]bool{}
 	for i, iface := range att.Interfaces {
 		for j, ip := range iface.IPs {
-			addr, ipnet, err := net.ParseCIDR(ip.Address)
-			if err != nil {
-				return nil, fmt.Errorf("interface %s address %q: %w", iface.Name, ip.Address, err)
-			}
+			addr, ipnet, _ := net.ParseCIDR(ip.Address) // checked by Validate
 			v4 := addr.To4() != nil
 			role := &AddressRole{}
 			if ip.Gateway != "" && !gwDone[v4] {
@@ -120,11 +201,8 @@ func (att *NetworkAttachment) AddressRoles() (map[[2]int]*AddressRole, error) {
 		}
 	}
 	for _, r := range att.Routes {
-		_, dst, err := net.ParseCIDR(r.Destination)
+		_, dst, _ := net.ParseCIDR(r.Destination) // checked by Validate
 		gw := net.ParseIP(r.Gateway)
-		if err != nil || gw == nil {
-			return nil, fmt.Errorf("route to %q via %q: a route needs a destination CIDR and a gateway", r.Destination, r.Gateway)
-		}
 		v4 := dst.IP.To4() != nil
 		var target *AddressRole
 		for _, sn := range subnets {

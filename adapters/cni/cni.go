@@ -360,7 +360,11 @@ func attachment(r *record, res *types100.Result, ifaces []podIface, req ports.Ne
 	for k, pi := range ifaces {
 		iface := ports.NetworkInterface{Name: pi.name, MAC: pi.wired.MAC.String(), MTU: pi.wired.MTU, Bridge: r.Links[k].HostBridge}
 		if pi.mac != "" {
-			iface.MAC = pi.mac
+			mac, err := net.ParseMAC(pi.mac)
+			if err != nil || len(mac) != 6 {
+				return ports.NetworkAttachment{}, fmt.Errorf("the CNI result gives interface %s the MAC %q, not an Ethernet MAC address", pi.name, pi.mac)
+			}
+			iface.MAC = mac.String()
 		}
 		for _, ip := range res.IPs {
 			switch {
@@ -398,6 +402,9 @@ func attachment(r *record, res *types100.Result, ifaces []podIface, req ports.Ne
 	att.DNS = req.DNS
 	if att.DNS == nil && (len(res.DNS.Nameservers) > 0 || len(res.DNS.Search) > 0) {
 		att.DNS = &ports.DNSConfig{Servers: res.DNS.Nameservers, Searches: res.DNS.Search, Options: res.DNS.Options}
+	}
+	if err := att.Validate(); err != nil {
+		return ports.NetworkAttachment{}, fmt.Errorf("the CNI result: %w", err)
 	}
 	return att, nil
 }

@@ -64,11 +64,13 @@ func checkPyYAMLStrings(t *testing.T, doc []byte) {
 }
 
 // FuzzNetworkConfig: from any attachment a network plugin could hand over,
-// network-config is made, or refused exactly when an address or route
-// does not parse. What is made says what the attachment says, to
-// cloud-init's YAML 1.1 parser too: one physical entry per interface with
-// its name, MAC and addresses (DHCP without any), at most one default route
-// per address family, each route once, under an address of its family.
+// network-config is made, or refused exactly when the attachment does not
+// check (ports.NetworkAttachment.Validate). What is accepted is sound (MACs,
+// addresses, gateways of their family, routes, DNS servers), and what is
+// made says what the attachment says, to cloud-init's YAML 1.1 parser too:
+// one physical entry per interface with its name, MAC and addresses (DHCP
+// without any), at most one default route per address family, each route
+// once, under an address of its family.
 func FuzzNetworkConfig(f *testing.F) {
 	f.Add("eth0", "52:54:00:a1:b2:c3", 1450, "198.18.0.5/24", "198.18.0.1", "fd00:198:18::5/64", "fd00:198:18::1",
 		"198.19.0.0/16", "198.18.0.254", "198.18.0.10", "svc.cluster.local")
@@ -103,22 +105,38 @@ func FuzzNetworkConfig(f *testing.F) {
 			}
 		}
 		out, err := networkConfigV1(att)
-		valid := true
-		for _, ip := range iface.IPs {
-			if _, _, err := net.ParseCIDR(ip.Address); err != nil {
-				valid = false
-			}
-		}
-		for _, r := range att.Routes {
-			if _, _, err := net.ParseCIDR(r.Destination); err != nil || net.ParseIP(r.Gateway) == nil {
-				valid = false
-			}
-		}
-		if (err == nil) != valid {
-			t.Fatalf("valid %v, error %v", valid, err)
+		if verr := att.Validate(); (err == nil) != (verr == nil) {
+			t.Fatalf("the attachment checks as %v, and network-config fails with %v", verr, err)
 		}
 		if err != nil {
 			return
+		}
+		// What is accepted is sound, whatever Validate's rules.
+		for _, iface := range att.Interfaces {
+			if mac, err := net.ParseMAC(iface.MAC); err != nil || len(mac) != 6 {
+				t.Fatalf("MAC %q accepted", iface.MAC)
+			}
+			for _, ip := range iface.IPs {
+				addr, _, err := net.ParseCIDR(ip.Address)
+				gw := net.ParseIP(ip.Gateway)
+				if err != nil || ip.Gateway != "" && (gw == nil || (gw.To4() == nil) != (addr.To4() == nil)) {
+					t.Fatalf("address %q with gateway %q accepted", ip.Address, ip.Gateway)
+				}
+			}
+		}
+		for _, r := range att.Routes {
+			_, dst, err := net.ParseCIDR(r.Destination)
+			gw := net.ParseIP(r.Gateway)
+			if err != nil || gw == nil || (gw.To4() == nil) != (dst.IP.To4() == nil) {
+				t.Fatalf("route %+v accepted", r)
+			}
+		}
+		if att.DNS != nil {
+			for _, s := range att.DNS.Servers {
+				if net.ParseIP(s) == nil {
+					t.Fatalf("DNS server %q accepted", s)
+				}
+			}
 		}
 		checkPyYAMLStrings(t, out)
 		var doc struct {
