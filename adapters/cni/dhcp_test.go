@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/insomniacslk/dhcp/dhcpv4"
@@ -32,6 +33,9 @@ func FuzzLeases(f *testing.F) {
 		"two-nics", "198.18.0.10", "default.svc.cluster.local", uint16(9000))
 	f.Add(`{"cniVersion":"0.4.0","ips":[{"address":"10.1.2.3/8"}]}`, "", "", "", uint16(0))
 	f.Fuzz(func(t *testing.T, result, podName, dnsServer, search string, mtu uint16) {
+		if !utf8.ValidString(podName + dnsServer + search) {
+			return // kubelet's strings come over gRPC: UTF-8
+		}
 		var res types100.Result
 		if err := json.Unmarshal([]byte(result), &res); err != nil {
 			return
