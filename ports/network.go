@@ -85,9 +85,12 @@ type PortMapping struct {
 // AddressRole is what one address of a pod's interfaces carries into the
 // guest's network configuration (cloud-init network-config, DHCP).
 type AddressRole struct {
-	// Gateway is set on the first address of each family that has one: a
-	// guest gets one default route per family (two would fight, and
-	// ifupdown fails on the second).
+	// Gateway is the family's default route, set on one address per
+	// family: a guest gets one default route per family (two would fight,
+	// and ifupdown fails on the second). It is the pod's first default
+	// route of the family, with the address whose subnet reaches its
+	// gateway (else the family's first); without one, the gateway of the
+	// family's first address that has one.
 	Gateway string
 	// Routes are the pod's routes (other than that default route) whose
 	// gateway this address's subnet reaches; a route no subnet reaches goes
@@ -187,14 +190,15 @@ func (att *NetworkAttachment) AddressRoles() (map[[2]int]*AddressRole, error) {
 		v4  bool
 	}
 	var subnets []subnet
-	gwDone := map[bool]bool{}
+	gwOwner := map[bool]*AddressRole{} // the address with the family's default route
+	explicit := map[bool]bool{}        // the default route is the pod's own
 	for i, iface := range att.Interfaces {
 		for j, ip := range iface.IPs {
 			addr, ipnet, _ := net.ParseCIDR(ip.Address) // checked by Validate
 			v4 := addr.To4() != nil
 			role := &AddressRole{}
-			if ip.Gateway != "" && !gwDone[v4] {
-				role.Gateway, gwDone[v4] = ip.Gateway, true
+			if ip.Gateway != "" && gwOwner[v4] == nil {
+				role.Gateway, gwOwner[v4] = ip.Gateway, role
 			}
 			roles[[2]int{i, j}] = role
 			subnets = append(subnets, subnet{key: [2]int{i, j}, net: ipnet, v4: v4})
@@ -219,8 +223,19 @@ func (att *NetworkAttachment) AddressRoles() (map[[2]int]*AddressRole, error) {
 		if target == nil {
 			continue // no address of the family: the guest cannot use it
 		}
-		if ones, _ := dst.Mask.Size(); ones == 0 && gw.Equal(net.ParseIP(target.Gateway)) {
-			continue // the subnet's gateway is this default route already
+		if ones, _ := dst.Mask.Size(); ones == 0 {
+			// CNI applies the routes it returns, and an address's gateway
+			// is no route by itself: the pod's own default route is the
+			// family's, in place of an address's gateway; a second one
+			// would fight it.
+			if !explicit[v4] {
+				explicit[v4] = true
+				if old := gwOwner[v4]; old != nil {
+					old.Gateway = ""
+				}
+				target.Gateway, gwOwner[v4] = r.Gateway, target
+			}
+			continue
 		}
 		target.Routes = append(target.Routes, r)
 	}

@@ -166,6 +166,14 @@ func FuzzNetworkConfig(f *testing.F) {
 			t.Fatalf("network-config:\n%s", out)
 		}
 		gateways := map[bool]int{}
+		defaultVia := map[bool]string{} // each family's gateway in network-config
+		podDefault := map[bool]string{} // the pod's first default route of each family
+		for _, r := range att.Routes {
+			_, dst, _ := net.ParseCIDR(r.Destination)
+			if ones, _ := dst.Mask.Size(); ones == 0 && podDefault[dst.IP.To4() != nil] == "" {
+				podDefault[dst.IP.To4() != nil] = r.Gateway
+			}
+		}
 		var routes []string
 		for i, want := range att.Interfaces {
 			got := doc.Config[i]
@@ -184,11 +192,12 @@ func FuzzNetworkConfig(f *testing.F) {
 			for j, sn := range got.Subnets {
 				addr, _, _ := net.ParseCIDR(want.IPs[j].Address)
 				v4 := addr.To4() != nil
-				if sn.Type != "static" || sn.Address != want.IPs[j].Address || (sn.Gateway != "" && sn.Gateway != want.IPs[j].Gateway) {
+				if sn.Type != "static" || sn.Address != want.IPs[j].Address || (sn.Gateway != "" && sn.Gateway != want.IPs[j].Gateway && sn.Gateway != podDefault[v4]) {
 					t.Fatalf("interface %d subnet %d: %+v, want %+v", i, j, sn, want.IPs[j])
 				}
 				if sn.Gateway != "" {
 					gateways[v4]++
+					defaultVia[v4] = sn.Gateway
 				}
 				for _, r := range sn.Routes {
 					_, dst, err := net.ParseCIDR(r.Network)
@@ -207,6 +216,13 @@ func FuzzNetworkConfig(f *testing.F) {
 		}
 		if gateways[true] > 1 || gateways[false] > 1 {
 			t.Fatalf("several default routes of a family:\n%s", out)
+		}
+		for v4, gw := range podDefault {
+			if hasFamily := defaultVia[v4] != "" || slices.ContainsFunc(att.Interfaces, func(i ports.NetworkInterface) bool {
+				return slices.ContainsFunc(i.IPs, func(c ports.IPConfig) bool { a, _, _ := net.ParseCIDR(c.Address); return (a.To4() != nil) == v4 })
+			}); hasFamily && defaultVia[v4] != gw {
+				t.Fatalf("the pod's default route via %s is not the guest's (%q):\n%s", gw, defaultVia[v4], out)
+			}
 		}
 		for _, r := range routes {
 			if n := len(slices.DeleteFunc(slices.Clone(routes), func(s string) bool { return s != r })); n > 1 {
