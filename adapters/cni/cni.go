@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -449,7 +450,7 @@ func leasesFor(att ports.NetworkAttachment, links []plumbing, hostname string) [
 			}
 			if l == nil {
 				l = &lease{Bridge: links[k].PodBridge, MAC: mac, IP: ip.To4(), Mask: ipnet.Mask, MTU: iface.MTU,
-					Hostname: hostname, ServerID: ipv4(c.Gateway)}
+					Hostname: dhcpHostname(hostname), ServerID: ipv4(c.Gateway)}
 			}
 			role := roles[[2]int{k, j}]
 			if gw := ipv4(role.Gateway); gw != nil {
@@ -480,6 +481,23 @@ func leasesFor(att ports.NetworkAttachment, links []plumbing, hostname string) [
 		out[0].Search = dhcpSearch(att.DNS.Searches)
 	}
 	return out
+}
+
+var hostnameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// dhcpHostname is the pod's name as the host name option, when it is one
+// (Kubernetes names are): a CRI client may send any name, and a guest's
+// DHCP client hands the option to scripts.
+func dhcpHostname(name string) string {
+	if len(name) > 253 || !hostnameRE.MatchString(name) {
+		return ""
+	}
+	for _, label := range strings.Split(name, ".") {
+		if len(label) > 63 {
+			return ""
+		}
+	}
+	return name
 }
 
 // dhcpSearch is the search list as the domain search option (RFC 3397)

@@ -90,6 +90,14 @@ func FuzzLeases(f *testing.F) {
 			}
 		}
 		for _, l := range leases {
+			// The pod's name as host name, when it is a DNS name.
+			valid := len(validation.IsDNS1123Subdomain(podName)) == 0
+			for _, label := range strings.Split(podName, ".") {
+				valid = valid && len(validation.IsDNS1123Label(label)) == 0
+			}
+			if valid && l.Hostname != podName || !valid && l.Hostname != "" {
+				t.Fatalf("host name %q for pod %q", l.Hostname, podName)
+			}
 			want := checkLease(t, l)
 			raw, err := json.Marshal(l)
 			if err != nil {
