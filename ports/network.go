@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"regexp"
 	"strings"
 	"unicode"
 )
@@ -104,8 +105,8 @@ type AddressRole struct {
 // is not one would otherwise break them far from its cause.
 func (att *NetworkAttachment) Validate() error {
 	for i, iface := range att.Interfaces {
-		if !validIfName(iface.Name) {
-			return fmt.Errorf("interface %d: name %q is not a network interface name (1-15 printable characters, no '/', ':' or space)", i, iface.Name)
+		if !ifNameRE.MatchString(iface.Name) || iface.Name == "." || iface.Name == ".." {
+			return fmt.Errorf("interface %d: name %q is not a network interface name (1-15 letters, digits, '-', '_' or '.')", i, iface.Name)
 		}
 		if mac, err := net.ParseMAC(iface.MAC); err != nil || len(mac) != 6 {
 			return fmt.Errorf("interface %s: %q is not an Ethernet MAC address", iface.Name, iface.MAC)
@@ -135,9 +136,14 @@ func (att *NetworkAttachment) Validate() error {
 				return fmt.Errorf("DNS server %q is not an IP address", s)
 			}
 		}
-		for _, s := range append(append([]string{}, dns.Searches...), dns.Options...) {
+		for _, s := range dns.Searches {
+			if len(s) > 254 || !searchRE.MatchString(s) {
+				return fmt.Errorf("DNS search domain %q is not a domain name", s)
+			}
+		}
+		for _, s := range dns.Options {
 			if s == "" || strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) >= 0 {
-				return fmt.Errorf("DNS search domain or option %q is empty or holds spaces or control characters", s)
+				return fmt.Errorf("DNS option %q is empty or holds spaces or control characters", s)
 			}
 		}
 	}
@@ -162,19 +168,15 @@ func sameFamily(ip string, n *net.IPNet) bool {
 	return a != nil && (a.To4() != nil) == (n.IP.To4() != nil)
 }
 
-// validIfName is Linux's rule for interface names (dev_valid_name), with
-// printable characters only.
-func validIfName(s string) bool {
-	if s == "" || len(s) > 15 || s == "." || s == ".." {
-		return false
-	}
-	for _, r := range s {
-		if r == '/' || r == ':' || r > unicode.MaxASCII || !unicode.IsPrint(r) || unicode.IsSpace(r) {
-			return false
-		}
-	}
-	return true
-}
+var (
+	// ifNameRE is within Linux's rule for interface names (dev_valid_name),
+	// in the characters names are made of: other characters are no use to a
+	// guest, and some ("=", "<<") mean something else to the YAML 1.1 parser
+	// of cloud-init.
+	ifNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
+	// searchRE is a domain name, or the root.
+	searchRE = regexp.MustCompile(`^(\.|[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?)$`)
+)
 
 // AddressRoles decides, for every address of every interface (keyed by
 // interface and address index), its gateway and routes. It fails on an
