@@ -34,15 +34,15 @@ func RepoRoot() string {
 }
 
 // Build compiles the daemon and the given extra binaries (name → package)
-// into dir.
-func Build(dir string, extra map[string]string) error {
+// into dir, with go build's extra flags (e.g. -race).
+func Build(dir string, extra map[string]string, flags ...string) error {
 	pkgs := map[string]string{"virtlet": "github.com/virtlet/virtlet/cmd/virtlet"}
 	for k, v := range extra {
 		pkgs[k] = v
 	}
 	for name, pkg := range pkgs {
 		// pacific: go-ceph against Debian 12's Ceph 16 (the ceph plugin).
-		args := []string{"build", "-tags", "pacific", "-o", filepath.Join(dir, name)}
+		args := append([]string{"build", "-tags", "pacific", "-o", filepath.Join(dir, name)}, flags...)
 		if name == "virtlet" {
 			args = append(args, "-ldflags", "-X github.com/virtlet/virtlet/cmd/internal/buildinfo.version="+Version)
 		}
@@ -295,6 +295,28 @@ func (d *Daemon) Kill() {
 	d.cmd.Process.Kill()
 	<-d.exited
 	d.cmd = nil
+}
+
+// DumpGoroutines makes the daemon print every goroutine's stack and exit
+// (SIGQUIT), and returns what it printed: the evidence of a deadlock.
+func (d *Daemon) DumpGoroutines() string {
+	if d.cmd == nil {
+		return ""
+	}
+	before := len(d.Log())
+	d.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-d.exited:
+	case <-time.After(30 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.exited
+	}
+	d.cmd = nil
+	log := d.Log()
+	if len(log) < before {
+		return log
+	}
+	return log[before:]
 }
 
 // Log returns the daemon's log so far.
