@@ -76,7 +76,8 @@ func FuzzLeases(f *testing.F) {
 		}
 		if len(leases) > 0 && att.DNS != nil {
 			// The first lease carries the search list: every name of it
-			// that Kubernetes accepts in a dnsConfig, and nothing else.
+			// that is a DNS name (Kubernetes accepts longer labels in a
+			// dnsConfig, which the option cannot carry), and nothing else.
 			for _, name := range leases[0].Search {
 				if name == "" || !slices.Contains(att.DNS.Searches, name) && !slices.Contains(att.DNS.Searches, name+".") {
 					t.Fatalf("search %q, asked for %q", leases[0].Search, att.DNS.Searches)
@@ -84,18 +85,14 @@ func FuzzLeases(f *testing.F) {
 			}
 			for _, name := range att.DNS.Searches {
 				name = strings.TrimSuffix(name, ".")
-				if len(validation.IsDNS1123Subdomain(name)) == 0 && !slices.Contains(leases[0].Search, name) {
+				if isDNSName(name) && !slices.Contains(leases[0].Search, name) {
 					t.Fatalf("search %q lacks %q", leases[0].Search, name)
 				}
 			}
 		}
 		for _, l := range leases {
 			// The pod's name as host name, when it is a DNS name.
-			valid := len(validation.IsDNS1123Subdomain(podName)) == 0
-			for _, label := range strings.Split(podName, ".") {
-				valid = valid && len(validation.IsDNS1123Label(label)) == 0
-			}
-			if valid && l.Hostname != podName || !valid && l.Hostname != "" {
+			if valid := isDNSName(podName); valid && l.Hostname != podName || !valid && l.Hostname != "" {
 				t.Fatalf("host name %q for pod %q", l.Hostname, podName)
 			}
 			want := checkLease(t, l)
@@ -112,6 +109,15 @@ func FuzzLeases(f *testing.F) {
 			}
 		}
 	})
+}
+
+// isDNSName: a Kubernetes DNS subdomain whose labels DNS can carry.
+func isDNSName(s string) bool {
+	valid := len(validation.IsDNS1123Subdomain(s)) == 0
+	for _, label := range strings.Split(s, ".") {
+		valid = valid && len(validation.IsDNS1123Label(label)) == 0
+	}
+	return valid
 }
 
 // checkLease checks the lease's answers and returns them, for comparison.
