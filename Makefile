@@ -7,6 +7,8 @@
 #   make e2e-k8s real-VM suites behind a real kubelet and API server (TestKube*)
 #   make critest cri-tools' CRI conformance suite; writes docs/critest.md
 #   make bench   benchmarks, printing their figures
+#   make fuzz    every fuzz target for FUZZTIME each (default 20s); not in make check,
+#                but the corpora they commit (testdata/fuzz) run as seeds in make test
 #   make build   every binary into bin/
 
 SHELL := /bin/bash
@@ -23,7 +25,7 @@ DEFAULT_PLUGINS := $(shell sed -n 's/^command: *//p' plugins/manifest/defaults/*
 # Test-only plugins.
 TEST_PLUGINS := bin/virtlet-fake-plugin bin/virtlet-example-scratch
 
-.PHONY: all build deps tools proto test unit integration e2e e2e-k8s critest bench check demo lint clean install
+.PHONY: all build deps tools proto test unit integration e2e e2e-k8s critest bench fuzz check demo lint clean install
 
 all: build
 
@@ -104,6 +106,19 @@ bench: deps
 	@echo "         PodNetwork20: pod network setup (RunPodSandbox) and teardown (StopPodSandbox), p50 over 20 pods"
 	@echo "         ReachTheVM: ExecSync through qemu-guest-agent p50/p99; port-forward throughput / direct TCP to the VM (no target set)"
 	@echo "         KubeApply: kubectl apply -> Running / -> guest ready (p50 of 5), 10 at once -> Running p50/p99 (no target; KubeVirt publishes 15-25 s)"
+
+# go test -fuzz takes one target per run: every func FuzzX of the tracked
+# tests runs in turn, and a failure (its input written to
+# <package>/testdata/fuzz/FuzzX/) fails the run once all have had their time.
+FUZZTIME ?= 20s
+fuzz:
+	@failed=""; \
+	for hit in $$(git ls-files '*_test.go' | xargs grep -Ho '^func Fuzz[A-Za-z0-9_]*' | sed 's/:func /:/'); do \
+	  pkg=./$$(dirname $${hit%%:*}); fn=$${hit##*:}; \
+	  echo "fuzz $$pkg $$fn for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg || failed="$$failed $$pkg:$$fn"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz targets failed:$$failed"; exit 1; fi
 
 demo: deps build
 	@if [ -x testing/demo/run.sh ]; then testing/demo/run.sh; else echo "the demo boots a real VM pod: it needs the libvirt hypervisor plugin, which is not built yet" >&2; exit 1; fi

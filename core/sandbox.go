@@ -138,6 +138,9 @@ func (r *Runtime) setupNetwork(ctx context.Context, sb *Sandbox) (*ports.Network
 	if err != nil {
 		return nil, fmt.Errorf("set up network of pod %s/%s: %w", sb.Namespace, sb.Name, err)
 	}
+	if err := att.Validate(); err != nil {
+		return nil, fmt.Errorf("network of pod %s/%s: the network plugin's attachment: %w", sb.Namespace, sb.Name, err)
+	}
 	r.phaseDone(ports.PhaseNetwork, start)
 	return &att, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"strings"
 
 	"github.com/virtlet/virtlet/ports"
@@ -50,7 +49,7 @@ func (r *Runtime) resolveLocation(ctx context.Context, n ImageName) (location, e
 			if t.Regexp == "" {
 				continue
 			}
-			re, err := regexp.Compile("^(?:" + t.Regexp + ")$")
+			re, err := t.Pattern()
 			if err != nil {
 				continue // the adapter reports bad regexps when it loads the file
 			}

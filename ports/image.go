@@ -2,6 +2,7 @@ package ports
 
 import (
 	"context"
+	"regexp"
 	"time"
 )
 
@@ -98,6 +99,12 @@ type Translation struct {
 	Regexp    string `json:"regexp,omitempty"`
 	URL       string `json:"url"`
 	Transport string `json:"transport,omitempty"`
+}
+
+// Pattern compiles the translation's regexp as it applies: to the whole
+// name (the part after the config's prefix).
+func (t Translation) Pattern() (*regexp.Regexp, error) {
+	return regexp.Compile("^(?:" + t.Regexp + ")$")
 }
 
 // TransportConfig says how to reach a server.

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -361,7 +362,11 @@ func attachment(r *record, res *types100.Result, ifaces []podIface, req ports.Ne
 	for k, pi := range ifaces {
 		iface := ports.NetworkInterface{Name: pi.name, MAC: pi.wired.MAC.String(), MTU: pi.wired.MTU, Bridge: r.Links[k].HostBridge}
 		if pi.mac != "" {
-			iface.MAC = pi.mac
+			mac, err := net.ParseMAC(pi.mac)
+			if err != nil || len(mac) != 6 {
+				return ports.NetworkAttachment{}, fmt.Errorf("the CNI result gives interface %s the MAC %q, not an Ethernet MAC address", pi.name, pi.mac)
+			}
+			iface.MAC = mac.String()
 		}
 		for _, ip := range res.IPs {
 			switch {
@@ -399,6 +404,9 @@ func attachment(r *record, res *types100.Result, ifaces []podIface, req ports.Ne
 	att.DNS = req.DNS
 	if att.DNS == nil && (len(res.DNS.Nameservers) > 0 || len(res.DNS.Search) > 0) {
 		att.DNS = &ports.DNSConfig{Servers: res.DNS.Nameservers, Searches: res.DNS.Search, Options: res.DNS.Options}
+	}
+	if err := att.Validate(); err != nil {
+		return ports.NetworkAttachment{}, fmt.Errorf("the CNI result: %w", err)
 	}
 	return att, nil
 }
@@ -443,7 +451,7 @@ func leasesFor(att ports.NetworkAttachment, links []plumbing, hostname string) [
 			}
 			if l == nil {
 				l = &lease{Bridge: links[k].PodBridge, MAC: mac, IP: ip.To4(), Mask: ipnet.Mask, MTU: iface.MTU,
-					Hostname: hostname, ServerID: ipv4(c.Gateway)}
+					Hostname: dhcpHostname(hostname), ServerID: ipv4(c.Gateway)}
 			}
 			role := roles[[2]int{k, j}]
 			if gw := ipv4(role.Gateway); gw != nil {
@@ -471,7 +479,45 @@ func leasesFor(att ports.NetworkAttachment, links []plumbing, hostname string) [
 				out[0].DNS = append(out[0].DNS, ip)
 			}
 		}
-		out[0].Search = att.DNS.Searches
+		out[0].Search = dhcpSearch(att.DNS.Searches)
+	}
+	return out
+}
+
+var hostnameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// dhcpHostname is the pod's name as the host name option, when it is one
+// (Kubernetes names are): a CRI client may send any name, and a guest's
+// DHCP client hands the option to scripts.
+func dhcpHostname(name string) string {
+	if len(name) > 253 || !hostnameRE.MatchString(name) {
+		return ""
+	}
+	for _, label := range strings.Split(name, ".") {
+		if len(label) > 63 {
+			return ""
+		}
+	}
+	return name
+}
+
+// dhcpSearch is the search list as the domain search option (RFC 3397)
+// can carry it: names without their trailing dot (the option ends every
+// name with the root label; "example.com." would gain an empty name), and
+// without the root itself ("." is allowed in a pod's dnsConfig) or names
+// that are not a sequence of 1-63 byte labels of at most 253 bytes, which
+// the option cannot encode.
+func dhcpSearch(searches []string) []string {
+	var out []string
+	for _, s := range searches {
+		s = strings.TrimSuffix(s, ".")
+		valid := s != "" && len(s) <= 253
+		for _, label := range strings.Split(s, ".") {
+			valid = valid && len(label) >= 1 && len(label) <= 63
+		}
+		if valid && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
 	}
 	return out
 }

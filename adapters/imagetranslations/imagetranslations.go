@@ -98,18 +98,23 @@ var (
 	knownSchemes = map[string]bool{"https": true, "http": true, "file": true, "docker": true, "oci": true}
 )
 
-// Load parses and checks one translation file.
+// Load reads, parses and checks one translation file.
 func Load(file string) (ports.TranslationConfig, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return ports.TranslationConfig{}, fmt.Errorf("image translation file %s: %w", file, err)
+	}
+	return Parse(file, data)
+}
+
+// Parse parses and checks the content of one translation file.
+func Parse(file string, data []byte) (ports.TranslationConfig, error) {
 	fail := func(field, format string, args ...interface{}) (ports.TranslationConfig, error) {
 		e := &ports.InvalidError{Field: "image translation file " + file, Reason: fmt.Sprintf(format, args...)}
 		if field != "" {
 			e.Field += " field " + field
 		}
 		return ports.TranslationConfig{}, e
-	}
-	data, err := os.ReadFile(file)
-	if err != nil {
-		return ports.TranslationConfig{}, fmt.Errorf("image translation file %s: %w", file, err)
 	}
 	var cfg ports.TranslationConfig
 	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
@@ -128,7 +133,10 @@ func Load(file string) (ports.TranslationConfig, error) {
 			return fail(field+".url", "required")
 		}
 		if t.Regexp != "" {
-			if _, err := regexp.Compile(t.Regexp); err != nil {
+			// Compiled as the core applies it: a regexp that compiles
+			// alone may not once anchored (an unterminated \Q quotes the
+			// anchor's parenthesis), and would be skipped silently.
+			if _, err := t.Pattern(); err != nil {
 				return fail(field+".regexp", "%v", err)
 			}
 		}

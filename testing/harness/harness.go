@@ -34,8 +34,8 @@ func RepoRoot() string {
 }
 
 // Build compiles the daemon and the given extra binaries (name → package)
-// into dir.
-func Build(dir string, extra map[string]string) error {
+// into dir, with go build's extra flags (e.g. -race).
+func Build(dir string, extra map[string]string, flags ...string) error {
 	pkgs := map[string]string{"virtlet": "github.com/virtlet/virtlet/cmd/virtlet"}
 	for k, v := range extra {
 		pkgs[k] = v
@@ -47,7 +47,7 @@ func Build(dir string, extra map[string]string) error {
 		if strings.HasSuffix(name, "-failpoints") {
 			tags += ",failpoints"
 		}
-		args := []string{"build", "-tags", tags, "-o", filepath.Join(dir, name)}
+		args := append([]string{"build", "-tags", tags, "-o", filepath.Join(dir, name)}, flags...)
 		if strings.HasPrefix(name, "virtlet") && pkg == pkgs["virtlet"] {
 			args = append(args, "-ldflags", "-X github.com/virtlet/virtlet/cmd/internal/buildinfo.version="+Version)
 		}
@@ -331,6 +331,28 @@ func (d *Daemon) Exited(wait time.Duration) bool {
 	case <-time.After(wait):
 		return false
 	}
+}
+
+// DumpGoroutines makes the daemon print every goroutine's stack and exit
+// (SIGQUIT), and returns what it printed: the evidence of a deadlock.
+func (d *Daemon) DumpGoroutines() string {
+	if d.cmd == nil {
+		return ""
+	}
+	before := len(d.Log())
+	d.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-d.exited:
+	case <-time.After(30 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.exited
+	}
+	d.cmd = nil
+	log := d.Log()
+	if len(log) < before {
+		return log
+	}
+	return log[before:]
 }
 
 // Log returns the daemon's log so far.
