@@ -96,7 +96,7 @@ check: test e2e e2e-k8s critest
 
 bench: deps
 	$(GO) test -run '^$$' -bench 'PluginRoundTrip|List|CloudInitISO' -benchtime 3000x ./testing/bench/
-	$(GO) test -run '^$$' -bench 'P1BootOverhead|P6PullVsCurl|P2SecondRootDisk|PodNetwork20|ReachTheVM' -benchtime 1x -timeout 40m ./testing/bench/
+	$(GO) test -run '^$$' -bench 'P1BootOverhead|P6PullVsCurl|P2SecondRootDisk|PodNetwork20|ReachTheVM|P5Density' -benchtime 1x -timeout 40m ./testing/bench/
 	testing/k8s/build.sh >/dev/null
 	$(GO) test -run '^$$' -bench 'KubeApply' -benchtime 1x -timeout 30m ./testing/bench/
 	@echo "targets: PluginRoundTrip p50 overhead above bare gRPC on the same connection (grpc-floor-*, no Virtlet code) <= 10 %;"
@@ -104,6 +104,7 @@ bench: deps
 	@echo "         P1 boot overhead ratio <= 1.10 (virtlet's own steps are run+create; libvirt's domain start is in start);"
 	@echo "         P6 256 MiB pull / curl -o ratio <= 1.1; P2 second root disk <= 50 ms and <= 1 MiB written;"
 	@echo "         PodNetwork20: pod network setup (RunPodSandbox) and teardown (StopPodSandbox), p50 over 20 pods"
+	@echo "         P5Density: 50 tiny VM pods at once: all ready, QEMU RSS/VM, daemon+plugins RSS growth/pod <= 1 MiB, list p99 <= 2 ms, plugin RPCs/start <= 20"
 	@echo "         ReachTheVM: ExecSync through qemu-guest-agent p50/p99; port-forward throughput / direct TCP to the VM (no target set)"
 	@echo "         KubeApply: kubectl apply -> Running / -> guest ready (p50 of 5), 10 at once -> Running p50/p99 (no target; KubeVirt publishes 15-25 s)"
 

@@ -1,0 +1,244 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// densityPods is how many tiny VM pods run at once.
+const densityPods = 50
+
+// BenchmarkP5Density starts tiny VM pods until 50 run at once on this
+// machine, each to its ready marker, then removes them. It reports the time
+// to all-ready, QEMU's RSS per VM, the daemon's and its plugins' RSS growth
+// per VM pod (target ≤ 1 MiB), ListPodSandbox/ListContainers p99 at that
+// load (≤ 2 ms) and the plugin RPCs one VM start costs (≤ 20). Run it
+// alone, with -benchtime 1x (make bench does).
+func BenchmarkP5Density(b *testing.B) {
+	_, translation := serveGuest(b, "tiny", "tiny")
+	d := realDaemon(b)
+	d.Translate("bench.yaml", translation)
+	d.Start()
+	rt, img := d.CRI(b)
+	ctx := context.Background()
+	pulled, err := img.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: "virtlet.cloud/tiny"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// One pod first: its plugin calls, and a warm daemon for the baseline.
+	calls0 := pluginCalls(b, rt)
+	first, err := runTinyPod(rt, d.Dir, pulled.ImageRef, "density-first")
+	if err != nil {
+		b.Fatal(err)
+	}
+	perStart := pluginCalls(b, rt) - calls0
+	if err := waitReady(first, 3*time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	removePod(ctx, rt, first.sandbox)
+	time.Sleep(2 * time.Second)
+	rss0 := treeRSS(d.PID())
+	goroutines0 := daemonGoroutines(b, rt)
+
+	b.ResetTimer()
+	start := time.Now()
+	pods := make([]tinyPod, densityPods)
+	errs := make([]error, densityPods)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 5) // five pods in flight: 2 cores boot them
+	for i := range pods {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if pods[i], errs[i] = runTinyPod(rt, d.Dir, pulled.ImageRef, fmt.Sprintf("density-%02d", i)); errs[i] == nil {
+				errs[i] = waitReady(pods[i], 10*time.Minute)
+			}
+		}(i)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	allReady := time.Since(start)
+	b.StopTimer()
+
+	time.Sleep(3 * time.Second) // let the guests settle
+	rss := treeRSS(d.PID())
+	var qemu []int64
+	for _, p := range pods {
+		if r := qemuRSS(p.domain); r > 0 {
+			qemu = append(qemu, r)
+		}
+	}
+	sort.Slice(qemu, func(i, j int) bool { return qemu[i] < qemu[j] })
+	var lists []time.Duration
+	for i := 0; i < 200; i++ {
+		t0 := time.Now()
+		if _, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{}); err != nil {
+			b.Fatal(err)
+		}
+		lists = append(lists, time.Since(t0)/2)
+	}
+	sort.Slice(lists, func(i, j int) bool { return lists[i] < lists[j] })
+	listP99 := lists[len(lists)*99/100]
+	goroutines := daemonGoroutines(b, rt)
+	growth := float64(rss-rss0) / densityPods / (1 << 20)
+	var wgr sync.WaitGroup
+	for _, p := range pods {
+		wgr.Add(1)
+		go func(sb string) { defer wgr.Done(); removePod(ctx, rt, sb) }(p.sandbox)
+	}
+	wgr.Wait()
+
+	b.ReportMetric(allReady.Seconds(), "all-ready-s")
+	b.ReportMetric(float64(qemu[len(qemu)/2])/(1<<20), "qemu-rss-MiB")
+	b.ReportMetric(growth, "daemon-rss-growth-MiB/pod")
+	b.ReportMetric(float64(listP99.Microseconds()), "list-p99-µs")
+	b.ReportMetric(float64(perStart), "plugin-rpcs/start")
+	fmt.Printf("P5 density: %d tiny VM pods (96 MiB each) all ready in %s (5 started at a time)\n", densityPods, allReady.Round(time.Second))
+	fmt.Printf("   QEMU RSS per VM: median %.0f MiB (min %.0f, max %.0f)\n",
+		float64(qemu[len(qemu)/2])/(1<<20), float64(qemu[0])/(1<<20), float64(qemu[len(qemu)-1])/(1<<20))
+	fmt.Printf("   daemon + plugins RSS: %.1f → %.1f MiB, growth %.2f MiB per VM pod (target <= 1); daemon goroutines %d → %d\n",
+		float64(rss0)/(1<<20), float64(rss)/(1<<20), growth, goroutines0, goroutines)
+	fmt.Printf("   ListPodSandbox/ListContainers at %d pods: p99 %s (target <= 2 ms)\n", densityPods, listP99.Round(time.Microsecond))
+	fmt.Printf("   plugin RPCs for one VM pod's run + create + start: %d (target <= 20)\n", perStart)
+}
+
+type tinyPod struct {
+	sandbox, container, domain, log string
+}
+
+// runTinyPod runs a VM pod of the tiny guest without a pod network.
+func runTinyPod(rt runtimeapi.RuntimeServiceClient, dir, image, name string) (tinyPod, error) {
+	ctx := context.Background()
+	logDir := filepath.Join(dir, "pods", name)
+	podCfg := &runtimeapi.PodSandboxConfig{
+		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "bench", Uid: "uid-" + name},
+		Annotations:  map[string]string{"kubernetes.io/target-runtime": "virtlet.cloud", "VirtletDiskDriver": "virtio"},
+		LogDirectory: logDir,
+	}
+	sb, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: podCfg})
+	if err != nil {
+		return tinyPod{}, err
+	}
+	ctr, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: sb.PodSandboxId, SandboxConfig: podCfg,
+		Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: name}, Image: &runtimeapi.ImageSpec{Image: image},
+			LogPath: "vm.log", Linux: &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 96 << 20}}}})
+	if err != nil {
+		return tinyPod{}, err
+	}
+	if _, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
+		return tinyPod{}, err
+	}
+	st, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: ctr.ContainerId, Verbose: true})
+	if err != nil {
+		return tinyPod{}, err
+	}
+	var vm struct {
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal([]byte(st.Info["vm"]), &vm); err != nil || vm.Name == "" {
+		return tinyPod{}, fmt.Errorf("the VM of %s: %v %q", name, err, st.Info["vm"])
+	}
+	return tinyPod{sandbox: sb.PodSandboxId, container: ctr.ContainerId, domain: vm.Name, log: filepath.Join(logDir, "vm.log")}, nil
+}
+
+func waitReady(p tinyPod, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if data, err := os.ReadFile(p.log); err == nil && strings.Contains(string(data), "@@TINY-READY") {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("%s: no ready marker after %s", p.domain, timeout)
+}
+
+func removePod(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sb string) {
+	rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb})
+	rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb})
+}
+
+// statusInfo is the daemon's verbose status.
+func statusInfo(b *testing.B, rt runtimeapi.RuntimeServiceClient) map[string]string {
+	st, err := rt.Status(context.Background(), &runtimeapi.StatusRequest{Verbose: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return st.Info
+}
+
+// pluginCalls sums the RPCs the daemon has made to its plugins.
+func pluginCalls(b *testing.B, rt runtimeapi.RuntimeServiceClient) uint64 {
+	var plugins map[string]struct{ Calls uint64 }
+	if err := json.Unmarshal([]byte(statusInfo(b, rt)["plugins"]), &plugins); err != nil {
+		b.Fatalf("plugins in the status: %v", err)
+	}
+	var n uint64
+	for _, p := range plugins {
+		n += p.Calls
+	}
+	return n
+}
+
+func daemonGoroutines(b *testing.B, rt runtimeapi.RuntimeServiceClient) int {
+	n, _ := strconv.Atoi(statusInfo(b, rt)["goroutines"])
+	return n
+}
+
+// treeRSS sums the resident memory of pid and its children (the daemon
+// and its plugins).
+func treeRSS(pid int) int64 {
+	total := rssOf(pid)
+	for child := range harness.ChildrenOf(pid) {
+		total += rssOf(child)
+	}
+	return total
+}
+
+func rssOf(pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			f := strings.Fields(line)
+			if len(f) >= 2 {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}
+
+// qemuRSS is the resident memory of a domain's QEMU.
+func qemuRSS(domain string) int64 {
+	pid, err := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(pid)))
+	return rssOf(n)
+}
