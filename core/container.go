@@ -162,6 +162,13 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 		}},
 	}
 	spec.NICs = vmNICs(sb.Network)
+	// The VM's own user, held by this creation until its record holds it.
+	runAs, releaseUser, err := r.takeVMUser()
+	if err != nil {
+		return "", fmt.Errorf("pod %s: %w", pod, err)
+	}
+	defer releaseUser()
+	spec.RunAs = runAs
 	if spec.UUID == "" {
 		spec.UUID = uuid.NewSHA1(vmUUIDSpace, []byte(id)).String()
 	} else if other := r.uuidUser(spec.UUID); other != nil {

@@ -49,6 +49,8 @@ type Options struct {
 	// Failpoint, when set, is called at each step named in failpoints.go
 	// (crash tests only).
 	Failpoint func(name string)
+	// VMUsers, when set, gives every VM a host user of its own.
+	VMUsers *VMUsers
 }
 
 const (
@@ -73,6 +75,7 @@ type Runtime struct {
 
 	revision uint64 // last Revision given to a record; guarded by mu
 
+	users  vmUserPool         // the VMs' own users, when Options.VMUsers
 	pods   keyedLock          // one operation at a time per sandbox ID
 	imgMu  sync.Mutex         // serialises image index updates
 	pulls  singleflight.Group // one download per image at a time

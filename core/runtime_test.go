@@ -35,6 +35,7 @@ type env struct {
 	vdirs  fakes.VolumeDirs
 	dialer ports.Dialer
 	obs    *observed
+	users  *core.VMUsers
 	logDir string
 	cancel context.CancelFunc
 }
@@ -71,7 +72,7 @@ func (e *env) start(t *testing.T) {
 		Datasources: map[string]ports.Datasource{"nocloud": e.nc, "configdrive": e.cd},
 		Kube:        e.kube, Files: e.vfiles, VolumeDirs: e.vdirs, Dialer: e.dialer, Observer: e.obs,
 		Volumes: map[string]ports.Volumes{ports.VolumeShare: e.vols, ports.VolumeBlock: e.vols, "qcow2": e.vols, "ceph": e.vols, "sized": e.vols},
-	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second})
+	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second, VMUsers: e.users})
 	if err != nil {
 		t.Fatal(err)
 	}

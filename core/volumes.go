@@ -359,7 +359,7 @@ func GuestDiskPath(bus ports.DiskBus, serial string) string {
 // volumeRequest is the port request of a volume of container c.
 func volumeRequest(c *Container, u VolumeUse) ports.VolumeRequest {
 	return ports.VolumeRequest{VMID: c.ID, PodUID: c.Spec.PodUID, PodNamespace: c.Spec.PodNamespace, PodName: c.Spec.PodName,
-		Name: u.Name, Type: u.Type, Options: u.Options, HostPath: u.HostPath, ReadOnly: u.ReadOnly, Chown: u.Chown}
+		Name: u.Name, Type: u.Type, Options: u.Options, HostPath: u.HostPath, ReadOnly: u.ReadOnly, Chown: u.Chown, RunAs: c.Spec.RunAs}
 }
 
 // rootfs returns the volume holding the persistent root, if any.

@@ -120,6 +120,18 @@ type VMSpec struct {
 	// ConsoleLogPath is the CRI log file the serial console is written to,
 	// in the CRI log format (kubectl logs reads it).
 	ConsoleLogPath string
+
+	// RunAs, when set, is the VM's own user and group: its hypervisor
+	// process runs as them and its files belong to them while it runs, so
+	// that one VM's process cannot reach another's disks. Nil: the
+	// hypervisor's one default user for every VM.
+	RunAs *ProcessIdentity
+}
+
+// ProcessIdentity is the host user and group a VM's hypervisor process
+// runs as.
+type ProcessIdentity struct {
+	UID, GID int
 }
 
 // CPUSpec selects the guest CPU.

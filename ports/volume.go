@@ -57,6 +57,10 @@ type VolumeRequest struct {
 	// Chown asks for a share's files to be given to the hypervisor's user,
 	// so that the guest may write them (VirtletChown9pfsMounts).
 	Chown bool
+	// RunAs is the VM's own user and group (VMSpec.RunAs), when it has
+	// them: a share is made for that user rather than the hypervisor's
+	// default one.
+	RunAs *ProcessIdentity
 	// Rootfs, set on a block volume, makes it the VM's persistent root
 	// disk holding this image.
 	Rootfs *RootfsRequest

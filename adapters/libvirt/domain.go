@@ -82,11 +82,7 @@ func domainXML(in domainInput) (string, error) {
 		Features:   &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}},
 		Clock:      &libvirtxml.DomainClock{Offset: "utc"},
 		OnPoweroff: "destroy", OnReboot: "restart", OnCrash: "destroy",
-		// QEMU runs as qemu.conf's unprivileged user, owning the VM's
-		// disks only while it runs (libvirt relabels them): asked for by
-		// the domain itself, so that a host whose qemu.conf sets
-		// security_default_confined = 0 does not run it unconfined.
-		SecLabel: []libvirtxml.DomainSecLabel{{Type: "dynamic", Model: "dac", Relabel: "yes"}},
+		SecLabel: []libvirtxml.DomainSecLabel{dacLabel(s.RunAs)},
 		Devices: &libvirtxml.DomainDeviceList{
 			Controllers: []libvirtxml.DomainController{{Type: "usb", Model: "none"}},
 			Serials: []libvirtxml.DomainSerial{{
@@ -239,6 +235,17 @@ func addDisks(d *libvirtxml.Domain, in domainInput) error {
 				return &ports.InvalidError{Field: "disk " + disk.Name, Value: "", Reason: "no file path"}
 			}
 			dd.Source = &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: path}}
+			if o := disk.Overlay; o != nil {
+				// The image store's file is shared by every VM of the
+				// image, read-only and world-readable: libvirt must not
+				// give it to one VM's user.
+				dd.BackingStore = &libvirtxml.DomainDiskBackingStore{
+					Format: &libvirtxml.DomainDiskFormat{Type: o.BaseFormat},
+					Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: o.BasePath,
+						SecLabel: []libvirtxml.DomainDeviceSecLabel{{Model: "dac", Relabel: "no"}}}},
+					BackingStore: &libvirtxml.DomainDiskBackingStore{},
+				}
+			}
 		case ports.SourceBlock:
 			if !strings.HasPrefix(disk.Source.Path, "/dev/") {
 				return &ports.InvalidError{Field: "disk " + disk.Name + " device", Value: disk.Source.Path, Allowed: "a block device under /dev"}
@@ -320,4 +327,17 @@ func networkSource(disk ports.Disk, secretUUID string) (*libvirtxml.DomainDiskSo
 		n.Auth = &libvirtxml.DomainDiskAuth{Username: a.Username, Secret: &libvirtxml.DomainDiskSecret{Type: a.SecretType, UUID: secretUUID}}
 	}
 	return n, nil
+}
+
+// dacLabel confines the VM's QEMU with libvirt's DAC driver, which owns
+// the VM's disks to it only while it runs: the VM's own user and group
+// when it has them (one VM's QEMU then cannot open another's disks), else
+// qemu.conf's one user (dynamic). Asked for by the domain itself, so that
+// a host whose qemu.conf sets security_default_confined = 0 does not run
+// it unconfined.
+func dacLabel(runAs *ports.ProcessIdentity) libvirtxml.DomainSecLabel {
+	if runAs == nil {
+		return libvirtxml.DomainSecLabel{Type: "dynamic", Model: "dac", Relabel: "yes"}
+	}
+	return libvirtxml.DomainSecLabel{Type: "static", Model: "dac", Relabel: "yes", Label: fmt.Sprintf("+%d:+%d", runAs.UID, runAs.GID)}
 }

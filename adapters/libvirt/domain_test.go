@@ -58,6 +58,8 @@ func TestDomainGolden(t *testing.T) {
 		tcg  bool
 	}{
 		{"defaults", with(), nil, true},
+		// The VM's own user and group (the daemon's vmUsers).
+		{"own-user", with(), func(s *ports.VMSpec) { s.RunAs = &ports.ProcessIdentity{UID: 100000007, GID: 109} }, true},
 		{"seed-001", with(annotations.VCPUCount, "1", annotations.DiskDriver, "virtio", annotations.RootVolumeSize, "1Gi",
 			annotations.SSHKeys, "ssh-rsa AAAA me@localhost"), nil, true},
 		{"two-vcpus-scsi", with(annotations.VCPUCount, "2"), nil, true},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/user"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/virtlet/virtlet/adapters/admin"
 	"github.com/virtlet/virtlet/adapters/imagetranslations"
 	"github.com/virtlet/virtlet/adapters/streaming"
+	"github.com/virtlet/virtlet/core"
 	"github.com/virtlet/virtlet/plugins/manifest"
 )
 
@@ -54,7 +56,17 @@ type config struct {
 	// MetricsAllowRemote lets MetricsAddress be other than a loopback
 	// address: the endpoint has no authentication and no TLS.
 	MetricsAllowRemote bool `json:"metricsAllowRemote"`
+	// VMUsers is the range of host user IDs the VMs run as, one each
+	// ("FIRST-LAST"), or "off": every VM runs as qemu.conf's one user.
+	VMUsers string `json:"vmUsers"`
+	// VMGroup is the group (name or ID) every VM runs in: one that may use
+	// /dev/kvm; empty: kvm, or libvirt-qemu where there is no kvm group.
+	VMGroup string `json:"vmGroup"`
 }
+
+// DefaultVMUsers lies above every user a node's system and its people
+// have, and above the subordinate IDs container runtimes hand out.
+const DefaultVMUsers = "2000000000-2000065535"
 
 // systemdRunDir exists on a node booted with systemd (sd_booted(3)).
 var systemdRunDir = "/run/systemd/system"
@@ -67,7 +79,7 @@ func defaults() config {
 	return config{
 		Listen: "unix:///run/virtlet.sock", AdminSocket: admin.DefaultSocket, StateDir: "/var/lib/virtlet", PluginsDir: manifest.DefaultDir,
 		PluginBinDir: bin, ImageTranslations: imagetranslations.DefaultDir, LogFormat: "text", LogLevel: "info", DefaultVMMemory: "1Gi", OperationTimeout: "15m",
-		StreamingAddress: streaming.DefaultAddress,
+		StreamingAddress: streaming.DefaultAddress, VMUsers: DefaultVMUsers,
 	}
 }
 
@@ -82,7 +94,7 @@ func dirOf(p string) string {
 func parseConfig(args []string) (config, bool, error) {
 	cfg := defaults()
 	fs := flag.NewFlagSet("virtlet", flag.ContinueOnError)
-	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir, streamingAddress, cgroupDriver, forwardRuntime, metricsAddress, metricsAllowRemote); flags override it")
+	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir, streamingAddress, cgroupDriver, forwardRuntime, metricsAddress, metricsAllowRemote, vmUsers, vmGroup); flags override it")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	listen := fs.String("listen", cfg.Listen, "CRI endpoint to serve, unix:///path.sock")
 	adminSocket := fs.String("admin-socket", cfg.AdminSocket, "unix socket of the admin API (mode 0600) the flexvolume driver and node tools use")
@@ -100,6 +112,8 @@ func parseConfig(args []string) (config, bool, error) {
 	cgroupDriver := fs.String("cgroup-driver", cfg.CgroupDriver, "cgroup driver kubelet must use (CRI RuntimeConfig): systemd or cgroupfs (default: systemd when the node runs systemd)")
 	forwardRuntime := fs.String("forward-runtime", cfg.ForwardRuntime, "CRI endpoint of a container runtime (unix:///run/containerd/containerd.sock) that serves the pods that are not VM pods, so that one node runs both; empty: such pods are refused")
 	metricsAddress := fs.String("metrics-address", cfg.MetricsAddress, "host:port of the Prometheus endpoint (/metrics, /healthz), such as 127.0.0.1:9474; a loopback address unless --metrics-allow-remote; empty: no endpoint")
+	vmUsers := fs.String("vm-users", cfg.VMUsers, "host user IDs the VMs run as, one each, FIRST-LAST, so that one VM's QEMU cannot open another's disks; off: every VM runs as qemu.conf's user")
+	vmGroup := fs.String("vm-group", cfg.VMGroup, "group (name or ID) every VM runs in with --vm-users: one that may use /dev/kvm (default: kvm, else libvirt-qemu)")
 	metricsRemote := fs.Bool("metrics-allow-remote", cfg.MetricsAllowRemote, "let --metrics-address be a non-loopback address (the endpoint has no authentication or TLS: put it on a network only Prometheus reaches)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, false, err
@@ -141,6 +155,11 @@ func parseConfig(args []string) (config, bool, error) {
 	override("cgroup-driver", &cfg.CgroupDriver, *cgroupDriver)
 	override("forward-runtime", &cfg.ForwardRuntime, *forwardRuntime)
 	override("metrics-address", &cfg.MetricsAddress, *metricsAddress)
+	override("vm-users", &cfg.VMUsers, *vmUsers)
+	override("vm-group", &cfg.VMGroup, *vmGroup)
+	if _, err := cfg.vmUsers(); err != nil {
+		return cfg, false, err
+	}
 	if set["metrics-allow-remote"] {
 		cfg.MetricsAllowRemote = *metricsRemote
 	}
@@ -213,4 +232,42 @@ func (c config) memoryBytes() (int64, error) {
 		return 0, fmt.Errorf("default VM memory %q: want a positive quantity such as 1Gi", c.DefaultVMMemory)
 	}
 	return q.Value(), nil
+}
+
+// vmUsers reads the VMs' users: nil when off.
+func (c config) vmUsers() (*core.VMUsers, error) {
+	if c.VMUsers == "off" {
+		return nil, nil
+	}
+	bad := func(why string) error {
+		return fmt.Errorf("VM users (vmUsers, --vm-users) %q: %s; want FIRST-LAST user IDs such as %s, or off", c.VMUsers, why, DefaultVMUsers)
+	}
+	first, last, ok := strings.Cut(c.VMUsers, "-")
+	f, err1 := strconv.Atoi(strings.TrimSpace(first))
+	l, err2 := strconv.Atoi(strings.TrimSpace(last))
+	if !ok || err1 != nil || err2 != nil || l < f {
+		return nil, bad("not a range")
+	}
+	u := &core.VMUsers{FirstUID: f, Count: l - f + 1}
+	if err := u.Validate(); err != nil {
+		return nil, bad(err.Error())
+	}
+	names := []string{c.VMGroup}
+	if c.VMGroup == "" {
+		names = []string{"kvm", "libvirt-qemu"}
+	}
+	gid, err := strconv.Atoi(c.VMGroup)
+	for _, name := range names {
+		if err == nil {
+			break
+		}
+		if g, lerr := user.LookupGroup(name); lerr == nil {
+			gid, err = strconv.Atoi(g.Gid)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("VM group (vmGroup, --vm-group) %q: no such group on this node; name one that may use /dev/kvm", strings.Join(names, `" or "`))
+	}
+	u.GID = gid
+	return u, nil
 }

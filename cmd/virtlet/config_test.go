@@ -158,3 +158,42 @@ func TestMetricsAddress(t *testing.T) {
 		}
 	}
 }
+
+// Every VM gets a user of its own from a range, by default; the range and
+// the group are checked where they are read.
+func TestVMUsers(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		first int
+		count int
+		off   bool
+		err   string
+	}{
+		{args: nil, first: 2000000000, count: 65536},
+		{args: []string{"--vm-users", "3000000-3000009", "--vm-group", "0"}, first: 3000000, count: 10},
+		{args: []string{"--vm-users", "off"}, off: true},
+		{args: []string{"--vm-users", "1000-2000"}, err: `VM users (vmUsers, --vm-users) "1000-2000": VM users' first UID`},
+		{args: []string{"--vm-users", "lots"}, err: "not a range"},
+		{args: []string{"--vm-users", "3000009-3000000"}, err: "not a range"},
+		{args: []string{"--vm-group", "no-such-group-here"}, err: `VM group (vmGroup, --vm-group) "no-such-group-here": no such group`},
+	} {
+		cfg, _, err := parseConfig(tc.args)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%v: %v", tc.args, err)
+			continue
+		}
+		u, _ := cfg.vmUsers()
+		switch {
+		case tc.off && u != nil:
+			t.Errorf("%v: VM users %+v, want off", tc.args, u)
+		case !tc.off && (u == nil || u.FirstUID != tc.first || u.Count != tc.count):
+			t.Errorf("%v: VM users %+v", tc.args, u)
+		}
+	}
+}

@@ -119,6 +119,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	}
 	memory, _ := cfg.memoryBytes()
 	opTimeout, _ := cfg.operationTimeout()
+	vmUsers, _ := cfg.vmUsers()
 	var m *metrics.Metrics
 	var observer ports.Observer // not a nil *Metrics: the core tests for nil
 	if metricsListener != nil {
@@ -131,7 +132,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
 		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.TCP{}, Observer: observer,
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core"),
-		Failpoint: failpointHook(log)})
+		Failpoint: failpointHook(log), VMUsers: vmUsers})
 	if err != nil {
 		return err
 	}

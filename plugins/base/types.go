@@ -160,3 +160,19 @@ func AttachmentFromProto(p *typesv1.NetworkAttachment) ports.NetworkAttachment {
 	}
 	return a
 }
+
+// IdentityToProto converts a VM's process identity (nil stays nil).
+func IdentityToProto(id *ports.ProcessIdentity) *typesv1.ProcessIdentity {
+	if id == nil {
+		return nil
+	}
+	return &typesv1.ProcessIdentity{Uid: int64(id.UID), Gid: int64(id.GID)}
+}
+
+// IdentityFromProto converts a VM's process identity (nil stays nil).
+func IdentityFromProto(p *typesv1.ProcessIdentity) *ports.ProcessIdentity {
+	if p == nil {
+		return nil
+	}
+	return &ports.ProcessIdentity{UID: int(p.Uid), GID: int(p.Gid)}
+}

@@ -28,7 +28,7 @@ func Register(impl Adapter) func(*grpc.Server) {
 
 func requestToProto(r ports.VolumeRequest) *volumev1.VolumeRequest {
 	p := &volumev1.VolumeRequest{VmId: r.VMID, PodUid: r.PodUID, PodNamespace: r.PodNamespace, PodName: r.PodName, Name: r.Name,
-		Type: r.Type, Options: r.Options, HostPath: r.HostPath, ReadOnly: r.ReadOnly, Chown: r.Chown}
+		Type: r.Type, Options: r.Options, HostPath: r.HostPath, ReadOnly: r.ReadOnly, Chown: r.Chown, RunAs: base.IdentityToProto(r.RunAs)}
 	if rf := r.Rootfs; rf != nil {
 		p.Rootfs = &volumev1.RootfsRequest{ImagePath: rf.ImagePath, ImageFormat: rf.ImageFormat, ImageDigest: rf.ImageDigest,
 			ImageName: rf.ImageName, ImageVirtualSize: rf.ImageVirtualSize, Reinitialize: rf.Reinitialize}
@@ -38,7 +38,7 @@ func requestToProto(r ports.VolumeRequest) *volumev1.VolumeRequest {
 
 func requestFromProto(p *volumev1.VolumeRequest) ports.VolumeRequest {
 	r := ports.VolumeRequest{VMID: p.VmId, PodUID: p.PodUid, PodNamespace: p.PodNamespace, PodName: p.PodName, Name: p.Name,
-		Type: p.Type, Options: p.Options, HostPath: p.HostPath, ReadOnly: p.ReadOnly, Chown: p.Chown}
+		Type: p.Type, Options: p.Options, HostPath: p.HostPath, ReadOnly: p.ReadOnly, Chown: p.Chown, RunAs: base.IdentityFromProto(p.RunAs)}
 	if rf := p.Rootfs; rf != nil {
 		r.Rootfs = &ports.RootfsRequest{ImagePath: rf.ImagePath, ImageFormat: rf.ImageFormat, ImageDigest: rf.ImageDigest,
 			ImageName: rf.ImageName, ImageVirtualSize: rf.ImageVirtualSize, Reinitialize: rf.Reinitialize}

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -47,9 +49,11 @@ stringData:
 //   - no secret is in the daemon's log, in any process's command line, in
 //     the domain's XML, or in any file below the daemon's directory that
 //     others may read;
-//   - QEMU runs as an unprivileged user under libvirt's seccomp sandbox,
-//     confined by a dynamic DAC label that the domain asks for itself,
-//     and owns the VM's disks only while it runs (dynamic ownership).
+//   - QEMU runs as an unprivileged user of the VM's own under libvirt's
+//     seccomp sandbox, confined by the static DAC label that the domain
+//     asks for itself, and owns the VM's disks only while it runs (dynamic
+//     ownership); a second VM runs as another user, which cannot open the
+//     first one's disks.
 func TestSecretsAndConfinement(t *testing.T) {
 	reg, err := containerdisk.StartRegistry(containerdisk.RegistryOptions{TLS: true, User: "puller", Password: pullPassword})
 	if err != nil {
@@ -225,17 +229,17 @@ transports:
 				t.Errorf("QEMU's -sandbox %q lacks %s", sandbox, want)
 			}
 		}
-		// The domain asks for the dynamic DAC label itself (a host whose
-		// qemu.conf turns default confinement off does not run it
-		// unconfined), and libvirt gave it QEMU's user.
+		// The domain asks for its own user, from the daemon's default
+		// range, in a static DAC label (a host whose qemu.conf turns
+		// default confinement off does not run it unconfined), and QEMU
+		// runs as that user.
 		inactive, _ := harness.Virsh("dumpxml", "--inactive", domain)
-		if !regexp.MustCompile(`<seclabel type='dynamic' model='dac' relabel='yes'`).MatchString(inactive) {
-			t.Errorf("the defined domain asks for no dynamic DAC label:\n%s", seclabels(inactive))
-		}
-		live, _ := harness.Virsh("dumpxml", domain)
 		want := fmt.Sprintf("<label>+%s:+%s</label>", uid[0], gid[0])
-		if !strings.Contains(live, "model='dac'") || !strings.Contains(live, want) {
-			t.Errorf("the running domain's DAC label is not QEMU's %s:\n%s", want, seclabels(live))
+		if !regexp.MustCompile(`<seclabel type='static' model='dac' relabel='yes'>`).MatchString(inactive) || !strings.Contains(inactive, want) {
+			t.Errorf("the defined domain asks for no static DAC label of QEMU's %s:\n%s", want, seclabels(inactive))
+		}
+		if n, _ := strconv.Atoi(uid[0]); n < 2000000000 || n > 2000065535 {
+			t.Errorf("QEMU runs as uid %d, not one of the VM users (2000000000-2000065535)", n)
 		}
 		// Dynamic ownership: QEMU's user owns the root disk while the VM
 		// runs (libvirt gave it), root again once the VM is gone.
@@ -244,8 +248,28 @@ transports:
 		if err := syscall.Stat(overlay, &st); err != nil || fmt.Sprint(st.Uid) != uid[0] {
 			t.Errorf("the running VM's root disk %s is owned by uid %d (%v), want QEMU's %s", overlay, st.Uid, err, uid[0])
 		}
-		if mode := os.FileMode(st.Mode).Perm(); mode&0o004 != 0 {
-			t.Errorf("the root disk %s is world-readable (%04o)", overlay, mode)
+		if mode := os.FileMode(st.Mode).Perm(); mode&0o077 != 0 {
+			t.Errorf("the root disk %s is open to others than its VM's user (%04o)", overlay, mode)
+		}
+
+		// A second VM runs as another user, which cannot open the first
+		// VM's root disk.
+		pod2, ctr2JSON := vmPod(t, d, "neighbour", nil, 160<<20)
+		sb2 := c.Must(t, "runp", pod2)
+		ctr2 := c.Must(t, "create", sb2, withImage(t, ctr2JSON, image), pod2)
+		c.Must(t, "start", ctr2)
+		defer c.Run("rmp", "-f", sb2)
+		status2 := string(mustRead(t, "/proc/"+qemuPID(t, inspectCtr(t, c, ctr2).VM.Name)+"/status"))
+		uid2 := strings.Fields(regexp.MustCompile(`(?m)^Uid:\s+(.*)$`).FindStringSubmatch(status2)[1])[0]
+		if uid2 == uid[0] {
+			t.Fatalf("both VMs' QEMUs run as uid %s", uid2)
+		}
+		n2, _ := strconv.Atoi(uid2)
+		g, _ := strconv.Atoi(gid[0])
+		peek := exec.Command("head", "-c", "1", overlay)
+		peek.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(n2), Gid: uint32(g)}}
+		if out, err := peek.CombinedOutput(); err == nil {
+			t.Errorf("the second VM's user (uid %d) read the first VM's root disk: %q", n2, out)
 		}
 	})
 

@@ -213,12 +213,23 @@ func (v *Volumes) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.V
 	if isMountPoint(mp) {
 		return att, nil // prepared already
 	}
+	// Whom the share is for: the VM's own user, or QEMU's one user.
+	uid, gid, gids, userns := v.uid, v.gid, v.gids, v.userns
+	if id := req.RunAs; id != nil {
+		uid, gid, gids = id.UID, id.GID, []int{id.GID}
+		if userns, err = newUserNS(uid, gid); err != nil {
+			v.log.WithError(err).WithField("vm", req.VMID).Warn("no user namespace for the VM's user: a plain bind mount")
+			userns = nil
+		} else {
+			defer userns.Close() // the mount keeps the namespace
+		}
+	}
 	if req.Chown {
-		n, err := chownTree(src, v.uid, v.gid)
+		n, err := chownTree(src, uid, gid)
 		if err != nil {
 			return ports.VolumeAttachment{}, fmt.Errorf("volume %s: give %s to QEMU's user (VirtletChown9pfsMounts): %w", req.Name, req.HostPath, err)
 		}
-		v.log.WithFields(logrus.Fields{"vm": req.VMID, "volume": req.Name, "files": n, "uid": v.uid, "gid": v.gid}).Info("share chowned for the VM")
+		v.log.WithFields(logrus.Fields{"vm": req.VMID, "volume": req.Name, "files": n, "uid": uid, "gid": gid}).Info("share chowned for the VM")
 	}
 	if err := os.MkdirAll(filepath.Dir(mp), 0o711); err != nil {
 		return ports.VolumeAttachment{}, err
@@ -231,18 +242,18 @@ func (v *Volumes) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.V
 	}
 	// Chowned files are QEMU's already: an idmapping would hide them.
 	idmapped := false
-	if v.userns != nil && !req.Chown {
-		if err := bindIDMapped(src, mp, v.userns, req.ReadOnly); err != nil {
+	if userns != nil && !req.Chown {
+		if err := bindIDMapped(src, mp, userns, req.ReadOnly); err != nil {
 			v.log.WithError(err).WithFields(logrus.Fields{"vm": req.VMID, "volume": req.Name}).Info("no idmapped mount here: a plain bind mount")
 		} else {
 			idmapped = true
 		}
 	}
 	if !idmapped {
-		if can, judged := canRead(src, v.uid, v.gids); judged && !can {
+		if can, judged := canRead(src, uid, gids); judged && !can {
 			os.Remove(mp)
 			return ports.VolumeAttachment{}, &ports.InvalidError{Field: field, Value: req.HostPath,
-				Reason:  fmt.Sprintf("QEMU's user (uid %d) may not read it and its file system has no idmapped mounts", v.uid),
+				Reason:  fmt.Sprintf("QEMU's user (uid %d) may not read it and its file system has no idmapped mounts", uid),
 				Allowed: "a directory QEMU's user may read and enter, or the pod annotation VirtletChown9pfsMounts: \"true\""}
 		}
 		if err := unix.Mount(src, mp, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {

@@ -175,3 +175,44 @@ func TestIdmappedShare(t *testing.T) {
 		t.Errorf("the refused share's mount point stays: %v", err)
 	}
 }
+
+// A share for a VM with a user of its own is idmapped to that user: it
+// reads and writes root's files through it, and another VM's user (here
+// the plugin's default one) cannot.
+func TestShareForTheVMsOwnUser(t *testing.T) {
+	v := configured(t)
+	if v.userns == nil {
+		t.Skip("no user namespaces here")
+	}
+	ctx := context.Background()
+	src := t.TempDir()
+	os.Chmod(src, 0o700)
+	os.WriteFile(filepath.Join(src, "data.txt"), []byte("vm-data"), 0o600)
+	own := &ports.ProcessIdentity{UID: 200005, GID: 200005}
+	req := ports.VolumeRequest{VMID: "0123abcd", Name: "data", Type: ports.VolumeShare, HostPath: src, RunAs: own}
+	att, err := v.Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Release(ctx, req) })
+	mp := att.Filesystems[0].Source
+	for d := filepath.Dir(v.dir); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o711)
+	}
+	as := func(uid, gid int, script string) (string, error) {
+		cmd := exec.Command("sh", "-c", script)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := as(own.UID, own.GID, "cat "+mp+"/data.txt && echo x > "+mp+"/written"); err != nil || out != "vm-data" {
+		t.Fatalf("the VM's user through its share: %q %v", out, err)
+	}
+	if out, err := as(v.uid, v.gid, "cat "+mp+"/data.txt"); err == nil {
+		t.Fatalf("another user read the VM's share: %q", out)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(src, "written"), &st); err != nil || st.Uid != 0 {
+		t.Errorf("what the VM wrote is owned by %d on the host, want root: %v", st.Uid, err)
+	}
+}

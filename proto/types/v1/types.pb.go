@@ -849,6 +849,60 @@ func (x *Route) GetGateway() string {
 	return ""
 }
 
+// ProcessIdentity is the host user and group a VM's hypervisor process
+// runs as.
+type ProcessIdentity struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           int64                  `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           int64                  `protobuf:"varint,2,opt,name=gid,proto3" json:"gid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcessIdentity) Reset() {
+	*x = ProcessIdentity{}
+	mi := &file_types_v1_types_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcessIdentity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessIdentity) ProtoMessage() {}
+
+func (x *ProcessIdentity) ProtoReflect() protoreflect.Message {
+	mi := &file_types_v1_types_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessIdentity.ProtoReflect.Descriptor instead.
+func (*ProcessIdentity) Descriptor() ([]byte, []int) {
+	return file_types_v1_types_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ProcessIdentity) GetUid() int64 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *ProcessIdentity) GetGid() int64 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
 var File_types_v1_types_proto protoreflect.FileDescriptor
 
 const file_types_v1_types_proto_rawDesc = "" +
@@ -923,7 +977,10 @@ const file_types_v1_types_proto_rawDesc = "" +
 	"\agateway\x18\x02 \x01(\tR\agateway\"C\n" +
 	"\x05Route\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x18\n" +
-	"\agateway\x18\x02 \x01(\tR\agatewayB3Z1github.com/virtlet/virtlet/proto/types/v1;typesv1b\x06proto3"
+	"\agateway\x18\x02 \x01(\tR\agateway\"5\n" +
+	"\x0fProcessIdentity\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\x03R\x03uid\x12\x10\n" +
+	"\x03gid\x18\x02 \x01(\x03R\x03gidB3Z1github.com/virtlet/virtlet/proto/types/v1;typesv1b\x06proto3"
 
 var (
 	file_types_v1_types_proto_rawDescOnce sync.Once
@@ -937,7 +994,7 @@ func file_types_v1_types_proto_rawDescGZIP() []byte {
 	return file_types_v1_types_proto_rawDescData
 }
 
-var file_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_types_v1_types_proto_goTypes = []any{
 	(*Disk)(nil),              // 0: virtlet.types.v1.Disk
 	(*DiskSource)(nil),        // 1: virtlet.types.v1.DiskSource
@@ -951,6 +1008,7 @@ var file_types_v1_types_proto_goTypes = []any{
 	(*NetworkInterface)(nil),  // 9: virtlet.types.v1.NetworkInterface
 	(*IPConfig)(nil),          // 10: virtlet.types.v1.IPConfig
 	(*Route)(nil),             // 11: virtlet.types.v1.Route
+	(*ProcessIdentity)(nil),   // 12: virtlet.types.v1.ProcessIdentity
 }
 var file_types_v1_types_proto_depIdxs = []int32{
 	1,  // 0: virtlet.types.v1.Disk.source:type_name -> virtlet.types.v1.DiskSource
@@ -979,7 +1037,7 @@ func file_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_types_v1_types_proto_rawDesc), len(file_types_v1_types_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

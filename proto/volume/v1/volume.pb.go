@@ -23,18 +23,20 @@ const (
 )
 
 type VolumeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	VmId          string                 `protobuf:"bytes,1,opt,name=vm_id,json=vmId,proto3" json:"vm_id,omitempty"`
-	PodUid        string                 `protobuf:"bytes,2,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
-	PodNamespace  string                 `protobuf:"bytes,3,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
-	Name          string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
-	Type          string                 `protobuf:"bytes,5,opt,name=type,proto3" json:"type,omitempty"`
-	Options       map[string]string      `protobuf:"bytes,6,rep,name=options,proto3" json:"options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	HostPath      string                 `protobuf:"bytes,7,opt,name=host_path,json=hostPath,proto3" json:"host_path,omitempty"`
-	PodName       string                 `protobuf:"bytes,8,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
-	ReadOnly      bool                   `protobuf:"varint,9,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
-	Chown         bool                   `protobuf:"varint,10,opt,name=chown,proto3" json:"chown,omitempty"`
-	Rootfs        *RootfsRequest         `protobuf:"bytes,11,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	VmId         string                 `protobuf:"bytes,1,opt,name=vm_id,json=vmId,proto3" json:"vm_id,omitempty"`
+	PodUid       string                 `protobuf:"bytes,2,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	PodNamespace string                 `protobuf:"bytes,3,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	Name         string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Type         string                 `protobuf:"bytes,5,opt,name=type,proto3" json:"type,omitempty"`
+	Options      map[string]string      `protobuf:"bytes,6,rep,name=options,proto3" json:"options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	HostPath     string                 `protobuf:"bytes,7,opt,name=host_path,json=hostPath,proto3" json:"host_path,omitempty"`
+	PodName      string                 `protobuf:"bytes,8,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	ReadOnly     bool                   `protobuf:"varint,9,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	Chown        bool                   `protobuf:"varint,10,opt,name=chown,proto3" json:"chown,omitempty"`
+	Rootfs       *RootfsRequest         `protobuf:"bytes,11,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
+	// The VM's own user and group, when it has them.
+	RunAs         *v1.ProcessIdentity `protobuf:"bytes,12,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -142,6 +144,13 @@ func (x *VolumeRequest) GetChown() bool {
 func (x *VolumeRequest) GetRootfs() *RootfsRequest {
 	if x != nil {
 		return x.Rootfs
+	}
+	return nil
+}
+
+func (x *VolumeRequest) GetRunAs() *v1.ProcessIdentity {
+	if x != nil {
+		return x.RunAs
 	}
 	return nil
 }
@@ -421,7 +430,7 @@ var File_volume_v1_volume_proto protoreflect.FileDescriptor
 
 const file_volume_v1_volume_proto_rawDesc = "" +
 	"\n" +
-	"\x16volume/v1/volume.proto\x12\x11virtlet.volume.v1\x1a\x14types/v1/types.proto\"\xb4\x03\n" +
+	"\x16volume/v1/volume.proto\x12\x11virtlet.volume.v1\x1a\x14types/v1/types.proto\"\xee\x03\n" +
 	"\rVolumeRequest\x12\x13\n" +
 	"\x05vm_id\x18\x01 \x01(\tR\x04vmId\x12\x17\n" +
 	"\apod_uid\x18\x02 \x01(\tR\x06podUid\x12#\n" +
@@ -434,7 +443,8 @@ const file_volume_v1_volume_proto_rawDesc = "" +
 	"\tread_only\x18\t \x01(\bR\breadOnly\x12\x14\n" +
 	"\x05chown\x18\n" +
 	" \x01(\bR\x05chown\x128\n" +
-	"\x06rootfs\x18\v \x01(\v2 .virtlet.volume.v1.RootfsRequestR\x06rootfs\x1a:\n" +
+	"\x06rootfs\x18\v \x01(\v2 .virtlet.volume.v1.RootfsRequestR\x06rootfs\x128\n" +
+	"\x06run_as\x18\f \x01(\v2!.virtlet.types.v1.ProcessIdentityR\x05runAs\x1a:\n" +
 	"\fOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe5\x01\n" +
@@ -480,36 +490,38 @@ func file_volume_v1_volume_proto_rawDescGZIP() []byte {
 
 var file_volume_v1_volume_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_volume_v1_volume_proto_goTypes = []any{
-	(*VolumeRequest)(nil),    // 0: virtlet.volume.v1.VolumeRequest
-	(*RootfsRequest)(nil),    // 1: virtlet.volume.v1.RootfsRequest
-	(*ValidateResponse)(nil), // 2: virtlet.volume.v1.ValidateResponse
-	(*ForgetResponse)(nil),   // 3: virtlet.volume.v1.ForgetResponse
-	(*VolumeAttachment)(nil), // 4: virtlet.volume.v1.VolumeAttachment
-	(*ReleaseResponse)(nil),  // 5: virtlet.volume.v1.ReleaseResponse
-	nil,                      // 6: virtlet.volume.v1.VolumeRequest.OptionsEntry
-	nil,                      // 7: virtlet.volume.v1.ValidateResponse.OptionsEntry
-	(*v1.Disk)(nil),          // 8: virtlet.types.v1.Disk
-	(*v1.Filesystem)(nil),    // 9: virtlet.types.v1.Filesystem
+	(*VolumeRequest)(nil),      // 0: virtlet.volume.v1.VolumeRequest
+	(*RootfsRequest)(nil),      // 1: virtlet.volume.v1.RootfsRequest
+	(*ValidateResponse)(nil),   // 2: virtlet.volume.v1.ValidateResponse
+	(*ForgetResponse)(nil),     // 3: virtlet.volume.v1.ForgetResponse
+	(*VolumeAttachment)(nil),   // 4: virtlet.volume.v1.VolumeAttachment
+	(*ReleaseResponse)(nil),    // 5: virtlet.volume.v1.ReleaseResponse
+	nil,                        // 6: virtlet.volume.v1.VolumeRequest.OptionsEntry
+	nil,                        // 7: virtlet.volume.v1.ValidateResponse.OptionsEntry
+	(*v1.ProcessIdentity)(nil), // 8: virtlet.types.v1.ProcessIdentity
+	(*v1.Disk)(nil),            // 9: virtlet.types.v1.Disk
+	(*v1.Filesystem)(nil),      // 10: virtlet.types.v1.Filesystem
 }
 var file_volume_v1_volume_proto_depIdxs = []int32{
-	6, // 0: virtlet.volume.v1.VolumeRequest.options:type_name -> virtlet.volume.v1.VolumeRequest.OptionsEntry
-	1, // 1: virtlet.volume.v1.VolumeRequest.rootfs:type_name -> virtlet.volume.v1.RootfsRequest
-	7, // 2: virtlet.volume.v1.ValidateResponse.options:type_name -> virtlet.volume.v1.ValidateResponse.OptionsEntry
-	8, // 3: virtlet.volume.v1.VolumeAttachment.disks:type_name -> virtlet.types.v1.Disk
-	9, // 4: virtlet.volume.v1.VolumeAttachment.filesystems:type_name -> virtlet.types.v1.Filesystem
-	0, // 5: virtlet.volume.v1.Volumes.Validate:input_type -> virtlet.volume.v1.VolumeRequest
-	0, // 6: virtlet.volume.v1.Volumes.Forget:input_type -> virtlet.volume.v1.VolumeRequest
-	0, // 7: virtlet.volume.v1.Volumes.Prepare:input_type -> virtlet.volume.v1.VolumeRequest
-	0, // 8: virtlet.volume.v1.Volumes.Release:input_type -> virtlet.volume.v1.VolumeRequest
-	2, // 9: virtlet.volume.v1.Volumes.Validate:output_type -> virtlet.volume.v1.ValidateResponse
-	3, // 10: virtlet.volume.v1.Volumes.Forget:output_type -> virtlet.volume.v1.ForgetResponse
-	4, // 11: virtlet.volume.v1.Volumes.Prepare:output_type -> virtlet.volume.v1.VolumeAttachment
-	5, // 12: virtlet.volume.v1.Volumes.Release:output_type -> virtlet.volume.v1.ReleaseResponse
-	9, // [9:13] is the sub-list for method output_type
-	5, // [5:9] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	6,  // 0: virtlet.volume.v1.VolumeRequest.options:type_name -> virtlet.volume.v1.VolumeRequest.OptionsEntry
+	1,  // 1: virtlet.volume.v1.VolumeRequest.rootfs:type_name -> virtlet.volume.v1.RootfsRequest
+	8,  // 2: virtlet.volume.v1.VolumeRequest.run_as:type_name -> virtlet.types.v1.ProcessIdentity
+	7,  // 3: virtlet.volume.v1.ValidateResponse.options:type_name -> virtlet.volume.v1.ValidateResponse.OptionsEntry
+	9,  // 4: virtlet.volume.v1.VolumeAttachment.disks:type_name -> virtlet.types.v1.Disk
+	10, // 5: virtlet.volume.v1.VolumeAttachment.filesystems:type_name -> virtlet.types.v1.Filesystem
+	0,  // 6: virtlet.volume.v1.Volumes.Validate:input_type -> virtlet.volume.v1.VolumeRequest
+	0,  // 7: virtlet.volume.v1.Volumes.Forget:input_type -> virtlet.volume.v1.VolumeRequest
+	0,  // 8: virtlet.volume.v1.Volumes.Prepare:input_type -> virtlet.volume.v1.VolumeRequest
+	0,  // 9: virtlet.volume.v1.Volumes.Release:input_type -> virtlet.volume.v1.VolumeRequest
+	2,  // 10: virtlet.volume.v1.Volumes.Validate:output_type -> virtlet.volume.v1.ValidateResponse
+	3,  // 11: virtlet.volume.v1.Volumes.Forget:output_type -> virtlet.volume.v1.ForgetResponse
+	4,  // 12: virtlet.volume.v1.Volumes.Prepare:output_type -> virtlet.volume.v1.VolumeAttachment
+	5,  // 13: virtlet.volume.v1.Volumes.Release:output_type -> virtlet.volume.v1.ReleaseResponse
+	10, // [10:14] is the sub-list for method output_type
+	6,  // [6:10] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_volume_v1_volume_proto_init() }
