@@ -21,7 +21,9 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/sirupsen/logrus"
 
@@ -79,7 +81,10 @@ func (n *Network) Configure(ctx context.Context, pc ports.PluginConfig) error {
 		return fmt.Errorf("cni: needs a state directory: %w", ports.ErrInvalidArgument)
 	}
 	n.cfg = cfg
-	n.cni = libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, filepath.Join(pc.StateDir, "cache"), nil)
+	// The exec is given, not left to libcni: it fills a nil one in lazily,
+	// on every call, which races when pods are set up concurrently.
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	n.cni = libcni.NewCNIConfigWithCacheDir(cfg.BinDirs, filepath.Join(pc.StateDir, "cache"), exec)
 	n.records = filepath.Join(pc.StateDir, "pods")
 	if err := os.MkdirAll(n.records, 0o700); err != nil {
 		return err

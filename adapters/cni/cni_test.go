@@ -454,3 +454,28 @@ func TestUnreadableRecordIsQuarantined(t *testing.T) {
 		t.Fatal("no error-level entry naming the record and where it went")
 	}
 }
+
+// A network namespace whose creation the plugin's death cut short (the
+// file made, never bind-mounted) is removed like any other: the pod's
+// next RunPodSandbox no longer fails on it (found by the plugin chaos
+// suite).
+func TestDeleteAHalfMadeNetNS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	name := fmt.Sprintf("virtlet-test-half-%d", os.Getpid())
+	path := filepath.Join(NetNSDir, name)
+	if err := os.MkdirAll(NetNSDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(path) })
+	if err := deleteNetNS(name); err != nil {
+		t.Fatalf("delete a half-made namespace: %v", err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("the half-made namespace's file is still there: %v", err)
+	}
+}

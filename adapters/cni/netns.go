@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"syscall"
 
 	"github.com/vishvananda/netns"
 )
@@ -36,12 +37,18 @@ func createNetNS(name string) (string, error) {
 }
 
 // deleteNetNS unmounts and removes a named network namespace; a missing
-// one is not an error.
+// one is not an error, nor is a file that was never mounted (a creation
+// cut short by the plugin's death, between the file and its bind mount).
 func deleteNetNS(name string) error {
-	if _, err := os.Stat(filepath.Join(NetNSDir, name)); errors.Is(err, fs.ErrNotExist) {
+	path := filepath.Join(NetNSDir, name)
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	if err := netns.DeleteNamed(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	err := netns.DeleteNamed(name)
+	if errors.Is(err, syscall.EINVAL) { // not a mount point
+		err = os.Remove(path)
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete network namespace %s: %w", name, err)
 	}
 	return nil

@@ -37,6 +37,9 @@ const (
 	chaosVMs     = 20
 	chaosWave    = 4 // VMs started at a time: 2 cores boot 4 tiny guests in ~15 s
 	chaosScratch = 10
+	// chaosKills bounds the kills of one plugin that may miss every call
+	// needing it (see the per-plugin subtest).
+	chaosKills   = 3
 	chaosPodRuns = 4
 )
 
@@ -48,10 +51,12 @@ type chaosCall struct {
 	err        error
 }
 
-// callLog records the load's calls, safe for concurrent use.
+// callLog records the load's calls, safe for concurrent use, and the
+// load's failures, which the test reports once the load has stopped.
 type callLog struct {
-	mu    sync.Mutex
-	calls []chaosCall
+	mu       sync.Mutex
+	calls    []chaosCall
+	failures []string
 }
 
 // do makes one call and records it.
@@ -70,9 +75,15 @@ func (l *callLog) do(name string, needs []string, call func(context.Context) err
 // a pod's life (with a short pause, so that the outage sees many calls).
 func (l *callLog) until(t *testing.T, name string, needs []string, call func(context.Context) error) {
 	deadline := time.Now().Add(2 * time.Minute)
-	for l.do(name, needs, call) != nil {
+	for {
+		err := l.do(name, needs, call)
+		if err == nil {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Errorf("%s did not succeed within 2 minutes", name)
+			l.mu.Lock()
+			l.failures = append(l.failures, fmt.Sprintf("%s did not succeed within 2 minutes; last error: %v", name, err))
+			l.mu.Unlock()
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -91,6 +102,7 @@ type chaosRow struct {
 	maxErrLatency          time.Duration // of the calls that needed it and failed while it was down
 	firstOK, firstOKEnd    time.Duration // reported back → start (end) of the first good call that needs it
 	lateFailed, totalCalls int
+	kills                  int // how many kills it took to catch a call inside the plugin
 }
 
 // chaosPod is a VM pod's sandbox config for the chaos suite.
@@ -375,12 +387,11 @@ func TestPluginChaos(t *testing.T) {
 		}
 		return func() {
 			close(stop)
-			done := make(chan struct{})
-			go func() { wg.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(3 * time.Minute):
-				t.Fatal("the load did not wind down within 3 minutes")
+			// Every call has a deadline and every retry loop a bound: the
+			// workers end; no worker outlives the test.
+			wg.Wait()
+			for _, f := range l.failures {
+				t.Error(f)
 			}
 		}
 	}
@@ -413,41 +424,56 @@ func TestPluginChaos(t *testing.T) {
 	for _, name := range []string{"libvirt", "images", "nocloud", "configdrive", "cni", "ninep", "qcow2"} {
 		row := chaosRow{plugin: name}
 		t.Run(name, func(t *testing.T) {
-			before, err := adm.Status(bg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ps := pluginState(before, name)
-			if ps.State != "running" || !strings.Contains(d.Children()[ps.PID], "virtlet-plugin-"+name) {
-				t.Fatalf("plugin %s: %+v; the daemon's children: %v", name, ps, d.Children())
-			}
-			l := &callLog{}
-			stopLoad := runLoad(l)
-			time.Sleep(2 * time.Second)
-			killed := time.Now()
-			if err := syscall.Kill(ps.PID, syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			var noticed, back time.Time
-			for back.IsZero() {
-				if time.Since(killed) > time.Minute {
-					stopLoad()
-					t.Fatalf("plugin %s not back a minute after SIGKILL", name)
+			// A plugin that only a step of some calls needs (a datasource
+			// builds its ISO in a fraction of CreateContainer) may be down
+			// for its ~0.8 s while no call is inside that step: the kill is
+			// then repeated, up to chaosKills times, until one is.
+			for kill := 1; ; kill++ {
+				before, err := adm.Status(bg)
+				if err != nil {
+					t.Fatal(err)
 				}
-				if st, err := adm.Status(bg); err == nil {
-					p := pluginState(st, name)
-					switch {
-					case p.State != "running" && noticed.IsZero():
-						noticed = time.Now()
-					case p.State == "running" && p.Restarts == ps.Restarts+1:
-						back = time.Now()
+				ps := pluginState(before, name)
+				if ps.State != "running" || !strings.Contains(d.Children()[ps.PID], "virtlet-plugin-"+name) {
+					t.Fatalf("plugin %s: %+v; the daemon's children: %v", name, ps, d.Children())
+				}
+				l := &callLog{}
+				stopLoad := runLoad(l)
+				time.Sleep(2 * time.Second)
+				killed := time.Now()
+				if err := syscall.Kill(ps.PID, syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				var noticed, back time.Time
+				for back.IsZero() {
+					if time.Since(killed) > time.Minute {
+						stopLoad()
+						t.Fatalf("plugin %s not back a minute after SIGKILL", name)
 					}
+					if st, err := adm.Status(bg); err == nil {
+						p := pluginState(st, name)
+						switch {
+						case p.State != "running" && noticed.IsZero():
+							noticed = time.Now()
+						case p.State == "running" && p.Restarts == ps.Restarts+1:
+							back = time.Now()
+						}
+					}
+					time.Sleep(5 * time.Millisecond)
 				}
-				time.Sleep(5 * time.Millisecond)
+				time.Sleep(4 * time.Second)
+				stopLoad()
+				row = outage(t, name, l.calls, killed, noticed, back, usual)
+				row.kills = kill
+				if row.needFailed > 0 {
+					return
+				}
+				if kill == chaosKills {
+					t.Errorf("no call that needs plugin %s failed while it was down, in %d kills: the load does not exercise it", name, kill)
+					return
+				}
+				t.Logf("kill %d of plugin %s: no call needing it was inside it; killing it again", kill, name)
 			}
-			time.Sleep(4 * time.Second)
-			stopLoad()
-			row = outage(t, name, l.calls, killed, noticed, back, usual)
 		})
 		rows = append(rows, row)
 	}
@@ -585,9 +611,6 @@ func outage(t *testing.T, plugin string, calls []chaosCall, killed, noticed, bac
 			}
 		}
 	}
-	if row.needFailed == 0 {
-		t.Errorf("no call that needs plugin %s failed while it was down: the load does not exercise it", plugin)
-	}
 	if firstOK == nil {
 		t.Errorf("no call that needs plugin %s succeeded after it was back", plugin)
 	} else {
@@ -640,7 +663,7 @@ func maxTime(a, b time.Time) time.Time {
 func chaosTable(rows []chaosRow) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-12s | %-8s | %-8s | %-22s | %-20s | %-13s | %-22s | %s\n", "plugin", "noticed", "down",
-		"needing: failed/ok", "others: failed/ok", "max err lat.", "first ok after back", "calls")
+		"needing: failed/ok", "others: failed/ok", "max err lat.", "first ok after back", "calls (kills)")
 	b.WriteString(strings.Repeat("-", 140) + "\n")
 	ms := func(d time.Duration) string {
 		if d < 0 {
@@ -649,9 +672,9 @@ func chaosTable(rows []chaosRow) string {
 		return fmt.Sprintf("%dms", d.Milliseconds())
 	}
 	for _, r := range rows {
-		fmt.Fprintf(&b, "%-12s | %-8s | %-8s | %-22s | %-20s | %-13s | %-22s | %d\n", r.plugin, ms(r.noticed), ms(r.down),
+		fmt.Fprintf(&b, "%-12s | %-8s | %-8s | %-22s | %-20s | %-13s | %-22s | %d (%d)\n", r.plugin, ms(r.noticed), ms(r.down),
 			fmt.Sprintf("%d/%d", r.needFailed, r.needOK), fmt.Sprintf("%d/%d", r.otherFailed, r.otherOK), ms(r.maxErrLatency),
-			fmt.Sprintf("%s (done %s)", ms(r.firstOK), ms(r.firstOKEnd)), r.totalCalls)
+			fmt.Sprintf("%s (done %s)", ms(r.firstOK), ms(r.firstOKEnd)), r.totalCalls, r.kills)
 	}
 	return b.String()
 }

@@ -285,3 +285,10 @@ func tail(s string, n int) string {
 	}
 	return s
 }
+
+func head(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
