@@ -40,6 +40,11 @@ type Config struct {
 	// once): a booting guest starts its agent late.
 	AgentWait string `json:"agentWait,omitempty"`
 	agentWait time.Duration
+	// QEMUStateDir is libvirtd's QEMU state directory (default
+	// /var/lib/libvirt/qemu), which holds each running domain's private
+	// directory and guest agent socket. A VM that runs as a user of its own
+	// must be able to pass through it; see searchableForVMUsers.
+	QEMUStateDir string `json:"qemuStateDir,omitempty"`
 }
 
 // Hypervisor is the libvirt hypervisor adapter.
@@ -73,6 +78,11 @@ type Hypervisor struct {
 	// to parse RNG ...: Error type 'unsignedInt' is not exported by type
 	// library"). A define takes milliseconds.
 	defineMu sync.Mutex
+
+	// searchableOnce lets VM users through libvirtd's QEMU state
+	// directories, once, before the first VM that runs as one.
+	searchableOnce sync.Once
+	searchableErr  error
 
 	events chan event
 	// resyncs asks the dispatcher to resynchronise: nil after lost events,
@@ -113,7 +123,8 @@ var eventLoopOnce sync.Once
 // VMs a previous plugin process left: their records, states and console
 // streams.
 func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error {
-	cfg := Config{URI: "qemu:///system", Accelerator: "auto", QEMU: "qemu-system-x86_64", AgentWait: DefaultAgentWait.String()}
+	cfg := Config{URI: "qemu:///system", Accelerator: "auto", QEMU: "qemu-system-x86_64", AgentWait: DefaultAgentWait.String(),
+		QEMUStateDir: "/var/lib/libvirt/qemu"}
 	if err := pc.Decode(&cfg); err != nil {
 		return fmt.Errorf("libvirt: %w", err)
 	}
@@ -693,8 +704,14 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		}
 		return fmt.Errorf("VM %s is defined with another spec: %w", spec.ID, ports.ErrAlreadyExists)
 	}
-	vmDir, accel := h.vmDir, h.accel
+	vmDir, accel, stateDirs := h.vmDir, h.accel, h.cfg.QEMUStateDir
 	h.mu.Unlock()
+	if spec.RunAs != nil {
+		h.searchableOnce.Do(func() { h.searchableErr = searchableForVMUsers(h.log, stateDirs) })
+		if h.searchableErr != nil {
+			return fmt.Errorf("VM %s runs as user %d: %w", spec.Name, spec.RunAs.UID, h.searchableErr)
+		}
+	}
 
 	log := h.log.WithFields(logrus.Fields{"vm": spec.Name, "pod": spec.PodNamespace + "/" + spec.PodName})
 	r := &record{Spec: spec.WithoutSecrets(), DiskPaths: map[string]string{}, ConsoleLog: filepath.Join(vmDir, spec.ID+".console"), State: ports.VMDefined}
