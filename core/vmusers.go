@@ -10,13 +10,17 @@ import (
 // VMUsers is the range of host users the VMs run as, one each, so that a
 // VM's hypervisor process can reach its own disks and shares only: libvirt
 // gives every VM qemu.conf's one user otherwise, and one VM's compromised
-// QEMU could then open another's disks. Every VM's group is GID (the group
-// that may use /dev/kvm); its files are its user's alone.
+// QEMU could then open another's disks. Every VM's group is its own (the
+// group ID equal to its user ID: OwnGroup) unless GID names one that all
+// share; its files are its user's and group's alone.
 type VMUsers struct {
 	FirstUID int // the range's first user ID
 	Count    int // how many users the range holds: at most that many VMs
-	GID      int
+	GID      int // OwnGroup, or the group every VM runs in
 }
+
+// OwnGroup as VMUsers.GID gives each VM a group of its own.
+const OwnGroup = -1
 
 // Validate checks that the range is usable: outside the system's users
 // and not overflowing a 32-bit ID.
@@ -26,8 +30,8 @@ func (u VMUsers) Validate() error {
 		return &ports.InvalidError{Field: "VM users' first UID", Value: fmt.Sprint(u.FirstUID), Allowed: "65536 or more (above the node's own users)"}
 	case u.Count < 1 || int64(u.FirstUID)+int64(u.Count) > 1<<31:
 		return &ports.InvalidError{Field: "VM users' count", Value: fmt.Sprint(u.Count), Allowed: "1 or more, the range ending below 2^31"}
-	case u.GID < 0:
-		return &ports.InvalidError{Field: "VM users' GID", Value: fmt.Sprint(u.GID), Allowed: "a group ID"}
+	case u.GID < OwnGroup:
+		return &ports.InvalidError{Field: "VM users' GID", Value: fmt.Sprint(u.GID), Allowed: "a group ID, or each VM its own"}
 	}
 	return nil
 }
@@ -65,7 +69,11 @@ func (r *Runtime) takeVMUser() (id *ports.ProcessIdentity, release func(), err e
 			p.pending = map[int]bool{}
 		}
 		p.pending[uid] = true
-		return &ports.ProcessIdentity{UID: uid, GID: u.GID}, func() {
+		gid := u.GID
+		if gid == OwnGroup {
+			gid = uid
+		}
+		return &ports.ProcessIdentity{UID: uid, GID: gid}, func() {
 			p.mu.Lock()
 			delete(p.pending, uid)
 			p.mu.Unlock()

@@ -38,7 +38,7 @@ func TestEveryVMHasAUserOfItsOwn(t *testing.T) {
 	if got := runAs(a); got != (ports.ProcessIdentity{UID: 200000, GID: 109}) {
 		t.Errorf("a runs as %+v", got)
 	}
-	if got := runAs(b); got.UID != 200001 {
+	if got := runAs(b); got != (ports.ProcessIdentity{UID: 200001, GID: 109}) {
 		t.Errorf("b runs as %+v", got)
 	}
 	if req, ok := e.vols.Request(b, "data"); !ok || req.RunAs == nil || *req.RunAs != runAs(b) {
@@ -58,6 +58,20 @@ func TestEveryVMHasAUserOfItsOwn(t *testing.T) {
 	}
 }
 
+// By default every VM's group is its own too: its user's ID.
+func TestEveryVMHasAGroupOfItsOwn(t *testing.T) {
+	e := newEnv(t)
+	e.users = &core.VMUsers{FirstUID: 300000, Count: 5, GID: core.OwnGroup}
+	e.start(t)
+	for i, name := range []string{"a", "b"} {
+		id := e.createVM(t, e.runPod(t, name, nil))
+		spec, _ := e.hv.Spec(id)
+		if want := (ports.ProcessIdentity{UID: 300000 + i, GID: 300000 + i}); spec.RunAs == nil || *spec.RunAs != want {
+			t.Errorf("VM %s runs as %+v, want %+v", name, spec.RunAs, want)
+		}
+	}
+}
+
 func TestVMUsersValidate(t *testing.T) {
 	for _, tc := range []struct {
 		u    core.VMUsers
@@ -66,7 +80,8 @@ func TestVMUsersValidate(t *testing.T) {
 		{core.VMUsers{FirstUID: 1000, Count: 10}, "first UID"},
 		{core.VMUsers{FirstUID: 100000, Count: 0}, "count"},
 		{core.VMUsers{FirstUID: 1<<31 - 5, Count: 10}, "count"},
-		{core.VMUsers{FirstUID: 100000, Count: 10, GID: -1}, "GID"},
+		{core.VMUsers{FirstUID: 100000, Count: 10, GID: -2}, "GID"},
+		{core.VMUsers{FirstUID: 100000, Count: 10, GID: core.OwnGroup}, ""},
 		{core.VMUsers{FirstUID: 100000, Count: 10, GID: 109}, ""},
 	} {
 		err := tc.u.Validate()

@@ -21,6 +21,7 @@ PKGS=(
   etcd-server                                          # the API server of the kubelet-driven e2e (virtletctl)
   containerd runc                                      # the forward runtime of container pods on a mixed node
   nftables                                             # kube-proxy (nftables mode) in the kubelet-driven e2e
+  socat                                                # dials a VM's guest agent socket as another VM's user in the security e2e
 )
 missing=()
 for p in "${PKGS[@]}"; do

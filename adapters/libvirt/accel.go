@@ -21,6 +21,9 @@ type accelerator struct {
 	Reason     string // why, with the probe's figures
 }
 
+// kvmDevice is the KVM device QEMU opens for a KVM domain.
+const kvmDevice = "/dev/kvm"
+
 var (
 	kvmAccel = accelerator{DomainType: "kvm", Name: "kvm"}
 	tcgAccel = accelerator{DomainType: "qemu", Name: "tcg"}
@@ -127,7 +130,7 @@ func chooseAccelerator(ctx context.Context, want, qemu, dir string) accelerator 
 		a.Reason = "forced by the plugin config"
 		return a
 	}
-	if _, err := os.Stat("/dev/kvm"); err != nil {
+	if _, err := os.Stat(kvmDevice); err != nil {
 		a := tcgAccel
 		a.Reason = "no /dev/kvm"
 		return a

@@ -708,8 +708,12 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	h.mu.Unlock()
 	if spec.RunAs != nil {
 		h.searchableOnce.Do(func() { h.searchableErr = searchableForVMUsers(h.log, stateDirs) })
-		if h.searchableErr != nil {
-			return fmt.Errorf("VM %s runs as user %d: %w", spec.Name, spec.RunAs.UID, h.searchableErr)
+		err := h.searchableErr
+		if err == nil && accel.DomainType == kvmAccel.DomainType {
+			err = kvmUsableBy(h.log, kvmDevice, spec.RunAs.GID)
+		}
+		if err != nil {
+			return fmt.Errorf("VM %s runs as user %d: %w", spec.Name, spec.RunAs.UID, err)
 		}
 	}
 

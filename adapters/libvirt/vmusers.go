@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/sirupsen/logrus"
 )
@@ -40,5 +41,31 @@ func searchableForVMUsers(log logrus.FieldLogger, stateDir string) error {
 		}
 		log.WithFields(logrus.Fields{"dir": dir, "mode": fmt.Sprintf("%o", mode|0o001)}).Info("VM users may pass through libvirtd's directory")
 	}
+	return nil
+}
+
+// kvmUsableBy makes sure a VM user in group gid can open kvmDev (/dev/kvm)
+// read-write, as QEMU must for a KVM domain: libvirt gives a QEMU with a
+// static DAC label that label's user and group only, no supplementary
+// groups, so a VM with a group of its own is not in the device's group
+// (kvm). Then the device is opened to every user (mode 0666), as systemd
+// itself sets it upstream: KVM is made to be used by unprivileged users,
+// and each VM's own files stay its own.
+func kvmUsableBy(log logrus.FieldLogger, kvmDev string, gid int) error {
+	info, err := os.Stat(kvmDev)
+	if err != nil {
+		return fmt.Errorf("KVM device: %w", err)
+	}
+	mode := info.Mode().Perm()
+	if st, ok := info.Sys().(*syscall.Stat_t); ok && int(st.Gid) == gid && mode&0o060 == 0o060 {
+		return nil
+	}
+	if mode&0o006 == 0o006 {
+		return nil
+	}
+	if err := os.Chmod(kvmDev, mode|0o006); err != nil {
+		return fmt.Errorf("let VM users open %s: %w", kvmDev, err)
+	}
+	log.WithFields(logrus.Fields{"device": kvmDev, "mode": fmt.Sprintf("%o", mode|0o006)}).Info("VM users may open the KVM device")
 	return nil
 }

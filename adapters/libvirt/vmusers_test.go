@@ -42,3 +42,41 @@ func TestSearchableForVMUsers(t *testing.T) {
 		t.Error("a missing state directory: no error")
 	}
 }
+
+// A KVM device only its group may use is opened to every user for VMs in
+// groups of their own; one they can already use is left alone.
+func TestKVMUsableBy(t *testing.T) {
+	log := logrus.New()
+	for _, tc := range []struct {
+		mode      os.FileMode
+		sameGroup bool
+		want      os.FileMode
+	}{
+		{0o660, false, 0o666},
+		{0o660, true, 0o660},
+		{0o666, false, 0o666},
+		{0o600, true, 0o606},
+	} {
+		dev := filepath.Join(t.TempDir(), "kvm")
+		if err := os.WriteFile(dev, nil, tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(dev, tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		gid := os.Getgid() + 1
+		if tc.sameGroup {
+			gid = os.Getgid()
+		}
+		if err := kvmUsableBy(log, dev, gid); err != nil {
+			t.Fatal(err)
+		}
+		info, _ := os.Stat(dev)
+		if got := info.Mode().Perm(); got != tc.want {
+			t.Errorf("mode %o, same group %v: now %o, want %o", tc.mode, tc.sameGroup, got, tc.want)
+		}
+	}
+	if err := kvmUsableBy(log, filepath.Join(t.TempDir(), "none"), 0); err == nil {
+		t.Error("no KVM device: no error")
+	}
+}

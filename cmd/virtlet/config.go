@@ -59,8 +59,10 @@ type config struct {
 	// VMUsers is the range of host user IDs the VMs run as, one each
 	// ("FIRST-LAST"), or "off": every VM runs as qemu.conf's one user.
 	VMUsers string `json:"vmUsers"`
-	// VMGroup is the group (name or ID) every VM runs in: one that may use
-	// /dev/kvm; empty: kvm, or libvirt-qemu where there is no kvm group.
+	// VMGroup is "own" (the default: each VM's group is its own, the ID of
+	// its user) or a group (name or ID) every VM runs in. A shared group
+	// lets each VM's QEMU reach the others' group-accessible files, such
+	// as libvirt's guest agent sockets.
 	VMGroup string `json:"vmGroup"`
 }
 
@@ -113,7 +115,7 @@ func parseConfig(args []string) (config, bool, error) {
 	forwardRuntime := fs.String("forward-runtime", cfg.ForwardRuntime, "CRI endpoint of a container runtime (unix:///run/containerd/containerd.sock) that serves the pods that are not VM pods, so that one node runs both; empty: such pods are refused")
 	metricsAddress := fs.String("metrics-address", cfg.MetricsAddress, "host:port of the Prometheus endpoint (/metrics, /healthz), such as 127.0.0.1:9474; a loopback address unless --metrics-allow-remote; empty: no endpoint")
 	vmUsers := fs.String("vm-users", cfg.VMUsers, "host user IDs the VMs run as, one each, FIRST-LAST, so that one VM's QEMU cannot open another's disks; off: every VM runs as qemu.conf's user")
-	vmGroup := fs.String("vm-group", cfg.VMGroup, "group (name or ID) every VM runs in with --vm-users: one that may use /dev/kvm (default: kvm, else libvirt-qemu)")
+	vmGroup := fs.String("vm-group", cfg.VMGroup, "with --vm-users: own (each VM a group of its own, the default) or a group (name or ID) every VM runs in")
 	metricsRemote := fs.Bool("metrics-allow-remote", cfg.MetricsAllowRemote, "let --metrics-address be a non-loopback address (the endpoint has no authentication or TLS: put it on a network only Prometheus reaches)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, false, err
@@ -252,21 +254,16 @@ func (c config) vmUsers() (*core.VMUsers, error) {
 	if err := u.Validate(); err != nil {
 		return nil, bad(err.Error())
 	}
-	names := []string{c.VMGroup}
-	if c.VMGroup == "" {
-		names = []string{"kvm", "libvirt-qemu"}
-	}
-	gid, err := strconv.Atoi(c.VMGroup)
-	for _, name := range names {
-		if err == nil {
-			break
+	gid := core.OwnGroup
+	if c.VMGroup != "" && c.VMGroup != "own" {
+		var err error
+		if gid, err = strconv.Atoi(c.VMGroup); err != nil || gid < 0 {
+			g, lerr := user.LookupGroup(c.VMGroup)
+			if lerr != nil {
+				return nil, fmt.Errorf("VM group (vmGroup, --vm-group) %q: no such group on this node; want own or a group", c.VMGroup)
+			}
+			gid, _ = strconv.Atoi(g.Gid)
 		}
-		if g, lerr := user.LookupGroup(name); lerr == nil {
-			gid, err = strconv.Atoi(g.Gid)
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("VM group (vmGroup, --vm-group) %q: no such group on this node; name one that may use /dev/kvm", strings.Join(names, `" or "`))
 	}
 	u.GID = gid
 	return u, nil

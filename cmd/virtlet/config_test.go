@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/virtlet/virtlet/core"
 	"os"
 	"path/filepath"
 	"strings"
@@ -166,11 +167,14 @@ func TestVMUsers(t *testing.T) {
 		args  []string
 		first int
 		count int
+		gid   int
 		off   bool
 		err   string
 	}{
-		{args: nil, first: 2000000000, count: 65536},
-		{args: []string{"--vm-users", "3000000-3000009", "--vm-group", "0"}, first: 3000000, count: 10},
+		{args: nil, first: 2000000000, count: 65536, gid: core.OwnGroup},
+		{args: []string{"--vm-group", "own"}, first: 2000000000, count: 65536, gid: core.OwnGroup},
+		{args: []string{"--vm-users", "3000000-3000009", "--vm-group", "0"}, first: 3000000, count: 10, gid: 0},
+		{args: []string{"--vm-group", "root"}, first: 2000000000, count: 65536, gid: 0},
 		{args: []string{"--vm-users", "off"}, off: true},
 		{args: []string{"--vm-users", "1000-2000"}, err: `VM users (vmUsers, --vm-users) "1000-2000": VM users' first UID`},
 		{args: []string{"--vm-users", "lots"}, err: "not a range"},
@@ -192,7 +196,7 @@ func TestVMUsers(t *testing.T) {
 		switch {
 		case tc.off && u != nil:
 			t.Errorf("%v: VM users %+v, want off", tc.args, u)
-		case !tc.off && (u == nil || u.FirstUID != tc.first || u.Count != tc.count):
+		case !tc.off && (u == nil || u.FirstUID != tc.first || u.Count != tc.count || u.GID != tc.gid):
 			t.Errorf("%v: VM users %+v", tc.args, u)
 		}
 	}

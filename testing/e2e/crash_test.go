@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -357,4 +358,26 @@ func matrixTable(rows []matrixRow) string {
 		fmt.Fprintf(&b, "%-36s | %-28s | %-7d | %-10s | %s\n", r.failpoint, died, r.retries, r.bystander, leaks)
 	}
 	return b.String()
+}
+
+// qemuUID is the real uid the QEMU of domain runs as.
+func qemuUID(t *testing.T, domain string) string {
+	t.Helper()
+	return qemuID(t, domain, "Uid")
+}
+
+// qemuGID is the real gid the QEMU of domain runs as.
+func qemuGID(t *testing.T, domain string) string {
+	t.Helper()
+	return qemuID(t, domain, "Gid")
+}
+
+func qemuID(t *testing.T, domain, field string) string {
+	t.Helper()
+	pid := qemuPID(t, domain)
+	m := regexp.MustCompile(`(?m)^` + field + `:\s+(\d+)`).FindStringSubmatch(string(mustRead(t, "/proc/"+pid+"/status")))
+	if m == nil {
+		t.Fatalf("no %s in /proc/%s/status", field, pid)
+	}
+	return m[1]
 }

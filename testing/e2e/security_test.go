@@ -259,17 +259,49 @@ transports:
 		ctr2 := c.Must(t, "create", sb2, withImage(t, ctr2JSON, image), pod2)
 		c.Must(t, "start", ctr2)
 		defer c.Run("rmp", "-f", sb2)
-		status2 := string(mustRead(t, "/proc/"+qemuPID(t, inspectCtr(t, c, ctr2).VM.Name)+"/status"))
-		uid2 := strings.Fields(regexp.MustCompile(`(?m)^Uid:\s+(.*)$`).FindStringSubmatch(status2)[1])[0]
+		uid2 := qemuUID(t, inspectCtr(t, c, ctr2).VM.Name)
 		if uid2 == uid[0] {
 			t.Fatalf("both VMs' QEMUs run as uid %s", uid2)
 		}
+		gid2 := qemuGID(t, inspectCtr(t, c, ctr2).VM.Name)
+		if gid2 == gid[0] {
+			t.Errorf("both VMs' QEMUs run in group %s, want a group each", gid2)
+		}
 		n2, _ := strconv.Atoi(uid2)
-		g, _ := strconv.Atoi(gid[0])
+		g2, _ := strconv.Atoi(gid2)
+		as2 := &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(n2), Gid: uint32(g2), Groups: []uint32{}}}
 		peek := exec.Command("head", "-c", "1", overlay)
-		peek.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(n2), Gid: uint32(g)}}
+		peek.SysProcAttr = as2
 		if out, err := peek.CombinedOutput(); err == nil {
 			t.Errorf("the second VM's user (uid %d) read the first VM's root disk: %q", n2, out)
+		}
+		// Nor can it talk to the first VM's guest agent (which runs
+		// commands as root in that guest), while the first VM's own user
+		// can: the check can tell.
+		xml, err := harness.Virsh("dumpxml", domain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`path=['"]([^'"]*org\.qemu\.guest_agent\.0)['"]`).FindStringSubmatch(xml)
+		if m == nil {
+			t.Fatalf("no guest agent socket in %s's XML", domain)
+		}
+		dial := func(uid, gid int) error {
+			cmd := exec.Command("socat", "-u", "OPEN:/dev/null", "UNIX-CONNECT:"+m[1])
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}}
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%w: %s", err, out)
+			}
+			return nil
+		}
+		n1, _ := strconv.Atoi(uid[0])
+		g1, _ := strconv.Atoi(gid[0])
+		if err := dial(n1, g1); err != nil {
+			t.Errorf("the first VM's own user cannot reach its guest agent socket %s: %v", m[1], err)
+		}
+		if err := dial(n2, g2); err == nil {
+			t.Errorf("the second VM's user (uid %d gid %d) reached the first VM's guest agent socket %s", n2, g2, m[1])
 		}
 	})
 

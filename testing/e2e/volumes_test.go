@@ -150,6 +150,9 @@ echo "@@VOLUMES-REPORT-DONE"
 	domain := inspectCtr(t, c, ctr).VM.Name
 	c.Must(t, "start", ctr)
 	logs := waitLog(t, c, ctr, "@@VOLUMES-REPORT-DONE", 8*time.Minute)
+	// A share is idmapped to the VM's own host user, as which its QEMU
+	// runs: the guest sees the host's files as that user's.
+	qemuUser := qemuUID(t, domain)
 
 	byID := between(t, logs, "BYID")
 	for _, serial := range []string{"vol-extra", "vol-raw", "vol-ceph", "vol-block-pv"} {
@@ -166,7 +169,7 @@ echo "@@VOLUMES-REPORT-DONE"
 	}
 	for name, want := range map[string]string{
 		"EXTRA-UUID": "7a4d2c1e-9c2b-4e54-9a57-33c1a8b2d0f1", "EXTRA-WRITE": "guest-extra", "RAW-MARKER": "on-the-raw-device",
-		"CEPH-MARKER": "written_with_go-ceph", "HOST-READ": "hello_from_the_host", "HOST-OWNER": "64055", "RO-READ": "read_me",
+		"CEPH-MARKER": "written_with_go-ceph", "HOST-READ": "hello_from_the_host", "HOST-OWNER": qemuUser, "RO-READ": "read_me",
 		"RO-WRITE": "refused", "INJECTED": "injected-before-boot",
 	} {
 		if got := marker(t, logs, name); got != want {
