@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -20,6 +19,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/virtlet/virtlet/testing/promtest"
 
 	"github.com/virtlet/virtlet/adapters/cri"
 	"github.com/virtlet/virtlet/adapters/metrics"
@@ -53,57 +54,17 @@ func newRuntime(t *testing.T, obs ports.Observer) *core.Runtime {
 	return rt
 }
 
-// scrape GETs /metrics and parses it as Prometheus does.
-func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %s", resp.Status)
-	}
-	var p expfmt.TextParser
-	families, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
-	return families
-}
-
 // find returns the series of family name whose labels include want.
 func find(t *testing.T, families map[string]*dto.MetricFamily, name string, want map[string]string) *dto.Metric {
 	t.Helper()
-	f, ok := families[name]
-	if !ok {
+	if _, ok := families[name]; !ok {
 		t.Fatalf("no family %s", name)
 	}
-next:
-	for _, m := range f.Metric {
-		have := map[string]string{}
-		for _, l := range m.Label {
-			have[l.GetName()] = l.GetValue()
-		}
-		for k, v := range want {
-			if have[k] != v {
-				continue next
-			}
-		}
-		return m
+	m := promtest.Series(families, name, want)
+	if m == nil {
+		t.Fatalf("%s has no series with %v", name, want)
 	}
-	t.Fatalf("%s has no series with %v", name, want)
-	return nil
-}
-
-func value(m *dto.Metric) float64 {
-	switch {
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	}
-	return -1
+	return m
 }
 
 // A VM pod's life, through the CRI server over gRPC, shows in every
@@ -150,7 +111,7 @@ func TestScrapeAfterCRICalls(t *testing.T) {
 
 	web := httptest.NewServer(m.Handler())
 	defer web.Close()
-	fams := scrape(t, web.URL)
+	fams := promtest.Scrape(t, web.URL)
 
 	if h := find(t, fams, "virtlet_cri_request_duration_seconds", map[string]string{"method": "RunPodSandbox", "code": "OK", "runtime": "virtlet"}).Histogram; h.GetSampleCount() != 3 {
 		t.Errorf("RunPodSandbox count %d, want 3", h.GetSampleCount())
@@ -159,12 +120,12 @@ func TestScrapeAfterCRICalls(t *testing.T) {
 		t.Errorf("ContainerStatus NotFound count %d, want 1", h.GetSampleCount())
 	}
 	for state, want := range map[string]float64{"ready": 2, "notready": 1, "pending": 0} {
-		if v := value(find(t, fams, "virtlet_sandboxes", map[string]string{"state": state})); v != want {
+		if v := promtest.Value(find(t, fams, "virtlet_sandboxes", map[string]string{"state": state})); v != want {
 			t.Errorf("sandboxes %s: %v, want %v", state, v, want)
 		}
 	}
 	for state, want := range map[string]float64{"running": 1, "created": 0, "creating": 0, "exited": 0} {
-		if v := value(find(t, fams, "virtlet_containers", map[string]string{"state": state})); v != want {
+		if v := promtest.Value(find(t, fams, "virtlet_containers", map[string]string{"state": state})); v != want {
 			t.Errorf("containers %s: %v, want %v", state, v, want)
 		}
 	}
@@ -177,39 +138,39 @@ func TestScrapeAfterCRICalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := value(find(t, fams, "virtlet_image_pull_bytes_total", map[string]string{"scheme": "https"})); v != float64(stored.Size) || v == 0 {
+	if v := promtest.Value(find(t, fams, "virtlet_image_pull_bytes_total", map[string]string{"scheme": "https"})); v != float64(stored.Size) || v == 0 {
 		t.Errorf("pulled bytes %v, want %d", v, stored.Size)
 	}
 	if n := find(t, fams, "virtlet_image_pull_duration_seconds", map[string]string{"scheme": "https"}).Histogram.GetSampleCount(); n != 1 {
 		t.Errorf("pulls %d, want 1", n)
 	}
-	if v := value(find(t, fams, "virtlet_image_pull_failures_total", map[string]string{"reason": "invalid_name"})); v != 1 {
+	if v := promtest.Value(find(t, fams, "virtlet_image_pull_failures_total", map[string]string{"reason": "invalid_name"})); v != 1 {
 		t.Errorf("invalid_name failures %v, want 1", v)
 	}
-	if v := value(find(t, fams, "virtlet_image_pull_failures_total", map[string]string{"reason": "not_found"})); v != 0 {
+	if v := promtest.Value(find(t, fams, "virtlet_image_pull_failures_total", map[string]string{"reason": "not_found"})); v != 0 {
 		t.Errorf("not_found failures %v, want 0", v)
 	}
 	vm := map[string]string{"namespace": "ns", "pod": "p0", "container": "vm", "container_id": ctr.ContainerId}
 	find(t, fams, "virtlet_vm_cpu_seconds_total", vm)
-	if v := value(find(t, fams, "virtlet_vm_memory_bytes", vm)); v <= 0 {
+	if v := promtest.Value(find(t, fams, "virtlet_vm_memory_bytes", vm)); v <= 0 {
 		t.Errorf("VM memory %v", v)
 	}
 	if n := len(fams["virtlet_vm_cpu_seconds_total"].Metric); n != 1 {
 		t.Errorf("%d VMs with CPU figures, want the one running", n)
 	}
-	if v := value(find(t, fams, "virtlet_vm_stats_success", nil)); v != 1 {
+	if v := promtest.Value(find(t, fams, "virtlet_vm_stats_success", nil)); v != 1 {
 		t.Errorf("stats success %v", v)
 	}
-	if v := value(find(t, fams, "virtlet_plugin_up", map[string]string{"plugin": "libvirt", "kind": "hypervisor"})); v != 1 {
+	if v := promtest.Value(find(t, fams, "virtlet_plugin_up", map[string]string{"plugin": "libvirt", "kind": "hypervisor"})); v != 1 {
 		t.Errorf("libvirt up %v", v)
 	}
-	if v := value(find(t, fams, "virtlet_plugin_up", map[string]string{"plugin": "cni"})); v != 0 {
+	if v := promtest.Value(find(t, fams, "virtlet_plugin_up", map[string]string{"plugin": "cni"})); v != 0 {
 		t.Errorf("cni up %v", v)
 	}
-	if v := value(find(t, fams, "virtlet_plugin_calls_total", map[string]string{"plugin": "cni", "kind": "network"})); v != 7 {
+	if v := promtest.Value(find(t, fams, "virtlet_plugin_calls_total", map[string]string{"plugin": "cni", "kind": "network"})); v != 7 {
 		t.Errorf("cni calls %v", v)
 	}
-	if v := value(find(t, fams, "virtlet_plugin_restarts_total", map[string]string{"plugin": "cni", "kind": "network"})); v != 2 {
+	if v := promtest.Value(find(t, fams, "virtlet_plugin_restarts_total", map[string]string{"plugin": "cni", "kind": "network"})); v != 2 {
 		t.Errorf("cni restarts %v", v)
 	}
 	for _, name := range []string{"go_goroutines", "process_open_fds"} {
@@ -253,8 +214,8 @@ func TestScrapeWithoutStats(t *testing.T) {
 	m := metrics.New(metrics.Options{Log: quietLog()}).WithRuntime(failingStats{newRuntime(t, nil)})
 	web := httptest.NewServer(m.Handler())
 	defer web.Close()
-	fams := scrape(t, web.URL)
-	if v := value(find(t, fams, "virtlet_vm_stats_success", nil)); v != 0 {
+	fams := promtest.Scrape(t, web.URL)
+	if v := promtest.Value(find(t, fams, "virtlet_vm_stats_success", nil)); v != 0 {
 		t.Errorf("stats success %v, want 0", v)
 	}
 	if _, ok := fams["virtlet_vm_cpu_seconds_total"]; ok {

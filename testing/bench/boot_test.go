@@ -30,16 +30,8 @@ var phases = map[string][]time.Duration{}
 // same line; medians of 5 runs each. Target: ratio ≤ 1.10. Run it alone,
 // with -benchtime 1x (make bench does).
 func BenchmarkP1BootOverhead(b *testing.B) {
-	tiny, translation := serveGuest(b, "tiny", "tiny")
-	d := realDaemon(b)
-	d.Translate("bench.yaml", translation)
-	d.Start()
-	rt, img := d.CRI(b)
+	tiny, d, rt, pulled := tinyDaemon(b)
 	ctx := context.Background()
-	pulled, err := img.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: "virtlet.cloud/tiny"}})
-	if err != nil {
-		b.Fatal(err)
-	}
 	accel := "tcg"
 	if st, err := rt.Status(ctx, &runtimeapi.StatusRequest{Verbose: true}); err == nil && strings.Contains(st.Info["hypervisor"], `"Accelerator":"kvm"`) {
 		accel = "kvm"
@@ -148,6 +140,21 @@ var (
 )
 
 // realDaemon prepares a daemon with the shipped plugins (built once per run).
+// tinyDaemon serves the tiny guest image, starts a real daemon that
+// translates virtlet.cloud/tiny to it, and pulls it.
+func tinyDaemon(b *testing.B) (image string, d *harness.Daemon, rt runtimeapi.RuntimeServiceClient, pulled *runtimeapi.PullImageResponse) {
+	image, translation := serveGuest(b, "tiny", "tiny")
+	d = realDaemon(b)
+	d.Translate("bench.yaml", translation)
+	d.Start()
+	rt, img := d.CRI(b)
+	pulled, err := img.PullImage(context.Background(), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: "virtlet.cloud/tiny"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return image, d, rt, pulled
+}
+
 func realDaemon(b *testing.B) *harness.Daemon {
 	dir := builtBinaries(b)
 	return harness.NewDaemon(b, filepath.Join(dir, "virtlet"), harness.Shipped(dir))

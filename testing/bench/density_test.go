@@ -28,16 +28,8 @@ const densityPods = 50
 // load (≤ 2 ms) and the plugin RPCs one VM start costs (≤ 20). Run it
 // alone, with -benchtime 1x (make bench does).
 func BenchmarkP5Density(b *testing.B) {
-	_, translation := serveGuest(b, "tiny", "tiny")
-	d := realDaemon(b)
-	d.Translate("bench.yaml", translation)
-	d.Start()
-	rt, img := d.CRI(b)
+	_, d, rt, pulled := tinyDaemon(b)
 	ctx := context.Background()
-	pulled, err := img.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: "virtlet.cloud/tiny"}})
-	if err != nil {
-		b.Fatal(err)
-	}
 	// One pod first: its plugin calls, and a warm daemon for the baseline.
 	calls0 := pluginCalls(b, rt)
 	first, err := runTinyPod(rt, d.Dir, pulled.ImageRef, "density-first")

@@ -11,12 +11,12 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/virtlet/virtlet/testing/harness"
+	"github.com/virtlet/virtlet/testing/promtest"
 )
 
 // metricsURL finds where the daemon serves its metrics (it logs the port
@@ -32,59 +32,10 @@ func metricsURL(t *testing.T, d *harness.Daemon) string {
 	return ""
 }
 
-// scrape reads the metrics as Prometheus does.
-func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %s", resp.Status)
-	}
-	var p expfmt.TextParser
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
-	return fams
-}
-
-// series returns the series of a family whose labels include want, nil
-// when there is none.
-func series(fams map[string]*dto.MetricFamily, name string, want map[string]string) *dto.Metric {
-next:
-	for _, m := range fams[name].GetMetric() {
-		have := map[string]string{}
-		for _, l := range m.Label {
-			have[l.GetName()] = l.GetValue()
-		}
-		for k, v := range want {
-			if have[k] != v {
-				continue next
-			}
-		}
-		return m
-	}
-	return nil
-}
-
 // sampleValue is a gauge's or counter's value, a histogram's count; -1
 // when the series is missing.
 func sampleValue(fams map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
-	m := series(fams, name, labels)
-	switch {
-	case m == nil:
-		return -1
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	case m.Histogram != nil:
-		return float64(m.Histogram.GetSampleCount())
-	}
-	return -1
+	return promtest.Value(promtest.Series(fams, name, labels))
 }
 
 // An operator's Prometheus scraping the daemon sees the calls crictl made,
@@ -118,7 +69,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	var fams map[string]*dto.MetricFamily
 	images := map[string]string{"plugin": "fake-images", "kind": "image"}
 	harness.Eventually(t, 20*time.Second, "the image plugin to restart", func() bool {
-		fams = scrape(t, url)
+		fams = promtest.Scrape(t, url)
 		return sampleValue(fams, "virtlet_plugin_restarts_total", images) == 1 && sampleValue(fams, "virtlet_plugin_up", images) == 1
 	})
 
