@@ -139,7 +139,6 @@ var (
 	buildErr  error
 )
 
-// realDaemon prepares a daemon with the shipped plugins (built once per run).
 // tinyDaemon serves the tiny guest image, starts a real daemon that
 // translates virtlet.cloud/tiny to it, and pulls it.
 func tinyDaemon(b *testing.B) (image string, d *harness.Daemon, rt runtimeapi.RuntimeServiceClient, pulled *runtimeapi.PullImageResponse) {
@@ -155,6 +154,7 @@ func tinyDaemon(b *testing.B) (image string, d *harness.Daemon, rt runtimeapi.Ru
 	return image, d, rt, pulled
 }
 
+// realDaemon prepares a daemon with the shipped plugins (built once per run).
 func realDaemon(b *testing.B) *harness.Daemon {
 	dir := builtBinaries(b)
 	return harness.NewDaemon(b, filepath.Join(dir, "virtlet"), harness.Shipped(dir))
