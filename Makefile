@@ -96,12 +96,13 @@ check: test e2e e2e-k8s critest
 
 bench: deps
 	$(GO) test -run '^$$' -bench 'PluginRoundTrip|List|CloudInitISO' -benchtime 3000x ./testing/bench/
-	$(GO) test -run '^$$' -bench 'P1BootOverhead|P6PullVsCurl|P2SecondRootDisk|PodNetwork20|ReachTheVM|P5Density' -benchtime 1x -timeout 40m ./testing/bench/
+	$(GO) test -run '^$$' -bench 'P1BootOverhead|P1PoolPrimitives|P6PullVsCurl|P2SecondRootDisk|PodNetwork20|ReachTheVM|P5Density' -benchtime 1x -timeout 40m ./testing/bench/
 	testing/k8s/build.sh >/dev/null
 	$(GO) test -run '^$$' -bench 'KubeApply' -benchtime 1x -timeout 30m ./testing/bench/
 	@echo "targets: PluginRoundTrip p50 overhead above bare gRPC on the same connection (grpc-floor-*, no Virtlet code) <= 10 %;"
 	@echo "         List*500 server p99 <= 2000 µs (e2e-* adds the client's own decoding);"
 	@echo "         P1 boot overhead ratio <= 1.10 (virtlet's own steps are run+create; libvirt's domain start is in start);"
+	@echo "         P1PoolPrimitives: libvirt alone, cold define+start vs hot-plug into a pre-launched paused domain + resume, vs bare QEMU (the pool design's evidence)"
 	@echo "         P6 256 MiB pull / curl -o ratio <= 1.1; P2 second root disk <= 50 ms and <= 1 MiB written;"
 	@echo "         PodNetwork20: pod network setup (RunPodSandbox) and teardown (StopPodSandbox), p50 over 20 pods"
 	@echo "         P5Density: 50 tiny VM pods at once: all ready, QEMU RSS/VM, daemon+plugins RSS growth/pod <= 1 MiB, list p99 <= 2 ms, plugin RPCs/start <= 20"
