@@ -39,7 +39,7 @@ const (
 	chaosScratch = 10
 	// chaosKills bounds the kills of one plugin that may miss every call
 	// needing it (see the per-plugin subtest).
-	chaosKills   = 3
+	chaosKills   = 5
 	chaosPodRuns = 4
 )
 
