@@ -112,6 +112,9 @@ type VMSpec struct {
 	VCPUs       int
 	MemoryBytes int64
 	CPU         CPUSpec
+	// Machine is the machine type (VirtletMachineType): "" for pc, q35, or
+	// another the hypervisor offers (it refuses one it does not).
+	Machine string
 
 	Disks       []Disk
 	Filesystems []Filesystem

@@ -76,7 +76,7 @@ func domainXML(in domainInput) (string, error) {
 			},
 		}}}},
 		OS: &libvirtxml.DomainOS{
-			Type:   &libvirtxml.DomainOSType{Arch: "x86_64", Machine: "pc", Type: "hvm"},
+			Type:   &libvirtxml.DomainOSType{Arch: "x86_64", Machine: machineOrDefault(s.Machine), Type: "hvm"},
 			SMBios: &libvirtxml.DomainSMBios{Mode: "sysinfo"},
 		},
 		Features:   &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}},

@@ -84,6 +84,9 @@ type Hypervisor struct {
 	searchableOnce sync.Once
 	searchableErr  error
 
+	// machineTypes caches the machine types libvirt offers (guarded by mu).
+	machineTypes []string
+
 	events chan event
 	// resyncs asks the dispatcher to resynchronise: nil after lost events,
 	// a channel to close when done from resume.
@@ -717,6 +720,9 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		}
 	}
 
+	if err := h.checkMachine(conn, accel, spec.Machine); err != nil {
+		return fmt.Errorf("VM %s: %w", spec.Name, err)
+	}
 	log := h.log.WithFields(logrus.Fields{"vm": spec.Name, "pod": spec.PodNamespace + "/" + spec.PodName})
 	r := &record{Spec: spec.WithoutSecrets(), DiskPaths: map[string]string{}, ConsoleLog: filepath.Join(vmDir, spec.ID+".console"), State: ports.VMDefined}
 	var made []string

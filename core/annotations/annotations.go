@@ -45,6 +45,9 @@ const (
 	// PersistentRootfsReinit lets a pod overwrite a persistent root
 	// filesystem that holds another image (or data that is not one).
 	PersistentRootfsReinit = "VirtletPersistentRootfsReinit"
+	// MachineType is the VM's machine type: pc (the default), q35, or a
+	// versioned one the node's QEMU offers.
+	MachineType = "VirtletMachineType"
 )
 
 // Known lists every Virtlet annotation this package understands.
@@ -54,7 +57,7 @@ var Known = []string{
 	CloudInitUserDataScript, CloudInitUserDataSource, CloudInitUserDataSourceKey,
 	CloudInitUserDataSourceEncoding, SSHKeys, SSHKeySource, FilesFromDataSource,
 	RootVolumeSize, Chown9pfsMounts, SystemUUID, ForceDHCPNetworkConfig,
-	PersistentRootfsReinit,
+	PersistentRootfsReinit, MachineType,
 }
 
 // MaxVCPUs is the largest VirtletVCPUCount accepted.
@@ -106,6 +109,8 @@ type VMOptions struct {
 	DiskDriver ports.DiskBus     `json:"diskDriver"`
 	CPUModel   string            `json:"cpuModel,omitempty"`
 	CPUSetting *ports.CPUSetting `json:"cpuSetting,omitempty"`
+	// MachineType: "" for pc; the hypervisor checks that its QEMU has it.
+	MachineType string `json:"machineType,omitempty"`
 
 	CloudInitImageType string `json:"cloudInitImageType"`
 	// MetaData overrides keys of the generated meta-data.
@@ -152,6 +157,7 @@ func Parse(annotations map[string]string) (VMOptions, error) {
 	p.vcpus()
 	p.diskDriver()
 	p.cpu()
+	p.machineType()
 	p.cloudInit()
 	p.sshKeys()
 	p.files()
@@ -266,6 +272,23 @@ func (p *parser) vcpus() {
 	default:
 		p.opts.VCPUCount = n
 	}
+}
+
+// machineNames are QEMU's machine type names (pc, q35, pc-q35-7.2,
+// pc-i440fx-7.2, ...): whether the node's QEMU has the one asked for is
+// the hypervisor's to say, when the VM is defined.
+var machineNames = regexp.MustCompile(`^[a-z][a-z0-9._-]{0,63}$`)
+
+func (p *parser) machineType() {
+	v, ok := p.get(MachineType)
+	if !ok {
+		return
+	}
+	if !machineNames.MatchString(v) {
+		p.fail(MachineType, v, "pc, q35, or a machine type of the node's QEMU such as pc-q35-7.2 (lower-case letters, digits, '.', '_', '-')", "")
+		return
+	}
+	p.opts.MachineType = v
 }
 
 func (p *parser) diskDriver() {

@@ -44,6 +44,8 @@ func TestValid(t *testing.T) {
 		{"virtio", map[string]string{DiskDriver: "virtio"}, func(o *VMOptions) { o.DiskDriver = ports.BusVirtio }},
 		{"scsi", map[string]string{DiskDriver: "scsi"}, func(o *VMOptions) { o.DiskDriver = ports.BusSCSI }},
 		{"host-model", map[string]string{CPUModel: "host-model"}, func(o *VMOptions) { o.CPUModel = "host-model" }},
+		{"q35", map[string]string{MachineType: "q35"}, func(o *VMOptions) { o.MachineType = "q35" }},
+		{"versioned machine", map[string]string{MachineType: "pc-i440fx-7.2"}, func(o *VMOptions) { o.MachineType = "pc-i440fx-7.2" }},
 		{"cpu setting from seed 001", map[string]string{LibvirtCPUSetting: "Match: exact\nModel:\n  Fallback: allow\n  Value: core2duo\n"},
 			func(o *VMOptions) {
 				o.CPUSetting = &ports.CPUSetting{Match: "exact", Model: &ports.CPUSettingModel{Fallback: "allow", Value: "core2duo"}}
@@ -125,6 +127,8 @@ func TestInvalid(t *testing.T) {
 		{"vcpus zero", map[string]string{VCPUCount: "0"}, []string{"VirtletVCPUCount", `"0"`, "out of range"}},
 		{"vcpus too many", map[string]string{VCPUCount: "256"}, []string{"VirtletVCPUCount", "out of range"}},
 		{"disk ide", map[string]string{DiskDriver: "ide"}, []string{"annotation VirtletDiskDriver", `"ide"`, `"scsi" or "virtio"`}},
+		{"machine type with a space", map[string]string{MachineType: "pc q35"}, []string{"annotation VirtletMachineType", `"pc q35"`, "pc, q35, or a machine type of the node's QEMU"}},
+		{"machine type in capitals", map[string]string{MachineType: "Q35"}, []string{"annotation VirtletMachineType", `"Q35"`}},
 		{"cpu model", map[string]string{CPUModel: "host-passthrough"}, []string{"VirtletCPUModel", "host-model"}},
 		{"cpu setting yaml", map[string]string{LibvirtCPUSetting: "Match: [exact"}, []string{"VirtletLibvirtCPUSetting", "cannot parse"}},
 		{"cpu setting unknown key", map[string]string{LibvirtCPUSetting: "Match: exact\nModle: x\n"}, []string{"VirtletLibvirtCPUSetting", `unknown field "Modle"`}},

@@ -13,7 +13,7 @@ func specToProto(s ports.VMSpec) *hypervisorv1.VMSpec {
 		Vcpus: int32(s.VCPUs), MemoryBytes: s.MemoryBytes,
 		Cpu:   &hypervisorv1.CPUSpec{Model: s.CPU.Model, Setting: cpuSettingToProto(s.CPU.Setting)},
 		Disks: base.DisksToProto(s.Disks), Filesystems: base.FilesystemsToProto(s.Filesystems), Nics: base.NICsToProto(s.NICs),
-		ConsoleLogPath: s.ConsoleLogPath, RunAs: base.IdentityToProto(s.RunAs),
+		ConsoleLogPath: s.ConsoleLogPath, RunAs: base.IdentityToProto(s.RunAs), Machine: s.Machine,
 	}
 }
 
@@ -24,7 +24,7 @@ func specFromProto(p *hypervisorv1.VMSpec) ports.VMSpec {
 		VCPUs: int(p.Vcpus), MemoryBytes: p.MemoryBytes,
 		CPU:   ports.CPUSpec{Model: p.GetCpu().GetModel(), Setting: cpuSettingFromProto(p.GetCpu().GetSetting())},
 		Disks: base.DisksFromProto(p.Disks), Filesystems: base.FilesystemsFromProto(p.Filesystems), NICs: base.NICsFromProto(p.Nics),
-		ConsoleLogPath: p.ConsoleLogPath, RunAs: base.IdentityFromProto(p.RunAs),
+		ConsoleLogPath: p.ConsoleLogPath, RunAs: base.IdentityFromProto(p.RunAs), Machine: p.Machine,
 	}
 }
 

@@ -183,6 +183,7 @@ func TestGuestSeesItsSpec(t *testing.T) {
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	const uuid = "4a9c4d3e-0b1f-4a57-9e3c-6f7f2f6f1c2d"
+	const i440fx, q35 = "HOSTBRIDGE=0x1237", "HOSTBRIDGE=0x29c0"
 	for _, tc := range []struct {
 		name    string
 		ann     map[string]string
@@ -194,12 +195,15 @@ func TestGuestSeesItsSpec(t *testing.T) {
 		maxMemK int64
 		ciMedia string // what the guest's /init reports for the cloud-init media
 		ciFile  string
+		bridge  string // the PCI host bridge: the chipset of the machine type
 	}{
 		{"two-vcpus-virtio-1gi", map[string]string{"VirtletVCPUCount": "2", "VirtletDiskDriver": "virtio", "VirtletRootVolumeSize": "1Gi", "VirtletSystemUUID": uuid},
-			256 << 20, "2", "vda", 1 << 30, uuid, 256 << 10, "dev=/dev/vdb label=cidata", "/ci/meta-data"},
-		{"defaults-scsi", nil, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data"},
+			256 << 20, "2", "vda", 1 << 30, uuid, 256 << 10, "dev=/dev/vdb label=cidata", "/ci/meta-data", i440fx},
+		{"defaults-scsi", nil, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data", i440fx},
 		{"configdrive", map[string]string{"VirtletCloudInitImageType": "configdrive"}, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10,
-			"dev=/dev/sr0 label=config-2", "/ci/openstack/latest/meta_data.json"},
+			"dev=/dev/sr0 label=config-2", "/ci/openstack/latest/meta_data.json", i440fx},
+		{"q35", map[string]string{"VirtletMachineType": "q35"}, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10,
+			"dev=/dev/sr0 label=cidata", "/ci/meta-data", q35},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			podJSON, ctrJSON := vmPod(t, d, tc.name, tc.ann, tc.memory)
@@ -207,6 +211,9 @@ func TestGuestSeesItsSpec(t *testing.T) {
 			ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
 			c.Must(t, "start", ctr)
 			logs := waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+			if got := markerLine(t, logs, "MACHINE"); !strings.Contains(got, tc.bridge) {
+				t.Errorf("guest's machine: %q, want %s", got, tc.bridge)
+			}
 			if got := marker(t, logs, "CPUS"); got != tc.cpus {
 				t.Errorf("guest sees %s CPUs, want %s", got, tc.cpus)
 			}
@@ -309,6 +316,8 @@ func TestBadInputLeavesNothing(t *testing.T) {
 			[]string{"annotation VirtletLibvirtCPUSetting", `unknown field \"Modle\"`}},
 		{"root volume smaller than the image", map[string]string{"VirtletRootVolumeSize": "1Mi"}, 128 << 20, nil,
 			[]string{"annotation VirtletRootVolumeSize", "smaller than the image's virtual size"}},
+		{"machine type the node's QEMU lacks", map[string]string{"VirtletMachineType": "pc-q35-1.0"}, 128 << 20, nil,
+			[]string{"annotation VirtletMachineType", `invalid value \"pc-q35-1.0\"`, "no such machine type", "allowed: pc, pc-i440fx-"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.spoil != nil {

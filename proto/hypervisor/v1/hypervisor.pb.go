@@ -1768,7 +1768,9 @@ type VMSpec struct {
 	Nics           []*v1.NIC              `protobuf:"bytes,13,rep,name=nics,proto3" json:"nics,omitempty"`
 	ConsoleLogPath string                 `protobuf:"bytes,14,opt,name=console_log_path,json=consoleLogPath,proto3" json:"console_log_path,omitempty"`
 	// The VM's own user and group (uid and gid 0: the hypervisor's default).
-	RunAs         *v1.ProcessIdentity `protobuf:"bytes,15,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
+	RunAs *v1.ProcessIdentity `protobuf:"bytes,15,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
+	// The machine type ("": the hypervisor's default, pc).
+	Machine       string `protobuf:"bytes,16,opt,name=machine,proto3" json:"machine,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1906,6 +1908,13 @@ func (x *VMSpec) GetRunAs() *v1.ProcessIdentity {
 		return x.RunAs
 	}
 	return nil
+}
+
+func (x *VMSpec) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
 }
 
 type CPUSpec struct {
@@ -2516,7 +2525,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"finishedAt\x12\x1b\n" +
 	"\texit_code\x18\x05 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\a \x01(\tR\amessage\"\xa0\x04\n" +
+	"\amessage\x18\a \x01(\tR\amessage\"\xba\x04\n" +
 	"\x06VMSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -2534,7 +2543,8 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\vfilesystems\x18\f \x03(\v2\x1c.virtlet.types.v1.FilesystemR\vfilesystems\x12)\n" +
 	"\x04nics\x18\r \x03(\v2\x15.virtlet.types.v1.NICR\x04nics\x12(\n" +
 	"\x10console_log_path\x18\x0e \x01(\tR\x0econsoleLogPath\x128\n" +
-	"\x06run_as\x18\x0f \x01(\v2!.virtlet.types.v1.ProcessIdentityR\x05runAs\"\\\n" +
+	"\x06run_as\x18\x0f \x01(\v2!.virtlet.types.v1.ProcessIdentityR\x05runAs\x12\x18\n" +
+	"\amachine\x18\x10 \x01(\tR\amachine\"\\\n" +
 	"\aCPUSpec\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12;\n" +
 	"\asetting\x18\x02 \x01(\v2!.virtlet.hypervisor.v1.CPUSettingR\asetting\"\xcf\x03\n" +
