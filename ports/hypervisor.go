@@ -115,6 +115,8 @@ type VMSpec struct {
 	// Machine is the machine type (VirtletMachineType): "" for pc, q35, or
 	// another the hypervisor offers (it refuses one it does not).
 	Machine string
+	// Clock is the guest's hardware clock and timers.
+	Clock ClockSpec
 
 	Disks       []Disk
 	Filesystems []Filesystem
@@ -293,4 +295,21 @@ type NIC struct {
 	// Bridge is the host bridge the NIC joins; the hypervisor makes the
 	// tap.
 	Bridge string
+}
+
+// ClockSpec is a VM's hardware clock (VirtletClock, VirtletClockTimers).
+type ClockSpec struct {
+	// Offset: "" or "utc", "localtime", "timezone" (Timezone), or
+	// "variable" (AdjustmentSeconds from UTC).
+	Offset            string       `json:"offset,omitempty"`
+	Timezone          string       `json:"timezone,omitempty"`
+	AdjustmentSeconds int64        `json:"adjustmentSeconds,omitempty"`
+	Timers            []ClockTimer `json:"timers,omitempty"`
+}
+
+// ClockTimer tunes one of the guest's timers (rtc, pit, hpet, kvmclock).
+type ClockTimer struct {
+	Name       string `json:"name"`
+	TickPolicy string `json:"tickPolicy,omitempty"` // delay, catchup, discard
+	Present    string `json:"present,omitempty"`    // yes, no
 }

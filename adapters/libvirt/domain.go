@@ -4,6 +4,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 
 	"libvirt.org/go/libvirtxml"
@@ -80,7 +81,7 @@ func domainXML(in domainInput) (string, error) {
 			SMBios: &libvirtxml.DomainSMBios{Mode: "sysinfo"},
 		},
 		Features:   &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}},
-		Clock:      &libvirtxml.DomainClock{Offset: "utc"},
+		Clock:      clockXML(s.Clock),
 		OnPoweroff: "destroy", OnReboot: "restart", OnCrash: "destroy",
 		SecLabel: []libvirtxml.DomainSecLabel{dacLabel(s.RunAs)},
 		Devices: &libvirtxml.DomainDeviceList{
@@ -340,4 +341,21 @@ func dacLabel(runAs *ports.ProcessIdentity) libvirtxml.DomainSecLabel {
 		return libvirtxml.DomainSecLabel{Type: "dynamic", Model: "dac", Relabel: "yes"}
 	}
 	return libvirtxml.DomainSecLabel{Type: "static", Model: "dac", Relabel: "yes", Label: fmt.Sprintf("+%d:+%d", runAs.UID, runAs.GID)}
+}
+
+// clockXML is the domain's <clock>: UTC unless the pod asks otherwise.
+func clockXML(c ports.ClockSpec) *libvirtxml.DomainClock {
+	x := &libvirtxml.DomainClock{Offset: "utc"}
+	switch c.Offset {
+	case "localtime":
+		x.Offset = "localtime"
+	case "timezone":
+		x.Offset, x.TimeZone = "timezone", c.Timezone
+	case "variable":
+		x.Offset, x.Basis, x.Adjustment = "variable", "utc", strconv.FormatInt(c.AdjustmentSeconds, 10)
+	}
+	for _, t := range c.Timers {
+		x.Timer = append(x.Timer, libvirtxml.DomainTimer{Name: t.Name, TickPolicy: t.TickPolicy, Present: t.Present})
+	}
+	return x
 }

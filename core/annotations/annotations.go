@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"sigs.k8s.io/yaml"
@@ -48,6 +49,13 @@ const (
 	// MachineType is the VM's machine type: pc (the default), q35, or a
 	// versioned one the node's QEMU offers.
 	MachineType = "VirtletMachineType"
+	// Clock is the guest's hardware clock: utc (the default), localtime
+	// (the node's zone), an IANA time zone, or a signed offset from UTC in
+	// seconds.
+	Clock = "VirtletClock"
+	// ClockTimers tunes the guest's timers: name:policy pairs, comma
+	// separated (rtc and pit take a tick policy, every timer yes or no).
+	ClockTimers = "VirtletClockTimers"
 )
 
 // Known lists every Virtlet annotation this package understands.
@@ -57,7 +65,7 @@ var Known = []string{
 	CloudInitUserDataScript, CloudInitUserDataSource, CloudInitUserDataSourceKey,
 	CloudInitUserDataSourceEncoding, SSHKeys, SSHKeySource, FilesFromDataSource,
 	RootVolumeSize, Chown9pfsMounts, SystemUUID, ForceDHCPNetworkConfig,
-	PersistentRootfsReinit, MachineType,
+	PersistentRootfsReinit, MachineType, Clock, ClockTimers,
 }
 
 // MaxVCPUs is the largest VirtletVCPUCount accepted.
@@ -111,6 +119,9 @@ type VMOptions struct {
 	CPUSetting *ports.CPUSetting `json:"cpuSetting,omitempty"`
 	// MachineType: "" for pc; the hypervisor checks that its QEMU has it.
 	MachineType string `json:"machineType,omitempty"`
+	// Clock is the guest's clock and timers (zero: UTC, the hypervisor's
+	// timers).
+	Clock ports.ClockSpec `json:"clock,omitempty"`
 
 	CloudInitImageType string `json:"cloudInitImageType"`
 	// MetaData overrides keys of the generated meta-data.
@@ -158,6 +169,7 @@ func Parse(annotations map[string]string) (VMOptions, error) {
 	p.diskDriver()
 	p.cpu()
 	p.machineType()
+	p.clock()
 	p.cloudInit()
 	p.sshKeys()
 	p.files()
@@ -289,6 +301,66 @@ func (p *parser) machineType() {
 		return
 	}
 	p.opts.MachineType = v
+}
+
+// clockTimers are the timers VirtletClockTimers tunes and the tick policies
+// each takes (hpet and kvmclock: present or not only).
+var clockTimers = map[string][]string{
+	"rtc": {"delay", "catchup"}, "pit": {"delay", "catchup", "discard"}, "hpet": nil, "kvmclock": nil,
+}
+
+const maxClockOffset = 100 * 365 * 24 * 3600 // a century, in seconds
+
+func (p *parser) clock() {
+	if v, ok := p.get(Clock); ok {
+		switch s := strings.TrimSpace(v); {
+		case s == "utc" || s == "localtime":
+			p.opts.Clock.Offset = s
+		case strings.HasPrefix(s, "+") || strings.HasPrefix(s, "-"):
+			n, err := strconv.ParseInt(s, 10, 64)
+			if err != nil || n > maxClockOffset || n < -maxClockOffset {
+				p.fail(Clock, v, "utc, localtime, a time zone such as Europe/Berlin, or a signed offset in seconds such as +3600", "not an offset within a century")
+				break
+			}
+			p.opts.Clock.Offset, p.opts.Clock.AdjustmentSeconds = "variable", n
+		default:
+			if _, err := time.LoadLocation(s); err != nil || s == "" || s == "Local" {
+				p.fail(Clock, v, "utc, localtime, a time zone such as Europe/Berlin, or a signed offset in seconds such as +3600", "no such time zone on the node")
+				break
+			}
+			p.opts.Clock.Offset, p.opts.Clock.Timezone = "timezone", s
+		}
+	}
+	v, ok := p.get(ClockTimers)
+	if !ok {
+		return
+	}
+	names := make([]string, 0, len(clockTimers))
+	for n := range clockTimers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	seen := map[string]bool{}
+	for _, item := range strings.Split(v, ",") {
+		name, policy, found := strings.Cut(strings.TrimSpace(item), ":")
+		policies, known := clockTimers[name]
+		switch {
+		case !found || !known:
+			p.fail(ClockTimers, v, "comma-separated name:policy pairs, names "+strings.Join(names, ", "), fmt.Sprintf("%q is not one", strings.TrimSpace(item)))
+			return
+		case seen[name]:
+			p.fail(ClockTimers, v, "each timer once", name+" is given twice")
+			return
+		case policy == "yes" || policy == "no":
+			p.opts.Clock.Timers = append(p.opts.Clock.Timers, ports.ClockTimer{Name: name, Present: policy})
+		case contains(policies, policy):
+			p.opts.Clock.Timers = append(p.opts.Clock.Timers, ports.ClockTimer{Name: name, TickPolicy: policy})
+		default:
+			p.fail(ClockTimers, v, name+": "+strings.Join(append(append([]string(nil), policies...), "yes", "no"), ", "), fmt.Sprintf("%s takes no policy %q", name, policy))
+			return
+		}
+		seen[name] = true
+	}
 }
 
 func (p *parser) diskDriver() {

@@ -45,6 +45,12 @@ func TestValid(t *testing.T) {
 		{"scsi", map[string]string{DiskDriver: "scsi"}, func(o *VMOptions) { o.DiskDriver = ports.BusSCSI }},
 		{"host-model", map[string]string{CPUModel: "host-model"}, func(o *VMOptions) { o.CPUModel = "host-model" }},
 		{"q35", map[string]string{MachineType: "q35"}, func(o *VMOptions) { o.MachineType = "q35" }},
+		{"clock offset", map[string]string{Clock: "+7200"}, func(o *VMOptions) { o.Clock = ports.ClockSpec{Offset: "variable", AdjustmentSeconds: 7200} }},
+		{"clock in a time zone", map[string]string{Clock: "Europe/Berlin"}, func(o *VMOptions) { o.Clock = ports.ClockSpec{Offset: "timezone", Timezone: "Europe/Berlin"} }},
+		{"clock in local time", map[string]string{Clock: "localtime"}, func(o *VMOptions) { o.Clock.Offset = "localtime" }},
+		{"timers", map[string]string{ClockTimers: "rtc:catchup, pit:delay,hpet:no,kvmclock:yes"}, func(o *VMOptions) {
+			o.Clock.Timers = []ports.ClockTimer{{Name: "rtc", TickPolicy: "catchup"}, {Name: "pit", TickPolicy: "delay"}, {Name: "hpet", Present: "no"}, {Name: "kvmclock", Present: "yes"}}
+		}},
 		{"versioned machine", map[string]string{MachineType: "pc-i440fx-7.2"}, func(o *VMOptions) { o.MachineType = "pc-i440fx-7.2" }},
 		{"cpu setting from seed 001", map[string]string{LibvirtCPUSetting: "Match: exact\nModel:\n  Fallback: allow\n  Value: core2duo\n"},
 			func(o *VMOptions) {
@@ -129,6 +135,12 @@ func TestInvalid(t *testing.T) {
 		{"disk ide", map[string]string{DiskDriver: "ide"}, []string{"annotation VirtletDiskDriver", `"ide"`, `"scsi" or "virtio"`}},
 		{"machine type with a space", map[string]string{MachineType: "pc q35"}, []string{"annotation VirtletMachineType", `"pc q35"`, "pc, q35, or a machine type of the node's QEMU"}},
 		{"machine type in capitals", map[string]string{MachineType: "Q35"}, []string{"annotation VirtletMachineType", `"Q35"`}},
+		{"clock in no zone", map[string]string{Clock: "Mars/Olympus_Mons"}, []string{"annotation VirtletClock", `"Mars/Olympus_Mons"`, "no such time zone", "Europe/Berlin"}},
+		{"clock offset not a number", map[string]string{Clock: "+2h"}, []string{"annotation VirtletClock", `"+2h"`, "signed offset in seconds"}},
+		{"clock offset beyond a century", map[string]string{Clock: "-9999999999"}, []string{"annotation VirtletClock", "within a century"}},
+		{"timer unknown", map[string]string{ClockTimers: "tsc:yes"}, []string{"annotation VirtletClockTimers", `"tsc:yes" is not one`, "hpet, kvmclock, pit, rtc"}},
+		{"timer policy it does not take", map[string]string{ClockTimers: "hpet:catchup"}, []string{"annotation VirtletClockTimers", `hpet takes no policy "catchup"`, "hpet: yes, no"}},
+		{"timer twice", map[string]string{ClockTimers: "rtc:delay,rtc:catchup"}, []string{"annotation VirtletClockTimers", "rtc is given twice"}},
 		{"cpu model", map[string]string{CPUModel: "host-passthrough"}, []string{"VirtletCPUModel", "host-model"}},
 		{"cpu setting yaml", map[string]string{LibvirtCPUSetting: "Match: [exact"}, []string{"VirtletLibvirtCPUSetting", "cannot parse"}},
 		{"cpu setting unknown key", map[string]string{LibvirtCPUSetting: "Match: exact\nModle: x\n"}, []string{"VirtletLibvirtCPUSetting", `unknown field "Modle"`}},

@@ -14,6 +14,7 @@ func specToProto(s ports.VMSpec) *hypervisorv1.VMSpec {
 		Cpu:   &hypervisorv1.CPUSpec{Model: s.CPU.Model, Setting: cpuSettingToProto(s.CPU.Setting)},
 		Disks: base.DisksToProto(s.Disks), Filesystems: base.FilesystemsToProto(s.Filesystems), Nics: base.NICsToProto(s.NICs),
 		ConsoleLogPath: s.ConsoleLogPath, RunAs: base.IdentityToProto(s.RunAs), Machine: s.Machine,
+		Clock: clockToProto(s.Clock),
 	}
 }
 
@@ -25,6 +26,7 @@ func specFromProto(p *hypervisorv1.VMSpec) ports.VMSpec {
 		CPU:   ports.CPUSpec{Model: p.GetCpu().GetModel(), Setting: cpuSettingFromProto(p.GetCpu().GetSetting())},
 		Disks: base.DisksFromProto(p.Disks), Filesystems: base.FilesystemsFromProto(p.Filesystems), NICs: base.NICsFromProto(p.Nics),
 		ConsoleLogPath: p.ConsoleLogPath, RunAs: base.IdentityFromProto(p.RunAs), Machine: p.Machine,
+		Clock: clockFromProto(p.GetClock()),
 	}
 }
 
@@ -102,4 +104,20 @@ func statusFromProto(p *hypervisorv1.VMStatus) ports.VMStatus {
 		ID: p.Id, State: ports.VMState(p.State), StartedAt: base.Time(p.StartedAt), FinishedAt: base.Time(p.FinishedAt),
 		ExitCode: p.ExitCode, Reason: p.Reason, Message: p.Message,
 	}
+}
+
+func clockToProto(c ports.ClockSpec) *hypervisorv1.ClockSpec {
+	p := &hypervisorv1.ClockSpec{Offset: c.Offset, Timezone: c.Timezone, AdjustmentSeconds: c.AdjustmentSeconds}
+	for _, t := range c.Timers {
+		p.Timers = append(p.Timers, &hypervisorv1.ClockTimer{Name: t.Name, TickPolicy: t.TickPolicy, Present: t.Present})
+	}
+	return p
+}
+
+func clockFromProto(p *hypervisorv1.ClockSpec) ports.ClockSpec {
+	c := ports.ClockSpec{Offset: p.GetOffset(), Timezone: p.GetTimezone(), AdjustmentSeconds: p.GetAdjustmentSeconds()}
+	for _, t := range p.GetTimers() {
+		c.Timers = append(c.Timers, ports.ClockTimer{Name: t.GetName(), TickPolicy: t.GetTickPolicy(), Present: t.GetPresent()})
+	}
+	return c
 }

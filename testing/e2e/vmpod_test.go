@@ -195,15 +195,17 @@ func TestGuestSeesItsSpec(t *testing.T) {
 		maxMemK int64
 		ciMedia string // what the guest's /init reports for the cloud-init media
 		ciFile  string
-		bridge  string // the PCI host bridge: the chipset of the machine type
+		bridge  string        // the PCI host bridge: the chipset of the machine type
+		clock   time.Duration // the guest's hardware clock ahead of UTC
+		hpet    bool
 	}{
 		{"two-vcpus-virtio-1gi", map[string]string{"VirtletVCPUCount": "2", "VirtletDiskDriver": "virtio", "VirtletRootVolumeSize": "1Gi", "VirtletSystemUUID": uuid},
-			256 << 20, "2", "vda", 1 << 30, uuid, 256 << 10, "dev=/dev/vdb label=cidata", "/ci/meta-data", i440fx},
-		{"defaults-scsi", nil, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data", i440fx},
+			256 << 20, "2", "vda", 1 << 30, uuid, 256 << 10, "dev=/dev/vdb label=cidata", "/ci/meta-data", i440fx, 0, true},
+		{"defaults-scsi", nil, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data", i440fx, 0, true},
 		{"configdrive", map[string]string{"VirtletCloudInitImageType": "configdrive"}, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10,
-			"dev=/dev/sr0 label=config-2", "/ci/openstack/latest/meta_data.json", i440fx},
-		{"q35", map[string]string{"VirtletMachineType": "q35"}, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10,
-			"dev=/dev/sr0 label=cidata", "/ci/meta-data", q35},
+			"dev=/dev/sr0 label=config-2", "/ci/openstack/latest/meta_data.json", i440fx, 0, true},
+		{"q35-clock-timers", map[string]string{"VirtletMachineType": "q35", "VirtletClock": "+7200", "VirtletClockTimers": "hpet:no,rtc:catchup"},
+			128 << 20, "1", "sda", 32 << 20, "", 128 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data", q35, 2 * time.Hour, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			podJSON, ctrJSON := vmPod(t, d, tc.name, tc.ann, tc.memory)
@@ -213,6 +215,13 @@ func TestGuestSeesItsSpec(t *testing.T) {
 			logs := waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
 			if got := markerLine(t, logs, "MACHINE"); !strings.Contains(got, tc.bridge) {
 				t.Errorf("guest's machine: %q, want %s", got, tc.bridge)
+			}
+			rtc, err := time.Parse("2006-01-02T15:04:05Z", marker(t, logs, "RTC"))
+			if ahead := rtc.Sub(time.Now().UTC()); err != nil || ahead < tc.clock-3*time.Minute || ahead > tc.clock+time.Minute {
+				t.Errorf("guest's hardware clock %s (%v): %s ahead of UTC, want %s", rtc, err, ahead.Round(time.Second), tc.clock)
+			}
+			if got := strings.Contains(marker(t, logs, "CLOCKSOURCES"), "hpet"); got != tc.hpet {
+				t.Errorf("guest's clock sources %q: hpet %v, want %v", marker(t, logs, "CLOCKSOURCES"), got, tc.hpet)
 			}
 			if got := marker(t, logs, "CPUS"); got != tc.cpus {
 				t.Errorf("guest sees %s CPUs, want %s", got, tc.cpus)
