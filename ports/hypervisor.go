@@ -117,6 +117,9 @@ type VMSpec struct {
 	Machine string
 	// Clock is the guest's hardware clock and timers.
 	Clock ClockSpec
+	// Watchdog, when set, is the VM's watchdog device: a guest that stops
+	// petting it is acted on, and a VM it stops exits with reason Watchdog.
+	Watchdog *Watchdog
 
 	Disks       []Disk
 	Filesystems []Filesystem
@@ -312,4 +315,10 @@ type ClockTimer struct {
 	Name       string `json:"name"`
 	TickPolicy string `json:"tickPolicy,omitempty"` // delay, catchup, discard
 	Present    string `json:"present,omitempty"`    // yes, no
+}
+
+// Watchdog is a VM's watchdog device (VirtletWatchdog, VirtletWatchdogAction).
+type Watchdog struct {
+	Model  string `json:"model"`  // i6300esb, itco
+	Action string `json:"action"` // reset, poweroff, shutdown, dump
 }

@@ -119,6 +119,11 @@ func domainXML(in domainInput) (string, error) {
 		return "", err
 	}
 	d.CPU = cpu
+	if w := s.Watchdog; w != nil {
+		// The action's names are libvirt's ("dump" keeps the guest's memory
+		// in libvirtd's auto-dump directory and lets the VM run on).
+		d.Devices.Watchdogs = []libvirtxml.DomainWatchdog{{Model: w.Model, Action: w.Action}}
+	}
 	if err := addDisks(d, in); err != nil {
 		return "", err
 	}

@@ -64,9 +64,9 @@ type Hypervisor struct {
 	stopped  map[string][]chan struct{} // Stop calls waiting for a VM to stop
 	ready    bool
 
-	// lifecycleID is conn's lifecycle event callback; reconnecting is set
+	// callbackIDs are conn's event callbacks (lifecycle, watchdog); reconnecting is set
 	// while a lost connection is being replaced.
-	lifecycleID  int
+	callbackIDs  []int
 	reconnecting bool
 
 	consoleMu sync.Mutex
@@ -101,11 +101,13 @@ type Hypervisor struct {
 	domainState func(*libvirt.Domain) (libvirt.DomainState, int, error)
 }
 
-// event is a lifecycle event of one of our domains.
+// event is a lifecycle event of one of our domains, or (watchdog set) the
+// firing of its watchdog.
 type event struct {
-	uuid   string
-	kind   libvirt.DomainEventType
-	detail int
+	uuid     string
+	kind     libvirt.DomainEventType
+	detail   int
+	watchdog string
 }
 
 // New returns an unconfigured adapter; the plugin host configures it.
@@ -232,15 +234,21 @@ func (h *Hypervisor) connect() error {
 		conn.Close()
 		return fmt.Errorf("subscribe to libvirt events: %w", err)
 	}
+	wid, err := conn.DomainEventWatchdogRegister(nil, h.onWatchdog)
+	if err != nil {
+		conn.DomainEventDeregister(id)
+		conn.Close()
+		return fmt.Errorf("subscribe to libvirt watchdog events: %w", err)
+	}
 	if err := conn.RegisterCloseCallback(h.onClose); err != nil {
 		h.log.WithError(err).Warn("libvirt close callback")
 	}
 	h.mu.Lock()
-	old, oldID := h.conn, h.lifecycleID
-	h.conn, h.lifecycleID, h.connErr = conn, id, nil
+	old, oldIDs := h.conn, h.callbackIDs
+	h.conn, h.callbackIDs, h.connErr = conn, []int{id, wid}, nil
 	h.mu.Unlock()
 	if old != nil {
-		h.hangUp(old, oldID)
+		h.hangUp(old, oldIDs)
 	}
 	h.log.WithField("uri", uri).Info("connected to libvirtd")
 	return nil
@@ -257,7 +265,7 @@ func (h *Hypervisor) setConnErr(err error) {
 // the dead connection is released and a new one opened.
 func (h *Hypervisor) onClose(_ *libvirt.Connect, reason libvirt.ConnectCloseReason) {
 	h.mu.Lock()
-	old, oldID := h.conn, h.lifecycleID
+	old, oldIDs := h.conn, h.callbackIDs
 	h.conn, h.connErr = nil, fmt.Errorf("the connection closed (reason %d)", reason)
 	already := h.reconnecting
 	h.reconnecting = true
@@ -269,7 +277,7 @@ func (h *Hypervisor) onClose(_ *libvirt.Connect, reason libvirt.ConnectCloseReas
 	h.endWatches()
 	go func() {
 		if old != nil {
-			h.hangUp(old, oldID)
+			h.hangUp(old, oldIDs)
 		}
 		for backoff := 200 * time.Millisecond; ; backoff = min(backoff*2, 10*time.Second) {
 			time.Sleep(backoff)
@@ -290,9 +298,11 @@ func (h *Hypervisor) onClose(_ *libvirt.Connect, reason libvirt.ConnectCloseReas
 // connection's events would arrive twice. On a dead connection the
 // deregistrations fail after dropping the callbacks locally, which is all
 // that is needed.
-func (h *Hypervisor) hangUp(conn *libvirt.Connect, lifecycleID int) {
-	if err := conn.DomainEventDeregister(lifecycleID); err != nil {
-		h.log.WithError(err).Debug("deregister lifecycle events of the old libvirt connection")
+func (h *Hypervisor) hangUp(conn *libvirt.Connect, callbackIDs []int) {
+	for _, id := range callbackIDs {
+		if err := conn.DomainEventDeregister(id); err != nil {
+			h.log.WithError(err).Debug("deregister events of the old libvirt connection")
+		}
 	}
 	if err := conn.UnregisterCloseCallback(); err != nil {
 		h.log.WithError(err).Debug("unregister the close callback of the old libvirt connection")
@@ -310,8 +320,34 @@ func (h *Hypervisor) onLifecycle(c *libvirt.Connect, d *libvirt.Domain, e *libvi
 	if err != nil {
 		return
 	}
+	h.queue(event{uuid: uuid, kind: e.Event, detail: e.Detail})
+}
+
+// watchdogActions name libvirt's watchdog actions as the annotation does.
+var watchdogActions = map[libvirt.DomainEventWatchdogAction]string{
+	libvirt.DOMAIN_EVENT_WATCHDOG_NONE: "none", libvirt.DOMAIN_EVENT_WATCHDOG_PAUSE: "pause",
+	libvirt.DOMAIN_EVENT_WATCHDOG_RESET: "reset", libvirt.DOMAIN_EVENT_WATCHDOG_POWEROFF: "poweroff",
+	libvirt.DOMAIN_EVENT_WATCHDOG_SHUTDOWN: "shutdown", libvirt.DOMAIN_EVENT_WATCHDOG_DEBUG: "dump",
+	libvirt.DOMAIN_EVENT_WATCHDOG_INJECTNMI: "inject-nmi",
+}
+
+// onWatchdog runs on libvirt's event loop when a guest's watchdog fires:
+// it queues the firing, in order with the lifecycle events it causes.
+func (h *Hypervisor) onWatchdog(c *libvirt.Connect, d *libvirt.Domain, e *libvirt.DomainEventWatchdog) {
+	uuid, err := d.GetUUIDString()
+	if err != nil {
+		return
+	}
+	action := watchdogActions[e.Action]
+	if action == "" {
+		action = fmt.Sprintf("action %d", e.Action)
+	}
+	h.queue(event{uuid: uuid, watchdog: action})
+}
+
+func (h *Hypervisor) queue(e event) {
 	select {
-	case h.events <- event{uuid: uuid, kind: e.Event, detail: e.Detail}:
+	case h.events <- e:
 	default:
 		h.log.Warn("libvirt event queue full; a resync will catch up")
 		select {
@@ -373,6 +409,19 @@ func (h *Hypervisor) apply(e event) {
 	}
 	if r == nil {
 		return // not ours
+	}
+	if e.watchdog != "" {
+		// The guest stopped petting its watchdog: the VM it stops (poweroff,
+		// shutdown) ends with reason Watchdog; a reset or a dump leaves it
+		// running, and is logged.
+		h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "action": e.watchdog}).Warn("the guest's watchdog fired")
+		if e.watchdog == "poweroff" || e.watchdog == "shutdown" {
+			r.Watchdog = e.watchdog
+			if err := h.saveRecord(r); err != nil {
+				h.log.WithError(err).Warn("save VM record")
+			}
+		}
+		return
 	}
 	switch e.kind {
 	case libvirt.DOMAIN_EVENT_STARTED, libvirt.DOMAIN_EVENT_RESUMED:
@@ -459,6 +508,10 @@ func (h *Hypervisor) exitLocked(r *record, e exit) {
 	r.State = ports.VMStopped
 	r.seq++
 	r.FinishedAt = time.Now().UTC()
+	if r.Watchdog != "" && !r.StopRequested {
+		e = exit{1, "Watchdog", fmt.Sprintf("the guest stopped petting its %s watchdog, which did %s", watchdogModel(r), r.Watchdog)}
+	}
+	r.Watchdog = ""
 	r.ExitCode, r.Reason, r.Message = e.code, e.reason, e.message
 	r.StopRequested, r.Crashed = false, false
 	for _, ch := range h.stopped[r.Spec.ID] {
@@ -723,6 +776,9 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	if err := h.checkMachine(conn, accel, spec.Machine); err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
+	if err := checkWatchdog(conn, spec.Watchdog); err != nil {
+		return fmt.Errorf("VM %s: %w", spec.Name, err)
+	}
 	log := h.log.WithFields(logrus.Fields{"vm": spec.Name, "pod": spec.PodNamespace + "/" + spec.PodName})
 	r := &record{Spec: spec.WithoutSecrets(), DiskPaths: map[string]string{}, ConsoleLog: filepath.Join(vmDir, spec.ID+".console"), State: ports.VMDefined}
 	var made []string
@@ -806,7 +862,7 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 	r.seq++
 	r.StartedAt, r.FinishedAt = time.Now().UTC(), time.Time{}
 	r.ExitCode, r.Reason, r.Message = 0, "", ""
-	r.StopRequested, r.ForcedAfter, r.Crashed = false, 0, false
+	r.StopRequested, r.ForcedAfter, r.Crashed, r.Watchdog = false, 0, false, ""
 	if info, err := os.Stat(r.ConsoleLog); err == nil {
 		r.ConsoleOffset, r.ConsoleInode = info.Size(), inodeOf(info) // only new output
 	}
@@ -1214,17 +1270,24 @@ var _ ports.Hypervisor = (*Hypervisor)(nil)
 // process; the plugin process just exits).
 func (h *Hypervisor) close() {
 	h.mu.Lock()
-	conn, id := h.conn, h.lifecycleID
+	conn, ids := h.conn, h.callbackIDs
 	h.conn, h.ready = nil, false
 	quit, dispatched := h.quit, h.dispatched
 	h.quit = nil
 	h.mu.Unlock()
 	if conn != nil {
-		h.hangUp(conn, id)
+		h.hangUp(conn, ids)
 	}
 	// No event or resync applies (and writes a record) after close.
 	if quit != nil {
 		close(quit)
 		<-dispatched
 	}
+}
+
+func watchdogModel(r *record) string {
+	if r.Spec.Watchdog == nil {
+		return ""
+	}
+	return r.Spec.Watchdog.Model
 }

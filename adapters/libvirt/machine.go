@@ -97,3 +97,23 @@ func machinesOf(caps libvirtxml.Caps, domainType string) []string {
 func pcMachine(name string) bool {
 	return name == "pc" || name == "q35" || strings.HasPrefix(name, "pc-i440fx-") || strings.HasPrefix(name, "pc-q35-")
 }
+
+// itcoSince is the first libvirt with the iTCO watchdog model (9.1.0).
+const itcoSince = 9_001_000
+
+// checkWatchdog refuses an iTCO watchdog where libvirt does not know it
+// (its schema would refuse the domain with a less telling error).
+func checkWatchdog(conn *libvirt.Connect, w *ports.Watchdog) error {
+	if w == nil || w.Model != "itco" {
+		return nil
+	}
+	v, err := conn.GetLibVersion()
+	if err != nil {
+		return libvirtError("libvirt's version", err)
+	}
+	if v >= itcoSince {
+		return nil
+	}
+	return &ports.InvalidError{Field: "annotation VirtletWatchdog", Value: w.Model, Allowed: "i6300esb",
+		Reason: fmt.Sprintf("this node's libvirt %d.%d.%d has no iTCO watchdog (libvirt 9.1 has)", v/1_000_000, v/1000%1000, v%1000)}
+}

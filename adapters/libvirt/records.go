@@ -35,6 +35,8 @@ type record struct {
 	StopRequested bool          `json:"stopRequested,omitempty"`
 	ForcedAfter   time.Duration `json:"forcedAfter,omitempty"`
 	Crashed       bool          `json:"crashed,omitempty"`
+	// Watchdog is the action of a watchdog that fired and stops the VM.
+	Watchdog string `json:"watchdog,omitempty"`
 
 	ConsoleOffset int64  `json:"consoleOffset,omitempty"`
 	ConsoleInode  uint64 `json:"consoleInode,omitempty"`

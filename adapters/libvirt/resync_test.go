@@ -146,3 +146,32 @@ func TestSlowWatcherIsCutOff(t *testing.T) {
 		}
 	}
 }
+
+// A VM its watchdog powered off ends with reason Watchdog, naming the
+// device and the action; a watchdog reset leaves the next stop's reason
+// alone.
+func TestWatchdogFiringIsTheExitReason(t *testing.T) {
+	log, _ := test.NewNullLogger()
+	h := configured(t, t.TempDir(), log)
+	w, err := h.Watch(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		action, reason string
+	}{
+		{"poweroff", "Watchdog"},
+		{"reset", "Killed"},
+	} {
+		r := addVM(t, h, ports.VMRunning, true)
+		h.mu.Lock()
+		r.Spec.Watchdog = &ports.Watchdog{Model: "i6300esb", Action: tc.action}
+		h.mu.Unlock()
+		h.events <- event{uuid: r.Spec.UUID, watchdog: tc.action}
+		h.events <- event{uuid: r.Spec.UUID, kind: libvirt.DOMAIN_EVENT_STOPPED, detail: int(libvirt.DOMAIN_EVENT_STOPPED_DESTROYED)}
+		st := waitFor(t, w, r.Spec.ID, ports.VMStopped)
+		if st.Reason != tc.reason || (tc.reason == "Watchdog" && (st.ExitCode != 1 || !strings.Contains(st.Message, "i6300esb watchdog, which did poweroff"))) {
+			t.Errorf("watchdog %s, then stopped: %d %s %q", tc.action, st.ExitCode, st.Reason, st.Message)
+		}
+	}
+}

@@ -56,6 +56,11 @@ const (
 	// ClockTimers tunes the guest's timers: name:policy pairs, comma
 	// separated (rtc and pit take a tick policy, every timer yes or no).
 	ClockTimers = "VirtletClockTimers"
+	// Watchdog adds a watchdog device: i6300esb, or itco (q35 machines).
+	Watchdog = "VirtletWatchdog"
+	// WatchdogAction is what the watchdog does when the guest stops petting
+	// it: reset (the default), poweroff, shutdown or dump.
+	WatchdogAction = "VirtletWatchdogAction"
 )
 
 // Known lists every Virtlet annotation this package understands.
@@ -65,7 +70,7 @@ var Known = []string{
 	CloudInitUserDataScript, CloudInitUserDataSource, CloudInitUserDataSourceKey,
 	CloudInitUserDataSourceEncoding, SSHKeys, SSHKeySource, FilesFromDataSource,
 	RootVolumeSize, Chown9pfsMounts, SystemUUID, ForceDHCPNetworkConfig,
-	PersistentRootfsReinit, MachineType, Clock, ClockTimers,
+	PersistentRootfsReinit, MachineType, Clock, ClockTimers, Watchdog, WatchdogAction,
 }
 
 // MaxVCPUs is the largest VirtletVCPUCount accepted.
@@ -122,6 +127,8 @@ type VMOptions struct {
 	// Clock is the guest's clock and timers (zero: UTC, the hypervisor's
 	// timers).
 	Clock ports.ClockSpec `json:"clock,omitempty"`
+	// Watchdog is the VM's watchdog device; nil: none.
+	Watchdog *ports.Watchdog `json:"watchdog,omitempty"`
 
 	CloudInitImageType string `json:"cloudInitImageType"`
 	// MetaData overrides keys of the generated meta-data.
@@ -170,6 +177,7 @@ func Parse(annotations map[string]string) (VMOptions, error) {
 	p.cpu()
 	p.machineType()
 	p.clock()
+	p.watchdog()
 	p.cloudInit()
 	p.sshKeys()
 	p.files()
@@ -361,6 +369,39 @@ func (p *parser) clock() {
 		}
 		seen[name] = true
 	}
+}
+
+var (
+	watchdogModels  = []string{"i6300esb", "itco"}
+	watchdogActions = []string{"reset", "poweroff", "shutdown", "dump"}
+)
+
+// q35Machine: iTCO is the Q35 chipset's own watchdog.
+func q35Machine(m string) bool { return m == "q35" || strings.HasPrefix(m, "pc-q35-") }
+
+func (p *parser) watchdog() {
+	model, hasModel := p.get(Watchdog)
+	action, hasAction := p.get(WatchdogAction)
+	switch {
+	case !hasModel && hasAction:
+		p.fail(WatchdogAction, action, "an action together with "+Watchdog, "no "+Watchdog+" is set")
+		return
+	case !hasModel:
+		return
+	case !contains(watchdogModels, model):
+		p.fail(Watchdog, model, strings.Join(watchdogModels, " or "), "")
+		return
+	case model == "itco" && !q35Machine(p.opts.MachineType):
+		p.fail(Watchdog, model, "i6300esb, or itco with "+MachineType+" q35", "itco is the Q35 chipset's watchdog")
+		return
+	}
+	if !hasAction {
+		action = "reset"
+	} else if !contains(watchdogActions, action) {
+		p.fail(WatchdogAction, action, strings.Join(watchdogActions, ", "), "")
+		return
+	}
+	p.opts.Watchdog = &ports.Watchdog{Model: model, Action: action}
 }
 
 func (p *parser) diskDriver() {

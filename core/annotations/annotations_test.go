@@ -45,6 +45,10 @@ func TestValid(t *testing.T) {
 		{"scsi", map[string]string{DiskDriver: "scsi"}, func(o *VMOptions) { o.DiskDriver = ports.BusSCSI }},
 		{"host-model", map[string]string{CPUModel: "host-model"}, func(o *VMOptions) { o.CPUModel = "host-model" }},
 		{"q35", map[string]string{MachineType: "q35"}, func(o *VMOptions) { o.MachineType = "q35" }},
+		{"watchdog", map[string]string{Watchdog: "i6300esb"}, func(o *VMOptions) { o.Watchdog = &ports.Watchdog{Model: "i6300esb", Action: "reset"} }},
+		{"itco watchdog on q35", map[string]string{MachineType: "pc-q35-7.2", Watchdog: "itco", WatchdogAction: "poweroff"}, func(o *VMOptions) {
+			o.MachineType, o.Watchdog = "pc-q35-7.2", &ports.Watchdog{Model: "itco", Action: "poweroff"}
+		}},
 		{"clock offset", map[string]string{Clock: "+7200"}, func(o *VMOptions) { o.Clock = ports.ClockSpec{Offset: "variable", AdjustmentSeconds: 7200} }},
 		{"clock in a time zone", map[string]string{Clock: "Europe/Berlin"}, func(o *VMOptions) { o.Clock = ports.ClockSpec{Offset: "timezone", Timezone: "Europe/Berlin"} }},
 		{"clock in local time", map[string]string{Clock: "localtime"}, func(o *VMOptions) { o.Clock.Offset = "localtime" }},
@@ -141,6 +145,10 @@ func TestInvalid(t *testing.T) {
 		{"timer unknown", map[string]string{ClockTimers: "tsc:yes"}, []string{"annotation VirtletClockTimers", `"tsc:yes" is not one`, "hpet, kvmclock, pit, rtc"}},
 		{"timer policy it does not take", map[string]string{ClockTimers: "hpet:catchup"}, []string{"annotation VirtletClockTimers", `hpet takes no policy "catchup"`, "hpet: yes, no"}},
 		{"timer twice", map[string]string{ClockTimers: "rtc:delay,rtc:catchup"}, []string{"annotation VirtletClockTimers", "rtc is given twice"}},
+		{"watchdog unknown", map[string]string{Watchdog: "ib700"}, []string{"annotation VirtletWatchdog", `"ib700"`, "i6300esb or itco"}},
+		{"itco watchdog on pc", map[string]string{Watchdog: "itco"}, []string{"annotation VirtletWatchdog", "itco is the Q35 chipset's watchdog", "VirtletMachineType q35"}},
+		{"watchdog action alone", map[string]string{WatchdogAction: "reset"}, []string{"annotation VirtletWatchdogAction", "no VirtletWatchdog is set"}},
+		{"watchdog action unknown", map[string]string{Watchdog: "i6300esb", WatchdogAction: "explode"}, []string{"annotation VirtletWatchdogAction", `"explode"`, "reset, poweroff, shutdown, dump"}},
 		{"cpu model", map[string]string{CPUModel: "host-passthrough"}, []string{"VirtletCPUModel", "host-model"}},
 		{"cpu setting yaml", map[string]string{LibvirtCPUSetting: "Match: [exact"}, []string{"VirtletLibvirtCPUSetting", "cannot parse"}},
 		{"cpu setting unknown key", map[string]string{LibvirtCPUSetting: "Match: exact\nModle: x\n"}, []string{"VirtletLibvirtCPUSetting", `unknown field "Modle"`}},

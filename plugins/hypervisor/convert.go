@@ -14,7 +14,7 @@ func specToProto(s ports.VMSpec) *hypervisorv1.VMSpec {
 		Cpu:   &hypervisorv1.CPUSpec{Model: s.CPU.Model, Setting: cpuSettingToProto(s.CPU.Setting)},
 		Disks: base.DisksToProto(s.Disks), Filesystems: base.FilesystemsToProto(s.Filesystems), Nics: base.NICsToProto(s.NICs),
 		ConsoleLogPath: s.ConsoleLogPath, RunAs: base.IdentityToProto(s.RunAs), Machine: s.Machine,
-		Clock: clockToProto(s.Clock),
+		Clock: clockToProto(s.Clock), Watchdog: watchdogToProto(s.Watchdog),
 	}
 }
 
@@ -26,7 +26,7 @@ func specFromProto(p *hypervisorv1.VMSpec) ports.VMSpec {
 		CPU:   ports.CPUSpec{Model: p.GetCpu().GetModel(), Setting: cpuSettingFromProto(p.GetCpu().GetSetting())},
 		Disks: base.DisksFromProto(p.Disks), Filesystems: base.FilesystemsFromProto(p.Filesystems), NICs: base.NICsFromProto(p.Nics),
 		ConsoleLogPath: p.ConsoleLogPath, RunAs: base.IdentityFromProto(p.RunAs), Machine: p.Machine,
-		Clock: clockFromProto(p.GetClock()),
+		Clock: clockFromProto(p.GetClock()), Watchdog: watchdogFromProto(p.GetWatchdog()),
 	}
 }
 
@@ -120,4 +120,18 @@ func clockFromProto(p *hypervisorv1.ClockSpec) ports.ClockSpec {
 		c.Timers = append(c.Timers, ports.ClockTimer{Name: t.GetName(), TickPolicy: t.GetTickPolicy(), Present: t.GetPresent()})
 	}
 	return c
+}
+
+func watchdogToProto(w *ports.Watchdog) *hypervisorv1.Watchdog {
+	if w == nil {
+		return nil
+	}
+	return &hypervisorv1.Watchdog{Model: w.Model, Action: w.Action}
+}
+
+func watchdogFromProto(p *hypervisorv1.Watchdog) *ports.Watchdog {
+	if p == nil {
+		return nil
+	}
+	return &ports.Watchdog{Model: p.Model, Action: p.Action}
 }

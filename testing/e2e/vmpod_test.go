@@ -213,6 +213,9 @@ func TestGuestSeesItsSpec(t *testing.T) {
 			ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
 			c.Must(t, "start", ctr)
 			logs := waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+			if got := marker(t, logs, "WATCHDOG"); got != "" {
+				t.Errorf("guest has a watchdog %q it did not ask for", got)
+			}
 			if got := markerLine(t, logs, "MACHINE"); !strings.Contains(got, tc.bridge) {
 				t.Errorf("guest's machine: %q, want %s", got, tc.bridge)
 			}
@@ -256,6 +259,36 @@ func TestGuestSeesItsSpec(t *testing.T) {
 			c.Must(t, "rmp", "-f", sb)
 		})
 	}
+	assertNothingLeft(t, d, c)
+}
+
+// A guest that stops petting its watchdog is powered off by it, and the
+// container says why.
+func TestWatchdogStopsAStuckGuest(t *testing.T) {
+	d, c := startDaemon(t)
+	c.Must(t, "pull", tinyRef)
+	podJSON, ctrJSON := vmPod(t, d, "stuck", map[string]string{
+		"VirtletWatchdog": "i6300esb", "VirtletWatchdogAction": "poweroff",
+		// busybox's watchdog sets a 2 s timeout, pets once and then only
+		// every 10 minutes.
+		"VirtletCloudInitUserDataScript": "#!/bin/sh\nwatchdog -T 2 -t 600 /dev/watchdog && echo @@WATCHDOG-ARMED\n",
+	}, 128<<20)
+	sb := c.Must(t, "runp", podJSON)
+	ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
+	c.Must(t, "start", ctr)
+	logs := waitLog(t, c, ctr, "@@WATCHDOG-ARMED", 3*time.Minute)
+	if got := marker(t, logs, "WATCHDOG"); got != "i6300ESB_timer" {
+		t.Errorf("the guest's watchdog: %q, want the i6300ESB timer", got)
+	}
+	var i inspect
+	harness.Eventually(t, time.Minute, "the watchdog powers the VM off", func() bool {
+		i = inspectCtr(t, c, ctr)
+		return i.Status.State == "CONTAINER_EXITED"
+	})
+	if i.Status.ExitCode != 1 || i.Status.Reason != "Watchdog" || !strings.Contains(i.Status.Message, "i6300esb watchdog, which did poweroff") {
+		t.Errorf("container after the watchdog fired: exit %d, reason %q, message %q", i.Status.ExitCode, i.Status.Reason, i.Status.Message)
+	}
+	c.Must(t, "rmp", "-f", sb)
 	assertNothingLeft(t, d, c)
 }
 
@@ -327,6 +360,9 @@ func TestBadInputLeavesNothing(t *testing.T) {
 			[]string{"annotation VirtletRootVolumeSize", "smaller than the image's virtual size"}},
 		{"machine type the node's QEMU lacks", map[string]string{"VirtletMachineType": "pc-q35-1.0"}, 128 << 20, nil,
 			[]string{"annotation VirtletMachineType", `invalid value \"pc-q35-1.0\"`, "no such machine type", "allowed: pc, pc-i440fx-"}},
+		// Debian 12's libvirt 9.0 has no iTCO watchdog (9.1 has).
+		{"itco watchdog on libvirt 9.0", map[string]string{"VirtletMachineType": "q35", "VirtletWatchdog": "itco"}, 128 << 20, nil,
+			[]string{"annotation VirtletWatchdog", `invalid value \"itco\"`, "libvirt 9.0.0 has no iTCO watchdog", "allowed: i6300esb"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.spoil != nil {
