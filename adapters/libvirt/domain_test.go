@@ -67,6 +67,7 @@ func TestDomainGolden(t *testing.T) {
 		{"clock-offset-timers", with(annotations.Clock, "-1800", annotations.ClockTimers, "rtc:catchup,pit:delay,hpet:no"), nil, true},
 		{"clock-timezone", with(annotations.Clock, "Asia/Kolkata"), nil, true},
 		{"watchdog", with(annotations.Watchdog, "i6300esb", annotations.WatchdogAction, "poweroff"), nil, true},
+		{"cpu-topology", with(annotations.VCPUCount, "4", annotations.CPUTopology, "sockets=1,cores=2,threads=2"), nil, true},
 		{"host-model", with(annotations.CPUModel, "host-model"), nil, false},
 		{"libvirt-cpu-setting", with(annotations.LibvirtCPUSetting, "Match: exact\nModel:\n  Fallback: allow\n  Value: core2duo\n"), nil, true},
 		{"cpu-setting-topology-numa", with(annotations.VCPUCount, "2", annotations.LibvirtCPUSetting,

@@ -58,6 +58,9 @@ const (
 	ClockTimers = "VirtletClockTimers"
 	// Watchdog adds a watchdog device: i6300esb, or itco (q35 machines).
 	Watchdog = "VirtletWatchdog"
+	// CPUTopology lays the vCPUs out: sockets=S,cores=C,threads=T (each
+	// 1 when left out), S×C×T being the vCPU count.
+	CPUTopology = "VirtletCPUTopology"
 	// WatchdogAction is what the watchdog does when the guest stops petting
 	// it: reset (the default), poweroff, shutdown or dump.
 	WatchdogAction = "VirtletWatchdogAction"
@@ -70,7 +73,7 @@ var Known = []string{
 	CloudInitUserDataScript, CloudInitUserDataSource, CloudInitUserDataSourceKey,
 	CloudInitUserDataSourceEncoding, SSHKeys, SSHKeySource, FilesFromDataSource,
 	RootVolumeSize, Chown9pfsMounts, SystemUUID, ForceDHCPNetworkConfig,
-	PersistentRootfsReinit, MachineType, Clock, ClockTimers, Watchdog, WatchdogAction,
+	PersistentRootfsReinit, MachineType, Clock, ClockTimers, Watchdog, WatchdogAction, CPUTopology,
 }
 
 // MaxVCPUs is the largest VirtletVCPUCount accepted.
@@ -175,6 +178,7 @@ func Parse(annotations map[string]string) (VMOptions, error) {
 	p.vcpus()
 	p.diskDriver()
 	p.cpu()
+	p.cpuTopology()
 	p.machineType()
 	p.clock()
 	p.watchdog()
@@ -472,6 +476,53 @@ func (p *parser) cpu() {
 	}
 	if good {
 		p.opts.CPUSetting = &s
+	}
+}
+
+// cpuTopology runs after vcpus and cpu: it checks the layout against the
+// vCPU count and puts it into the CPU definition.
+func (p *parser) cpuTopology() {
+	v, ok := p.get(CPUTopology)
+	if !ok {
+		return
+	}
+	const allowed = "sockets=S,cores=C,threads=T (each a positive integer, 1 when left out) whose product is the vCPU count"
+	t := ports.CPUTopology{Sockets: 1, Cores: 1, Threads: 1}
+	seen := map[string]bool{}
+	for _, item := range strings.Split(v, ",") {
+		k, val, _ := strings.Cut(strings.TrimSpace(item), "=")
+		n, err := strconv.Atoi(val)
+		if err != nil || n < 1 || n > MaxVCPUs || seen[k] {
+			p.fail(CPUTopology, v, allowed, fmt.Sprintf("%q is not a count", strings.TrimSpace(item)))
+			return
+		}
+		seen[k] = true
+		switch k {
+		case "sockets":
+			t.Sockets = n
+		case "cores":
+			t.Cores = n
+		case "threads":
+			t.Threads = n
+		default:
+			p.fail(CPUTopology, v, allowed, fmt.Sprintf("%q is not sockets, cores or threads", k))
+			return
+		}
+	}
+	if n := t.Sockets * t.Cores * t.Threads; n != p.opts.VCPUCount {
+		p.fail(CPUTopology, v, allowed, fmt.Sprintf("%d×%d×%d is %d vCPUs, the pod has %d (%s)", t.Sockets, t.Cores, t.Threads, n, p.opts.VCPUCount, VCPUCount))
+		return
+	}
+	switch s := p.opts.CPUSetting; {
+	case s != nil && s.Topology != nil:
+		p.fail(CPUTopology, v, "one topology: this annotation or the Topology of "+LibvirtCPUSetting, "both are set")
+	case s != nil:
+		copied := *s
+		copied.Topology = &t
+		p.opts.CPUSetting = &copied
+	default:
+		// A CPU definition with the topology alone, in the mode asked for.
+		p.opts.CPUSetting = &ports.CPUSetting{Mode: p.opts.CPUModel, Topology: &t}
 	}
 }
 

@@ -45,6 +45,13 @@ func TestValid(t *testing.T) {
 		{"scsi", map[string]string{DiskDriver: "scsi"}, func(o *VMOptions) { o.DiskDriver = ports.BusSCSI }},
 		{"host-model", map[string]string{CPUModel: "host-model"}, func(o *VMOptions) { o.CPUModel = "host-model" }},
 		{"q35", map[string]string{MachineType: "q35"}, func(o *VMOptions) { o.MachineType = "q35" }},
+		{"cpu topology", map[string]string{VCPUCount: "4", CPUTopology: "sockets=2, cores=2"}, func(o *VMOptions) {
+			o.VCPUCount, o.CPUSetting = 4, &ports.CPUSetting{Topology: &ports.CPUTopology{Sockets: 2, Cores: 2, Threads: 1}}
+		}},
+		{"cpu topology with host-model", map[string]string{VCPUCount: "2", CPUModel: "host-model", CPUTopology: "threads=2"}, func(o *VMOptions) {
+			o.VCPUCount, o.CPUModel = 2, "host-model"
+			o.CPUSetting = &ports.CPUSetting{Mode: "host-model", Topology: &ports.CPUTopology{Sockets: 1, Cores: 1, Threads: 2}}
+		}},
 		{"watchdog", map[string]string{Watchdog: "i6300esb"}, func(o *VMOptions) { o.Watchdog = &ports.Watchdog{Model: "i6300esb", Action: "reset"} }},
 		{"itco watchdog on q35", map[string]string{MachineType: "pc-q35-7.2", Watchdog: "itco", WatchdogAction: "poweroff"}, func(o *VMOptions) {
 			o.MachineType, o.Watchdog = "pc-q35-7.2", &ports.Watchdog{Model: "itco", Action: "poweroff"}
@@ -145,6 +152,10 @@ func TestInvalid(t *testing.T) {
 		{"timer unknown", map[string]string{ClockTimers: "tsc:yes"}, []string{"annotation VirtletClockTimers", `"tsc:yes" is not one`, "hpet, kvmclock, pit, rtc"}},
 		{"timer policy it does not take", map[string]string{ClockTimers: "hpet:catchup"}, []string{"annotation VirtletClockTimers", `hpet takes no policy "catchup"`, "hpet: yes, no"}},
 		{"timer twice", map[string]string{ClockTimers: "rtc:delay,rtc:catchup"}, []string{"annotation VirtletClockTimers", "rtc is given twice"}},
+		{"cpu topology not the vCPU count", map[string]string{VCPUCount: "2", CPUTopology: "sockets=2,cores=2"}, []string{"annotation VirtletCPUTopology", "2×2×1 is 4 vCPUs, the pod has 2 (VirtletVCPUCount)"}},
+		{"cpu topology unknown key", map[string]string{CPUTopology: "dies=1"}, []string{"annotation VirtletCPUTopology", `"dies" is not sockets, cores or threads`}},
+		{"cpu topology not a count", map[string]string{CPUTopology: "cores=0"}, []string{"annotation VirtletCPUTopology", `"cores=0" is not a count`}},
+		{"cpu topology twice", map[string]string{CPUTopology: "cores=1", LibvirtCPUSetting: "Topology: {Sockets: 1, Cores: 1, Threads: 1}\n"}, []string{"annotation VirtletCPUTopology", "both are set"}},
 		{"watchdog unknown", map[string]string{Watchdog: "ib700"}, []string{"annotation VirtletWatchdog", `"ib700"`, "i6300esb or itco"}},
 		{"itco watchdog on pc", map[string]string{Watchdog: "itco"}, []string{"annotation VirtletWatchdog", "itco is the Q35 chipset's watchdog", "VirtletMachineType q35"}},
 		{"watchdog action alone", map[string]string{WatchdogAction: "reset"}, []string{"annotation VirtletWatchdogAction", "no VirtletWatchdog is set"}},

@@ -204,8 +204,9 @@ func TestGuestSeesItsSpec(t *testing.T) {
 		{"defaults-scsi", nil, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data", i440fx, 0, true},
 		{"configdrive", map[string]string{"VirtletCloudInitImageType": "configdrive"}, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10,
 			"dev=/dev/sr0 label=config-2", "/ci/openstack/latest/meta_data.json", i440fx, 0, true},
-		{"q35-clock-timers", map[string]string{"VirtletMachineType": "q35", "VirtletClock": "+7200", "VirtletClockTimers": "hpet:no,rtc:catchup"},
-			128 << 20, "1", "sda", 32 << 20, "", 128 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data", q35, 2 * time.Hour, false},
+		{"q35-clock-timers-topology", map[string]string{"VirtletMachineType": "q35", "VirtletClock": "+7200", "VirtletClockTimers": "hpet:no,rtc:catchup",
+			"VirtletVCPUCount": "2", "VirtletCPUTopology": "sockets=1,cores=2"},
+			128 << 20, "2", "sda", 32 << 20, "", 128 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data", q35, 2 * time.Hour, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			podJSON, ctrJSON := vmPod(t, d, tc.name, tc.ann, tc.memory)
@@ -225,6 +226,11 @@ func TestGuestSeesItsSpec(t *testing.T) {
 			}
 			if got := strings.Contains(marker(t, logs, "CLOCKSOURCES"), "hpet"); got != tc.hpet {
 				t.Errorf("guest's clock sources %q: hpet %v, want %v", marker(t, logs, "CLOCKSOURCES"), got, tc.hpet)
+			}
+			if tc.ann["VirtletCPUTopology"] == "sockets=1,cores=2" {
+				if got := markerLine(t, logs, "TOPOLOGY"); got != "sockets=1 cores=2 siblings=2" {
+					t.Errorf("guest's CPU topology %q, want one socket of two cores", got)
+				}
 			}
 			if got := marker(t, logs, "CPUS"); got != tc.cpus {
 				t.Errorf("guest sees %s CPUs, want %s", got, tc.cpus)
