@@ -33,6 +33,10 @@ type ContainerConfig struct {
 	Devices     []Device
 	// MemoryLimitBytes is the container's memory limit (0: none).
 	MemoryLimitBytes int64
+	// CPUSet is the host CPUs the container may use, in Linux's list
+	// format ("1,3-5"): kubelet's static CPU manager gives a Guaranteed
+	// pod's exclusive CPUs here. The VM's vCPUs are pinned to them.
+	CPUSet string
 }
 
 // EnvVar is one environment variable of the container.
@@ -110,6 +114,11 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
+	cpuSet, err := ParseCPUList(cfg.CPUSet)
+	if err != nil {
+		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{Field: "resources cpuset_cpus", Value: cfg.CPUSet,
+			Allowed: "a CPU list such as 1,3-5", Reason: err.Error()})
+	}
 	plan, err := r.planVolumes(ctx, cfg, opts)
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
@@ -154,7 +163,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 		ID: id, Name: domainName(id, sb.Name), UUID: opts.SystemUUID,
 		SandboxID: sb.ID, PodName: sb.Name, PodNamespace: sb.Namespace, PodUID: sb.UID,
 		VCPUs: opts.VCPUCount, MemoryBytes: memory,
-		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting}, Machine: opts.MachineType, Clock: opts.Clock, Watchdog: opts.Watchdog,
+		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting}, Machine: opts.MachineType, Clock: opts.Clock, Watchdog: opts.Watchdog, CPUSet: cpuSet,
 		Disks: []ports.Disk{{
 			Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true, Serial: RootSerial,
 			Source:  ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"},

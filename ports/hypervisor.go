@@ -112,6 +112,9 @@ type VMSpec struct {
 	VCPUs       int
 	MemoryBytes int64
 	CPU         CPUSpec
+	// CPUSet, when set, is the host CPUs the VM's vCPUs are pinned to (the
+	// container's exclusive CPUs); its emulator threads stay off them.
+	CPUSet []int
 	// Machine is the machine type (VirtletMachineType): "" for pc, q35, or
 	// another the hypervisor offers (it refuses one it does not).
 	Machine string

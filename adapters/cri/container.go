@@ -19,6 +19,7 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 		Image: c.GetImage().GetImage(), UserImage: c.GetImage().GetUserSpecifiedImage(),
 		Labels: c.GetLabels(), Annotations: c.GetAnnotations(), LogPath: c.GetLogPath(),
 		MemoryLimitBytes: c.GetLinux().GetResources().GetMemoryLimitInBytes(),
+		CPUSet:           c.GetLinux().GetResources().GetCpusetCpus(),
 	}
 	for _, e := range c.GetEnvs() {
 		cfg.Env = append(cfg.Env, core.EnvVar{Name: e.Key, Value: e.Value})

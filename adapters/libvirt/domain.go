@@ -4,6 +4,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -45,6 +46,8 @@ type domainInput struct {
 	// Secrets are the UUIDs of the libvirt secrets holding network disks'
 	// keys, by disk name: the domain names the secret, never the key.
 	Secrets map[string]string
+	// HostCPUs are the host's online CPUs, for pinning (Spec.CPUSet).
+	HostCPUs []int
 }
 
 // domainXML renders the libvirt domain of a VM. It is deterministic, so
@@ -119,6 +122,7 @@ func domainXML(in domainInput) (string, error) {
 		return "", err
 	}
 	d.CPU = cpu
+	d.CPUTune = cpuTune(s.VCPUs, s.CPUSet, in.HostCPUs)
 	if w := s.Watchdog; w != nil {
 		// The action's names are libvirt's ("dump" keeps the guest's memory
 		// in libvirtd's auto-dump directory and lets the VM run on).
@@ -363,4 +367,41 @@ func clockXML(c ports.ClockSpec) *libvirtxml.DomainClock {
 		x.Timer = append(x.Timer, libvirtxml.DomainTimer{Name: t.Name, TickPolicy: t.TickPolicy, Present: t.Present})
 	}
 	return x
+}
+
+// cpuTune pins the vCPUs to the container's CPUs, one each in order when
+// there are exactly as many (kubelet's static CPU manager gives a
+// Guaranteed pod as many as it has whole CPUs), else each to all of them, and keeps QEMU's emulator
+// threads on the host's other CPUs (unpinned when there are none).
+func cpuTune(vcpus int, set, host []int) *libvirtxml.DomainCPUTune {
+	if len(set) == 0 {
+		return nil
+	}
+	t := &libvirtxml.DomainCPUTune{}
+	all := cpuList(set)
+	for i := 0; i < vcpus; i++ {
+		pin := all
+		if len(set) == vcpus {
+			pin = strconv.Itoa(set[i])
+		}
+		t.VCPUPin = append(t.VCPUPin, libvirtxml.DomainCPUTuneVCPUPin{VCPU: uint(i), CPUSet: pin})
+	}
+	var others []int
+	for _, c := range host {
+		if !slices.Contains(set, c) {
+			others = append(others, c)
+		}
+	}
+	if len(others) > 0 {
+		t.EmulatorPin = &libvirtxml.DomainCPUTuneEmulatorPin{CPUSet: cpuList(others)}
+	}
+	return t
+}
+
+func cpuList(cpus []int) string {
+	s := make([]string, len(cpus))
+	for i, c := range cpus {
+		s[i] = strconv.Itoa(c)
+	}
+	return strings.Join(s, ",")
 }

@@ -68,6 +68,8 @@ func TestDomainGolden(t *testing.T) {
 		{"clock-timezone", with(annotations.Clock, "Asia/Kolkata"), nil, true},
 		{"watchdog", with(annotations.Watchdog, "i6300esb", annotations.WatchdogAction, "poweroff"), nil, true},
 		{"cpu-topology", with(annotations.VCPUCount, "4", annotations.CPUTopology, "sockets=1,cores=2,threads=2"), nil, true},
+		{"pinned", with(annotations.VCPUCount, "2"), func(s *ports.VMSpec) { s.CPUSet = []int{2, 3} }, true},
+		{"pinned-to-all-host-cpus", with(annotations.VCPUCount, "2"), func(s *ports.VMSpec) { s.CPUSet = []int{0, 1, 2, 3} }, true},
 		{"host-model", with(annotations.CPUModel, "host-model"), nil, false},
 		{"libvirt-cpu-setting", with(annotations.LibvirtCPUSetting, "Match: exact\nModel:\n  Fallback: allow\n  Value: core2duo\n"), nil, true},
 		{"cpu-setting-topology-numa", with(annotations.VCPUCount, "2", annotations.LibvirtCPUSetting,
@@ -124,7 +126,7 @@ func TestDomainGolden(t *testing.T) {
 			}
 			got, err := domainXML(domainInput{Spec: spec, DomainType: dt,
 				DiskPaths: map[string]string{"root": "/var/lib/virtlet/vms/" + spec.ID + "-root.qcow2"}, ConsoleLog: "/var/lib/virtlet/vms/" + spec.ID + ".console",
-				Secrets: map[string]string{"vol-ceph": "1c0a2b3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d"}})
+				Secrets: map[string]string{"vol-ceph": "1c0a2b3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d"}, HostCPUs: []int{0, 1, 2, 3}})
 			if err != nil {
 				t.Fatal(err)
 			}

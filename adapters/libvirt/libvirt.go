@@ -779,6 +779,10 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	if err := checkWatchdog(conn, spec.Watchdog); err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
+	hostCPUs, err := checkCPUSet(conn, spec.CPUSet)
+	if err != nil {
+		return fmt.Errorf("VM %s: %w", spec.Name, err)
+	}
 	log := h.log.WithFields(logrus.Fields{"vm": spec.Name, "pod": spec.PodNamespace + "/" + spec.PodName})
 	r := &record{Spec: spec.WithoutSecrets(), DiskPaths: map[string]string{}, ConsoleLog: filepath.Join(vmDir, spec.ID+".console"), State: ports.VMDefined}
 	var made []string
@@ -807,7 +811,8 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		undo()
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
-	domXML, err := domainXML(domainInput{Spec: spec, DomainType: accel.DomainType, DiskPaths: r.DiskPaths, ConsoleLog: r.ConsoleLog, Secrets: r.Secrets})
+	domXML, err := domainXML(domainInput{Spec: spec, DomainType: accel.DomainType, DiskPaths: r.DiskPaths, ConsoleLog: r.ConsoleLog, Secrets: r.Secrets,
+		HostCPUs: hostCPUs})
 	if err != nil {
 		undo()
 		return err

@@ -117,3 +117,29 @@ func checkWatchdog(conn *libvirt.Connect, w *ports.Watchdog) error {
 	return &ports.InvalidError{Field: "annotation VirtletWatchdog", Value: w.Model, Allowed: "i6300esb",
 		Reason: fmt.Sprintf("this node's libvirt %d.%d.%d has no iTCO watchdog (libvirt 9.1 has)", v/1_000_000, v/1000%1000, v%1000)}
 }
+
+// checkCPUSet returns the host's online CPUs when the VM is to be pinned,
+// refusing CPUs the host does not have online.
+func checkCPUSet(conn *libvirt.Connect, set []int) ([]int, error) {
+	if len(set) == 0 {
+		return nil, nil
+	}
+	online, _, err := conn.GetCPUMap(0)
+	if err != nil {
+		return nil, libvirtError("the host's CPUs", err)
+	}
+	var host []int
+	for c, on := range online {
+		if on {
+			host = append(host, c)
+		}
+	}
+	sort.Ints(host)
+	for _, c := range set {
+		if !online[c] {
+			return nil, &ports.InvalidError{Field: "resources cpuset_cpus", Value: cpuList(set),
+				Reason: fmt.Sprintf("CPU %d is not online on this node", c), Allowed: "the node's online CPUs " + cpuList(host)}
+		}
+	}
+	return host, nil
+}

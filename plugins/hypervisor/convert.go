@@ -14,7 +14,7 @@ func specToProto(s ports.VMSpec) *hypervisorv1.VMSpec {
 		Cpu:   &hypervisorv1.CPUSpec{Model: s.CPU.Model, Setting: cpuSettingToProto(s.CPU.Setting)},
 		Disks: base.DisksToProto(s.Disks), Filesystems: base.FilesystemsToProto(s.Filesystems), Nics: base.NICsToProto(s.NICs),
 		ConsoleLogPath: s.ConsoleLogPath, RunAs: base.IdentityToProto(s.RunAs), Machine: s.Machine,
-		Clock: clockToProto(s.Clock), Watchdog: watchdogToProto(s.Watchdog),
+		Clock: clockToProto(s.Clock), Watchdog: watchdogToProto(s.Watchdog), CpuSet: ints32(s.CPUSet),
 	}
 }
 
@@ -26,7 +26,7 @@ func specFromProto(p *hypervisorv1.VMSpec) ports.VMSpec {
 		CPU:   ports.CPUSpec{Model: p.GetCpu().GetModel(), Setting: cpuSettingFromProto(p.GetCpu().GetSetting())},
 		Disks: base.DisksFromProto(p.Disks), Filesystems: base.FilesystemsFromProto(p.Filesystems), NICs: base.NICsFromProto(p.Nics),
 		ConsoleLogPath: p.ConsoleLogPath, RunAs: base.IdentityFromProto(p.RunAs), Machine: p.Machine,
-		Clock: clockFromProto(p.GetClock()), Watchdog: watchdogFromProto(p.GetWatchdog()),
+		Clock: clockFromProto(p.GetClock()), Watchdog: watchdogFromProto(p.GetWatchdog()), CPUSet: ints(p.GetCpuSet()),
 	}
 }
 
@@ -134,4 +134,20 @@ func watchdogFromProto(p *hypervisorv1.Watchdog) *ports.Watchdog {
 		return nil
 	}
 	return &ports.Watchdog{Model: p.Model, Action: p.Action}
+}
+
+func ints32(in []int) []int32 {
+	var out []int32
+	for _, v := range in {
+		out = append(out, int32(v))
+	}
+	return out
+}
+
+func ints(in []int32) []int {
+	var out []int
+	for _, v := range in {
+		out = append(out, int(v))
+	}
+	return out
 }

@@ -298,6 +298,69 @@ func TestWatchdogStopsAStuckGuest(t *testing.T) {
 	assertNothingLeft(t, d, c)
 }
 
+// A container given exclusive CPUs (kubelet's static CPU manager writes
+// them into cpuset_cpus) gets its vCPU pinned to them and QEMU's emulator
+// threads kept on the other CPUs; a CPU the node lacks is refused.
+func TestVMPinnedToItsCPUs(t *testing.T) {
+	d, c := startDaemon(t)
+	c.Must(t, "pull", tinyRef)
+	podJSON, ctrJSON := vmPod(t, d, "pinned", nil, 128<<20)
+	sb := c.Must(t, "runp", podJSON)
+	ctr := c.Must(t, "create", sb, withCPUSet(t, ctrJSON, "1"), podJSON)
+	c.Must(t, "start", ctr)
+	waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	domain := inspectCtr(t, c, ctr).VM.Name
+	if out, err := harness.Virsh("vcpupin", domain); err != nil || !regexp.MustCompile(`(?m)^\s*0\s+1\s*$`).MatchString(out) {
+		t.Errorf("vCPU 0's affinity (%v):\n%s", err, out)
+	}
+	if out, err := harness.Virsh("emulatorpin", domain); err != nil || !regexp.MustCompile(`(?m)^\s*\*:\s+0\s*$`).MatchString(out) {
+		t.Errorf("the emulator threads' affinity (%v):\n%s", err, out)
+	}
+	c.Must(t, "rmp", "-f", sb)
+
+	podJSON, ctrJSON = vmPod(t, d, "pinned-nowhere", nil, 128<<20)
+	sb = c.Must(t, "runp", podJSON)
+	defer c.Run("rmp", "-f", sb)
+	_, errOut, err := c.Run("create", sb, withCPUSet(t, ctrJSON, "4095"), podJSON)
+	if err == nil || !strings.Contains(errOut, "resources cpuset_cpus") || !strings.Contains(errOut, "CPU 4095 is not online on this node") {
+		t.Errorf("a CPU the node lacks: %v %s", err, errOut)
+	}
+	c.Must(t, "rmp", "-f", sb)
+	assertNothingLeft(t, d, c)
+}
+
+// withCPUSet gives a container config file's resources a cpuset.
+func withCPUSet(t *testing.T, cfgPath, cpus string) string {
+	t.Helper()
+	data, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	linux, _ := cfg["linux"].(map[string]any)
+	if linux == nil {
+		linux = map[string]any{}
+		cfg["linux"] = linux
+	}
+	res, _ := linux["resources"].(map[string]any)
+	if res == nil {
+		res = map[string]any{}
+		linux["resources"] = res
+	}
+	res["cpuset_cpus"] = cpus
+	out, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return cfgPath
+}
+
 // Two VMs from one image share its file: each root disk is a small overlay
 // made in milliseconds.
 func TestTwoVMsShareTheBase(t *testing.T) {

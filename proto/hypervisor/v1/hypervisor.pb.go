@@ -1773,6 +1773,7 @@ type VMSpec struct {
 	Machine       string     `protobuf:"bytes,16,opt,name=machine,proto3" json:"machine,omitempty"`
 	Clock         *ClockSpec `protobuf:"bytes,17,opt,name=clock,proto3" json:"clock,omitempty"`
 	Watchdog      *Watchdog  `protobuf:"bytes,18,opt,name=watchdog,proto3" json:"watchdog,omitempty"`
+	CpuSet        []int32    `protobuf:"varint,19,rep,packed,name=cpu_set,json=cpuSet,proto3" json:"cpu_set,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1929,6 +1930,13 @@ func (x *VMSpec) GetClock() *ClockSpec {
 func (x *VMSpec) GetWatchdog() *Watchdog {
 	if x != nil {
 		return x.Watchdog
+	}
+	return nil
+}
+
+func (x *VMSpec) GetCpuSet() []int32 {
+	if x != nil {
+		return x.CpuSet
 	}
 	return nil
 }
@@ -2721,7 +2729,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"finishedAt\x12\x1b\n" +
 	"\texit_code\x18\x05 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\a \x01(\tR\amessage\"\xaf\x05\n" +
+	"\amessage\x18\a \x01(\tR\amessage\"\xc8\x05\n" +
 	"\x06VMSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -2742,7 +2750,8 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x06run_as\x18\x0f \x01(\v2!.virtlet.types.v1.ProcessIdentityR\x05runAs\x12\x18\n" +
 	"\amachine\x18\x10 \x01(\tR\amachine\x126\n" +
 	"\x05clock\x18\x11 \x01(\v2 .virtlet.hypervisor.v1.ClockSpecR\x05clock\x12;\n" +
-	"\bwatchdog\x18\x12 \x01(\v2\x1f.virtlet.hypervisor.v1.WatchdogR\bwatchdog\"8\n" +
+	"\bwatchdog\x18\x12 \x01(\v2\x1f.virtlet.hypervisor.v1.WatchdogR\bwatchdog\x12\x17\n" +
+	"\acpu_set\x18\x13 \x03(\x05R\x06cpuSet\"8\n" +
 	"\bWatchdog\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\"\xa9\x01\n" +
