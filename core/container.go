@@ -37,6 +37,14 @@ type ContainerConfig struct {
 	// format ("1,3-5"): kubelet's static CPU manager gives a Guaranteed
 	// pod's exclusive CPUs here. The VM's vCPUs are pinned to them.
 	CPUSet string
+	// HugepageLimits are the pod's hugepages-<size> limits (those above 0).
+	HugepageLimits []HugepageLimit
+}
+
+// HugepageLimit is a container's limit of hugepages of one size.
+type HugepageLimit struct {
+	PageSize string // as CRI names it: "2MB", "1GB"
+	Bytes    uint64
 }
 
 // EnvVar is one environment variable of the container.
@@ -113,6 +121,11 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	memory, err := r.memory(cfg)
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
+	}
+	if len(cfg.HugepageLimits) > 0 {
+		h := cfg.HugepageLimits[0]
+		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{Field: "resources.limits.hugepages-" + h.PageSize, Value: fmt.Sprintf("%d bytes", h.Bytes),
+			Reason: "VM memory backed by hugepages is not supported yet", Allowed: "no hugepages limit (the VM's memory comes from resources.limits.memory)"})
 	}
 	cpuSet, err := ParseCPUList(cfg.CPUSet)
 	if err != nil {

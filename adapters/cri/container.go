@@ -21,6 +21,13 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 		MemoryLimitBytes: c.GetLinux().GetResources().GetMemoryLimitInBytes(),
 		CPUSet:           c.GetLinux().GetResources().GetCpusetCpus(),
 	}
+	// kubelet lists every page size the node has, with limit 0 unless the
+	// pod asks for that size.
+	for _, h := range c.GetLinux().GetResources().GetHugepageLimits() {
+		if h.GetLimit() > 0 {
+			cfg.HugepageLimits = append(cfg.HugepageLimits, core.HugepageLimit{PageSize: h.GetPageSize(), Bytes: h.GetLimit()})
+		}
+	}
 	for _, e := range c.GetEnvs() {
 		cfg.Env = append(cfg.Env, core.EnvVar{Name: e.Key, Value: e.Value})
 	}
