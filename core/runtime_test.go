@@ -434,7 +434,9 @@ func TestCreateContainerRefusals(t *testing.T) {
 			[]string{"virtlet.cloud/example.com/other.img is not in the image store"}},
 		{"too little memory", nil, func(c *core.ContainerConfig) { c.MemoryLimitBytes = 16 << 20 }, ports.ErrInvalidArgument,
 			[]string{"resources.limits.memory", "at least 32Mi"}},
-		{"hugepages", nil, func(c *core.ContainerConfig) { c.HugepageLimits = []core.HugepageLimit{{PageSize: "2MB", Bytes: 128 << 20}} },
+		{"hugepages", nil, func(c *core.ContainerConfig) {
+			c.HugepageLimits = []core.HugepageLimit{{PageSize: "2MB", Bytes: 128 << 20}}
+		},
 			ports.ErrInvalidArgument, []string{"resources.limits.hugepages-2MB", "134217728 bytes", "not supported yet"}},
 		{"cpuset not a CPU list", nil, func(c *core.ContainerConfig) { c.CPUSet = "1-a" }, ports.ErrInvalidArgument,
 			[]string{"resources cpuset_cpus", `"1-a"`, "a CPU list such as 1,3-5"}},
