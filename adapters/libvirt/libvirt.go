@@ -79,11 +79,6 @@ type Hypervisor struct {
 	// library"). A define takes milliseconds.
 	defineMu sync.Mutex
 
-	// searchableOnce lets VM users through libvirtd's QEMU state
-	// directories, once, before the first VM that runs as one.
-	searchableOnce sync.Once
-	searchableErr  error
-
 	// machineTypes caches the machine types libvirt offers (guarded by mu).
 	machineTypes []string
 
@@ -763,8 +758,8 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	vmDir, accel, stateDirs := h.vmDir, h.accel, h.cfg.QEMUStateDir
 	h.mu.Unlock()
 	if spec.RunAs != nil {
-		h.searchableOnce.Do(func() { h.searchableErr = searchableForVMUsers(h.log, stateDirs) })
-		err := h.searchableErr
+		// Both are a few stats when already done; a failure is not kept.
+		err := searchableForVMUsers(h.log, stateDirs)
 		if err == nil && accel.DomainType == kvmAccel.DomainType {
 			err = kvmUsableBy(h.log, kvmDevice, spec.RunAs.GID)
 		}

@@ -40,12 +40,14 @@ func (h *Hypervisor) checkMachine(conn *libvirt.Connect, accel accelerator, mach
 }
 
 // machines lists the x86_64 machine types (names and aliases) libvirt
-// reports for the accelerator's domain type, once per plugin process.
+// reports for the accelerator's domain type, once per plugin process. Like
+// every libvirt call here, the capabilities are read without h.mu held.
 func (h *Hypervisor) machines(conn *libvirt.Connect, accel accelerator) ([]string, error) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.machineTypes != nil {
-		return h.machineTypes, nil
+	cached := h.machineTypes
+	h.mu.Unlock()
+	if cached != nil {
+		return cached, nil
 	}
 	capsXML, err := conn.GetCapabilities()
 	if err != nil {
@@ -55,8 +57,11 @@ func (h *Hypervisor) machines(conn *libvirt.Connect, accel accelerator) ([]strin
 	if err := caps.Unmarshal(capsXML); err != nil {
 		return nil, fmt.Errorf("parse libvirt's capabilities: %w", err)
 	}
-	h.machineTypes = machinesOf(caps, accel.DomainType)
-	return h.machineTypes, nil
+	offered := append([]string{}, machinesOf(caps, accel.DomainType)...) // not nil: cached even when empty
+	h.mu.Lock()
+	h.machineTypes = offered
+	h.mu.Unlock()
+	return offered, nil
 }
 
 // machinesOf picks the x86_64 HVM guest's PC machine types (pc, q35 and
@@ -115,7 +120,7 @@ func checkWatchdog(conn *libvirt.Connect, w *ports.Watchdog) error {
 		return nil
 	}
 	return &ports.InvalidError{Field: "annotation VirtletWatchdog", Value: w.Model, Allowed: "i6300esb",
-		Reason: fmt.Sprintf("this node's libvirt %d.%d.%d has no iTCO watchdog (libvirt 9.1 has)", v/1_000_000, v/1000%1000, v%1000)}
+		Reason: fmt.Sprintf("this node's libvirt %s has no iTCO watchdog (libvirt 9.1 has)", version(v))}
 }
 
 // checkCPUSet returns the host's online CPUs when the VM is to be pinned,

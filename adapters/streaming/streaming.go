@@ -160,7 +160,7 @@ func (r *runtime) Exec(ctx context.Context, containerID string, cmd []string, in
 	var code int32
 	var err error
 	defer func() { ended(err) }()
-	if vmtools.IsCommand(cmd) {
+	if kind == SessionTool {
 		code, err = r.tools.Run(ctx, containerID, cmd, in, writer(out), writer(errw))
 	} else {
 		limited, stop := context.WithTimeout(ctx, r.maxExec)
