@@ -198,6 +198,10 @@ func (r *Runtime) retryUndos(ctx context.Context) {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
+		var due <-chan time.Time // nothing to retry: no wake-ups
+		if len(todo) > 0 {
+			due = tick.C
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -205,7 +209,7 @@ func (r *Runtime) retryUndos(ctx context.Context) {
 			if todo[id] == nil {
 				todo[id] = &pending{next: time.Now().Add(time.Second), backoff: time.Second}
 			}
-		case <-tick.C:
+		case <-due:
 		}
 		for id, p := range todo {
 			if time.Now().Before(p.next) {

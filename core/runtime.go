@@ -97,6 +97,11 @@ func New(deps Deps, opts Options) (*Runtime, error) {
 	case deps.Store == nil:
 		return nil, errors.New("core: no state store")
 	}
+	if u := opts.VMUsers; u != nil {
+		if err := u.Validate(); err != nil {
+			return nil, fmt.Errorf("core: VM users: %w", err)
+		}
+	}
 	if opts.DefaultMemoryBytes == 0 {
 		opts.DefaultMemoryBytes = DefaultMemoryBytes
 	}

@@ -90,3 +90,13 @@ func TestVMUsersValidate(t *testing.T) {
 		}
 	}
 }
+
+// The runtime refuses a range that Validate refuses, whoever built it.
+func TestNewRefusesBadVMUsers(t *testing.T) {
+	e := newEnv(t)
+	_, err := core.New(core.Deps{Hypervisor: e.hv, ImageFiles: e.files, Store: e.store},
+		core.Options{Log: quietLog(), VMUsers: &core.VMUsers{FirstUID: 1000, Count: 10}})
+	if err == nil || !strings.Contains(err.Error(), "VM users' first UID") {
+		t.Fatalf("a range among the node's own users: %v", err)
+	}
+}

@@ -250,10 +250,6 @@ func (c config) vmUsers() (*core.VMUsers, error) {
 	if !ok || err1 != nil || err2 != nil || l < f {
 		return nil, bad("not a range")
 	}
-	u := &core.VMUsers{FirstUID: f, Count: l - f + 1}
-	if err := u.Validate(); err != nil {
-		return nil, bad(err.Error())
-	}
 	gid := core.OwnGroup
 	if c.VMGroup != "" && c.VMGroup != "own" {
 		var err error
@@ -265,6 +261,9 @@ func (c config) vmUsers() (*core.VMUsers, error) {
 			gid, _ = strconv.Atoi(g.Gid)
 		}
 	}
-	u.GID = gid
+	u := &core.VMUsers{FirstUID: f, Count: l - f + 1, GID: gid}
+	if err := u.Validate(); err != nil {
+		return nil, bad(err.Error())
+	}
 	return u, nil
 }

@@ -492,7 +492,11 @@ func (p *parser) cpuTopology() {
 	for _, item := range strings.Split(v, ",") {
 		k, val, _ := strings.Cut(strings.TrimSpace(item), "=")
 		n, err := strconv.Atoi(val)
-		if err != nil || n < 1 || n > MaxVCPUs || seen[k] {
+		switch {
+		case seen[k]:
+			p.fail(CPUTopology, v, allowed, k+" is given twice")
+			return
+		case err != nil || n < 1 || n > MaxVCPUs:
 			p.fail(CPUTopology, v, allowed, fmt.Sprintf("%q is not a count", strings.TrimSpace(item)))
 			return
 		}

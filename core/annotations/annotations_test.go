@@ -153,6 +153,7 @@ func TestInvalid(t *testing.T) {
 		{"timer policy it does not take", map[string]string{ClockTimers: "hpet:catchup"}, []string{"annotation VirtletClockTimers", `hpet takes no policy "catchup"`, "hpet: yes, no"}},
 		{"timer twice", map[string]string{ClockTimers: "rtc:delay,rtc:catchup"}, []string{"annotation VirtletClockTimers", "rtc is given twice"}},
 		{"cpu topology not the vCPU count", map[string]string{VCPUCount: "2", CPUTopology: "sockets=2,cores=2"}, []string{"annotation VirtletCPUTopology", "2×2×1 is 4 vCPUs, the pod has 2 (VirtletVCPUCount)"}},
+		{"cpu topology key twice", map[string]string{CPUTopology: "cores=1,cores=1"}, []string{"annotation VirtletCPUTopology", "cores is given twice"}},
 		{"cpu topology unknown key", map[string]string{CPUTopology: "dies=1"}, []string{"annotation VirtletCPUTopology", `"dies" is not sockets, cores or threads`}},
 		{"cpu topology not a count", map[string]string{CPUTopology: "cores=0"}, []string{"annotation VirtletCPUTopology", `"cores=0" is not a count`}},
 		{"cpu topology twice", map[string]string{CPUTopology: "cores=1", LibvirtCPUSetting: "Topology: {Sockets: 1, Cores: 1, Threads: 1}\n"}, []string{"annotation VirtletCPUTopology", "both are set"}},

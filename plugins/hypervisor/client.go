@@ -139,7 +139,9 @@ func (c *Client) Watch(ctx context.Context) (<-chan ports.VMStatus, error) {
 		return nil, c.conn.Error(err)
 	}
 	out := make(chan ports.VMStatus, 64)
-	if first.Id != "" { // a plugin that sends no marker
+	if first.Id != "" {
+		// A plugin that sends no marker (against the proto's contract):
+		// Watch returned only with its first change; keep that change.
 		out <- statusFromProto(first)
 	}
 	go func() {

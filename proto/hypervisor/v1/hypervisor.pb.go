@@ -1767,7 +1767,7 @@ type VMSpec struct {
 	Filesystems    []*v1.Filesystem       `protobuf:"bytes,12,rep,name=filesystems,proto3" json:"filesystems,omitempty"`
 	Nics           []*v1.NIC              `protobuf:"bytes,13,rep,name=nics,proto3" json:"nics,omitempty"`
 	ConsoleLogPath string                 `protobuf:"bytes,14,opt,name=console_log_path,json=consoleLogPath,proto3" json:"console_log_path,omitempty"`
-	// The VM's own user and group (uid and gid 0: the hypervisor's default).
+	// The VM's own user and group; absent: the hypervisor's default user.
 	RunAs *v1.ProcessIdentity `protobuf:"bytes,15,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
 	// The machine type ("": the hypervisor's default, pc).
 	Machine       string     `protobuf:"bytes,16,opt,name=machine,proto3" json:"machine,omitempty"`

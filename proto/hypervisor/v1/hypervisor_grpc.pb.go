@@ -50,7 +50,10 @@ type HypervisorClient interface {
 	Undefine(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*UndefineResponse, error)
 	Status(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*VMStatus, error)
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
-	// Watch streams VM state changes until the caller cancels.
+	// Watch streams VM state changes until the caller cancels. The server
+	// first sends one VMStatus without an id, once it has subscribed: the
+	// client returns from Watch only then, so no change is lost between a
+	// Watch and a later List.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[VMStatus], error)
 	ReopenLog(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*ReopenLogResponse, error)
 	// Files into the root file system of a defined VM (may be secret).
@@ -261,7 +264,10 @@ type HypervisorServer interface {
 	Undefine(context.Context, *VMRequest) (*UndefineResponse, error)
 	Status(context.Context, *VMRequest) (*VMStatus, error)
 	List(context.Context, *ListRequest) (*ListResponse, error)
-	// Watch streams VM state changes until the caller cancels.
+	// Watch streams VM state changes until the caller cancels. The server
+	// first sends one VMStatus without an id, once it has subscribed: the
+	// client returns from Watch only then, so no change is lost between a
+	// Watch and a later List.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[VMStatus]) error
 	ReopenLog(context.Context, *VMRequest) (*ReopenLogResponse, error)
 	// Files into the root file system of a defined VM (may be secret).
