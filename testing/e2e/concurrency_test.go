@@ -23,11 +23,7 @@ import (
 func TestConcurrentVMPods(t *testing.T) {
 	const pods, rounds = 20, 2
 	race := t.TempDir()
-	build := map[string]string{}
-	for k, v := range harness.ShippedPlugins {
-		build[k] = v
-	}
-	if err := harness.Build(race, build, "-race"); err != nil {
+	if err := harness.Build(race, harness.ShippedPlugins, "-race"); err != nil {
 		t.Fatal(err)
 	}
 	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 87})

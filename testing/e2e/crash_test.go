@@ -134,7 +134,7 @@ func TestCrashMatrix(t *testing.T) {
 			for _, l := range row.leaks {
 				t.Errorf("left after a crash at %s: %s", fp, l)
 			}
-			row.bystander = checkBystander(t, c, byCtr, byVM, byPID)
+			row.bystander = checkStillRunning(t, c, byCtr, byVM, byPID)
 		})
 		rows = append(rows, row)
 	}
@@ -191,7 +191,7 @@ func TestCrashMatrix(t *testing.T) {
 			for _, l := range row.leaks {
 				t.Errorf("left after libvirtd died mid-%s: %s", mid, l)
 			}
-			row.bystander = checkBystander(t, c, byCtr, byVM, byPID)
+			row.bystander = checkStillRunning(t, c, byCtr, byVM, byPID)
 		})
 		rows = append(rows, row)
 	}
@@ -247,15 +247,15 @@ func qemuPID(t *testing.T, domain string) string {
 	return strings.TrimSpace(string(pid))
 }
 
-// checkBystander: the bystander's VM runs in the QEMU it started in, and
-// its container says so.
-func checkBystander(t *testing.T, c *harness.Crictl, ctr, domain, pid string) string {
+// checkStillRunning: a VM (a crash's bystander, a chaos run's VM) runs in
+// the QEMU it started in, and its container says so.
+func checkStillRunning(t *testing.T, c *harness.Crictl, ctr, domain, pid string) string {
 	t.Helper()
 	state, _ := harness.Virsh("domstate", domain)
 	now, _ := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
 	st := inspectCtr(t, c, ctr).Status.State
 	if state != "running" || strings.TrimSpace(string(now)) != pid || st != "CONTAINER_RUNNING" {
-		t.Errorf("bystander VM: domain %s, QEMU %s (was %s), container %s", state, strings.TrimSpace(string(now)), pid, st)
+		t.Errorf("VM %s: domain %s, QEMU %s (was %s), container %s", domain, state, strings.TrimSpace(string(now)), pid, st)
 		return "LOST"
 	}
 	return "running"
@@ -363,21 +363,22 @@ func matrixTable(rows []matrixRow) string {
 // qemuUID is the real uid the QEMU of domain runs as.
 func qemuUID(t *testing.T, domain string) string {
 	t.Helper()
-	return qemuID(t, domain, "Uid")
+	return procStatus(t, qemuPID(t, domain), "Uid")[0]
 }
 
 // qemuGID is the real gid the QEMU of domain runs as.
 func qemuGID(t *testing.T, domain string) string {
 	t.Helper()
-	return qemuID(t, domain, "Gid")
+	return procStatus(t, qemuPID(t, domain), "Gid")[0]
 }
 
-func qemuID(t *testing.T, domain, field string) string {
+// procStatus is the fields of a line of /proc/<pid>/status (Uid: real,
+// effective, saved, filesystem).
+func procStatus(t *testing.T, pid, name string) []string {
 	t.Helper()
-	pid := qemuPID(t, domain)
-	m := regexp.MustCompile(`(?m)^` + field + `:\s+(\d+)`).FindStringSubmatch(string(mustRead(t, "/proc/"+pid+"/status")))
+	m := regexp.MustCompile(`(?m)^` + name + `:\s+(.*)$`).FindStringSubmatch(string(mustRead(t, "/proc/"+pid+"/status")))
 	if m == nil {
-		t.Fatalf("no %s in /proc/%s/status", field, pid)
+		t.Fatalf("no %s in /proc/%s/status", name, pid)
 	}
-	return m[1]
+	return strings.Fields(m[1])
 }

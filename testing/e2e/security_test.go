@@ -200,14 +200,7 @@ transports:
 
 	t.Run("QEMU", func(t *testing.T) {
 		pid := qemuPID(t, domain)
-		status := string(mustRead(t, "/proc/"+pid+"/status"))
-		field := func(name string) []string {
-			m := regexp.MustCompile(`(?m)^` + name + `:\s+(.*)$`).FindStringSubmatch(status)
-			if m == nil {
-				t.Fatalf("no %s in /proc/%s/status", name, pid)
-			}
-			return strings.Fields(m[1])
-		}
+		field := func(name string) []string { return procStatus(t, pid, name) }
 		uid, gid := field("Uid"), field("Gid")
 		for _, id := range append(uid, gid...) {
 			if id == "0" {
@@ -259,11 +252,12 @@ transports:
 		ctr2 := c.Must(t, "create", sb2, withImage(t, ctr2JSON, image), pod2)
 		c.Must(t, "start", ctr2)
 		defer c.Run("rmp", "-f", sb2)
-		uid2 := qemuUID(t, inspectCtr(t, c, ctr2).VM.Name)
+		domain2 := inspectCtr(t, c, ctr2).VM.Name
+		uid2 := qemuUID(t, domain2)
 		if uid2 == uid[0] {
 			t.Fatalf("both VMs' QEMUs run as uid %s", uid2)
 		}
-		gid2 := qemuGID(t, inspectCtr(t, c, ctr2).VM.Name)
+		gid2 := qemuGID(t, domain2)
 		if gid2 == gid[0] {
 			t.Errorf("both VMs' QEMUs run in group %s, want a group each", gid2)
 		}

@@ -332,33 +332,16 @@ func TestVMPinnedToItsCPUs(t *testing.T) {
 // withCPUSet gives a container config file's resources a cpuset.
 func withCPUSet(t *testing.T, cfgPath, cpus string) string {
 	t.Helper()
-	data, err := os.ReadFile(cfgPath)
-	if err != nil {
-		t.Fatal(err)
+	var cfg runtimeapi.ContainerConfig
+	readJSONFile(t, cfgPath, &cfg)
+	if cfg.Linux == nil {
+		cfg.Linux = &runtimeapi.LinuxContainerConfig{}
 	}
-	var cfg map[string]any
-	if err := json.Unmarshal(data, &cfg); err != nil {
-		t.Fatal(err)
+	if cfg.Linux.Resources == nil {
+		cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{}
 	}
-	linux, _ := cfg["linux"].(map[string]any)
-	if linux == nil {
-		linux = map[string]any{}
-		cfg["linux"] = linux
-	}
-	res, _ := linux["resources"].(map[string]any)
-	if res == nil {
-		res = map[string]any{}
-		linux["resources"] = res
-	}
-	res["cpuset_cpus"] = cpus
-	out, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cfgPath, out, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return cfgPath
+	cfg.Linux.Resources.CpusetCpus = cpus
+	return harness.WriteJSON(t, filepath.Dir(cfgPath), filepath.Base(cfgPath), &cfg)
 }
 
 // Two VMs from one image share its file: each root disk is a small overlay
