@@ -481,14 +481,7 @@ func TestPluginChaos(t *testing.T) {
 
 	// The VMs ran through it all, in their QEMU processes.
 	for _, v := range vms {
-		state, _ := harness.Virsh("domstate", v.domain)
-		now, _ := os.ReadFile("/run/libvirt/qemu/" + v.domain + ".pid")
-		if state != "running" || strings.TrimSpace(string(now)) != v.pid {
-			t.Errorf("VM %s: domain %s, QEMU %s (was %s)", v.domain, state, strings.TrimSpace(string(now)), v.pid)
-		}
-		if i := inspectCtr(t, c, v.ctr); i.Status.State != "CONTAINER_RUNNING" {
-			t.Errorf("container of %s: %s", v.domain, i.Status.State)
-		}
+		checkStillRunning(t, c, v.ctr, v.domain, v.pid)
 	}
 
 	// Nothing leaks. Slack: a few goroutines come and go with the
@@ -639,18 +632,19 @@ func usualLatencies(calls []chaosCall) map[string]time.Duration {
 }
 
 // failBound is how long a call may take to fail while a plugin it needs
-// is down: a second, or what the call usually takes when that is longer
-// (a CreateContainer on 2 loaded cores records its intent, prepares
+// is down: a second, or twice what the call usually takes when that is
+// longer (a CreateContainer on 2 loaded cores records its intent, prepares
 // volumes and, failing, undoes them: it takes its usual time plus a
-// RemoveContainer's). Waiting for the plugin would take longer: the
-// supervisor restarts it after 0.5 s, and a plugin call's own timeout is
-// far longer.
+// RemoveContainer's). Twice: "usual" is a 95th percentile of 5 s of warm-up
+// load, which one call in twenty passes with every plugin up (a failed
+// CreateContainer once took 2.4 s against 1.35 s + 0.66 s here). A call
+// left waiting on the plugin would hit its own timeout, minutes away.
 func failBound(name string, usual map[string]time.Duration) time.Duration {
 	bound := usual[name]
 	if name == "CreateContainer" {
 		bound += usual["RemoveContainer"]
 	}
-	return max(time.Second, bound)
+	return max(time.Second, 2*bound)
 }
 
 func maxTime(a, b time.Time) time.Time {
