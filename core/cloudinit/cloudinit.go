@@ -325,7 +325,52 @@ func generated(in Input) map[string]interface{} {
 	if len(mounts) > 0 {
 		ud["mounts"] = mounts
 	}
+	if in.Network != nil {
+		if rc := resolvConf(in.Network.DNS); rc != nil {
+			ud["manage_resolv_conf"] = true
+			ud["resolv_conf"] = rc
+		}
+	}
 	return ud
+}
+
+// resolvConf is cloud-init's resolv_conf for a pod whose DNS config has
+// resolver options (kubelet gives every ClusterFirst pod "ndots:5"):
+// neither DHCP nor network-config can carry options, so the whole
+// resolv.conf goes this way to the guests whose cloud-init manages it
+// (cc_resolv_conf: RHEL, Fedora, SUSE, Alpine, Photon; not Debian or
+// Ubuntu). nil when there are no options: name servers and search domains
+// already reach every guest by DHCP and network-config.
+func resolvConf(dns *ports.DNSConfig) map[string]interface{} {
+	if dns == nil || len(dns.Options) == 0 {
+		return nil
+	}
+	// cloud-init writes "key:value" for a value, the bare key for true.
+	opts := map[string]interface{}{}
+	for _, o := range dns.Options {
+		if k, v, ok := strings.Cut(o, ":"); ok {
+			opts[k] = v
+		} else {
+			opts[o] = true
+		}
+	}
+	rc := map[string]interface{}{"options": opts}
+	if len(dns.Servers) > 0 {
+		rc["nameservers"] = stringList(dns.Servers)
+	}
+	if len(dns.Searches) > 0 {
+		rc["searchdomains"] = stringList(dns.Searches)
+	}
+	return rc
+}
+
+// stringList is ss as the generic list the merge rules work on.
+func stringList(ss []string) []interface{} {
+	out := make([]interface{}, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
 }
 
 func mountOptions(opts string, readOnly bool) string {

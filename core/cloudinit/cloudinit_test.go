@@ -2,6 +2,7 @@ package cloudinit
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"flag"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 
 	"github.com/virtlet/virtlet/core/annotations"
 	"github.com/virtlet/virtlet/ports"
@@ -61,6 +64,15 @@ var network = &ports.NetworkAttachment{
 		IPs: []ports.IPConfig{{Address: "198.18.0.5/24", Gateway: "198.18.0.1"}, {Address: "fd00:198:18::5/64", Gateway: "fd00:198:18::1"}}}},
 	Routes: []ports.Route{{Destination: "0.0.0.0/0", Gateway: "198.18.0.1"}, {Destination: "198.19.0.0/16", Gateway: "198.18.0.254"}},
 	DNS:    &ports.DNSConfig{Servers: []string{"198.18.0.10"}, Searches: []string{"default.svc.cluster.local", "svc.cluster.local"}},
+}
+
+// withDNSOptions is att with its DNS config given resolver options.
+func withDNSOptions(att *ports.NetworkAttachment, options ...string) *ports.NetworkAttachment {
+	out := *att
+	dns := *att.DNS
+	dns.Options = options
+	out.DNS = &dns
+	return &out
 }
 
 func TestGolden(t *testing.T) {
@@ -162,6 +174,13 @@ func TestGolden(t *testing.T) {
 		},
 		"network-force-dhcp": func(t *testing.T) Input {
 			return Input{PodName: "p", Namespace: "ns", Options: opts(t, annotations.ForceDHCPNetworkConfig, "true"), Network: network}
+		},
+		// kubelet's ClusterFirst resolver options: a resolv_conf in the
+		// user-data (DHCP and network-config cannot carry them); the user's
+		// own resolv_conf keys win.
+		"dns-options": func(t *testing.T) Input {
+			return Input{PodName: "p", Namespace: "ns", Network: withDNSOptions(network, "ndots:5", "rotate", "timeout:2"),
+				Options: opts(t, annotations.CloudInitUserData, "resolv_conf:\n  options:\n    attempts: 3\n")}
 		},
 	}
 	schema, _ := exec.LookPath("cloud-init")
@@ -337,4 +356,53 @@ func equal(a, b interface{}) bool {
 	ya, _ := yamlOf(a)
 	yb, _ := yamlOf(b)
 	return ya == yb
+}
+
+// TestResolvConfRenderedByCloudInit hands the generated resolv_conf to
+// cloud-init's own cc_resolv_conf renderer: the guest's resolv.conf must
+// carry the pod's name servers, search domains and every resolver option.
+func TestResolvConfRenderedByCloudInit(t *testing.T) {
+	const template = "/etc/cloud/templates/resolv.conf.tmpl"
+	if _, err := os.Stat(template); err != nil {
+		t.Fatalf("cloud-init is not installed (testing/setup.sh installs it): %v", err)
+	}
+	d, err := Build(Input{PodName: "p", Namespace: "ns", Options: annotations.Defaults(),
+		Network: withDNSOptions(network, "ndots:5", "rotate", "edns0", "timeout:2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ud struct {
+		Manage     bool                   `json:"manage_resolv_conf"`
+		ResolvConf map[string]interface{} `json:"resolv_conf"`
+	}
+	if err := yaml.Unmarshal(d.UserData, &ud); err != nil {
+		t.Fatal(err)
+	}
+	if !ud.Manage {
+		t.Fatalf("manage_resolv_conf is not set:\n%s", d.UserData)
+	}
+	params, err := json.Marshal(ud.ResolvConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "resolv.conf")
+	script := "import json, sys\nfrom cloudinit.config.cc_resolv_conf import generate_resolv_conf\n" +
+		"generate_resolv_conf(sys.argv[1], json.loads(sys.argv[2]), sys.argv[3])\n"
+	if b, err := exec.Command("/usr/bin/python3", "-c", script, template, string(params), out).CombinedOutput(); err != nil {
+		t.Fatalf("cloud-init's renderer: %v\n%s", err, b)
+	}
+	got, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(got), "\n") {
+		if l = strings.Join(strings.Fields(l), " "); l != "" && !strings.HasPrefix(l, "#") {
+			lines = append(lines, l)
+		}
+	}
+	want := []string{"nameserver 198.18.0.10", "search default.svc.cluster.local svc.cluster.local", "options edns0 rotate ndots:5 timeout:2"}
+	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Errorf("cloud-init renders\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
 }
