@@ -19,7 +19,7 @@ PKGS=(
   qemu-block-extra                                    # QEMU's rbd driver (Ceph volumes)
   ceph-mon ceph-osd ceph-common                       # a real one-OSD Ceph cluster for the ceph volume tests
   etcd-server                                          # the API server of the kubelet-driven e2e (virtletctl)
-  containerd runc                                      # the forward runtime of container pods on a mixed node
+  libseccomp-dev                                      # runc 1.3 for the tests' containerd 2.2 (testing/tools/build.sh)
   nftables                                             # kube-proxy (nftables mode) in the kubelet-driven e2e
   socat                                                # dials a VM's guest agent socket as another VM's user in the security e2e
 )
@@ -38,3 +38,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 command -v go >/dev/null || { echo "setup: Go is not installed (want go 1.26 at /usr/local/go)" >&2; exit 1; }
 testing/tools/build.sh
+# hugetlbfs where systemd mounts it (dev-hugepages.mount) on an ordinary
+# node: libvirt finds it when libvirtd starts, for hugepage-backed VMs.
+if ! mountpoint -q /dev/hugepages; then
+  $SUDO mkdir -p /dev/hugepages && $SUDO mount -t hugetlbfs hugetlbfs /dev/hugepages
+fi

@@ -6,6 +6,8 @@ import (
 	"runtime"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/virtlet/virtlet/core"
 )
 
 // RuntimeName is what Version reports.
@@ -25,7 +27,15 @@ func (s *Server) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 	resp := &runtimeapi.StatusResponse{Status: &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
 		{Type: runtimeapi.RuntimeReady, Status: st.Runtime.Ready, Reason: st.Runtime.Reason, Message: st.Runtime.Message},
 		{Type: runtimeapi.NetworkReady, Status: st.Network.Ready, Reason: st.Network.Reason, Message: st.Network.Message},
-	}}}
+	}},
+		// The default handler and `virtlet` (RuntimeClass) both run VM pods
+		// here. A VM's kernel is its own: the host's user namespaces and
+		// recursive read-only mounts do not reach into it (README).
+		RuntimeHandlers: []*runtimeapi.RuntimeHandler{
+			{Name: "", Features: &runtimeapi.RuntimeHandlerFeatures{}},
+			{Name: core.RuntimeHandler, Features: &runtimeapi.RuntimeHandlerFeatures{}},
+		},
+	}
 	if req.Verbose {
 		// goroutines: a leak shows here first (the tests watch it).
 		info := map[string]interface{}{"hypervisor": st.Hypervisor, "goroutines": runtime.NumGoroutine()}

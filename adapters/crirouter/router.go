@@ -412,6 +412,10 @@ func (r *Router) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 			}
 		}
 	}
+	if ferr == nil {
+		resp.RuntimeHandlers = mergeHandlers(resp.RuntimeHandlers, fwd.RuntimeHandlers)
+		resp.Features = fwd.Features
+	}
 	if req.Verbose {
 		if resp.Info == nil {
 			resp.Info = map[string]string{}
@@ -420,6 +424,27 @@ func (r *Router) Status(ctx context.Context, req *runtimeapi.StatusRequest) (*ru
 		resp.Info["forwardRuntime"] = info
 	}
 	return resp, nil
+}
+
+// mergeHandlers is the node's runtime handlers: Virtlet's named ones (VM
+// pods) and the forward runtime's others, its default handler among them
+// (pods that are not VM pods go there, with its features: user
+// namespaces, recursive read-only mounts).
+func mergeHandlers(local, forward []*runtimeapi.RuntimeHandler) []*runtimeapi.RuntimeHandler {
+	var out []*runtimeapi.RuntimeHandler
+	mine := map[string]bool{}
+	for _, h := range local {
+		if h.Name != "" {
+			out = append(out, h)
+			mine[h.Name] = true
+		}
+	}
+	for _, h := range forward {
+		if !mine[h.Name] {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // GetContainerEvents (kubelet's Evented PLEG, a feature gate that is off by

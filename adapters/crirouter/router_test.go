@@ -2,6 +2,7 @@ package crirouter
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"path/filepath"
@@ -110,9 +111,19 @@ func (s *side) ImageStatus(_ context.Context, req *runtimeapi.ImageStatusRequest
 
 func (s *side) Status(context.Context, *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
 	s.called("Status")
-	return &runtimeapi.StatusResponse{Status: &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
+	resp := &runtimeapi.StatusResponse{Status: &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
 		{Type: runtimeapi.RuntimeReady, Status: true}, {Type: runtimeapi.NetworkReady, Status: s.name == "local", Reason: "NoCNI", Message: "no network config"},
-	}}}, nil
+	}}}
+	// Virtlet's handlers have no container features; containerd's do.
+	if s.name == "local" {
+		resp.RuntimeHandlers = []*runtimeapi.RuntimeHandler{{Name: "", Features: &runtimeapi.RuntimeHandlerFeatures{}},
+			{Name: "virtlet", Features: &runtimeapi.RuntimeHandlerFeatures{}}}
+	} else {
+		all := &runtimeapi.RuntimeHandlerFeatures{RecursiveReadOnlyMounts: true, UserNamespaces: true}
+		resp.RuntimeHandlers = []*runtimeapi.RuntimeHandler{{Name: "", Features: all}, {Name: "runc", Features: all}}
+		resp.Features = &runtimeapi.RuntimeFeatures{SupplementalGroupsPolicy: true}
+	}
+	return resp, nil
 }
 
 func (s *side) ImageFsInfo(context.Context, *runtimeapi.ImageFsInfoRequest) (*runtimeapi.ImageFsInfoResponse, error) {
@@ -333,6 +344,24 @@ func TestStatusNeedsBothSides(t *testing.T) {
 			}
 		}
 	})
+	t.Run("runtime handlers of both sides", func(t *testing.T) {
+		r, _, _ := newRouter(t, false)
+		resp, err := r.Status(context.Background(), &runtimeapi.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, h := range resp.RuntimeHandlers {
+			got = append(got, fmt.Sprintf("%q userns=%t rro=%t", h.Name, h.Features.UserNamespaces, h.Features.RecursiveReadOnlyMounts))
+		}
+		want := []string{`"virtlet" userns=false rro=false`, `"" userns=true rro=true`, `"runc" userns=true rro=true`}
+		if strings.Join(got, ", ") != strings.Join(want, ", ") {
+			t.Errorf("handlers %v, want %v", got, want)
+		}
+		if !resp.GetFeatures().GetSupplementalGroupsPolicy() {
+			t.Errorf("the forward runtime's features are not passed on: %v", resp.Features)
+		}
+	})
 	t.Run("an unreachable forward runtime", func(t *testing.T) {
 		r, _, _ := newRouter(t, true)
 		ctx := context.Background()
@@ -344,6 +373,9 @@ func TestStatusNeedsBothSides(t *testing.T) {
 			if c.Status || c.Reason != "ForwardRuntimeUnreachable" || !strings.Contains(c.Message, r.Endpoint()) {
 				t.Errorf("%s: %+v", c.Type, c)
 			}
+		}
+		if len(resp.RuntimeHandlers) != 2 || resp.Features != nil {
+			t.Errorf("without the forward runtime, Virtlet's own handlers alone: %v, features %v", resp.RuntimeHandlers, resp.Features)
 		}
 		if !strings.Contains(resp.Info["forwardRuntime"], `"reachable": false`) {
 			t.Errorf("verbose info: %v", resp.Info)

@@ -36,7 +36,7 @@ func containerPod(t *testing.T, d *harness.Daemon, name, image, script string) (
 
 // TestForwardToContainerd: with --forward-runtime a node runs VM pods and
 // container pods side by side; every call of a container pod is served by
-// containerd (Debian's containerd and runc, local images), lists merge both,
+// containerd (containerd 2.2 and runc 1.3, local images), lists merge both,
 // and the owner of an ID survives a daemon restart.
 func TestForwardToContainerd(t *testing.T) {
 	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 84})

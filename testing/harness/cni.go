@@ -42,6 +42,9 @@ type NetworkOptions struct {
 	RangeStart, RangeEnd string
 	// PluginType replaces "bridge" (e.g. a missing plugin).
 	PluginType string
+	// Portmap chains Debian's portmap plugin (hostPort DNAT, from
+	// 127.0.0.1 too); its iptables chains are removed after the test.
+	Portmap bool
 }
 
 // NewTestNetwork writes the CNI config and sets up the iptables rules; the
@@ -90,9 +93,9 @@ func NewTestNetwork(t testing.TB, o NetworkOptions) *TestNetwork {
   "plugins": [{
     "type": %q, "bridge": %q, "isGateway": true, "ipMasq": false, "hairpinMode": false,
     "ipam": {"type": "host-local", "dataDir": %q, "ranges": [%s], "routes": [%s]}
-  }]
+  }%s]
 }
-`, tn.Name, typ, tn.Bridge, tn.IPAMDir, strings.Join(rangeSets, ", "), strings.Join(routes, ", "))
+`, tn.Name, typ, tn.Bridge, tn.IPAMDir, strings.Join(rangeSets, ", "), strings.Join(routes, ", "), portmap(t, o.Portmap))
 	if err := os.WriteFile(filepath.Join(tn.ConfDir, "10-"+tn.Name+".conflist"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -111,6 +114,32 @@ func NewTestNetwork(t testing.TB, o NetworkOptions) *TestNetwork {
 	}
 	t.Cleanup(func() { exec.Command("ip", "link", "del", tn.Bridge).Run() })
 	return tn
+}
+
+// portmap is the conflist's portmap entry when on, and arranges that the
+// nat chains it makes (CNI-HOSTPORT-*), and the host did not have, go
+// after the test with the rules jumping to them.
+func portmap(t testing.TB, on bool) string {
+	if !on {
+		return ""
+	}
+	if _, err := os.Stat(filepath.Join(CNIBinDir, "portmap")); err != nil {
+		t.Fatalf("Debian's containernetworking-plugins lack portmap: %v", err)
+	}
+	for _, ipt := range []string{"iptables", "ip6tables"} {
+		if exec.Command(ipt, "-t", "nat", "-S", "CNI-HOSTPORT-DNAT").Run() == nil {
+			continue // the host's own: leave them
+		}
+		t.Cleanup(func() {
+			// xargs keeps the quoted comments of `-S` together.
+			exec.Command("sh", "-c", ipt+" -t nat -S | grep -e '-j CNI-HOSTPORT-' | grep -v '^-A CNI-' | sed 's/^-A/-D/' | xargs -r -L1 "+ipt+" -t nat").Run()
+			for _, chain := range []string{"CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-MASQ", "CNI-HOSTPORT-SETMARK"} {
+				exec.Command(ipt, "-t", "nat", "-F", chain).Run()
+				exec.Command(ipt, "-t", "nat", "-X", chain).Run()
+			}
+		})
+	}
+	return `, {"type": "portmap", "capabilities": {"portMappings": true}, "snat": true}`
 }
 
 func jsonObj(m map[string]string) string {

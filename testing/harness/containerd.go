@@ -26,8 +26,12 @@ const (
 	BusyboxImage = "virtlet-test.local/busybox:1"
 )
 
-// Containerd is a containerd of the test's own (Debian's containerd and
-// runc) serving CRI on a private socket, with the test network as its CNI
+// ContainerdBinDir holds the tests' containerd 2.2, its shim, ctr and
+// runc 1.3, built by testing/tools/build.sh.
+func ContainerdBinDir() string { return filepath.Join(RepoRoot(), "bin", "tools", "containerd") }
+
+// Containerd is a containerd of the test's own (containerd 2.2, runc 1.3)
+// serving CRI on a private socket, with the test network as its CNI
 // network and the test images imported. Forwarded container pods run
 // there.
 type Containerd struct {
@@ -45,13 +49,18 @@ type Containerd struct {
 func StartContainerd(t testing.TB, tn *TestNetwork) *Containerd {
 	t.Helper()
 	for _, bin := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Fatalf("%s is missing (testing/setup.sh installs Debian's containerd and runc): %v", bin, err)
+		if _, err := os.Stat(filepath.Join(ContainerdBinDir(), bin)); err != nil {
+			t.Fatalf("%s is missing (testing/tools/build.sh builds containerd and runc): %v", bin, err)
 		}
 	}
 	// A short directory: the sockets' paths must fit in 108 bytes.
 	dir, err := os.MkdirTemp("", "ctrd-")
 	if err != nil {
+		t.Fatal(err)
+	}
+	// Pods in user namespaces: their root user (a host uid from the
+	// pod's range) must reach the rootfs below the state directory.
+	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
 	}
 	c := &Containerd{Dir: dir, socket: filepath.Join(dir, "containerd.sock")}
@@ -63,7 +72,9 @@ func StartContainerd(t testing.TB, tn *TestNetwork) *Containerd {
 	if c.log, err = os.Create(filepath.Join(dir, "containerd.log")); err != nil {
 		t.Fatal(err)
 	}
-	c.cmd = exec.Command("containerd", "--config", config)
+	c.cmd = exec.Command(filepath.Join(ContainerdBinDir(), "containerd"), "--config", config)
+	// containerd finds its shim, and the shim runc, in PATH.
+	c.cmd.Env = append(os.Environ(), "PATH="+ContainerdBinDir()+":"+os.Getenv("PATH"))
 	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := c.cmd.Start(); err != nil {
@@ -71,7 +82,7 @@ func StartContainerd(t testing.TB, tn *TestNetwork) *Containerd {
 	}
 	t.Cleanup(func() { c.stop(t) })
 	Eventually(t, 30*time.Second, "containerd answers", func() bool {
-		return exec.Command("ctr", "--address", c.socket, "version").Run() == nil
+		return exec.Command(filepath.Join(ContainerdBinDir(), "ctr"), "--address", c.socket, "version").Run() == nil
 	})
 	images := t.TempDir()
 	for _, img := range []struct {
@@ -195,7 +206,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 // Ctr runs containerd's own CLI against it, in the CRI namespace.
 func (c *Containerd) Ctr(args ...string) (string, error) {
-	out, err := exec.Command("ctr", append([]string{"--address", c.socket, "-n", "k8s.io"}, args...)...).CombinedOutput()
+	out, err := exec.Command(filepath.Join(ContainerdBinDir(), "ctr"), append([]string{"--address", c.socket, "-n", "k8s.io"}, args...)...).CombinedOutput()
 	return string(out), err
 }
 
