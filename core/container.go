@@ -122,10 +122,9 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
-	if len(cfg.HugepageLimits) > 0 {
-		h := cfg.HugepageLimits[0]
-		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{Field: "resources.limits.hugepages-" + h.PageSize, Value: fmt.Sprintf("%d bytes", h.Bytes),
-			Reason: "VM memory backed by hugepages is not supported yet", Allowed: "no hugepages limit (the VM's memory comes from resources.limits.memory)"})
+	hugepages, err := hugepageSize(cfg.HugepageLimits, memory)
+	if err != nil {
+		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
 	cpuSet, err := ParseCPUList(cfg.CPUSet)
 	if err != nil {
@@ -175,7 +174,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	spec := ports.VMSpec{
 		ID: id, Name: domainName(id, sb.Name), UUID: opts.SystemUUID,
 		SandboxID: sb.ID, PodName: sb.Name, PodNamespace: sb.Namespace, PodUID: sb.UID,
-		VCPUs: opts.VCPUCount, MemoryBytes: memory,
+		VCPUs: opts.VCPUCount, MemoryBytes: memory, HugepageSizeBytes: hugepages,
 		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting}, Machine: opts.MachineType, Clock: opts.Clock, Watchdog: opts.Watchdog, CPUSet: cpuSet,
 		Disks: []ports.Disk{{
 			Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true, Serial: RootSerial,

@@ -434,10 +434,19 @@ func TestCreateContainerRefusals(t *testing.T) {
 			[]string{"virtlet.cloud/example.com/other.img is not in the image store"}},
 		{"too little memory", nil, func(c *core.ContainerConfig) { c.MemoryLimitBytes = 16 << 20 }, ports.ErrInvalidArgument,
 			[]string{"resources.limits.memory", "at least 32Mi"}},
-		{"hugepages", nil, func(c *core.ContainerConfig) {
-			c.HugepageLimits = []core.HugepageLimit{{PageSize: "2MB", Bytes: 128 << 20}}
-		},
-			ports.ErrInvalidArgument, []string{"resources.limits.hugepages-2MB", "134217728 bytes", "not supported yet"}},
+		{"hugepages below the VM's memory", nil, func(c *core.ContainerConfig) {
+			c.MemoryLimitBytes, c.HugepageLimits = 128<<20, []core.HugepageLimit{{PageSize: "2MB", Bytes: 64 << 20}}
+		}, ports.ErrInvalidArgument, []string{"resources.limits.hugepages-2Mi", "67108864 bytes", "less than the VM's memory (134217728 bytes", "at least 134217728 bytes"}},
+		{"hugepages of two sizes", nil, func(c *core.ContainerConfig) {
+			c.MemoryLimitBytes = 1 << 30
+			c.HugepageLimits = []core.HugepageLimit{{PageSize: "2MB", Bytes: 1 << 30}, {PageSize: "1GB", Bytes: 1 << 30}}
+		}, ports.ErrInvalidArgument, []string{"hugepages-2Mi and hugepages-1Gi", "pages of one size"}},
+		{"memory not a whole number of hugepages", nil, func(c *core.ContainerConfig) {
+			c.MemoryLimitBytes, c.HugepageLimits = 1536<<20, []core.HugepageLimit{{PageSize: "1GB", Bytes: 2 << 30}}
+		}, ports.ErrInvalidArgument, []string{"resources.limits.memory", "not a whole number of the 1GB hugepages", "a multiple of 1073741824 bytes"}},
+		{"hugepages of an unknown size", nil, func(c *core.ContainerConfig) {
+			c.MemoryLimitBytes, c.HugepageLimits = 128<<20, []core.HugepageLimit{{PageSize: "3MB", Bytes: 128 << 20}}
+		}, ports.ErrInvalidArgument, []string{"resources.limits.hugepages-3Mi", `"3MB"`, "not a power of two"}},
 		{"cpuset not a CPU list", nil, func(c *core.ContainerConfig) { c.CPUSet = "1-a" }, ports.ErrInvalidArgument,
 			[]string{"resources cpuset_cpus", `"1-a"`, "a CPU list such as 1,3-5"}},
 	}

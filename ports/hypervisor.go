@@ -111,7 +111,10 @@ type VMSpec struct {
 
 	VCPUs       int
 	MemoryBytes int64
-	CPU         CPUSpec
+	// HugepageSizeBytes, when set, backs all of the VM's memory with host
+	// hugepages of this size (the pod's hugepages-<size> limit).
+	HugepageSizeBytes int64
+	CPU               CPUSpec
 	// CPUSet, when set, is the host CPUs the VM's vCPUs are pinned to (the
 	// container's exclusive CPUs); its emulator threads stay off them.
 	CPUSet []int

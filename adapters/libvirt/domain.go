@@ -122,6 +122,10 @@ func domainXML(in domainInput) (string, error) {
 		return "", err
 	}
 	d.CPU = cpu
+	if size := s.HugepageSizeBytes; size > 0 {
+		d.MemoryBacking = &libvirtxml.DomainMemoryBacking{MemoryHugePages: &libvirtxml.DomainMemoryHugepages{
+			Hugepages: []libvirtxml.DomainMemoryHugepage{{Size: uint(size >> 10), Unit: "KiB"}}}}
+	}
 	d.CPUTune = cpuTune(s.VCPUs, s.CPUSet, in.HostCPUs)
 	if w := s.Watchdog; w != nil {
 		// The action's names are libvirt's ("dump" keeps the guest's memory

@@ -69,6 +69,7 @@ func TestDomainGolden(t *testing.T) {
 		{"watchdog", with(annotations.Watchdog, "i6300esb", annotations.WatchdogAction, "poweroff"), nil, true},
 		{"cpu-topology", with(annotations.VCPUCount, "4", annotations.CPUTopology, "sockets=1,cores=2,threads=2"), nil, true},
 		{"pinned", with(annotations.VCPUCount, "2"), func(s *ports.VMSpec) { s.CPUSet = []int{2, 3} }, true},
+		{"hugepages-2m", with(), func(s *ports.VMSpec) { s.HugepageSizeBytes = 2 << 20 }, true},
 		{"pinned-to-all-host-cpus", with(annotations.VCPUCount, "2"), func(s *ports.VMSpec) { s.CPUSet = []int{0, 1, 2, 3} }, true},
 		{"host-model", with(annotations.CPUModel, "host-model"), nil, false},
 		{"libvirt-cpu-setting", with(annotations.LibvirtCPUSetting, "Match: exact\nModel:\n  Fallback: allow\n  Value: core2duo\n"), nil, true},

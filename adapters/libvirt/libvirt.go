@@ -774,6 +774,9 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	if err := checkWatchdog(conn, spec.Watchdog); err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
+	if err := checkHugepages(conn, spec.HugepageSizeBytes, spec.MemoryBytes); err != nil {
+		return fmt.Errorf("VM %s: %w", spec.Name, err)
+	}
 	hostCPUs, err := checkCPUSet(conn, spec.CPUSet)
 	if err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)

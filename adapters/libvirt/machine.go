@@ -123,6 +123,36 @@ func checkWatchdog(conn *libvirt.Connect, w *ports.Watchdog) error {
 		Reason: fmt.Sprintf("this node's libvirt %s has no iTCO watchdog (libvirt 9.1 has)", version(v))}
 }
 
+// checkHugepages refuses a hugepage-backed VM the node has too few free
+// pages of its size for (kubelet accounts for hugepages per node, but the
+// pages may be held by others or never reserved).
+func checkHugepages(conn *libvirt.Connect, size, memory int64) error {
+	if size == 0 {
+		return nil
+	}
+	info, err := conn.GetNodeInfo()
+	if err != nil {
+		return libvirtError("the host's NUMA cells", err)
+	}
+	cells := info.Nodes
+	if cells == 0 {
+		cells = 1
+	}
+	free, err := conn.GetFreePages([]uint64{uint64(size >> 10)}, 0, uint(cells), 0)
+	if err != nil {
+		return fmt.Errorf("hugepages of %d KiB on this node: %w: %w", size>>10, libvirtError("free pages", err), ports.ErrFailedPrecondition)
+	}
+	var total uint64
+	for _, n := range free {
+		total += n
+	}
+	if need := uint64(memory / size); total < need {
+		return fmt.Errorf("the VM's memory needs %d hugepages of %d KiB, the node has %d free (reserve them in /sys/kernel/mm/hugepages): %w",
+			need, size>>10, total, ports.ErrFailedPrecondition)
+	}
+	return nil
+}
+
 // checkCPUSet returns the host's online CPUs when the VM is to be pinned,
 // refusing CPUs the host does not have online.
 func checkCPUSet(conn *libvirt.Connect, set []int) ([]int, error) {

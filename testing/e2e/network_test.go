@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -165,6 +167,11 @@ func TestVMPodsOnThePodNetwork(t *testing.T) {
 
 	// The tiny guest: DHCP only.
 	tinyPod, tinyCtr := vmPod(t, d, "net-tiny", map[string]string{"VirtletForceDHCPNetworkConfig": "true"}, 160<<20)
+	// kubelet's resolver configuration for a ClusterFirst pod: name server
+	// and search domains by DHCP, the options by cloud-init's resolv_conf.
+	const clusterDNS = "198.18.43.53"
+	tinyPod = withDNS(t, tinyPod, &runtimeapi.DNSConfig{Servers: []string{clusterDNS},
+		Searches: []string{"default.svc.cluster.local", "svc.cluster.local"}, Options: []string{"ndots:5", "edns0"}})
 	// The cloud guest: static network-config from the CNI result.
 	cloudPod, _ := vmPod(t, d, "net-cloud", map[string]string{"VirtletVCPUCount": "1", "VirtletSSHKeys": string(pub)}, 512<<20)
 	cloudCtr := harness.WriteJSON(t, d.Dir, "net-cloud-ctr.json", map[string]interface{}{
@@ -199,6 +206,15 @@ func TestVMPodsOnThePodNetwork(t *testing.T) {
 	}
 	if !strings.Contains(logs, "@@PING-GW-OK gw="+tn.Gateway) {
 		t.Errorf("the tiny guest does not reach its gateway:\n%s", logs)
+	}
+	if want := "dns=" + clusterDNS + " search=default.svc.cluster.local svc.cluster.local "; !strings.Contains(logs, want) {
+		t.Errorf("the tiny guest's DHCP lease lacks the pod's DNS (want %q):\n%s", want, logs)
+	}
+	resolv := c.Must(t, "exec", "-s", "--timeout", "30", tinyID, "cat", "/etc/resolv.conf")
+	for _, want := range []string{"nameserver " + clusterDNS, "search default.svc.cluster.local svc.cluster.local", "options edns0 ndots:5"} {
+		if !strings.Contains(resolv, want) {
+			t.Errorf("the tiny guest's resolv.conf lacks %q:\n%s", want, resolv)
+		}
 	}
 	if strings.Contains(logs, "----- /ci/network-config") {
 		t.Errorf("VirtletForceDHCPNetworkConfig: the cloud-init media still has network-config")

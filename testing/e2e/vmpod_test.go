@@ -204,9 +204,10 @@ func TestGuestSeesItsSpec(t *testing.T) {
 		{"defaults-scsi", nil, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data", i440fx, 0, true},
 		{"configdrive", map[string]string{"VirtletCloudInitImageType": "configdrive"}, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10,
 			"dev=/dev/sr0 label=config-2", "/ci/openstack/latest/meta_data.json", i440fx, 0, true},
+		// On q35 each virtio device sits behind a PCIe root port of its own.
 		{"q35-clock-timers-topology", map[string]string{"VirtletMachineType": "q35", "VirtletClock": "+7200", "VirtletClockTimers": "hpet:no,rtc:catchup",
-			"VirtletVCPUCount": "2", "VirtletCPUTopology": "sockets=1,cores=2"},
-			128 << 20, "2", "sda", 32 << 20, "", 128 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data", q35, 2 * time.Hour, false},
+			"VirtletVCPUCount": "2", "VirtletCPUTopology": "sockets=1,cores=2", "VirtletDiskDriver": "virtio"},
+			128 << 20, "2", "vda", 32 << 20, "", 128 << 10, "dev=/dev/vdb label=cidata", "/ci/meta-data", q35, 2 * time.Hour, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			podJSON, ctrJSON := vmPod(t, d, tc.name, tc.ann, tc.memory)
@@ -216,6 +217,10 @@ func TestGuestSeesItsSpec(t *testing.T) {
 			logs := waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
 			if got := marker(t, logs, "WATCHDOG"); got != "" {
 				t.Errorf("guest has a watchdog %q it did not ask for", got)
+			}
+			// Every VM has a virtio RNG fed by the host's /dev/urandom.
+			if got := marker(t, logs, "RNG"); !strings.HasPrefix(got, "virtio_rng.") {
+				t.Errorf("guest's hardware RNG %q, want the virtio RNG", got)
 			}
 			if got := markerLine(t, logs, "MACHINE"); !strings.Contains(got, tc.bridge) {
 				t.Errorf("guest's machine: %q, want %s", got, tc.bridge)
@@ -329,8 +334,115 @@ func TestVMPinnedToItsCPUs(t *testing.T) {
 	assertNothingLeft(t, d, c)
 }
 
+// A pod with a hugepages-2Mi limit gets its VM's memory backed by the
+// host's 2 MiB pages, and gives them back when it goes; a VM the node has
+// too few free pages for is refused, naming them.
+func TestVMBackedByHugepages(t *testing.T) {
+	if !mounted(t, "/dev/hugepages", "hugetlbfs") {
+		t.Fatal("hugetlbfs is not mounted at /dev/hugepages (testing/setup.sh mounts it; libvirtd must start after)")
+	}
+	const nr = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"
+	before := hugepages(t)
+	const vmPages = 64 // 128 MiB
+	setHugepages(t, nr, before.total+vmPages)
+	t.Cleanup(func() { setHugepages(t, nr, before.total) })
+	ready := hugepages(t)
+	if ready.free < before.free+vmPages {
+		t.Fatalf("the host reserved %d of the %d 2 MiB pages asked for", ready.free-before.free, vmPages)
+	}
+	limit := func(bytes int64) func(*runtimeapi.LinuxContainerResources) {
+		return func(r *runtimeapi.LinuxContainerResources) {
+			r.HugepageLimits = []*runtimeapi.HugepageLimit{{PageSize: "2MB", Limit: uint64(bytes)}, {PageSize: "1GB"}}
+		}
+	}
+	d, c := startDaemon(t)
+	c.Must(t, "pull", tinyRef)
+
+	// One page more than the node has free.
+	tooBig := int64(ready.free + 1)
+	podJSON, ctrJSON := vmPod(t, d, "huge-too-big", nil, tooBig<<21)
+	sb := c.Must(t, "runp", podJSON)
+	_, errOut, err := c.Run("create", sb, withResources(t, ctrJSON, limit(tooBig<<21)), podJSON)
+	if want := fmt.Sprintf("needs %d hugepages of 2048 KiB, the node has %d free", tooBig, ready.free); err == nil || !strings.Contains(errOut, want) {
+		t.Errorf("a VM bigger than the free hugepages: %v %s (want %q)", err, errOut, want)
+	}
+	c.Must(t, "rmp", "-f", sb)
+
+	podJSON, ctrJSON = vmPod(t, d, "huge", nil, vmPages<<21)
+	sb = c.Must(t, "runp", podJSON)
+	ctr := c.Must(t, "create", sb, withResources(t, ctrJSON, limit(vmPages<<21)), podJSON)
+	c.Must(t, "start", ctr)
+	logs := waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	if memK, _ := strconv.ParseInt(marker(t, logs, "MEMTOTAL_KB"), 10, 64); memK < (128<<10)*6/10 || memK > 128<<10 {
+		t.Errorf("guest MemTotal %d KiB, want a little under 128 MiB", memK)
+	}
+	xml, err := harness.Virsh("dumpxml", inspectCtr(t, c, ctr).VM.Name)
+	if err != nil || !regexp.MustCompile(`<hugepages>\s*<page size='2048' unit='KiB'/>`).MatchString(xml) {
+		t.Errorf("the running domain's memory backing (%v):\n%s", err, xml)
+	}
+	// QEMU maps the guest's memory from hugetlbfs: those pages are in use
+	// or reserved for it.
+	if got := hugepages(t); (ready.free-got.free)+(got.reserved-ready.reserved) < vmPages {
+		t.Errorf("hugepages while the VM runs: %+v (before it %+v), want %d more of them used or reserved", got, ready, vmPages)
+	}
+	c.Must(t, "rmp", "-f", sb)
+	harness.Eventually(t, 30*time.Second, "the VM's hugepages back to the host", func() bool { return hugepages(t) == ready })
+	assertNothingLeft(t, d, c)
+}
+
+// hugepageCounts are /proc/meminfo's counts of default-size hugepages.
+type hugepageCounts struct{ total, free, reserved int }
+
+func hugepages(t *testing.T) hugepageCounts {
+	t.Helper()
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h hugepageCounts
+	for _, f := range []struct {
+		name string
+		to   *int
+	}{{"HugePages_Total:", &h.total}, {"HugePages_Free:", &h.free}, {"HugePages_Rsvd:", &h.reserved}} {
+		m := regexp.MustCompile(`(?m)^` + f.name + `\s+(\d+)`).FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("/proc/meminfo has no %s", f.name)
+		}
+		*f.to, _ = strconv.Atoi(string(m[1]))
+	}
+	return h
+}
+
+func setHugepages(t *testing.T, path string, n int) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(strconv.Itoa(n)), 0o644); err != nil {
+		t.Fatalf("reserve %d hugepages: %v", n, err)
+	}
+}
+
+// mounted tells whether a file system of type fstype is mounted at dir.
+func mounted(t *testing.T, dir, fstype string) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 2 && f[1] == dir && f[2] == fstype {
+			return true
+		}
+	}
+	return false
+}
+
 // withCPUSet gives a container config file's resources a cpuset.
 func withCPUSet(t *testing.T, cfgPath, cpus string) string {
+	t.Helper()
+	return withResources(t, cfgPath, func(r *runtimeapi.LinuxContainerResources) { r.CpusetCpus = cpus })
+}
+
+// withResources edits a container config file's resources.
+func withResources(t *testing.T, cfgPath string, edit func(*runtimeapi.LinuxContainerResources)) string {
 	t.Helper()
 	var cfg runtimeapi.ContainerConfig
 	readJSONFile(t, cfgPath, &cfg)
@@ -340,7 +452,17 @@ func withCPUSet(t *testing.T, cfgPath, cpus string) string {
 	if cfg.Linux.Resources == nil {
 		cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{}
 	}
-	cfg.Linux.Resources.CpusetCpus = cpus
+	edit(cfg.Linux.Resources)
+	return harness.WriteJSON(t, filepath.Dir(cfgPath), filepath.Base(cfgPath), &cfg)
+}
+
+// withDNS rewrites the pod config at cfgPath with kubelet's resolver
+// configuration.
+func withDNS(t *testing.T, cfgPath string, dns *runtimeapi.DNSConfig) string {
+	t.Helper()
+	var cfg runtimeapi.PodSandboxConfig
+	readJSONFile(t, cfgPath, &cfg)
+	cfg.DnsConfig = dns
 	return harness.WriteJSON(t, filepath.Dir(cfgPath), filepath.Base(cfgPath), &cfg)
 }
 

@@ -1770,12 +1770,15 @@ type VMSpec struct {
 	// The VM's own user and group; absent: the hypervisor's default user.
 	RunAs *v1.ProcessIdentity `protobuf:"bytes,15,opt,name=run_as,json=runAs,proto3" json:"run_as,omitempty"`
 	// The machine type ("": the hypervisor's default, pc).
-	Machine       string     `protobuf:"bytes,16,opt,name=machine,proto3" json:"machine,omitempty"`
-	Clock         *ClockSpec `protobuf:"bytes,17,opt,name=clock,proto3" json:"clock,omitempty"`
-	Watchdog      *Watchdog  `protobuf:"bytes,18,opt,name=watchdog,proto3" json:"watchdog,omitempty"`
-	CpuSet        []int32    `protobuf:"varint,19,rep,packed,name=cpu_set,json=cpuSet,proto3" json:"cpu_set,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Machine  string     `protobuf:"bytes,16,opt,name=machine,proto3" json:"machine,omitempty"`
+	Clock    *ClockSpec `protobuf:"bytes,17,opt,name=clock,proto3" json:"clock,omitempty"`
+	Watchdog *Watchdog  `protobuf:"bytes,18,opt,name=watchdog,proto3" json:"watchdog,omitempty"`
+	CpuSet   []int32    `protobuf:"varint,19,rep,packed,name=cpu_set,json=cpuSet,proto3" json:"cpu_set,omitempty"`
+	// Backs all of the VM's memory with host hugepages of this size (0:
+	// ordinary pages).
+	HugepageSizeBytes int64 `protobuf:"varint,20,opt,name=hugepage_size_bytes,json=hugepageSizeBytes,proto3" json:"hugepage_size_bytes,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *VMSpec) Reset() {
@@ -1939,6 +1942,13 @@ func (x *VMSpec) GetCpuSet() []int32 {
 		return x.CpuSet
 	}
 	return nil
+}
+
+func (x *VMSpec) GetHugepageSizeBytes() int64 {
+	if x != nil {
+		return x.HugepageSizeBytes
+	}
+	return 0
 }
 
 type Watchdog struct {
@@ -2729,7 +2739,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"finishedAt\x12\x1b\n" +
 	"\texit_code\x18\x05 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\a \x01(\tR\amessage\"\xc8\x05\n" +
+	"\amessage\x18\a \x01(\tR\amessage\"\xf8\x05\n" +
 	"\x06VMSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -2751,7 +2761,8 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\amachine\x18\x10 \x01(\tR\amachine\x126\n" +
 	"\x05clock\x18\x11 \x01(\v2 .virtlet.hypervisor.v1.ClockSpecR\x05clock\x12;\n" +
 	"\bwatchdog\x18\x12 \x01(\v2\x1f.virtlet.hypervisor.v1.WatchdogR\bwatchdog\x12\x17\n" +
-	"\acpu_set\x18\x13 \x03(\x05R\x06cpuSet\"8\n" +
+	"\acpu_set\x18\x13 \x03(\x05R\x06cpuSet\x12.\n" +
+	"\x13hugepage_size_bytes\x18\x14 \x01(\x03R\x11hugepageSizeBytes\"8\n" +
 	"\bWatchdog\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\"\xa9\x01\n" +

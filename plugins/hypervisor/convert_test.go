@@ -1,0 +1,37 @@
+package hypervisor
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// Every field of a VM spec crosses the plugin boundary: a field the
+// conversion forgets is silently lost in the hypervisor plugin (as the
+// hugepage size once was).
+func TestSpecCrossesThePluginBoundary(t *testing.T) {
+	spec := ports.VMSpec{
+		ID: "id", Name: "virtlet-id-pod", UUID: "4a9c4d3e-0b1f-4a57-9e3c-6f7f2f6f1c2d", SandboxID: "sb",
+		PodName: "pod", PodNamespace: "ns", PodUID: "uid",
+		VCPUs: 2, MemoryBytes: 128 << 20, HugepageSizeBytes: 2 << 20,
+		CPU:    ports.CPUSpec{Model: "host-model", Setting: &ports.CPUSetting{Mode: "custom", Model: &ports.CPUSettingModel{Value: "qemu64"}}},
+		CPUSet: []int{1, 3}, Machine: "q35",
+		Clock:          ports.ClockSpec{Offset: "variable", AdjustmentSeconds: 7200, Timers: []ports.ClockTimer{{Name: "rtc", TickPolicy: "catchup"}}},
+		Watchdog:       &ports.Watchdog{Model: "i6300esb", Action: "poweroff"},
+		Disks:          []ports.Disk{{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Serial: "root"}},
+		Filesystems:    []ports.Filesystem{{Source: "/srv/share", Tag: "share", AccessMode: "mapped"}},
+		NICs:           []ports.NIC{{Name: "eth0", MAC: "52:54:00:a1:b2:c3"}},
+		ConsoleLogPath: "/var/log/pods/x/0.log",
+		RunAs:          &ports.ProcessIdentity{UID: 2000000000, GID: 2000000000},
+	}
+	v := reflect.ValueOf(spec)
+	for i := 0; i < v.NumField(); i++ {
+		if v.Field(i).IsZero() {
+			t.Fatalf("the fixture leaves VMSpec.%s empty: set it, so that its conversion is checked", v.Type().Field(i).Name)
+		}
+	}
+	if got := specFromProto(specToProto(spec)); !reflect.DeepEqual(got, spec) {
+		t.Errorf("after the plugin boundary:\n%+v\nwant\n%+v", got, spec)
+	}
+}
