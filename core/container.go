@@ -102,7 +102,13 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 				pod, c.Name, c.Attempt, c.State, ports.ErrFailedPrecondition)
 		}
 	}
-	opts, err := annotations.Parse(sb.Annotations)
+	// The operator's presets under the pod's own annotations.
+	applied, err := r.opts.Presets.Apply(sb.Labels, sb.Annotations, cfg.MemoryLimitBytes)
+	if err != nil {
+		return "", fmt.Errorf("pod %s: %w", pod, err)
+	}
+	ann := applied.Annotations
+	opts, err := annotations.Parse(ann)
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
@@ -118,7 +124,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err != nil {
 		return "", fmt.Errorf("pod %s: image %s: %w", pod, img.ID, err)
 	}
-	memory, err := r.memory(cfg)
+	memory, err := r.memory(cfg, applied.MemoryBytes)
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
@@ -139,17 +145,17 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	switch {
 	case root != nil && opts.RootVolumeSize > 0:
 		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
-			Field: "annotation " + annotations.RootVolumeSize, Value: sb.Annotations[annotations.RootVolumeSize],
+			Field: "annotation " + annotations.RootVolumeSize, Value: ann[annotations.RootVolumeSize],
 			Reason:  fmt.Sprintf("the VM's root is the persistent root filesystem on block volume %s, whose size is the device's", root.Name),
 			Allowed: "no " + annotations.RootVolumeSize + " with a persistent root filesystem"})
 	case root == nil && opts.RootfsReinit:
 		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
-			Field: "annotation " + annotations.PersistentRootfsReinit, Value: sb.Annotations[annotations.PersistentRootfsReinit],
+			Field: "annotation " + annotations.PersistentRootfsReinit, Value: ann[annotations.PersistentRootfsReinit],
 			Reason:  "the pod has no persistent root filesystem",
 			Allowed: "only with a block volume at devicePath \"/\""})
 	case opts.RootVolumeSize > 0 && opts.RootVolumeSize < img.VirtualSize:
 		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
-			Field: "annotation " + annotations.RootVolumeSize, Value: sb.Annotations[annotations.RootVolumeSize],
+			Field: "annotation " + annotations.RootVolumeSize, Value: ann[annotations.RootVolumeSize],
 			Reason:  fmt.Sprintf("smaller than the image's virtual size (%d bytes)", img.VirtualSize),
 			Allowed: "a size of at least the image's virtual size (the root disk can grow, not shrink)"})
 	}
@@ -272,7 +278,8 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 		r.undoCreate(ctx, c, log)
 		return "", err
 	}
-	log.WithFields(logrus.Fields{"vcpus": spec.VCPUs, "memory": spec.MemoryBytes, "image": img.ID, "volumes": len(plan.uses)}).Info("VM defined")
+	log.WithFields(logrus.Fields{"vcpus": spec.VCPUs, "memory": spec.MemoryBytes, "image": img.ID, "volumes": len(plan.uses),
+		"presets": strings.Join(applied.Presets, ",")}).Info("VM defined")
 	return id, nil
 }
 
@@ -355,8 +362,12 @@ func (r *Runtime) imageForContainer(cfg ContainerConfig) (*Image, error) {
 	return img, nil
 }
 
-func (r *Runtime) memory(cfg ContainerConfig) (int64, error) {
+// memory is the VM's memory: the container's limit, else the presets'
+// default, else the daemon's.
+func (r *Runtime) memory(cfg ContainerConfig, presetDefault int64) (int64, error) {
 	switch m := cfg.MemoryLimitBytes; {
+	case m == 0 && presetDefault != 0:
+		return presetDefault, nil
 	case m == 0:
 		return r.opts.DefaultMemoryBytes, nil
 	case m < MinMemoryBytes:

@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/virtlet/virtlet/core/presets"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -51,6 +52,8 @@ type Options struct {
 	Failpoint func(name string)
 	// VMUsers, when set, gives every VM a host user of its own.
 	VMUsers *VMUsers
+	// Presets are the operator's VM presets (nil: none).
+	Presets *presets.Set
 }
 
 const (

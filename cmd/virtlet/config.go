@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/virtlet/virtlet/adapters/imagetranslations"
 	"github.com/virtlet/virtlet/adapters/streaming"
 	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/core/presets"
 	"github.com/virtlet/virtlet/plugins/manifest"
 )
 
@@ -64,6 +66,9 @@ type config struct {
 	// lets each VM's QEMU reach the others' group-accessible files, such
 	// as libvirt's guest agent sockets.
 	VMGroup string `json:"vmGroup"`
+	// PresetsDir holds the operator's VM presets, one YAML file each
+	// (*.yaml, *.yml); empty: none.
+	PresetsDir string `json:"presetsDir"`
 }
 
 // DefaultVMUsers lies above every user a node's system and its people
@@ -96,7 +101,7 @@ func dirOf(p string) string {
 func parseConfig(args []string) (config, bool, error) {
 	cfg := defaults()
 	fs := flag.NewFlagSet("virtlet", flag.ContinueOnError)
-	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir, streamingAddress, cgroupDriver, forwardRuntime, metricsAddress, metricsAllowRemote, vmUsers, vmGroup); flags override it")
+	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir, streamingAddress, cgroupDriver, forwardRuntime, metricsAddress, metricsAllowRemote, vmUsers, vmGroup, presetsDir); flags override it")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	listen := fs.String("listen", cfg.Listen, "CRI endpoint to serve, unix:///path.sock")
 	adminSocket := fs.String("admin-socket", cfg.AdminSocket, "unix socket of the admin API (mode 0600) the flexvolume driver and node tools use")
@@ -115,6 +120,7 @@ func parseConfig(args []string) (config, bool, error) {
 	forwardRuntime := fs.String("forward-runtime", cfg.ForwardRuntime, "CRI endpoint of a container runtime (unix:///run/containerd/containerd.sock) that serves the pods that are not VM pods, so that one node runs both; empty: such pods are refused")
 	metricsAddress := fs.String("metrics-address", cfg.MetricsAddress, "host:port of the Prometheus endpoint (/metrics, /healthz), such as 127.0.0.1:9474; a loopback address unless --metrics-allow-remote; empty: no endpoint")
 	vmUsers := fs.String("vm-users", cfg.VMUsers, "host user IDs the VMs run as, one each, FIRST-LAST, so that one VM's QEMU cannot open another's disks; off: every VM runs as qemu.conf's user")
+	presetsDir := fs.String("presets-dir", cfg.PresetsDir, "directory of VM presets (one YAML file each) that pods select by name (VirtletPreset) or that select pods by label; read at start")
 	vmGroup := fs.String("vm-group", cfg.VMGroup, "with --vm-users: own (each VM a group of its own, the default) or a group (name or ID) every VM runs in")
 	metricsRemote := fs.Bool("metrics-allow-remote", cfg.MetricsAllowRemote, "let --metrics-address be a non-loopback address (the endpoint has no authentication or TLS: put it on a network only Prometheus reaches)")
 	if err := fs.Parse(args); err != nil {
@@ -159,6 +165,7 @@ func parseConfig(args []string) (config, bool, error) {
 	override("metrics-address", &cfg.MetricsAddress, *metricsAddress)
 	override("vm-users", &cfg.VMUsers, *vmUsers)
 	override("vm-group", &cfg.VMGroup, *vmGroup)
+	override("presets-dir", &cfg.PresetsDir, *presetsDir)
 	if _, err := cfg.vmUsers(); err != nil {
 		return cfg, false, err
 	}
@@ -266,4 +273,34 @@ func (c config) vmUsers() (*core.VMUsers, error) {
 		return nil, bad(err.Error())
 	}
 	return u, nil
+}
+
+// presets reads the preset files of PresetsDir (nil without one). A
+// directory that cannot be read, or a bad preset, stops the daemon.
+func (c config) presets() (*presets.Set, error) {
+	if c.PresetsDir == "" {
+		return nil, nil
+	}
+	entries, err := os.ReadDir(c.PresetsDir)
+	if err != nil {
+		return nil, fmt.Errorf("presets (presetsDir, --presets-dir): %w", err)
+	}
+	files := map[string][]byte{}
+	for _, e := range entries {
+		name := e.Name()
+		// Hidden entries are skipped: a mounted ConfigMap's ..data links.
+		if strings.HasPrefix(name, ".") || e.IsDir() || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(c.PresetsDir, name))
+		if err != nil {
+			return nil, fmt.Errorf("presets (presetsDir, --presets-dir): %w", err)
+		}
+		files[name] = b
+	}
+	set, err := presets.Load(files)
+	if err != nil {
+		return nil, fmt.Errorf("presets (presetsDir, --presets-dir) %s: %w", c.PresetsDir, err)
+	}
+	return set, nil
 }

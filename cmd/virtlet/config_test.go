@@ -201,3 +201,36 @@ func TestVMUsers(t *testing.T) {
 		}
 	}
 }
+
+// The presets directory: YAML files are presets; hidden entries (a mounted
+// ConfigMap's ..data) and other files are not; a bad preset stops the
+// daemon naming its file.
+func TestPresetsDir(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("small.yaml", "name: small\nvcpus: 1\nmemory: 512Mi\n")
+	write("q35.yml", "name: q35\nannotations: {VirtletMachineType: q35}\n")
+	write(".hidden.yaml", "not: a preset\n")
+	write("README", "the presets of this node\n")
+	cfg, _, err := parseConfig([]string{"--presets-dir", dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := cfg.presets()
+	if err != nil || strings.Join(set.Names(), ",") != "q35,small" {
+		t.Fatalf("presets %v, %v; want q35 and small", set.Names(), err)
+	}
+	write("bad.yaml", "name: bad\nannotations: {VirtletVCPUCount: lots}\n")
+	if _, err := cfg.presets(); err == nil || !strings.Contains(err.Error(), "bad.yaml") || !strings.Contains(err.Error(), "VirtletVCPUCount") {
+		t.Errorf("a bad preset: %v", err)
+	}
+	cfg.PresetsDir = filepath.Join(dir, "missing")
+	if _, err := cfg.presets(); err == nil || !strings.Contains(err.Error(), "--presets-dir") {
+		t.Errorf("a missing presets directory: %v", err)
+	}
+}

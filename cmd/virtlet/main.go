@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -120,6 +121,13 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	memory, _ := cfg.memoryBytes()
 	opTimeout, _ := cfg.operationTimeout()
 	vmUsers, _ := cfg.vmUsers()
+	vmPresets, err := cfg.presets()
+	if err != nil {
+		return err
+	}
+	if names := vmPresets.Names(); len(names) > 0 {
+		log.WithField("presets", strings.Join(names, ",")).Info("VM presets loaded")
+	}
 	var m *metrics.Metrics
 	var observer ports.Observer // not a nil *Metrics: the core tests for nil
 	if metricsListener != nil {
@@ -132,7 +140,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
 		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.TCP{}, Observer: observer,
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core"),
-		Failpoint: failpointHook(log), VMUsers: vmUsers})
+		Failpoint: failpointHook(log), VMUsers: vmUsers, Presets: vmPresets})
 	if err != nil {
 		return err
 	}

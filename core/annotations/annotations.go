@@ -64,6 +64,9 @@ const (
 	// WatchdogAction is what the watchdog does when the guest stops petting
 	// it: reset (the default), poweroff, shutdown or dump.
 	WatchdogAction = "VirtletWatchdogAction"
+	// Preset names the operator's preset the pod starts from (core/presets
+	// applies it before these annotations are parsed).
+	Preset = "VirtletPreset"
 )
 
 // Known lists every Virtlet annotation this package understands.
@@ -73,7 +76,7 @@ var Known = []string{
 	CloudInitUserDataScript, CloudInitUserDataSource, CloudInitUserDataSourceKey,
 	CloudInitUserDataSourceEncoding, SSHKeys, SSHKeySource, FilesFromDataSource,
 	RootVolumeSize, Chown9pfsMounts, SystemUUID, ForceDHCPNetworkConfig,
-	PersistentRootfsReinit, MachineType, Clock, ClockTimers, Watchdog, WatchdogAction, CPUTopology,
+	PersistentRootfsReinit, MachineType, Clock, ClockTimers, Watchdog, WatchdogAction, CPUTopology, Preset,
 }
 
 // MaxVCPUs is the largest VirtletVCPUCount accepted.

@@ -460,9 +460,15 @@ func withResources(t *testing.T, cfgPath string, edit func(*runtimeapi.LinuxCont
 // configuration.
 func withDNS(t *testing.T, cfgPath string, dns *runtimeapi.DNSConfig) string {
 	t.Helper()
+	return editPod(t, cfgPath, func(cfg *runtimeapi.PodSandboxConfig) { cfg.DnsConfig = dns })
+}
+
+// editPod edits the pod config file at cfgPath.
+func editPod(t *testing.T, cfgPath string, edit func(*runtimeapi.PodSandboxConfig)) string {
+	t.Helper()
 	var cfg runtimeapi.PodSandboxConfig
 	readJSONFile(t, cfgPath, &cfg)
-	cfg.DnsConfig = dns
+	edit(&cfg)
 	return harness.WriteJSON(t, filepath.Dir(cfgPath), filepath.Base(cfgPath), &cfg)
 }
 
