@@ -121,6 +121,12 @@ type VMSpec struct {
 	// Machine is the machine type (VirtletMachineType): "" for pc, q35, or
 	// another the hypervisor offers (it refuses one it does not).
 	Machine string
+	// Firmware is "" for BIOS or FirmwareUEFI (the hypervisor keeps the
+	// VM's own UEFI variable store and removes it with the VM).
+	Firmware string
+	// SecureBoot (UEFI, q35) boots with Secure Boot on and Microsoft's
+	// keys enrolled.
+	SecureBoot bool
 	// Clock is the guest's hardware clock and timers.
 	Clock ClockSpec
 	// Watchdog, when set, is the VM's watchdog device: a guest that stops
@@ -322,6 +328,9 @@ type ClockTimer struct {
 	TickPolicy string `json:"tickPolicy,omitempty"` // delay, catchup, discard
 	Present    string `json:"present,omitempty"`    // yes, no
 }
+
+// FirmwareUEFI is VMSpec.Firmware for UEFI (OVMF).
+const FirmwareUEFI = "uefi"
 
 // Watchdog is a VM's watchdog device (VirtletWatchdog, VirtletWatchdogAction).
 type Watchdog struct {

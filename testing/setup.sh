@@ -9,6 +9,7 @@ PKGS=(
   pkg-config gcc libc6-dev protobuf-compiler          # build
   librados-dev librbd-dev                             # the ceph volume plugin (go-ceph, Ceph 16)
   qemu-system-x86 qemu-utils libvirt-daemon-system    # real VMs
+  ovmf                                                # UEFI firmware (VirtletFirmware uefi, Secure Boot)
   libvirt-clients libvirt-dev
   syslinux syslinux-common mtools dosfstools fdisk     # test guest images
   kmod cpio busybox-static debootstrap e2fsprogs

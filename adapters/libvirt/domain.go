@@ -122,6 +122,7 @@ func domainXML(in domainInput) (string, error) {
 		return "", err
 	}
 	d.CPU = cpu
+	firmware(d, s)
 	if size := s.HugepageSizeBytes; size > 0 {
 		d.MemoryBacking = &libvirtxml.DomainMemoryBacking{MemoryHugePages: &libvirtxml.DomainMemoryHugepages{
 			Hugepages: []libvirtxml.DomainMemoryHugepage{{Size: uint(size >> 10), Unit: "KiB"}}}}
@@ -408,4 +409,25 @@ func cpuList(cpus []int) string {
 		s[i] = strconv.Itoa(c)
 	}
 	return strings.Join(s, ",")
+}
+
+// firmware picks UEFI by the features of the firmware descriptors the
+// node's OVMF installs (/usr/share/qemu/firmware): libvirt chooses the
+// image and makes the VM a variable store of its own from the descriptor's
+// template (removed with the domain: Undefine passes UNDEFINE_NVRAM).
+// Secure Boot asks for the image with Microsoft's keys enrolled and turns
+// SMM on, which that image needs.
+func firmware(d *libvirtxml.Domain, s ports.VMSpec) {
+	if s.Firmware != ports.FirmwareUEFI {
+		return
+	}
+	yesNo := map[bool]string{true: "yes", false: "no"}
+	d.OS.Firmware = "efi"
+	d.OS.FirmwareInfo = &libvirtxml.DomainOSFirmwareInfo{Features: []libvirtxml.DomainOSFirmwareFeature{
+		{Name: "secure-boot", Enabled: yesNo[s.SecureBoot]},
+		{Name: "enrolled-keys", Enabled: yesNo[s.SecureBoot]},
+	}}
+	if s.SecureBoot {
+		d.Features.SMM = &libvirtxml.DomainFeatureSMM{State: "on"}
+	}
 }

@@ -67,6 +67,12 @@ const (
 	// Preset names the operator's preset the pod starts from (core/presets
 	// applies it before these annotations are parsed).
 	Preset = "VirtletPreset"
+	// Firmware is the VM's firmware: bios (the default) or uefi (OVMF, with
+	// an NVRAM store of the VM's own).
+	Firmware = "VirtletFirmware"
+	// SecureBoot, "true", makes a UEFI q35 VM boot with Secure Boot on and
+	// Microsoft's keys enrolled.
+	SecureBoot = "VirtletSecureBoot"
 )
 
 // Known lists every Virtlet annotation this package understands.
@@ -77,6 +83,7 @@ var Known = []string{
 	CloudInitUserDataSourceEncoding, SSHKeys, SSHKeySource, FilesFromDataSource,
 	RootVolumeSize, Chown9pfsMounts, SystemUUID, ForceDHCPNetworkConfig,
 	PersistentRootfsReinit, MachineType, Clock, ClockTimers, Watchdog, WatchdogAction, CPUTopology, Preset,
+	Firmware, SecureBoot,
 }
 
 // MaxVCPUs is the largest VirtletVCPUCount accepted.
@@ -130,6 +137,9 @@ type VMOptions struct {
 	CPUSetting *ports.CPUSetting `json:"cpuSetting,omitempty"`
 	// MachineType: "" for pc; the hypervisor checks that its QEMU has it.
 	MachineType string `json:"machineType,omitempty"`
+	// Firmware: "" for BIOS, or ports.FirmwareUEFI.
+	Firmware   string `json:"firmware,omitempty"`
+	SecureBoot bool   `json:"secureBoot,omitempty"`
 	// Clock is the guest's clock and timers (zero: UTC, the hypervisor's
 	// timers).
 	Clock ports.ClockSpec `json:"clock,omitempty"`
@@ -185,6 +195,7 @@ func Parse(annotations map[string]string) (VMOptions, error) {
 	p.machineType()
 	p.clock()
 	p.watchdog()
+	p.firmware()
 	p.cloudInit()
 	p.sshKeys()
 	p.files()
@@ -409,6 +420,30 @@ func (p *parser) watchdog() {
 		return
 	}
 	p.opts.Watchdog = &ports.Watchdog{Model: model, Action: action}
+}
+
+func (p *parser) firmware() {
+	if v, ok := p.get(Firmware); ok {
+		switch v {
+		case "bios":
+		case ports.FirmwareUEFI:
+			p.opts.Firmware = v
+		default:
+			p.fail(Firmware, v, "bios or uefi", "")
+		}
+	}
+	v, ok := p.get(SecureBoot)
+	switch {
+	case !ok || v == "false":
+	case v != "true":
+		p.fail(SecureBoot, v, "true or false", "")
+	case p.opts.Firmware != ports.FirmwareUEFI:
+		p.fail(SecureBoot, v, "true together with "+Firmware+" uefi", "Secure Boot is a UEFI feature")
+	case !q35Machine(p.opts.MachineType):
+		p.fail(SecureBoot, v, "true together with "+MachineType+" q35", "OVMF's Secure Boot needs SMM, which the Q35 machine has")
+	default:
+		p.opts.SecureBoot = true
+	}
 }
 
 func (p *parser) diskDriver() {

@@ -53,6 +53,11 @@ func TestValid(t *testing.T) {
 			o.CPUSetting = &ports.CPUSetting{Mode: "host-model", Topology: &ports.CPUTopology{Sockets: 1, Cores: 1, Threads: 2}}
 		}},
 		{"watchdog", map[string]string{Watchdog: "i6300esb"}, func(o *VMOptions) { o.Watchdog = &ports.Watchdog{Model: "i6300esb", Action: "reset"} }},
+		{"uefi", map[string]string{Firmware: "uefi"}, func(o *VMOptions) { o.Firmware = ports.FirmwareUEFI }},
+		{"bios", map[string]string{Firmware: "bios", SecureBoot: "false"}, func(o *VMOptions) {}},
+		{"secure boot", map[string]string{Firmware: "uefi", SecureBoot: "true", MachineType: "q35"}, func(o *VMOptions) {
+			o.Firmware, o.SecureBoot, o.MachineType = ports.FirmwareUEFI, true, "q35"
+		}},
 		{"itco watchdog on q35", map[string]string{MachineType: "pc-q35-7.2", Watchdog: "itco", WatchdogAction: "poweroff"}, func(o *VMOptions) {
 			o.MachineType, o.Watchdog = "pc-q35-7.2", &ports.Watchdog{Model: "itco", Action: "poweroff"}
 		}},
@@ -158,6 +163,10 @@ func TestInvalid(t *testing.T) {
 		{"cpu topology not a count", map[string]string{CPUTopology: "cores=0"}, []string{"annotation VirtletCPUTopology", `"cores=0" is not a count`}},
 		{"cpu topology twice", map[string]string{CPUTopology: "cores=1", LibvirtCPUSetting: "Topology: {Sockets: 1, Cores: 1, Threads: 1}\n"}, []string{"annotation VirtletCPUTopology", "both are set"}},
 		{"watchdog unknown", map[string]string{Watchdog: "ib700"}, []string{"annotation VirtletWatchdog", `"ib700"`, "i6300esb or itco"}},
+		{"firmware unknown", map[string]string{Firmware: "coreboot"}, []string{"annotation VirtletFirmware", `"coreboot"`, "bios or uefi"}},
+		{"secure boot not a boolean", map[string]string{Firmware: "uefi", MachineType: "q35", SecureBoot: "yes"}, []string{"annotation VirtletSecureBoot", `"yes"`, "true or false"}},
+		{"secure boot with bios", map[string]string{SecureBoot: "true", MachineType: "q35"}, []string{"annotation VirtletSecureBoot", "a UEFI feature", "VirtletFirmware uefi"}},
+		{"secure boot on pc", map[string]string{Firmware: "uefi", SecureBoot: "true"}, []string{"annotation VirtletSecureBoot", "needs SMM", "VirtletMachineType q35"}},
 		{"itco watchdog on pc", map[string]string{Watchdog: "itco"}, []string{"annotation VirtletWatchdog", "itco is the Q35 chipset's watchdog", "VirtletMachineType q35"}},
 		{"watchdog action alone", map[string]string{WatchdogAction: "reset"}, []string{"annotation VirtletWatchdogAction", "no VirtletWatchdog is set"}},
 		{"watchdog action unknown", map[string]string{Watchdog: "i6300esb", WatchdogAction: "explode"}, []string{"annotation VirtletWatchdogAction", `"explode"`, "reset, poweroff, shutdown, dump"}},

@@ -132,8 +132,9 @@ func cloudTranslation(t *testing.T) string {
 }
 
 // VM pods are members of a dual-stack pod network made by Debian's CNI
-// plugins: each VM carries the addresses inspectp reports (the cloud image
-// both, statically from cloud-init's network-config; the tiny one its IPv4
+// plugins: each VM carries the addresses inspectp reports (the cloud image,
+// booted by UEFI with Secure Boot on, both, statically from cloud-init's
+// network-config; the tiny one its IPv4
 // address by DHCP with VirtletForceDHCPNetworkConfig); Service-style DNAT
 // on the host works for them; the host reaches them (ping,
 // ssh with the key cloud-init injected); they reach the gateway and each
@@ -172,8 +173,11 @@ func TestVMPodsOnThePodNetwork(t *testing.T) {
 	const clusterDNS = "198.18.43.53"
 	tinyPod = withDNS(t, tinyPod, &runtimeapi.DNSConfig{Servers: []string{clusterDNS},
 		Searches: []string{"default.svc.cluster.local", "svc.cluster.local"}, Options: []string{"ndots:5", "edns0"}})
-	// The cloud guest: static network-config from the CNI result.
-	cloudPod, _ := vmPod(t, d, "net-cloud", map[string]string{"VirtletVCPUCount": "1", "VirtletSSHKeys": string(pub)}, 512<<20)
+	// The cloud guest: static network-config from the CNI result; it boots
+	// by UEFI with Secure Boot on a q35 machine (Debian's signed shim, GRUB
+	// and kernel).
+	cloudPod, _ := vmPod(t, d, "net-cloud", map[string]string{"VirtletVCPUCount": "1", "VirtletSSHKeys": string(pub),
+		"VirtletFirmware": "uefi", "VirtletSecureBoot": "true", "VirtletMachineType": "q35"}, 512<<20)
 	cloudCtr := harness.WriteJSON(t, d.Dir, "net-cloud-ctr.json", map[string]interface{}{
 		"metadata": map[string]string{"name": "net-cloud"}, "image": map[string]string{"image": "virtlet.cloud/debian-cloud"},
 		"log_path": "net-cloud/0.log", "linux": map[string]interface{}{"resources": map[string]interface{}{"memory_limit_in_bytes": 512 << 20}},
@@ -251,12 +255,14 @@ func TestVMPodsOnThePodNetwork(t *testing.T) {
 	out, err = sshTo(key, cloudIP, fmt.Sprintf(
 		"ip -o addr show dev eth0; ip -6 route show default; ping -c 1 -W 3 %s >/dev/null && echo gw-ok; "+
 			"ping -c 1 -W 3 %s >/dev/null && echo peer-ok; ping -6 -c 1 -W 3 %s >/dev/null && echo gw6-ok; "+
-			"ping -c 1 -W 3 %s >/dev/null && echo service-ok; hostname",
+			"ping -c 1 -W 3 %s >/dev/null && echo service-ok; hostname; "+
+			"echo secureboot=$(tail -c 1 /sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c | od -An -tu1 | tr -d ' ')",
 		tn.Gateway, tinyIP, tn.Gateway6, serviceIP))
 	if err != nil {
 		t.Fatalf("in the cloud VM: %v\n%s", err, out)
 	}
-	for _, want := range []string{"inet " + cloudIP + "/24", "inet6 " + cloudIP6 + "/64", "via " + tn.Gateway6, "gw-ok", "peer-ok", "gw6-ok", "service-ok", "net-cloud"} {
+	for _, want := range []string{"inet " + cloudIP + "/24", "inet6 " + cloudIP6 + "/64", "via " + tn.Gateway6, "gw-ok", "peer-ok", "gw6-ok", "service-ok", "net-cloud",
+		"secureboot=1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the cloud VM lacks %q:\n%s", want, out)
 		}

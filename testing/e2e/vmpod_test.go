@@ -204,6 +204,12 @@ func TestGuestSeesItsSpec(t *testing.T) {
 		{"defaults-scsi", nil, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data", i440fx, 0, true},
 		{"configdrive", map[string]string{"VirtletCloudInitImageType": "configdrive"}, 128 << 20, "1", "sda", 32 << 20, "", 128 << 10,
 			"dev=/dev/sr0 label=config-2", "/ci/openstack/latest/meta_data.json", i440fx, 0, true},
+		// UEFI boots through Debian's signed shim, GRUB and kernel (the
+		// kernel's EFI stub wants more than 256 MiB to unpack itself).
+		{"uefi", map[string]string{"VirtletFirmware": "uefi"},
+			512 << 20, "1", "sda", 32 << 20, "", 512 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data", i440fx, 0, true},
+		{"uefi-secure-boot-q35", map[string]string{"VirtletFirmware": "uefi", "VirtletSecureBoot": "true", "VirtletMachineType": "q35"},
+			512 << 20, "1", "sda", 32 << 20, "", 512 << 10, "dev=/dev/sr0 label=cidata", "/ci/meta-data", q35, 0, true},
 		// On q35 each virtio device sits behind a PCIe root port of its own.
 		{"q35-clock-timers-topology", map[string]string{"VirtletMachineType": "q35", "VirtletClock": "+7200", "VirtletClockTimers": "hpet:no,rtc:catchup",
 			"VirtletVCPUCount": "2", "VirtletCPUTopology": "sockets=1,cores=2", "VirtletDiskDriver": "virtio"},
@@ -217,6 +223,14 @@ func TestGuestSeesItsSpec(t *testing.T) {
 			logs := waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
 			if got := marker(t, logs, "WATCHDOG"); got != "" {
 				t.Errorf("guest has a watchdog %q it did not ask for", got)
+			}
+			wantFirmware := "bios SECUREBOOT="
+			if tc.ann["VirtletFirmware"] == "uefi" {
+				wantFirmware = map[bool]string{true: "uefi SECUREBOOT=enabled", false: "uefi SECUREBOOT=disabled"}[tc.ann["VirtletSecureBoot"] == "true"]
+				checkNVRAM(t, c, ctr)
+			}
+			if got := markerLine(t, logs, "FIRMWARE"); got != wantFirmware {
+				t.Errorf("guest's firmware %q, want %q", got, wantFirmware)
 			}
 			// Every VM has a virtio RNG fed by the host's /dev/urandom.
 			if got := marker(t, logs, "RNG"); !strings.HasPrefix(got, "virtio_rng.") {
@@ -271,6 +285,26 @@ func TestGuestSeesItsSpec(t *testing.T) {
 		})
 	}
 	assertNothingLeft(t, d, c)
+}
+
+// checkNVRAM: a UEFI VM has a variable store of its own, which goes with
+// the VM.
+func checkNVRAM(t *testing.T, c *harness.Crictl, ctr string) {
+	t.Helper()
+	xml, err := harness.Virsh("dumpxml", inspectCtr(t, c, ctr).VM.Name)
+	m := regexp.MustCompile(`<nvram[^>]*>([^<]+)</nvram>`).FindStringSubmatch(xml)
+	if err != nil || m == nil {
+		t.Errorf("a UEFI VM without its NVRAM (%v):\n%s", err, xml)
+		return
+	}
+	if _, err := os.Stat(m[1]); err != nil {
+		t.Errorf("the VM's NVRAM: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := os.Stat(m[1]); !os.IsNotExist(err) {
+			t.Errorf("the NVRAM %s outlives its VM (%v)", m[1], err)
+		}
+	})
 }
 
 // A guest that stops petting its watchdog is powered off by it, and the
@@ -444,16 +478,15 @@ func withCPUSet(t *testing.T, cfgPath, cpus string) string {
 // withResources edits a container config file's resources.
 func withResources(t *testing.T, cfgPath string, edit func(*runtimeapi.LinuxContainerResources)) string {
 	t.Helper()
-	var cfg runtimeapi.ContainerConfig
-	readJSONFile(t, cfgPath, &cfg)
-	if cfg.Linux == nil {
-		cfg.Linux = &runtimeapi.LinuxContainerConfig{}
-	}
-	if cfg.Linux.Resources == nil {
-		cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{}
-	}
-	edit(cfg.Linux.Resources)
-	return harness.WriteJSON(t, filepath.Dir(cfgPath), filepath.Base(cfgPath), &cfg)
+	return editJSON(t, cfgPath, func(cfg *runtimeapi.ContainerConfig) {
+		if cfg.Linux == nil {
+			cfg.Linux = &runtimeapi.LinuxContainerConfig{}
+		}
+		if cfg.Linux.Resources == nil {
+			cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{}
+		}
+		edit(cfg.Linux.Resources)
+	})
 }
 
 // withDNS rewrites the pod config at cfgPath with kubelet's resolver
@@ -466,10 +499,16 @@ func withDNS(t *testing.T, cfgPath string, dns *runtimeapi.DNSConfig) string {
 // editPod edits the pod config file at cfgPath.
 func editPod(t *testing.T, cfgPath string, edit func(*runtimeapi.PodSandboxConfig)) string {
 	t.Helper()
-	var cfg runtimeapi.PodSandboxConfig
-	readJSONFile(t, cfgPath, &cfg)
-	edit(&cfg)
-	return harness.WriteJSON(t, filepath.Dir(cfgPath), filepath.Base(cfgPath), &cfg)
+	return editJSON(t, cfgPath, edit)
+}
+
+// editJSON rewrites the JSON file at path (a CRI config) through edit.
+func editJSON[T any](t *testing.T, path string, edit func(*T)) string {
+	t.Helper()
+	var v T
+	readJSONFile(t, path, &v)
+	edit(&v)
+	return harness.WriteJSON(t, filepath.Dir(path), filepath.Base(path), &v)
 }
 
 // Two VMs from one image share its file: each root disk is a small overlay

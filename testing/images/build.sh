@@ -12,7 +12,7 @@ mkdir -p "$cache"
 # The kernel Debian's linux-image-amd64 depends on now.
 kv=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-\([0-9].*-amd64\)$/\1/p' | head -1)
 [ -n "$kv" ] || { echo "cannot find the kernel version of linux-image-amd64 (apt-get update?)" >&2; exit 1; }
-key=$( (echo "$kind $kv"; cat "$here/build.sh"; find "$here/$kind" -type f | sort | xargs cat) | sha256sum | cut -c1-16)
+key=$( (echo "$kind $kv"; cat "$here/build.sh" "$here/uefi-boot.sh"; find "$here/$kind" -type f | sort | xargs cat) | sha256sum | cut -c1-16)
 out=$cache/$kind-$key.qcow2
 if [ ! -f "$out" ]; then
   work=$cache/work-$kind

@@ -1777,8 +1777,11 @@ type VMSpec struct {
 	// Backs all of the VM's memory with host hugepages of this size (0:
 	// ordinary pages).
 	HugepageSizeBytes int64 `protobuf:"varint,20,opt,name=hugepage_size_bytes,json=hugepageSizeBytes,proto3" json:"hugepage_size_bytes,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// "" for BIOS, "uefi" for OVMF.
+	Firmware      string `protobuf:"bytes,21,opt,name=firmware,proto3" json:"firmware,omitempty"`
+	SecureBoot    bool   `protobuf:"varint,22,opt,name=secure_boot,json=secureBoot,proto3" json:"secure_boot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *VMSpec) Reset() {
@@ -1949,6 +1952,20 @@ func (x *VMSpec) GetHugepageSizeBytes() int64 {
 		return x.HugepageSizeBytes
 	}
 	return 0
+}
+
+func (x *VMSpec) GetFirmware() string {
+	if x != nil {
+		return x.Firmware
+	}
+	return ""
+}
+
+func (x *VMSpec) GetSecureBoot() bool {
+	if x != nil {
+		return x.SecureBoot
+	}
+	return false
 }
 
 type Watchdog struct {
@@ -2739,7 +2756,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"finishedAt\x12\x1b\n" +
 	"\texit_code\x18\x05 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\a \x01(\tR\amessage\"\xf8\x05\n" +
+	"\amessage\x18\a \x01(\tR\amessage\"\xb5\x06\n" +
 	"\x06VMSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -2762,7 +2779,10 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x05clock\x18\x11 \x01(\v2 .virtlet.hypervisor.v1.ClockSpecR\x05clock\x12;\n" +
 	"\bwatchdog\x18\x12 \x01(\v2\x1f.virtlet.hypervisor.v1.WatchdogR\bwatchdog\x12\x17\n" +
 	"\acpu_set\x18\x13 \x03(\x05R\x06cpuSet\x12.\n" +
-	"\x13hugepage_size_bytes\x18\x14 \x01(\x03R\x11hugepageSizeBytes\"8\n" +
+	"\x13hugepage_size_bytes\x18\x14 \x01(\x03R\x11hugepageSizeBytes\x12\x1a\n" +
+	"\bfirmware\x18\x15 \x01(\tR\bfirmware\x12\x1f\n" +
+	"\vsecure_boot\x18\x16 \x01(\bR\n" +
+	"secureBoot\"8\n" +
 	"\bWatchdog\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\"\xa9\x01\n" +

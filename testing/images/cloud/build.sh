@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Builds the cloud test guest: Debian bookworm with real cloud-init,
 # openssh-server, qemu-guest-agent and a serial getty, booting from its own
-# syslinux; from Debian packages only (debootstrap), without loop devices
+# syslinux (BIOS) or Debian's signed shim and GRUB (UEFI); from Debian
+# packages only (debootstrap), without loop devices
 # or mounts.
 #   build.sh OUT.qcow2 WORKDIR
 # (the kernel is whatever linux-image-amd64 is in the bookworm mirror)
 set -euo pipefail
 out=$1 work=$2
+here=$(cd "$(dirname "$0")" && pwd)
 mirror=${MIRROR:-$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1)}
 mirror=${mirror:-http://deb.debian.org/debian}
 root=$work/rootfs
@@ -43,7 +45,8 @@ rm -rf "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb "$root"/
   "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/locale/*
 find "$root/var/log" -type f -exec truncate -s0 {} +
 
-# Assemble the disk: MBR (syslinux) + FAT16 /boot + ext4 root (mkfs.ext4 -d).
+# Assemble the disk: MBR (syslinux) + FAT16 /boot (with the UEFI chain) +
+# ext4 root (mkfs.ext4 -d).
 boot_mb=64 pstart=2048
 root_mb=$(( $(du -sm "$root" | cut -f1) * 13 / 10 + 200 ))
 mkfs.ext4 -q -F -L root -d "$root" -E root_owner=0:0 "$work/root.img" ${root_mb}M
@@ -63,6 +66,8 @@ mcopy -i "$work/boot.img" "$root/boot/vmlinuz-$kv" ::/vmlinuz
 mcopy -i "$work/boot.img" "$root/boot/initrd.img-$kv" ::/initrd.img
 mcopy -i "$work/boot.img" "$work/syslinux.cfg" ::/syslinux.cfg
 syslinux --install "$work/boot.img"
+# UEFI boots the same partition (Secure Boot too).
+"$here/../uefi-boot.sh" "$work/boot.img" "$work" /vmlinuz /initrd.img "root=LABEL=root ro console=ttyS0,115200 net.ifnames=0"
 p2start=$(( pstart + boot_mb * 2048 ))
 rm -f "$work/disk.raw"; truncate -s $(( 1 + boot_mb + root_mb + 1 ))M "$work/disk.raw"
 sfdisk -q "$work/disk.raw" <<PT

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the tiny test guest: a whole-disk image (MBR, FAT16 boot partition,
-# syslinux, Debian's kernel, a busybox initramfs running ./init), from Debian
-# packages only and without loop devices or mounts.
+# syslinux for BIOS, Debian's signed shim and GRUB for UEFI, Debian's signed
+# kernel, a busybox initramfs running ./init), from Debian packages only and
+# without loop devices or mounts.
 #   build.sh OUT.qcow2 WORKDIR KERNEL_VERSION
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -61,6 +62,8 @@ mcopy -i "$work/part.img" "$kpkg/boot/vmlinuz-$kv" ::/vmlinuz
 mcopy -i "$work/part.img" "$work/initrd.gz" ::/initrd.gz
 mcopy -i "$work/part.img" "$work/syslinux.cfg" ::/syslinux.cfg
 syslinux --install "$work/part.img"
+# UEFI boots the same partition (Secure Boot too).
+"$here/../uefi-boot.sh" "$work/part.img" "$work" /vmlinuz /initrd.gz "console=ttyS0,115200 panic=-1 quiet loglevel=4"
 truncate -s ${SIZE_MB}M "$work/disk.raw"
 echo "start=$PSTART, type=e, bootable" | sfdisk -q "$work/disk.raw"
 dd if="$work/part.img" of="$work/disk.raw" bs=512 seek=$PSTART conv=notrunc status=none
