@@ -132,6 +132,9 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
+	if err := checkMaxMemory(opts.MaxMemoryBytes, memory, hugepages, ann[annotations.MaxMemory]); err != nil {
+		return "", fmt.Errorf("pod %s: %w", pod, err)
+	}
 	cpuSet, err := ParseCPUList(cfg.CPUSet)
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{Field: "resources cpuset_cpus", Value: cfg.CPUSet,
@@ -180,7 +183,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	spec := ports.VMSpec{
 		ID: id, Name: domainName(id, sb.Name), UUID: opts.SystemUUID,
 		SandboxID: sb.ID, PodName: sb.Name, PodNamespace: sb.Namespace, PodUID: sb.UID,
-		VCPUs: opts.VCPUCount, MemoryBytes: memory, HugepageSizeBytes: hugepages,
+		VCPUs: opts.VCPUCount, MemoryBytes: memory, MaxMemoryBytes: opts.MaxMemoryBytes, HugepageSizeBytes: hugepages,
 		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting}, Machine: opts.MachineType, Firmware: opts.Firmware, SecureBoot: opts.SecureBoot, Clock: opts.Clock, Watchdog: opts.Watchdog, CPUSet: cpuSet,
 		Disks: []ports.Disk{{
 			Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true, Serial: RootSerial,

@@ -39,6 +39,9 @@ type Hypervisor interface {
 	// boot disk before it first boots (VirtletFilesFromDataSource). The
 	// files may be secret and are never logged or kept.
 	WriteFiles(ctx context.Context, id string, files []GuestFile) error
+	// SetMemory resizes a VM's memory within its MaxMemoryBytes: live,
+	// through the balloon, when it runs, and for its next boot.
+	SetMemory(ctx context.Context, id string, bytes int64) error
 }
 
 // WithoutSecrets returns a copy of the spec whose disks carry no
@@ -111,6 +114,10 @@ type VMSpec struct {
 
 	VCPUs       int
 	MemoryBytes int64
+	// MaxMemoryBytes, when above MemoryBytes, is the most memory the VM
+	// can be resized to while it runs (SetMemory; the guest's balloon
+	// holds the rest).
+	MaxMemoryBytes int64
 	// HugepageSizeBytes, when set, backs all of the VM's memory with host
 	// hugepages of this size (the pod's hugepages-<size> limit).
 	HugepageSizeBytes int64

@@ -235,7 +235,13 @@ func unsupported(call, why string) error {
 }
 
 func (s *Server) UpdateContainerResources(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
-	return nil, unsupported("UpdateContainerResources", "a VM's vCPUs and memory cannot be changed while it runs")
+	res := req.GetLinux()
+	err := s.rt.UpdateContainerResources(ctx, req.ContainerId, core.ContainerResources{
+		MemoryLimitBytes: res.GetMemoryLimitInBytes(), CPUSet: res.GetCpusetCpus()})
+	if err != nil {
+		return nil, err
+	}
+	return &runtimeapi.UpdateContainerResourcesResponse{}, nil
 }
 
 func (s *Server) ReopenContainerLog(ctx context.Context, req *runtimeapi.ReopenContainerLogRequest) (*runtimeapi.ReopenContainerLogResponse, error) {

@@ -68,7 +68,7 @@ func domainXML(in domainInput) (string, error) {
 	d := &libvirtxml.Domain{
 		Type: in.DomainType, Name: s.Name, UUID: s.UUID,
 		Metadata: &libvirtxml.DomainMetadata{XML: metaXML},
-		Memory:   &libvirtxml.DomainMemory{Value: uint((s.MemoryBytes + 1023) / 1024), Unit: "KiB"},
+		Memory:   &libvirtxml.DomainMemory{Value: uint((maxMemory(s) + 1023) / 1024), Unit: "KiB"},
 		VCPU:     &libvirtxml.DomainVCPU{Placement: "static", Value: uint(s.VCPUs)},
 		SysInfo: []libvirtxml.DomainSysInfo{{SMBIOS: &libvirtxml.DomainSysInfoSMBIOS{System: &libvirtxml.DomainSysInfoSystem{
 			Entry: []libvirtxml.DomainSysInfoEntry{
@@ -122,6 +122,10 @@ func domainXML(in domainInput) (string, error) {
 		return "", err
 	}
 	d.CPU = cpu
+	if s.MaxMemoryBytes > s.MemoryBytes {
+		// The guest starts with its balloon holding what lies above its memory.
+		d.CurrentMemory = &libvirtxml.DomainCurrentMemory{Value: uint((s.MemoryBytes + 1023) / 1024), Unit: "KiB"}
+	}
 	firmware(d, s)
 	if size := s.HugepageSizeBytes; size > 0 {
 		d.MemoryBacking = &libvirtxml.DomainMemoryBacking{MemoryHugePages: &libvirtxml.DomainMemoryHugepages{
@@ -430,4 +434,12 @@ func firmware(d *libvirtxml.Domain, s ports.VMSpec) {
 	if s.SecureBoot {
 		d.Features.SMM = &libvirtxml.DomainFeatureSMM{State: "on"}
 	}
+}
+
+// maxMemory is the most memory the VM can be resized to.
+func maxMemory(s ports.VMSpec) int64 {
+	if s.MaxMemoryBytes > s.MemoryBytes {
+		return s.MaxMemoryBytes
+	}
+	return s.MemoryBytes
 }

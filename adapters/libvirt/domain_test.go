@@ -70,6 +70,7 @@ func TestDomainGolden(t *testing.T) {
 		{"cpu-topology", with(annotations.VCPUCount, "4", annotations.CPUTopology, "sockets=1,cores=2,threads=2"), nil, true},
 		{"pinned", with(annotations.VCPUCount, "2"), func(s *ports.VMSpec) { s.CPUSet = []int{2, 3} }, true},
 		{"hugepages-2m", with(), func(s *ports.VMSpec) { s.HugepageSizeBytes = 2 << 20 }, true},
+		{"max-memory", with(), func(s *ports.VMSpec) { s.MaxMemoryBytes = 512 << 20 }, true},
 		{"uefi", with(annotations.Firmware, "uefi"), nil, true},
 		{"uefi-secure-boot", with(annotations.Firmware, "uefi", annotations.SecureBoot, "true", annotations.MachineType, "q35"), nil, true},
 		{"pinned-to-all-host-cpus", with(annotations.VCPUCount, "2"), func(s *ports.VMSpec) { s.CPUSet = []int{0, 1, 2, 3} }, true},

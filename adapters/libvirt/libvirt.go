@@ -1217,6 +1217,35 @@ func (h *Hypervisor) ReopenLog(ctx context.Context, id string) error {
 	return t.reopen()
 }
 
+// SetMemory resizes a VM's memory within its maximum: through the balloon
+// while it runs (the guest gives pages back or takes them), and in its
+// definition for the next boot.
+func (h *Hypervisor) SetMemory(ctx context.Context, id string, bytes int64) error {
+	r, dom, err := h.lookup(id)
+	if err != nil {
+		return err
+	}
+	defer dom.Free()
+	h.mu.Lock()
+	name, max := r.Spec.Name, maxMemory(r.Spec)
+	h.mu.Unlock()
+	if bytes <= 0 || bytes > max {
+		return &ports.InvalidError{Field: "resources.limits.memory", Value: fmt.Sprintf("%d bytes", bytes),
+			Reason: fmt.Sprintf("outside what VM %s can be resized to", name), Allowed: fmt.Sprintf("at most %d bytes (VirtletMaxMemory)", max)}
+	}
+	flags := libvirt.DOMAIN_MEM_CONFIG
+	if state, _, err := dom.GetState(); err == nil && state == libvirt.DOMAIN_RUNNING {
+		flags |= libvirt.DOMAIN_MEM_LIVE
+	}
+	if err := dom.SetMemoryFlags(uint64(bytes>>10), flags); err != nil {
+		return libvirtError("resize the memory of domain "+name, err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.Spec.MemoryBytes = bytes
+	return h.saveRecord(r)
+}
+
 // WriteFiles writes files into the root file system of a VM's boot disk
 // before its first boot.
 func (h *Hypervisor) WriteFiles(ctx context.Context, id string, files []ports.GuestFile) error {

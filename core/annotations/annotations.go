@@ -73,6 +73,9 @@ const (
 	// SecureBoot, "true", makes a UEFI q35 VM boot with Secure Boot on and
 	// Microsoft's keys enrolled.
 	SecureBoot = "VirtletSecureBoot"
+	// MaxMemory is the most memory the VM can be resized to while it runs
+	// (in-place pod resize through the balloon); the default is its memory.
+	MaxMemory = "VirtletMaxMemory"
 )
 
 // Known lists every Virtlet annotation this package understands.
@@ -83,7 +86,7 @@ var Known = []string{
 	CloudInitUserDataSourceEncoding, SSHKeys, SSHKeySource, FilesFromDataSource,
 	RootVolumeSize, Chown9pfsMounts, SystemUUID, ForceDHCPNetworkConfig,
 	PersistentRootfsReinit, MachineType, Clock, ClockTimers, Watchdog, WatchdogAction, CPUTopology, Preset,
-	Firmware, SecureBoot,
+	Firmware, SecureBoot, MaxMemory,
 }
 
 // MaxVCPUs is the largest VirtletVCPUCount accepted.
@@ -163,7 +166,9 @@ type VMOptions struct {
 	FilesFromDataSource *ObjectRef `json:"filesFromDataSource,omitempty"`
 
 	// RootVolumeSize in bytes; 0 when not set.
-	RootVolumeSize  int64  `json:"rootVolumeSize,omitempty"`
+	RootVolumeSize int64 `json:"rootVolumeSize,omitempty"`
+	// MaxMemoryBytes: VirtletMaxMemory (0: the VM's memory).
+	MaxMemoryBytes  int64  `json:"maxMemoryBytes,omitempty"`
 	Chown9pfsMounts bool   `json:"chown9pfsMounts,omitempty"`
 	SystemUUID      string `json:"systemUUID,omitempty"`
 	ForceDHCP       bool   `json:"forceDHCPNetworkConfig,omitempty"`
@@ -200,6 +205,7 @@ func Parse(annotations map[string]string) (VMOptions, error) {
 	p.sshKeys()
 	p.files()
 	p.rootVolume()
+	p.maxMemory()
 	p.misc()
 	if len(p.errs) == 0 {
 		return p.opts, nil
@@ -678,6 +684,19 @@ func (p *parser) objectRef(key string, withKey bool) *ObjectRef {
 		ref.Key = parts[2]
 	}
 	return ref
+}
+
+func (p *parser) maxMemory() {
+	v, ok := p.get(MaxMemory)
+	if !ok {
+		return
+	}
+	n, err := parseBytes(strings.TrimSpace(v))
+	if err != nil {
+		p.fail(MaxMemory, v, "a positive Kubernetes quantity such as 4Gi, at least the container's memory limit", err.Error())
+		return
+	}
+	p.opts.MaxMemoryBytes = n
 }
 
 func (p *parser) rootVolume() {

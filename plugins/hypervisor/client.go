@@ -172,6 +172,17 @@ func (c *Client) ReopenLog(ctx context.Context, id string) error {
 	return c.conn.Error(err)
 }
 
+func (c *Client) SetMemory(ctx context.Context, id string, bytes int64) error {
+	rpc, err := c.rpc()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := base.WithTimeout(ctx, base.QuickCallTimeout)
+	defer cancel()
+	_, err = rpc.SetMemory(ctx, &hypervisorv1.SetMemoryRequest{Id: id, MemoryBytes: bytes})
+	return c.conn.Error(err)
+}
+
 func (c *Client) WriteFiles(ctx context.Context, id string, files []ports.GuestFile) error {
 	rpc, err := c.rpc()
 	if err != nil {

@@ -89,6 +89,10 @@ func (s *Server) ReopenLog(ctx context.Context, req *hypervisorv1.VMRequest) (*h
 	return &hypervisorv1.ReopenLogResponse{}, base.ToRPC(s.impl.ReopenLog(ctx, req.Id))
 }
 
+func (s *Server) SetMemory(ctx context.Context, req *hypervisorv1.SetMemoryRequest) (*hypervisorv1.SetMemoryResponse, error) {
+	return &hypervisorv1.SetMemoryResponse{}, base.ToRPC(s.impl.SetMemory(ctx, req.Id, req.MemoryBytes))
+}
+
 func (s *Server) WriteFiles(ctx context.Context, req *hypervisorv1.WriteFilesRequest) (*hypervisorv1.WriteFilesResponse, error) {
 	files := make([]ports.GuestFile, 0, len(req.Files))
 	for _, f := range req.Files {

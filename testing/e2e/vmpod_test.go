@@ -99,7 +99,8 @@ type inspect struct {
 		Message  string `json:"message"`
 	} `json:"status"`
 	VM struct {
-		Name string `json:"name"`
+		Name        string `json:"name"`
+		MemoryBytes int64  `json:"memoryBytes"`
 	} `json:"vm"`
 }
 

@@ -389,6 +389,21 @@ func (h *Hypervisor) ReopenLog(ctx context.Context, id string) error {
 	return nil
 }
 
+// SetMemory records the VM's new memory.
+func (h *Hypervisor) SetMemory(ctx context.Context, id string, bytes int64) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.fail("SetMemory"); err != nil {
+		return err
+	}
+	v, ok := h.vms[id]
+	if !ok {
+		return fmt.Errorf("fake set memory %s: %w", id, ports.ErrNotFound)
+	}
+	v.Spec.MemoryBytes = bytes
+	return h.save()
+}
+
 // WriteFiles records which files a VM's root file system received.
 func (h *Hypervisor) WriteFiles(ctx context.Context, id string, files []ports.GuestFile) error {
 	h.mu.Lock()

@@ -29,6 +29,7 @@ const (
 	Hypervisor_Watch_FullMethodName        = "/virtlet.hypervisor.v1.Hypervisor/Watch"
 	Hypervisor_ReopenLog_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/ReopenLog"
 	Hypervisor_WriteFiles_FullMethodName   = "/virtlet.hypervisor.v1.Hypervisor/WriteFiles"
+	Hypervisor_SetMemory_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/SetMemory"
 	Hypervisor_Console_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Console"
 	Hypervisor_GuestExec_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/GuestExec"
 	Hypervisor_Stats_FullMethodName        = "/virtlet.hypervisor.v1.Hypervisor/Stats"
@@ -58,6 +59,9 @@ type HypervisorClient interface {
 	ReopenLog(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*ReopenLogResponse, error)
 	// Files into the root file system of a defined VM (may be secret).
 	WriteFiles(ctx context.Context, in *WriteFilesRequest, opts ...grpc.CallOption) (*WriteFilesResponse, error)
+	// SetMemory resizes a VM's memory within its maximum: live through the
+	// balloon when it runs, and for its next boot.
+	SetMemory(ctx context.Context, in *SetMemoryRequest, opts ...grpc.CallOption) (*SetMemoryResponse, error)
 	// Console attaches one viewer to a VM's serial console: the first input
 	// message names the VM (id), later ones carry keystrokes (data); output
 	// messages carry what the console printed. The stream ends when the VM
@@ -188,6 +192,16 @@ func (c *hypervisorClient) WriteFiles(ctx context.Context, in *WriteFilesRequest
 	return out, nil
 }
 
+func (c *hypervisorClient) SetMemory(ctx context.Context, in *SetMemoryRequest, opts ...grpc.CallOption) (*SetMemoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetMemoryResponse)
+	err := c.cc.Invoke(ctx, Hypervisor_SetMemory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *hypervisorClient) Console(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConsoleInput, ConsoleOutput], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Hypervisor_ServiceDesc.Streams[1], Hypervisor_Console_FullMethodName, cOpts...)
@@ -272,6 +286,9 @@ type HypervisorServer interface {
 	ReopenLog(context.Context, *VMRequest) (*ReopenLogResponse, error)
 	// Files into the root file system of a defined VM (may be secret).
 	WriteFiles(context.Context, *WriteFilesRequest) (*WriteFilesResponse, error)
+	// SetMemory resizes a VM's memory within its maximum: live through the
+	// balloon when it runs, and for its next boot.
+	SetMemory(context.Context, *SetMemoryRequest) (*SetMemoryResponse, error)
 	// Console attaches one viewer to a VM's serial console: the first input
 	// message names the VM (id), later ones carry keystrokes (data); output
 	// messages carry what the console printed. The stream ends when the VM
@@ -322,6 +339,9 @@ func (UnimplementedHypervisorServer) ReopenLog(context.Context, *VMRequest) (*Re
 }
 func (UnimplementedHypervisorServer) WriteFiles(context.Context, *WriteFilesRequest) (*WriteFilesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method WriteFiles not implemented")
+}
+func (UnimplementedHypervisorServer) SetMemory(context.Context, *SetMemoryRequest) (*SetMemoryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetMemory not implemented")
 }
 func (UnimplementedHypervisorServer) Console(grpc.BidiStreamingServer[ConsoleInput, ConsoleOutput]) error {
 	return status.Errorf(codes.Unimplemented, "method Console not implemented")
@@ -535,6 +555,24 @@ func _Hypervisor_WriteFiles_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hypervisor_SetMemory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetMemoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).SetMemory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_SetMemory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).SetMemory(ctx, req.(*SetMemoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Hypervisor_Console_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(HypervisorServer).Console(&grpc.GenericServerStream[ConsoleInput, ConsoleOutput]{ServerStream: stream})
 }
@@ -674,6 +712,10 @@ var Hypervisor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "WriteFiles",
 			Handler:    _Hypervisor_WriteFiles_Handler,
+		},
+		{
+			MethodName: "SetMemory",
+			Handler:    _Hypervisor_SetMemory_Handler,
 		},
 		{
 			MethodName: "GuestExec",

@@ -15,7 +15,7 @@ if [ ! -f "$kpkg/lib/modules/$kv/modules.dep" ]; then
   dpkg-deb -x "$work"/debs/linux-image-${kv}_*.deb "$kpkg"
   depmod -b "$kpkg" "$kv"
 fi
-MODS="virtio_pci virtio_blk virtio_scsi virtio_net virtio_console sd_mod sr_mod ata_piix ahci isofs vfat nls_cp437 nls_ascii nls_utf8 9p 9pnet_virtio evdev button i6300esb virtio-rng"
+MODS="virtio_pci virtio_blk virtio_scsi virtio_net virtio_console sd_mod sr_mod ata_piix ahci isofs vfat nls_cp437 nls_ascii nls_utf8 9p 9pnet_virtio evdev button i6300esb virtio-rng virtio_balloon"
 root=$work/initramfs
 rm -rf "$root"; mkdir -p "$root"/{bin,proc,sys,dev,ci,mnt,lib/modules/$kv/kernel}
 cp /bin/busybox "$root/bin/busybox"

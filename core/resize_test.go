@@ -1,0 +1,88 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/ports"
+)
+
+// In-place resize: the memory moves within the VM's range and the record
+// keeps it; what the VM cannot do is refused naming the field.
+func TestUpdateContainerResources(t *testing.T) {
+	e := newEnv(t)
+	sb := e.runPod(t, "p", map[string]string{"VirtletMaxMemory": "256Mi"})
+	cfg := vmContainer(e.pull(t))
+	cfg.MemoryLimitBytes, cfg.CPUSet = 128<<20, "1"
+	ctx := context.Background()
+	id, err := e.rt.CreateContainer(ctx, sb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.StartContainer(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	// kubelet sends every resource: unchanged ones pass.
+	if err := e.rt.UpdateContainerResources(ctx, id, core.ContainerResources{MemoryLimitBytes: 128 << 20, CPUSet: "1"}); err != nil {
+		t.Fatalf("nothing changed: %v", err)
+	}
+	if err := e.rt.UpdateContainerResources(ctx, id, core.ContainerResources{MemoryLimitBytes: 192 << 20, CPUSet: "1"}); err != nil {
+		t.Fatalf("grow to 192Mi: %v", err)
+	}
+	c, _ := e.rt.ContainerStatus(ctx, id)
+	hvSpec, _ := e.hv.Spec(id)
+	if c.Spec.MemoryBytes != 192<<20 || hvSpec.MemoryBytes != 192<<20 {
+		t.Errorf("after the resize: record %d, hypervisor %d", c.Spec.MemoryBytes, hvSpec.MemoryBytes)
+	}
+	for _, tt := range []struct {
+		name string
+		res  core.ContainerResources
+		want []string
+	}{
+		{"above the maximum", core.ContainerResources{MemoryLimitBytes: 512 << 20}, []string{"resources.limits.memory", "536870912 bytes", "33554432 to 268435456 bytes", "VirtletMaxMemory"}},
+		{"too little", core.ContainerResources{MemoryLimitBytes: 16 << 20}, []string{"resources.limits.memory", "16777216 bytes"}},
+		{"another CPU set", core.ContainerResources{CPUSet: "0-1"}, []string{"resources cpuset_cpus", `"0-1"`, "fixed while the VM runs"}},
+	} {
+		err := e.rt.UpdateContainerResources(ctx, id, tt.res)
+		if !errors.Is(err, ports.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want InvalidArgument", tt.name, err)
+			continue
+		}
+		lacks(t, tt.name, err.Error(), tt.want...)
+	}
+	if c, _ := e.rt.ContainerStatus(ctx, id); c.Spec.MemoryBytes != 192<<20 {
+		t.Errorf("a refused resize changed the record: %d", c.Spec.MemoryBytes)
+	}
+}
+
+func TestMaxMemoryRefusals(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		ann    map[string]string
+		mutate func(*core.ContainerConfig)
+		want   []string
+	}{
+		{"below the memory", map[string]string{"VirtletMaxMemory": "64Mi"}, func(c *core.ContainerConfig) { c.MemoryLimitBytes = 128 << 20 },
+			[]string{"annotation VirtletMaxMemory", `"64Mi"`, "below the VM's memory (134217728 bytes"}},
+		{"with hugepages", map[string]string{"VirtletMaxMemory": "256Mi"}, func(c *core.ContainerConfig) {
+			c.MemoryLimitBytes, c.HugepageLimits = 128<<20, []core.HugepageLimit{{PageSize: "2MB", Bytes: 128 << 20}}
+		}, []string{"annotation VirtletMaxMemory", "backed by hugepages cannot be resized"}},
+		{"not a quantity", map[string]string{"VirtletMaxMemory": "lots"}, nil, []string{"annotation VirtletMaxMemory", `"lots"`, "4Gi"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t)
+			sb := e.runPod(t, "p", tt.ann)
+			cfg := vmContainer(e.pull(t))
+			if tt.mutate != nil {
+				tt.mutate(&cfg)
+			}
+			_, err := e.rt.CreateContainer(context.Background(), sb, cfg)
+			if !errors.Is(err, ports.ErrInvalidArgument) {
+				t.Fatalf("%v, want InvalidArgument", err)
+			}
+			lacks(t, "message", err.Error(), tt.want...)
+		})
+	}
+}
