@@ -184,7 +184,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 		ID: id, Name: domainName(id, sb.Name), UUID: opts.SystemUUID,
 		SandboxID: sb.ID, PodName: sb.Name, PodNamespace: sb.Namespace, PodUID: sb.UID,
 		VCPUs: opts.VCPUCount, MemoryBytes: memory, MaxMemoryBytes: opts.MaxMemoryBytes, HugepageSizeBytes: hugepages,
-		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting}, Machine: opts.MachineType, Firmware: opts.Firmware, SecureBoot: opts.SecureBoot, Clock: opts.Clock, Watchdog: opts.Watchdog, CPUSet: cpuSet,
+		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting}, Machine: opts.MachineType, Firmware: opts.Firmware, SecureBoot: opts.SecureBoot, HyperV: opts.HyperV, Clock: opts.Clock, Watchdog: opts.Watchdog, CPUSet: cpuSet,
 		Disks: []ports.Disk{{
 			Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true, Serial: RootSerial,
 			Source:  ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"},

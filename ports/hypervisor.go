@@ -134,6 +134,8 @@ type VMSpec struct {
 	// SecureBoot (UEFI, q35) boots with Secure Boot on and Microsoft's
 	// keys enrolled.
 	SecureBoot bool
+	// HyperV gives the guest Hyper-V enlightenments (KVM only).
+	HyperV bool
 	// Clock is the guest's hardware clock and timers.
 	Clock ClockSpec
 	// Watchdog, when set, is the VM's watchdog device: a guest that stops

@@ -777,6 +777,11 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	if err := checkHugepages(conn, spec.HugepageSizeBytes, spec.MemoryBytes); err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
+	if spec.HyperV && accel.DomainType != kvmAccel.DomainType {
+		return fmt.Errorf("VM %s: %w", spec.Name, &ports.InvalidError{Field: "annotation VirtletHyperV", Value: "true",
+			Reason:  fmt.Sprintf("Hyper-V enlightenments need KVM; this node runs its VMs under %s (%s)", accel.Name, accel.Reason),
+			Allowed: "false, or a node whose VMs run under KVM"})
+	}
 	hostCPUs, err := checkCPUSet(conn, spec.CPUSet)
 	if err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)

@@ -76,6 +76,9 @@ const (
 	// MaxMemory is the most memory the VM can be resized to while it runs
 	// (in-place pod resize through the balloon); the default is its memory.
 	MaxMemory = "VirtletMaxMemory"
+	// HyperV, "true", gives the guest Hyper-V enlightenments (paravirtual
+	// interfaces Windows uses under a hypervisor) and the Hyper-V clock.
+	HyperV = "VirtletHyperV"
 )
 
 // Known lists every Virtlet annotation this package understands.
@@ -86,7 +89,7 @@ var Known = []string{
 	CloudInitUserDataSourceEncoding, SSHKeys, SSHKeySource, FilesFromDataSource,
 	RootVolumeSize, Chown9pfsMounts, SystemUUID, ForceDHCPNetworkConfig,
 	PersistentRootfsReinit, MachineType, Clock, ClockTimers, Watchdog, WatchdogAction, CPUTopology, Preset,
-	Firmware, SecureBoot, MaxMemory,
+	Firmware, SecureBoot, MaxMemory, HyperV,
 }
 
 // MaxVCPUs is the largest VirtletVCPUCount accepted.
@@ -143,6 +146,8 @@ type VMOptions struct {
 	// Firmware: "" for BIOS, or ports.FirmwareUEFI.
 	Firmware   string `json:"firmware,omitempty"`
 	SecureBoot bool   `json:"secureBoot,omitempty"`
+	// HyperV: VirtletHyperV.
+	HyperV bool `json:"hyperV,omitempty"`
 	// Clock is the guest's clock and timers (zero: UTC, the hypervisor's
 	// timers).
 	Clock ports.ClockSpec `json:"clock,omitempty"`
@@ -436,6 +441,15 @@ func (p *parser) firmware() {
 			p.opts.Firmware = v
 		default:
 			p.fail(Firmware, v, "bios or uefi", "")
+		}
+	}
+	if v, ok := p.get(HyperV); ok {
+		switch v {
+		case "true":
+			p.opts.HyperV = true
+		case "false":
+		default:
+			p.fail(HyperV, v, "true or false", "")
 		}
 	}
 	v, ok := p.get(SecureBoot)

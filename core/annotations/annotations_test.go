@@ -54,6 +54,7 @@ func TestValid(t *testing.T) {
 		}},
 		{"watchdog", map[string]string{Watchdog: "i6300esb"}, func(o *VMOptions) { o.Watchdog = &ports.Watchdog{Model: "i6300esb", Action: "reset"} }},
 		{"uefi", map[string]string{Firmware: "uefi"}, func(o *VMOptions) { o.Firmware = ports.FirmwareUEFI }},
+		{"hyper-v", map[string]string{HyperV: "true"}, func(o *VMOptions) { o.HyperV = true }},
 		{"bios", map[string]string{Firmware: "bios", SecureBoot: "false"}, func(o *VMOptions) {}},
 		{"secure boot", map[string]string{Firmware: "uefi", SecureBoot: "true", MachineType: "q35"}, func(o *VMOptions) {
 			o.Firmware, o.SecureBoot, o.MachineType = ports.FirmwareUEFI, true, "q35"
@@ -164,6 +165,7 @@ func TestInvalid(t *testing.T) {
 		{"cpu topology twice", map[string]string{CPUTopology: "cores=1", LibvirtCPUSetting: "Topology: {Sockets: 1, Cores: 1, Threads: 1}\n"}, []string{"annotation VirtletCPUTopology", "both are set"}},
 		{"watchdog unknown", map[string]string{Watchdog: "ib700"}, []string{"annotation VirtletWatchdog", `"ib700"`, "i6300esb or itco"}},
 		{"firmware unknown", map[string]string{Firmware: "coreboot"}, []string{"annotation VirtletFirmware", `"coreboot"`, "bios or uefi"}},
+		{"hyper-v not a boolean", map[string]string{HyperV: "on"}, []string{"annotation VirtletHyperV", `"on"`, "true or false"}},
 		{"secure boot not a boolean", map[string]string{Firmware: "uefi", MachineType: "q35", SecureBoot: "yes"}, []string{"annotation VirtletSecureBoot", `"yes"`, "true or false"}},
 		{"secure boot with bios", map[string]string{SecureBoot: "true", MachineType: "q35"}, []string{"annotation VirtletSecureBoot", "a UEFI feature", "VirtletFirmware uefi"}},
 		{"secure boot on pc", map[string]string{Firmware: "uefi", SecureBoot: "true"}, []string{"annotation VirtletSecureBoot", "needs SMM", "VirtletMachineType q35"}},

@@ -583,6 +583,9 @@ func TestBadInputLeavesNothing(t *testing.T) {
 		// Debian 12's libvirt 9.0 has no iTCO watchdog (9.1 has).
 		{"itco watchdog on libvirt 9.0", map[string]string{"VirtletMachineType": "q35", "VirtletWatchdog": "itco"}, 128 << 20, nil,
 			[]string{"annotation VirtletWatchdog", `invalid value \"itco\"`, "libvirt 9.0.0 has no iTCO watchdog", "allowed: i6300esb"}},
+		// This machine's VMs run under TCG (its nested KVM crawls).
+		{"hyper-v on a TCG node", map[string]string{"VirtletHyperV": "true"}, 128 << 20, nil,
+			[]string{"annotation VirtletHyperV", "Hyper-V enlightenments need KVM", "under tcg"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.spoil != nil {

@@ -1870,6 +1870,7 @@ type VMSpec struct {
 	SecureBoot bool   `protobuf:"varint,22,opt,name=secure_boot,json=secureBoot,proto3" json:"secure_boot,omitempty"`
 	// The most memory the VM may be resized to (0: memory_bytes).
 	MaxMemoryBytes int64 `protobuf:"varint,23,opt,name=max_memory_bytes,json=maxMemoryBytes,proto3" json:"max_memory_bytes,omitempty"`
+	HyperV         bool  `protobuf:"varint,24,opt,name=hyper_v,json=hyperV,proto3" json:"hyper_v,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -2063,6 +2064,13 @@ func (x *VMSpec) GetMaxMemoryBytes() int64 {
 		return x.MaxMemoryBytes
 	}
 	return 0
+}
+
+func (x *VMSpec) GetHyperV() bool {
+	if x != nil {
+		return x.HyperV
+	}
+	return false
 }
 
 type Watchdog struct {
@@ -2857,7 +2865,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"finishedAt\x12\x1b\n" +
 	"\texit_code\x18\x05 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\a \x01(\tR\amessage\"\xdf\x06\n" +
+	"\amessage\x18\a \x01(\tR\amessage\"\xf8\x06\n" +
 	"\x06VMSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -2884,7 +2892,8 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\bfirmware\x18\x15 \x01(\tR\bfirmware\x12\x1f\n" +
 	"\vsecure_boot\x18\x16 \x01(\bR\n" +
 	"secureBoot\x12(\n" +
-	"\x10max_memory_bytes\x18\x17 \x01(\x03R\x0emaxMemoryBytes\"8\n" +
+	"\x10max_memory_bytes\x18\x17 \x01(\x03R\x0emaxMemoryBytes\x12\x17\n" +
+	"\ahyper_v\x18\x18 \x01(\bR\x06hyperV\"8\n" +
 	"\bWatchdog\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\"\xa9\x01\n" +
