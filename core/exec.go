@@ -155,3 +155,17 @@ func (r *Runtime) exec(ctx context.Context, id string, cmd []string, stdin []byt
 	}
 	return out, nil
 }
+
+// GuestInfo is the guest's own account of itself, from its agent (OS,
+// host name, interfaces): `virtletctl status`.
+func (r *Runtime) GuestInfo(ctx context.Context, id string) (ports.GuestInfo, error) {
+	c, err := r.runningVM(id, "guest information")
+	if err != nil {
+		return ports.GuestInfo{}, err
+	}
+	gi, ok := r.deps.Hypervisor.(ports.GuestInformer)
+	if !ok {
+		return ports.GuestInfo{}, fmt.Errorf("guest information of VM %s: the hypervisor plugin cannot ask guests: %w", c.Spec.Name, ports.ErrUnimplemented)
+	}
+	return gi.GuestInfo(ctx, c.ID)
+}

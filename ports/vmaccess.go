@@ -43,6 +43,30 @@ type GuestExecRequest struct {
 	MaxOutputBytes int
 }
 
+// GuestInformer reports what a running guest's agent says of itself.
+type GuestInformer interface {
+	// GuestInfo asks the guest's agent. A guest without a working agent
+	// fails quickly with ErrFailedPrecondition.
+	GuestInfo(ctx context.Context, id string) (GuestInfo, error)
+}
+
+// GuestInfo is a guest's own account of itself; what its agent does not
+// report is empty.
+type GuestInfo struct {
+	OS         string           `json:"os,omitempty"` // e.g. Debian GNU/Linux 12 (bookworm)
+	Kernel     string           `json:"kernel,omitempty"`
+	Hostname   string           `json:"hostname,omitempty"`
+	TimeZone   string           `json:"timeZone,omitempty"`
+	Interfaces []GuestInterface `json:"interfaces,omitempty"`
+}
+
+// GuestInterface is a network interface as the guest sees it.
+type GuestInterface struct {
+	Name      string   `json:"name"`
+	MAC       string   `json:"mac,omitempty"`
+	Addresses []string `json:"addresses,omitempty"` // CIDR
+}
+
 // GuestExecResult is how a guest command ended.
 type GuestExecResult struct {
 	ExitCode        int32

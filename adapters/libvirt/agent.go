@@ -364,4 +364,55 @@ func decodeOutput(data string, max int) ([]byte, bool, error) {
 	return b, false, nil
 }
 
-var _ ports.GuestExecer = (*Hypervisor)(nil)
+var (
+	_ ports.GuestExecer   = (*Hypervisor)(nil)
+	_ ports.GuestInformer = (*Hypervisor)(nil)
+)
+
+// GuestInfo asks the guest agent about the guest: its OS, kernel, host
+// name, time zone and network interfaces (libvirt's virDomainGetGuestInfo).
+func (h *Hypervisor) GuestInfo(ctx context.Context, id string) (ports.GuestInfo, error) {
+	r, dom, err := h.lookup(id)
+	if err != nil {
+		return ports.GuestInfo{}, err
+	}
+	defer dom.Free()
+	h.mu.Lock()
+	name, startedAt := r.Spec.Name, r.StartedAt
+	h.mu.Unlock()
+	if state, _, err := dom.GetState(); err != nil || state != libvirt.DOMAIN_RUNNING {
+		return ports.GuestInfo{}, fmt.Errorf("VM %s is not running: %w", name, ports.ErrFailedPrecondition)
+	}
+	// Asked right after a start, the guest may still be booting: no wait
+	// here (a status answers at once), only the channel's state.
+	channel, err := waitAgent(ctx, dom, startedAt, 0)
+	if err != nil {
+		return ports.GuestInfo{}, libvirtError("read the agent channel of "+name, err)
+	}
+	if channel != agentConnected {
+		return ports.GuestInfo{}, noAgent(name, channel)
+	}
+	gi, err := dom.GetGuestInfo(libvirt.DOMAIN_GUEST_INFO_OS|libvirt.DOMAIN_GUEST_INFO_HOSTNAME|
+		libvirt.DOMAIN_GUEST_INFO_TIMEZONE|libvirt.DOMAIN_GUEST_INFO_INTERFACES, 0)
+	if err != nil {
+		return ports.GuestInfo{}, libvirtError("ask the guest agent of "+name, err)
+	}
+	info := ports.GuestInfo{Hostname: gi.Hostname}
+	if os := gi.OS; os != nil {
+		info.OS, info.Kernel = os.PrettyName, os.KernelRelease
+		if info.OS == "" {
+			info.OS = strings.TrimSpace(os.Name + " " + os.Version)
+		}
+	}
+	if tz := gi.TimeZone; tz != nil {
+		info.TimeZone = tz.Name
+	}
+	for _, i := range gi.Interfaces {
+		gif := ports.GuestInterface{Name: i.Name, MAC: i.Hwaddr}
+		for _, a := range i.Addrs {
+			gif.Addresses = append(gif.Addresses, fmt.Sprintf("%s/%d", a.Addr, a.Prefix))
+		}
+		info.Interfaces = append(info.Interfaces, gif)
+	}
+	return info, nil
+}

@@ -62,6 +62,21 @@ func (t *Tools) Run(ctx context.Context, containerID string, cmd []string, in io
 		return res.ExitCode, nil
 	case vmtools.VNC:
 		return 0, t.vnc(ctx, containerID, in, out, log)
+	case vmtools.Status:
+		c, err := t.RT.ContainerStatus(ctx, containerID)
+		if err != nil {
+			return 0, err
+		}
+		st := vmtools.VMStatus{Pod: c.Spec.PodNamespace + "/" + c.Spec.PodName, VM: c.Spec.Name, State: string(c.State),
+			StartedAt: c.StartedAt, VCPUs: c.Spec.VCPUs, MemoryBytes: c.Spec.MemoryBytes}
+		if gi, err := t.RT.GuestInfo(ctx, containerID); err != nil {
+			st.GuestError = err.Error()
+		} else {
+			st.Guest = &gi
+		}
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return 0, enc.Encode(st)
 	default:
 		return 0, fmt.Errorf("unknown Virtlet command %q (known: %s); is virtletctl newer than the daemon?", cmd[0], strings.Join(vmtools.Commands, ", "))
 	}

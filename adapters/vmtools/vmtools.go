@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"strings"
 	"time"
+
+	"github.com/virtlet/virtlet/ports"
 )
 
 // Prefix marks Virtlet's own exec commands (no guest program is named
@@ -30,10 +32,13 @@ const (
 	Virsh = Prefix + "virsh"
 	// VNC connects the exec's stdin and stdout to the VM's VNC display.
 	VNC = Prefix + "vnc"
+	// Status prints the VM's state and the guest's own account of itself
+	// from its agent (JSON VMStatus).
+	Status = Prefix + "status"
 )
 
 // Commands lists the commands, for help and errors.
-var Commands = []string{Version, Diag, Virsh, VNC}
+var Commands = []string{Version, Diag, Virsh, VNC, Status}
 
 // IsCommand reports whether cmd is one of Virtlet's own commands.
 func IsCommand(cmd []string) bool {
@@ -78,4 +83,17 @@ type LogLine struct {
 	Level   string            `json:"level"`
 	Message string            `json:"message"`
 	Fields  map[string]string `json:"fields,omitempty"`
+}
+
+// VMStatus is the daemon's answer to Status.
+type VMStatus struct {
+	Pod         string    `json:"pod"`
+	VM          string    `json:"vm"`
+	State       string    `json:"state"`
+	StartedAt   time.Time `json:"startedAt,omitempty"`
+	VCPUs       int       `json:"vcpus"`
+	MemoryBytes int64     `json:"memoryBytes"`
+	// Guest is what the guest's agent says; GuestError why it says nothing.
+	Guest      *ports.GuestInfo `json:"guest,omitempty"`
+	GuestError string           `json:"guestError,omitempty"`
 }

@@ -54,7 +54,7 @@ func newRoot(argv0 string) *cobra.Command {
 	root := &cobra.Command{
 		Use:         argv0Or(argv0),
 		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: name},
-		Short:       "Reach Virtlet's VM pods: ssh, VNC, virsh, diagnostics",
+		Short:       "Reach Virtlet's VM pods: ssh, VNC, virsh, status, diagnostics",
 		Long: name + ` reaches the VMs of Virtlet's VM pods through the Kubernetes API server,
 with your kubeconfig, as kubectl does. It needs the rights kubectl port-forward
 (ssh, vnc) and kubectl exec (virsh, diag) need on the pod.`,
@@ -62,6 +62,6 @@ with your kubeconfig, as kubectl does. It needs the rights kubectl port-forward
 		SilenceErrors: true,
 	}
 	k.addFlags(root)
-	root.AddCommand(newSSH(k, name), newVNC(k, name), newVirsh(k, name), newDiag(k, name), newGen(name), newVersion(k, name))
+	root.AddCommand(newSSH(k, name), newVNC(k, name), newVirsh(k, name), newStatus(k, name), newDiag(k, name), newGen(name), newVersion(k, name))
 	return root
 }

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/virtlet/virtlet/adapters/vmtools"
+	"github.com/virtlet/virtlet/ports"
 )
 
 func TestSplitTarget(t *testing.T) {
@@ -174,5 +175,37 @@ func TestDumpWritesOneDirectoryPerPod(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "skipped default/other: Pending") {
 		t.Errorf("output:\n%s", out.String())
+	}
+}
+
+func TestPrintStatus(t *testing.T) {
+	started := time.Date(2026, 11, 25, 15, 0, 0, 0, time.UTC)
+	st := vmtools.VMStatus{Pod: "default/vm", VM: "virtlet-0123456789ab-vm", State: "running", StartedAt: started, VCPUs: 2, MemoryBytes: 512 << 20,
+		Guest: &ports.GuestInfo{OS: "Debian GNU/Linux 12 (bookworm)", Kernel: "6.1.0-56-amd64", Hostname: "vm", TimeZone: "UTC",
+			Interfaces: []ports.GuestInterface{{Name: "lo", MAC: "00:00:00:00:00:00", Addresses: []string{"127.0.0.1/8"}},
+				{Name: "eth0", MAC: "52:54:00:a1:b2:c3", Addresses: []string{"198.18.0.5/24", "fd00:198:18::5/64"}}}}}
+	var b strings.Builder
+	if err := printStatus(&b, st, started.Add(90*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	want := `Pod:         default/vm
+VM:          virtlet-0123456789ab-vm
+State:       running for 1m30s (since 2026-11-25T15:00:00Z)
+vCPUs:       2
+Memory:      512 MiB
+Guest OS:    Debian GNU/Linux 12 (bookworm) (kernel 6.1.0-56-amd64)
+Hostname:    vm
+Time zone:   UTC
+Interfaces:  lo 00:00:00:00:00:00 127.0.0.1/8
+             eth0 52:54:00:a1:b2:c3 198.18.0.5/24 fd00:198:18::5/64
+`
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+	b.Reset()
+	st.Guest, st.GuestError, st.State = nil, "the VM vm has no guest agent", "running"
+	printStatus(&b, st, started)
+	if !strings.Contains(b.String(), "Guest:   no answer: the VM vm has no guest agent") {
+		t.Errorf("a guest without an agent:\n%s", b.String())
 	}
 }

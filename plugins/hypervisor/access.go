@@ -126,6 +126,25 @@ func (c *Client) GuestExec(ctx context.Context, id string, req ports.GuestExecRe
 	}, nil
 }
 
+// GuestInfo asks the guest's agent about itself through the plugin.
+func (c *Client) GuestInfo(ctx context.Context, id string) (ports.GuestInfo, error) {
+	rpc, err := c.rpc()
+	if err != nil {
+		return ports.GuestInfo{}, err
+	}
+	ctx, cancel := base.WithTimeout(ctx, base.QuickCallTimeout)
+	defer cancel()
+	resp, err := rpc.GuestInfo(ctx, &hypervisorv1.VMRequest{Id: id})
+	if err != nil {
+		return ports.GuestInfo{}, c.conn.Error(err)
+	}
+	info := ports.GuestInfo{OS: resp.Os, Kernel: resp.Kernel, Hostname: resp.Hostname, TimeZone: resp.TimeZone}
+	for _, i := range resp.Interfaces {
+		info.Interfaces = append(info.Interfaces, ports.GuestInterface{Name: i.Name, MAC: i.Mac, Addresses: i.Addresses})
+	}
+	return info, nil
+}
+
 // guestExecMargin is the time a timed-out guest command gets for being
 // killed and reported.
 const guestExecMargin = 5 * time.Second
@@ -193,6 +212,7 @@ func (c *Client) Display(ctx context.Context, id string) (ports.Display, error) 
 var (
 	_ ports.ConsoleOpener = (*Client)(nil)
 	_ ports.GuestExecer   = (*Client)(nil)
+	_ ports.GuestInformer = (*Client)(nil)
 	_ ports.StatsReporter = (*Client)(nil)
 	_ ports.VMInspector   = (*Client)(nil)
 )
@@ -285,6 +305,22 @@ func (s *Server) GuestExec(ctx context.Context, req *hypervisorv1.GuestExecReque
 		ExitCode: r.ExitCode, Stdout: r.Stdout, Stderr: r.Stderr, StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated,
 		TimedOut: r.TimedOut, Killed: r.Killed, KillError: r.KillError, Pid: r.PID,
 	}, nil
+}
+
+func (s *Server) GuestInfo(ctx context.Context, req *hypervisorv1.VMRequest) (*hypervisorv1.GuestInfoResponse, error) {
+	gi, ok := s.impl.(ports.GuestInformer)
+	if !ok {
+		return nil, unimplemented("guest information from a guest agent")
+	}
+	info, err := gi.GuestInfo(ctx, req.Id)
+	if err != nil {
+		return nil, base.ToRPC(err)
+	}
+	resp := &hypervisorv1.GuestInfoResponse{Os: info.OS, Kernel: info.Kernel, Hostname: info.Hostname, TimeZone: info.TimeZone}
+	for _, i := range info.Interfaces {
+		resp.Interfaces = append(resp.Interfaces, &hypervisorv1.GuestInterface{Name: i.Name, Mac: i.MAC, Addresses: i.Addresses})
+	}
+	return resp, nil
 }
 
 func (s *Server) Stats(ctx context.Context, req *hypervisorv1.StatsRequest) (*hypervisorv1.StatsResponse, error) {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -17,6 +19,8 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/virtlet/virtlet/adapters/vmtools"
+	"github.com/virtlet/virtlet/ports"
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -219,6 +223,17 @@ func TestVMPodsOnThePodNetwork(t *testing.T) {
 		if !strings.Contains(resolv, want) {
 			t.Errorf("the tiny guest's resolv.conf lacks %q:\n%s", want, resolv)
 		}
+	}
+	// virtletctl status's answer (the daemon's own exec command): the
+	// guest agent reports the pod's address on the VM's NIC.
+	var st vmtools.VMStatus
+	if err := json.Unmarshal([]byte(c.Must(t, "exec", tinyID, vmtools.Status)), &st); err != nil {
+		t.Fatalf("%s: %v", vmtools.Status, err)
+	}
+	if st.State != "running" || st.Guest == nil || st.Guest.Hostname != "net-tiny" || st.Guest.Kernel == "" {
+		t.Errorf("%s: %+v (guest %+v)", vmtools.Status, st, st.Guest)
+	} else if !slices.ContainsFunc(st.Guest.Interfaces, func(i ports.GuestInterface) bool { return slices.Contains(i.Addresses, tinyIP+"/24") }) {
+		t.Errorf("the guest agent does not report the pod's address %s: %+v", tinyIP, st.Guest.Interfaces)
 	}
 	if strings.Contains(logs, "----- /ci/network-config") {
 		t.Errorf("VirtletForceDHCPNetworkConfig: the cloud-init media still has network-config")

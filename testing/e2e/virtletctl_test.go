@@ -21,7 +21,7 @@ import (
 // Go module proxy) whose runtime is the daemon: a VM pod applied with
 // kubectl runs the cloud image; `virtletctl ssh` runs a command in the
 // guest through the API server's port-forward (also as the kubectl plugin
-// `kubectl virt`); virsh, diag, vnc and version reach the node's daemon
+// `kubectl virt`); virsh, status, diag, vnc and version reach the node's daemon
 // through the pod's exec subresource; kubectl exec runs through the guest
 // agent; kubelet's summary API shows the VM's usage.
 func TestKubeVirtletctlThroughTheAPIServer(t *testing.T) {
@@ -140,6 +140,16 @@ spec:
 		out, err := k.Kubectl("exec", "ctl-vm", "--", "sh", "-c", "exit 3")
 		if err == nil || !strings.Contains(out, "exit code 3") {
 			t.Errorf("kubectl exec exit 3: %v %s", err, out)
+		}
+	})
+
+	t.Run("status", func(t *testing.T) {
+		out, errOut, err := run("status", "ctl-vm")
+		podIP, _ := k.Kubectl("get", "pod", "ctl-vm", "-o", "jsonpath={.status.podIP}")
+		for _, want := range []string{"State:       running for ", "Guest OS:    Debian GNU/Linux 12 (bookworm) (kernel ", "Hostname:    ctl-vm", " " + strings.TrimSpace(podIP) + "/"} {
+			if err != nil || !strings.Contains(out, want) {
+				t.Errorf("virtletctl status lacks %q: %v\n%s%s", want, err, out, errOut)
+			}
 		}
 	})
 

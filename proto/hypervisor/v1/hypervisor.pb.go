@@ -302,6 +302,142 @@ func (x *GuestExecResponse) GetPid() int64 {
 	return 0
 }
 
+type GuestInfoResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Os            string                 `protobuf:"bytes,1,opt,name=os,proto3" json:"os,omitempty"`
+	Kernel        string                 `protobuf:"bytes,2,opt,name=kernel,proto3" json:"kernel,omitempty"`
+	Hostname      string                 `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	TimeZone      string                 `protobuf:"bytes,4,opt,name=time_zone,json=timeZone,proto3" json:"time_zone,omitempty"`
+	Interfaces    []*GuestInterface      `protobuf:"bytes,5,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GuestInfoResponse) Reset() {
+	*x = GuestInfoResponse{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GuestInfoResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestInfoResponse) ProtoMessage() {}
+
+func (x *GuestInfoResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestInfoResponse.ProtoReflect.Descriptor instead.
+func (*GuestInfoResponse) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *GuestInfoResponse) GetOs() string {
+	if x != nil {
+		return x.Os
+	}
+	return ""
+}
+
+func (x *GuestInfoResponse) GetKernel() string {
+	if x != nil {
+		return x.Kernel
+	}
+	return ""
+}
+
+func (x *GuestInfoResponse) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *GuestInfoResponse) GetTimeZone() string {
+	if x != nil {
+		return x.TimeZone
+	}
+	return ""
+}
+
+func (x *GuestInfoResponse) GetInterfaces() []*GuestInterface {
+	if x != nil {
+		return x.Interfaces
+	}
+	return nil
+}
+
+type GuestInterface struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Mac           string                 `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	Addresses     []string               `protobuf:"bytes,3,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GuestInterface) Reset() {
+	*x = GuestInterface{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GuestInterface) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestInterface) ProtoMessage() {}
+
+func (x *GuestInterface) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestInterface.ProtoReflect.Descriptor instead.
+func (*GuestInterface) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GuestInterface) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GuestInterface) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *GuestInterface) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
 type StatsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ids           []string               `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
@@ -311,7 +447,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[4]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -323,7 +459,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[4]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -336,7 +472,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{4}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StatsRequest) GetIds() []string {
@@ -355,7 +491,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[5]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +503,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[5]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +516,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{5}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StatsResponse) GetVms() []*VMStats {
@@ -404,7 +540,7 @@ type VMStats struct {
 
 func (x *VMStats) Reset() {
 	*x = VMStats{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[6]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -416,7 +552,7 @@ func (x *VMStats) String() string {
 func (*VMStats) ProtoMessage() {}
 
 func (x *VMStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[6]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -429,7 +565,7 @@ func (x *VMStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMStats.ProtoReflect.Descriptor instead.
 func (*VMStats) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{6}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *VMStats) GetId() string {
@@ -492,7 +628,7 @@ type MemoryStats struct {
 
 func (x *MemoryStats) Reset() {
 	*x = MemoryStats{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[7]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +640,7 @@ func (x *MemoryStats) String() string {
 func (*MemoryStats) ProtoMessage() {}
 
 func (x *MemoryStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[7]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +653,7 @@ func (x *MemoryStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryStats.ProtoReflect.Descriptor instead.
 func (*MemoryStats) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{7}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *MemoryStats) GetCurrentBytes() uint64 {
@@ -606,7 +742,7 @@ type DiskStats struct {
 
 func (x *DiskStats) Reset() {
 	*x = DiskStats{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[8]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -618,7 +754,7 @@ func (x *DiskStats) String() string {
 func (*DiskStats) ProtoMessage() {}
 
 func (x *DiskStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[8]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -631,7 +767,7 @@ func (x *DiskStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiskStats.ProtoReflect.Descriptor instead.
 func (*DiskStats) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{8}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DiskStats) GetName() string {
@@ -705,7 +841,7 @@ type NICStats struct {
 
 func (x *NICStats) Reset() {
 	*x = NICStats{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[9]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +853,7 @@ func (x *NICStats) String() string {
 func (*NICStats) ProtoMessage() {}
 
 func (x *NICStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[9]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +866,7 @@ func (x *NICStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NICStats.ProtoReflect.Descriptor instead.
 func (*NICStats) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{9}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NICStats) GetName() string {
@@ -792,7 +928,7 @@ type DiagnoseResponse struct {
 
 func (x *DiagnoseResponse) Reset() {
 	*x = DiagnoseResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[10]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -804,7 +940,7 @@ func (x *DiagnoseResponse) String() string {
 func (*DiagnoseResponse) ProtoMessage() {}
 
 func (x *DiagnoseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[10]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -817,7 +953,7 @@ func (x *DiagnoseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiagnoseResponse.ProtoReflect.Descriptor instead.
 func (*DiagnoseResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{10}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DiagnoseResponse) GetDefinition() string {
@@ -844,7 +980,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[11]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +992,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[11]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +1005,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{11}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *InspectRequest) GetId() string {
@@ -897,7 +1033,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[12]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +1045,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[12]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1058,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{12}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *InspectResponse) GetStdout() []byte {
@@ -956,7 +1092,7 @@ type DisplayResponse struct {
 
 func (x *DisplayResponse) Reset() {
 	*x = DisplayResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[13]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -968,7 +1104,7 @@ func (x *DisplayResponse) String() string {
 func (*DisplayResponse) ProtoMessage() {}
 
 func (x *DisplayResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[13]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -981,7 +1117,7 @@ func (x *DisplayResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisplayResponse.ProtoReflect.Descriptor instead.
 func (*DisplayResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{13}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DisplayResponse) GetProtocol() string {
@@ -1006,7 +1142,7 @@ type CapabilitiesRequest struct {
 
 func (x *CapabilitiesRequest) Reset() {
 	*x = CapabilitiesRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[14]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1154,7 @@ func (x *CapabilitiesRequest) String() string {
 func (*CapabilitiesRequest) ProtoMessage() {}
 
 func (x *CapabilitiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[14]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1167,7 @@ func (x *CapabilitiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapabilitiesRequest.ProtoReflect.Descriptor instead.
 func (*CapabilitiesRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{14}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{16}
 }
 
 type CapabilitiesResponse struct {
@@ -1046,7 +1182,7 @@ type CapabilitiesResponse struct {
 
 func (x *CapabilitiesResponse) Reset() {
 	*x = CapabilitiesResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[15]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1194,7 @@ func (x *CapabilitiesResponse) String() string {
 func (*CapabilitiesResponse) ProtoMessage() {}
 
 func (x *CapabilitiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[15]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1207,7 @@ func (x *CapabilitiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapabilitiesResponse.ProtoReflect.Descriptor instead.
 func (*CapabilitiesResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{15}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CapabilitiesResponse) GetName() string {
@@ -1111,7 +1247,7 @@ type DefineRequest struct {
 
 func (x *DefineRequest) Reset() {
 	*x = DefineRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[16]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1123,7 +1259,7 @@ func (x *DefineRequest) String() string {
 func (*DefineRequest) ProtoMessage() {}
 
 func (x *DefineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[16]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1136,7 +1272,7 @@ func (x *DefineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DefineRequest.ProtoReflect.Descriptor instead.
 func (*DefineRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{16}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DefineRequest) GetSpec() *VMSpec {
@@ -1154,7 +1290,7 @@ type DefineResponse struct {
 
 func (x *DefineResponse) Reset() {
 	*x = DefineResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[17]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1166,7 +1302,7 @@ func (x *DefineResponse) String() string {
 func (*DefineResponse) ProtoMessage() {}
 
 func (x *DefineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[17]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1179,7 +1315,7 @@ func (x *DefineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DefineResponse.ProtoReflect.Descriptor instead.
 func (*DefineResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{17}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{19}
 }
 
 type VMRequest struct {
@@ -1191,7 +1327,7 @@ type VMRequest struct {
 
 func (x *VMRequest) Reset() {
 	*x = VMRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[18]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1203,7 +1339,7 @@ func (x *VMRequest) String() string {
 func (*VMRequest) ProtoMessage() {}
 
 func (x *VMRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[18]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1216,7 +1352,7 @@ func (x *VMRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMRequest.ProtoReflect.Descriptor instead.
 func (*VMRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{18}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *VMRequest) GetId() string {
@@ -1234,7 +1370,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[19]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1382,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[19]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1395,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{19}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{21}
 }
 
 type UndefineResponse struct {
@@ -1270,7 +1406,7 @@ type UndefineResponse struct {
 
 func (x *UndefineResponse) Reset() {
 	*x = UndefineResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[20]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1418,7 @@ func (x *UndefineResponse) String() string {
 func (*UndefineResponse) ProtoMessage() {}
 
 func (x *UndefineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[20]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1431,7 @@ func (x *UndefineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndefineResponse.ProtoReflect.Descriptor instead.
 func (*UndefineResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{20}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{22}
 }
 
 type ReopenLogResponse struct {
@@ -1306,7 +1442,7 @@ type ReopenLogResponse struct {
 
 func (x *ReopenLogResponse) Reset() {
 	*x = ReopenLogResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[21]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1454,7 @@ func (x *ReopenLogResponse) String() string {
 func (*ReopenLogResponse) ProtoMessage() {}
 
 func (x *ReopenLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[21]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1467,7 @@ func (x *ReopenLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenLogResponse.ProtoReflect.Descriptor instead.
 func (*ReopenLogResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{21}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{23}
 }
 
 type SetMemoryRequest struct {
@@ -1344,7 +1480,7 @@ type SetMemoryRequest struct {
 
 func (x *SetMemoryRequest) Reset() {
 	*x = SetMemoryRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[22]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1356,7 +1492,7 @@ func (x *SetMemoryRequest) String() string {
 func (*SetMemoryRequest) ProtoMessage() {}
 
 func (x *SetMemoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[22]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1369,7 +1505,7 @@ func (x *SetMemoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetMemoryRequest.ProtoReflect.Descriptor instead.
 func (*SetMemoryRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{22}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetMemoryRequest) GetId() string {
@@ -1394,7 +1530,7 @@ type SetMemoryResponse struct {
 
 func (x *SetMemoryResponse) Reset() {
 	*x = SetMemoryResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[23]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1542,7 @@ func (x *SetMemoryResponse) String() string {
 func (*SetMemoryResponse) ProtoMessage() {}
 
 func (x *SetMemoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[23]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1555,7 @@ func (x *SetMemoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetMemoryResponse.ProtoReflect.Descriptor instead.
 func (*SetMemoryResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{23}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{25}
 }
 
 type WriteFilesRequest struct {
@@ -1432,7 +1568,7 @@ type WriteFilesRequest struct {
 
 func (x *WriteFilesRequest) Reset() {
 	*x = WriteFilesRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[24]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +1580,7 @@ func (x *WriteFilesRequest) String() string {
 func (*WriteFilesRequest) ProtoMessage() {}
 
 func (x *WriteFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[24]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +1593,7 @@ func (x *WriteFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFilesRequest.ProtoReflect.Descriptor instead.
 func (*WriteFilesRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{24}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WriteFilesRequest) GetId() string {
@@ -1487,7 +1623,7 @@ type GuestFile struct {
 
 func (x *GuestFile) Reset() {
 	*x = GuestFile{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[25]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1499,7 +1635,7 @@ func (x *GuestFile) String() string {
 func (*GuestFile) ProtoMessage() {}
 
 func (x *GuestFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[25]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1512,7 +1648,7 @@ func (x *GuestFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GuestFile.ProtoReflect.Descriptor instead.
 func (*GuestFile) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{25}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GuestFile) GetPath() string {
@@ -1551,7 +1687,7 @@ type WriteFilesResponse struct {
 
 func (x *WriteFilesResponse) Reset() {
 	*x = WriteFilesResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1563,7 +1699,7 @@ func (x *WriteFilesResponse) String() string {
 func (*WriteFilesResponse) ProtoMessage() {}
 
 func (x *WriteFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1576,7 +1712,7 @@ func (x *WriteFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFilesResponse.ProtoReflect.Descriptor instead.
 func (*WriteFilesResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{26}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{28}
 }
 
 type StopRequest struct {
@@ -1589,7 +1725,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +1737,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +1750,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{27}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StopRequest) GetId() string {
@@ -1639,7 +1775,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +1787,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +1800,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{28}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{30}
 }
 
 type ListResponse struct {
@@ -1676,7 +1812,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1688,7 +1824,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1701,7 +1837,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{29}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListResponse) GetVms() []*VMStatus {
@@ -1719,7 +1855,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1731,7 +1867,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1744,7 +1880,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{30}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{32}
 }
 
 type VMStatus struct {
@@ -1762,7 +1898,7 @@ type VMStatus struct {
 
 func (x *VMStatus) Reset() {
 	*x = VMStatus{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +1910,7 @@ func (x *VMStatus) String() string {
 func (*VMStatus) ProtoMessage() {}
 
 func (x *VMStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +1923,7 @@ func (x *VMStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMStatus.ProtoReflect.Descriptor instead.
 func (*VMStatus) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{31}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *VMStatus) GetId() string {
@@ -1877,7 +2013,7 @@ type VMSpec struct {
 
 func (x *VMSpec) Reset() {
 	*x = VMSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1889,7 +2025,7 @@ func (x *VMSpec) String() string {
 func (*VMSpec) ProtoMessage() {}
 
 func (x *VMSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1902,7 +2038,7 @@ func (x *VMSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMSpec.ProtoReflect.Descriptor instead.
 func (*VMSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{32}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *VMSpec) GetId() string {
@@ -2083,7 +2219,7 @@ type Watchdog struct {
 
 func (x *Watchdog) Reset() {
 	*x = Watchdog{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2095,7 +2231,7 @@ func (x *Watchdog) String() string {
 func (*Watchdog) ProtoMessage() {}
 
 func (x *Watchdog) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2108,7 +2244,7 @@ func (x *Watchdog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Watchdog.ProtoReflect.Descriptor instead.
 func (*Watchdog) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{33}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Watchdog) GetModel() string {
@@ -2137,7 +2273,7 @@ type ClockSpec struct {
 
 func (x *ClockSpec) Reset() {
 	*x = ClockSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2149,7 +2285,7 @@ func (x *ClockSpec) String() string {
 func (*ClockSpec) ProtoMessage() {}
 
 func (x *ClockSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2162,7 +2298,7 @@ func (x *ClockSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockSpec.ProtoReflect.Descriptor instead.
 func (*ClockSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{34}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ClockSpec) GetOffset() string {
@@ -2204,7 +2340,7 @@ type ClockTimer struct {
 
 func (x *ClockTimer) Reset() {
 	*x = ClockTimer{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2216,7 +2352,7 @@ func (x *ClockTimer) String() string {
 func (*ClockTimer) ProtoMessage() {}
 
 func (x *ClockTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2229,7 +2365,7 @@ func (x *ClockTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockTimer.ProtoReflect.Descriptor instead.
 func (*ClockTimer) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{35}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ClockTimer) GetName() string {
@@ -2263,7 +2399,7 @@ type CPUSpec struct {
 
 func (x *CPUSpec) Reset() {
 	*x = CPUSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2275,7 +2411,7 @@ func (x *CPUSpec) String() string {
 func (*CPUSpec) ProtoMessage() {}
 
 func (x *CPUSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2288,7 +2424,7 @@ func (x *CPUSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSpec.ProtoReflect.Descriptor instead.
 func (*CPUSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{36}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CPUSpec) GetModel() string {
@@ -2324,7 +2460,7 @@ type CPUSetting struct {
 
 func (x *CPUSetting) Reset() {
 	*x = CPUSetting{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2336,7 +2472,7 @@ func (x *CPUSetting) String() string {
 func (*CPUSetting) ProtoMessage() {}
 
 func (x *CPUSetting) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2349,7 +2485,7 @@ func (x *CPUSetting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSetting.ProtoReflect.Descriptor instead.
 func (*CPUSetting) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{37}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CPUSetting) GetMode() string {
@@ -2440,7 +2576,7 @@ type CPUModel struct {
 
 func (x *CPUModel) Reset() {
 	*x = CPUModel{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[38]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2452,7 +2588,7 @@ func (x *CPUModel) String() string {
 func (*CPUModel) ProtoMessage() {}
 
 func (x *CPUModel) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[38]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2465,7 +2601,7 @@ func (x *CPUModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUModel.ProtoReflect.Descriptor instead.
 func (*CPUModel) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{38}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CPUModel) GetFallback() string {
@@ -2501,7 +2637,7 @@ type CPUTopology struct {
 
 func (x *CPUTopology) Reset() {
 	*x = CPUTopology{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[39]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2513,7 +2649,7 @@ func (x *CPUTopology) String() string {
 func (*CPUTopology) ProtoMessage() {}
 
 func (x *CPUTopology) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[39]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2526,7 +2662,7 @@ func (x *CPUTopology) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUTopology.ProtoReflect.Descriptor instead.
 func (*CPUTopology) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{39}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CPUTopology) GetSockets() int32 {
@@ -2567,7 +2703,7 @@ type CPUFeature struct {
 
 func (x *CPUFeature) Reset() {
 	*x = CPUFeature{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2579,7 +2715,7 @@ func (x *CPUFeature) String() string {
 func (*CPUFeature) ProtoMessage() {}
 
 func (x *CPUFeature) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2592,7 +2728,7 @@ func (x *CPUFeature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUFeature.ProtoReflect.Descriptor instead.
 func (*CPUFeature) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{40}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CPUFeature) GetPolicy() string {
@@ -2619,7 +2755,7 @@ type CPUCache struct {
 
 func (x *CPUCache) Reset() {
 	*x = CPUCache{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2631,7 +2767,7 @@ func (x *CPUCache) String() string {
 func (*CPUCache) ProtoMessage() {}
 
 func (x *CPUCache) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2644,7 +2780,7 @@ func (x *CPUCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUCache.ProtoReflect.Descriptor instead.
 func (*CPUCache) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{41}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CPUCache) GetLevel() int32 {
@@ -2673,7 +2809,7 @@ type CPUNumaCell struct {
 
 func (x *CPUNumaCell) Reset() {
 	*x = CPUNumaCell{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2685,7 +2821,7 @@ func (x *CPUNumaCell) String() string {
 func (*CPUNumaCell) ProtoMessage() {}
 
 func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2698,7 +2834,7 @@ func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUNumaCell.ProtoReflect.Descriptor instead.
 func (*CPUNumaCell) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{42}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CPUNumaCell) GetId() int32 {
@@ -2755,7 +2891,19 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x06killed\x18\a \x01(\bR\x06killed\x12\x1d\n" +
 	"\n" +
 	"kill_error\x18\b \x01(\tR\tkillError\x12\x10\n" +
-	"\x03pid\x18\t \x01(\x03R\x03pid\" \n" +
+	"\x03pid\x18\t \x01(\x03R\x03pid\"\xbb\x01\n" +
+	"\x11GuestInfoResponse\x12\x0e\n" +
+	"\x02os\x18\x01 \x01(\tR\x02os\x12\x16\n" +
+	"\x06kernel\x18\x02 \x01(\tR\x06kernel\x12\x1a\n" +
+	"\bhostname\x18\x03 \x01(\tR\bhostname\x12\x1b\n" +
+	"\ttime_zone\x18\x04 \x01(\tR\btimeZone\x12E\n" +
+	"\n" +
+	"interfaces\x18\x05 \x03(\v2%.virtlet.hypervisor.v1.GuestInterfaceR\n" +
+	"interfaces\"T\n" +
+	"\x0eGuestInterface\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x1c\n" +
+	"\taddresses\x18\x03 \x03(\tR\taddresses\" \n" +
 	"\fStatsRequest\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\"A\n" +
 	"\rStatsResponse\x120\n" +
@@ -2949,7 +3097,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x04cpus\x18\x02 \x01(\tR\x04cpus\x12\x16\n" +
 	"\x06memory\x18\x03 \x01(\x04R\x06memory\x12\x12\n" +
 	"\x04unit\x18\x04 \x01(\tR\x04unitB\x05\n" +
-	"\x03_id2\xe0\v\n" +
+	"\x03_id2\xb9\f\n" +
 	"\n" +
 	"Hypervisor\x12g\n" +
 	"\fCapabilities\x12*.virtlet.hypervisor.v1.CapabilitiesRequest\x1a+.virtlet.hypervisor.v1.CapabilitiesResponse\x12U\n" +
@@ -2965,7 +3113,8 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"WriteFiles\x12(.virtlet.hypervisor.v1.WriteFilesRequest\x1a).virtlet.hypervisor.v1.WriteFilesResponse\x12^\n" +
 	"\tSetMemory\x12'.virtlet.hypervisor.v1.SetMemoryRequest\x1a(.virtlet.hypervisor.v1.SetMemoryResponse\x12X\n" +
 	"\aConsole\x12#.virtlet.hypervisor.v1.ConsoleInput\x1a$.virtlet.hypervisor.v1.ConsoleOutput(\x010\x01\x12^\n" +
-	"\tGuestExec\x12'.virtlet.hypervisor.v1.GuestExecRequest\x1a(.virtlet.hypervisor.v1.GuestExecResponse\x12R\n" +
+	"\tGuestExec\x12'.virtlet.hypervisor.v1.GuestExecRequest\x1a(.virtlet.hypervisor.v1.GuestExecResponse\x12W\n" +
+	"\tGuestInfo\x12 .virtlet.hypervisor.v1.VMRequest\x1a(.virtlet.hypervisor.v1.GuestInfoResponse\x12R\n" +
 	"\x05Stats\x12#.virtlet.hypervisor.v1.StatsRequest\x1a$.virtlet.hypervisor.v1.StatsResponse\x12U\n" +
 	"\bDiagnose\x12 .virtlet.hypervisor.v1.VMRequest\x1a'.virtlet.hypervisor.v1.DiagnoseResponse\x12X\n" +
 	"\aInspect\x12%.virtlet.hypervisor.v1.InspectRequest\x1a&.virtlet.hypervisor.v1.InspectResponse\x12S\n" +
@@ -2983,121 +3132,126 @@ func file_hypervisor_v1_hypervisor_proto_rawDescGZIP() []byte {
 	return file_hypervisor_v1_hypervisor_proto_rawDescData
 }
 
-var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*ConsoleInput)(nil),         // 0: virtlet.hypervisor.v1.ConsoleInput
 	(*ConsoleOutput)(nil),        // 1: virtlet.hypervisor.v1.ConsoleOutput
 	(*GuestExecRequest)(nil),     // 2: virtlet.hypervisor.v1.GuestExecRequest
 	(*GuestExecResponse)(nil),    // 3: virtlet.hypervisor.v1.GuestExecResponse
-	(*StatsRequest)(nil),         // 4: virtlet.hypervisor.v1.StatsRequest
-	(*StatsResponse)(nil),        // 5: virtlet.hypervisor.v1.StatsResponse
-	(*VMStats)(nil),              // 6: virtlet.hypervisor.v1.VMStats
-	(*MemoryStats)(nil),          // 7: virtlet.hypervisor.v1.MemoryStats
-	(*DiskStats)(nil),            // 8: virtlet.hypervisor.v1.DiskStats
-	(*NICStats)(nil),             // 9: virtlet.hypervisor.v1.NICStats
-	(*DiagnoseResponse)(nil),     // 10: virtlet.hypervisor.v1.DiagnoseResponse
-	(*InspectRequest)(nil),       // 11: virtlet.hypervisor.v1.InspectRequest
-	(*InspectResponse)(nil),      // 12: virtlet.hypervisor.v1.InspectResponse
-	(*DisplayResponse)(nil),      // 13: virtlet.hypervisor.v1.DisplayResponse
-	(*CapabilitiesRequest)(nil),  // 14: virtlet.hypervisor.v1.CapabilitiesRequest
-	(*CapabilitiesResponse)(nil), // 15: virtlet.hypervisor.v1.CapabilitiesResponse
-	(*DefineRequest)(nil),        // 16: virtlet.hypervisor.v1.DefineRequest
-	(*DefineResponse)(nil),       // 17: virtlet.hypervisor.v1.DefineResponse
-	(*VMRequest)(nil),            // 18: virtlet.hypervisor.v1.VMRequest
-	(*StartResponse)(nil),        // 19: virtlet.hypervisor.v1.StartResponse
-	(*UndefineResponse)(nil),     // 20: virtlet.hypervisor.v1.UndefineResponse
-	(*ReopenLogResponse)(nil),    // 21: virtlet.hypervisor.v1.ReopenLogResponse
-	(*SetMemoryRequest)(nil),     // 22: virtlet.hypervisor.v1.SetMemoryRequest
-	(*SetMemoryResponse)(nil),    // 23: virtlet.hypervisor.v1.SetMemoryResponse
-	(*WriteFilesRequest)(nil),    // 24: virtlet.hypervisor.v1.WriteFilesRequest
-	(*GuestFile)(nil),            // 25: virtlet.hypervisor.v1.GuestFile
-	(*WriteFilesResponse)(nil),   // 26: virtlet.hypervisor.v1.WriteFilesResponse
-	(*StopRequest)(nil),          // 27: virtlet.hypervisor.v1.StopRequest
-	(*ListRequest)(nil),          // 28: virtlet.hypervisor.v1.ListRequest
-	(*ListResponse)(nil),         // 29: virtlet.hypervisor.v1.ListResponse
-	(*WatchRequest)(nil),         // 30: virtlet.hypervisor.v1.WatchRequest
-	(*VMStatus)(nil),             // 31: virtlet.hypervisor.v1.VMStatus
-	(*VMSpec)(nil),               // 32: virtlet.hypervisor.v1.VMSpec
-	(*Watchdog)(nil),             // 33: virtlet.hypervisor.v1.Watchdog
-	(*ClockSpec)(nil),            // 34: virtlet.hypervisor.v1.ClockSpec
-	(*ClockTimer)(nil),           // 35: virtlet.hypervisor.v1.ClockTimer
-	(*CPUSpec)(nil),              // 36: virtlet.hypervisor.v1.CPUSpec
-	(*CPUSetting)(nil),           // 37: virtlet.hypervisor.v1.CPUSetting
-	(*CPUModel)(nil),             // 38: virtlet.hypervisor.v1.CPUModel
-	(*CPUTopology)(nil),          // 39: virtlet.hypervisor.v1.CPUTopology
-	(*CPUFeature)(nil),           // 40: virtlet.hypervisor.v1.CPUFeature
-	(*CPUCache)(nil),             // 41: virtlet.hypervisor.v1.CPUCache
-	(*CPUNumaCell)(nil),          // 42: virtlet.hypervisor.v1.CPUNumaCell
-	nil,                          // 43: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	nil,                          // 44: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	(*v1.Disk)(nil),              // 45: virtlet.types.v1.Disk
-	(*v1.Filesystem)(nil),        // 46: virtlet.types.v1.Filesystem
-	(*v1.NIC)(nil),               // 47: virtlet.types.v1.NIC
-	(*v1.ProcessIdentity)(nil),   // 48: virtlet.types.v1.ProcessIdentity
+	(*GuestInfoResponse)(nil),    // 4: virtlet.hypervisor.v1.GuestInfoResponse
+	(*GuestInterface)(nil),       // 5: virtlet.hypervisor.v1.GuestInterface
+	(*StatsRequest)(nil),         // 6: virtlet.hypervisor.v1.StatsRequest
+	(*StatsResponse)(nil),        // 7: virtlet.hypervisor.v1.StatsResponse
+	(*VMStats)(nil),              // 8: virtlet.hypervisor.v1.VMStats
+	(*MemoryStats)(nil),          // 9: virtlet.hypervisor.v1.MemoryStats
+	(*DiskStats)(nil),            // 10: virtlet.hypervisor.v1.DiskStats
+	(*NICStats)(nil),             // 11: virtlet.hypervisor.v1.NICStats
+	(*DiagnoseResponse)(nil),     // 12: virtlet.hypervisor.v1.DiagnoseResponse
+	(*InspectRequest)(nil),       // 13: virtlet.hypervisor.v1.InspectRequest
+	(*InspectResponse)(nil),      // 14: virtlet.hypervisor.v1.InspectResponse
+	(*DisplayResponse)(nil),      // 15: virtlet.hypervisor.v1.DisplayResponse
+	(*CapabilitiesRequest)(nil),  // 16: virtlet.hypervisor.v1.CapabilitiesRequest
+	(*CapabilitiesResponse)(nil), // 17: virtlet.hypervisor.v1.CapabilitiesResponse
+	(*DefineRequest)(nil),        // 18: virtlet.hypervisor.v1.DefineRequest
+	(*DefineResponse)(nil),       // 19: virtlet.hypervisor.v1.DefineResponse
+	(*VMRequest)(nil),            // 20: virtlet.hypervisor.v1.VMRequest
+	(*StartResponse)(nil),        // 21: virtlet.hypervisor.v1.StartResponse
+	(*UndefineResponse)(nil),     // 22: virtlet.hypervisor.v1.UndefineResponse
+	(*ReopenLogResponse)(nil),    // 23: virtlet.hypervisor.v1.ReopenLogResponse
+	(*SetMemoryRequest)(nil),     // 24: virtlet.hypervisor.v1.SetMemoryRequest
+	(*SetMemoryResponse)(nil),    // 25: virtlet.hypervisor.v1.SetMemoryResponse
+	(*WriteFilesRequest)(nil),    // 26: virtlet.hypervisor.v1.WriteFilesRequest
+	(*GuestFile)(nil),            // 27: virtlet.hypervisor.v1.GuestFile
+	(*WriteFilesResponse)(nil),   // 28: virtlet.hypervisor.v1.WriteFilesResponse
+	(*StopRequest)(nil),          // 29: virtlet.hypervisor.v1.StopRequest
+	(*ListRequest)(nil),          // 30: virtlet.hypervisor.v1.ListRequest
+	(*ListResponse)(nil),         // 31: virtlet.hypervisor.v1.ListResponse
+	(*WatchRequest)(nil),         // 32: virtlet.hypervisor.v1.WatchRequest
+	(*VMStatus)(nil),             // 33: virtlet.hypervisor.v1.VMStatus
+	(*VMSpec)(nil),               // 34: virtlet.hypervisor.v1.VMSpec
+	(*Watchdog)(nil),             // 35: virtlet.hypervisor.v1.Watchdog
+	(*ClockSpec)(nil),            // 36: virtlet.hypervisor.v1.ClockSpec
+	(*ClockTimer)(nil),           // 37: virtlet.hypervisor.v1.ClockTimer
+	(*CPUSpec)(nil),              // 38: virtlet.hypervisor.v1.CPUSpec
+	(*CPUSetting)(nil),           // 39: virtlet.hypervisor.v1.CPUSetting
+	(*CPUModel)(nil),             // 40: virtlet.hypervisor.v1.CPUModel
+	(*CPUTopology)(nil),          // 41: virtlet.hypervisor.v1.CPUTopology
+	(*CPUFeature)(nil),           // 42: virtlet.hypervisor.v1.CPUFeature
+	(*CPUCache)(nil),             // 43: virtlet.hypervisor.v1.CPUCache
+	(*CPUNumaCell)(nil),          // 44: virtlet.hypervisor.v1.CPUNumaCell
+	nil,                          // 45: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	nil,                          // 46: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	(*v1.Disk)(nil),              // 47: virtlet.types.v1.Disk
+	(*v1.Filesystem)(nil),        // 48: virtlet.types.v1.Filesystem
+	(*v1.NIC)(nil),               // 49: virtlet.types.v1.NIC
+	(*v1.ProcessIdentity)(nil),   // 50: virtlet.types.v1.ProcessIdentity
 }
 var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
-	6,  // 0: virtlet.hypervisor.v1.StatsResponse.vms:type_name -> virtlet.hypervisor.v1.VMStats
-	7,  // 1: virtlet.hypervisor.v1.VMStats.memory:type_name -> virtlet.hypervisor.v1.MemoryStats
-	8,  // 2: virtlet.hypervisor.v1.VMStats.disks:type_name -> virtlet.hypervisor.v1.DiskStats
-	9,  // 3: virtlet.hypervisor.v1.VMStats.nics:type_name -> virtlet.hypervisor.v1.NICStats
-	43, // 4: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	44, // 5: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	32, // 6: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
-	25, // 7: virtlet.hypervisor.v1.WriteFilesRequest.files:type_name -> virtlet.hypervisor.v1.GuestFile
-	31, // 8: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
-	36, // 9: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
-	45, // 10: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
-	46, // 11: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
-	47, // 12: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
-	48, // 13: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
-	34, // 14: virtlet.hypervisor.v1.VMSpec.clock:type_name -> virtlet.hypervisor.v1.ClockSpec
-	33, // 15: virtlet.hypervisor.v1.VMSpec.watchdog:type_name -> virtlet.hypervisor.v1.Watchdog
-	35, // 16: virtlet.hypervisor.v1.ClockSpec.timers:type_name -> virtlet.hypervisor.v1.ClockTimer
-	37, // 17: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
-	38, // 18: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
-	39, // 19: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
-	40, // 20: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
-	41, // 21: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
-	42, // 22: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
-	14, // 23: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
-	16, // 24: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
-	18, // 25: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
-	27, // 26: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
-	18, // 27: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
-	18, // 28: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
-	28, // 29: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
-	30, // 30: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
-	18, // 31: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
-	24, // 32: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
-	22, // 33: virtlet.hypervisor.v1.Hypervisor.SetMemory:input_type -> virtlet.hypervisor.v1.SetMemoryRequest
-	0,  // 34: virtlet.hypervisor.v1.Hypervisor.Console:input_type -> virtlet.hypervisor.v1.ConsoleInput
-	2,  // 35: virtlet.hypervisor.v1.Hypervisor.GuestExec:input_type -> virtlet.hypervisor.v1.GuestExecRequest
-	4,  // 36: virtlet.hypervisor.v1.Hypervisor.Stats:input_type -> virtlet.hypervisor.v1.StatsRequest
-	18, // 37: virtlet.hypervisor.v1.Hypervisor.Diagnose:input_type -> virtlet.hypervisor.v1.VMRequest
-	11, // 38: virtlet.hypervisor.v1.Hypervisor.Inspect:input_type -> virtlet.hypervisor.v1.InspectRequest
-	18, // 39: virtlet.hypervisor.v1.Hypervisor.Display:input_type -> virtlet.hypervisor.v1.VMRequest
-	15, // 40: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
-	17, // 41: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
-	19, // 42: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
-	31, // 43: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
-	20, // 44: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
-	31, // 45: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
-	29, // 46: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
-	31, // 47: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
-	21, // 48: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
-	26, // 49: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
-	23, // 50: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
-	1,  // 51: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
-	3,  // 52: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
-	5,  // 53: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
-	10, // 54: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
-	12, // 55: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
-	13, // 56: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
-	40, // [40:57] is the sub-list for method output_type
-	23, // [23:40] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	5,  // 0: virtlet.hypervisor.v1.GuestInfoResponse.interfaces:type_name -> virtlet.hypervisor.v1.GuestInterface
+	8,  // 1: virtlet.hypervisor.v1.StatsResponse.vms:type_name -> virtlet.hypervisor.v1.VMStats
+	9,  // 2: virtlet.hypervisor.v1.VMStats.memory:type_name -> virtlet.hypervisor.v1.MemoryStats
+	10, // 3: virtlet.hypervisor.v1.VMStats.disks:type_name -> virtlet.hypervisor.v1.DiskStats
+	11, // 4: virtlet.hypervisor.v1.VMStats.nics:type_name -> virtlet.hypervisor.v1.NICStats
+	45, // 5: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	46, // 6: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	34, // 7: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
+	27, // 8: virtlet.hypervisor.v1.WriteFilesRequest.files:type_name -> virtlet.hypervisor.v1.GuestFile
+	33, // 9: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
+	38, // 10: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
+	47, // 11: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
+	48, // 12: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
+	49, // 13: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
+	50, // 14: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
+	36, // 15: virtlet.hypervisor.v1.VMSpec.clock:type_name -> virtlet.hypervisor.v1.ClockSpec
+	35, // 16: virtlet.hypervisor.v1.VMSpec.watchdog:type_name -> virtlet.hypervisor.v1.Watchdog
+	37, // 17: virtlet.hypervisor.v1.ClockSpec.timers:type_name -> virtlet.hypervisor.v1.ClockTimer
+	39, // 18: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
+	40, // 19: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
+	41, // 20: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
+	42, // 21: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
+	43, // 22: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
+	44, // 23: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
+	16, // 24: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
+	18, // 25: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
+	20, // 26: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
+	29, // 27: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
+	20, // 28: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
+	20, // 29: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
+	30, // 30: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
+	32, // 31: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
+	20, // 32: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
+	26, // 33: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
+	24, // 34: virtlet.hypervisor.v1.Hypervisor.SetMemory:input_type -> virtlet.hypervisor.v1.SetMemoryRequest
+	0,  // 35: virtlet.hypervisor.v1.Hypervisor.Console:input_type -> virtlet.hypervisor.v1.ConsoleInput
+	2,  // 36: virtlet.hypervisor.v1.Hypervisor.GuestExec:input_type -> virtlet.hypervisor.v1.GuestExecRequest
+	20, // 37: virtlet.hypervisor.v1.Hypervisor.GuestInfo:input_type -> virtlet.hypervisor.v1.VMRequest
+	6,  // 38: virtlet.hypervisor.v1.Hypervisor.Stats:input_type -> virtlet.hypervisor.v1.StatsRequest
+	20, // 39: virtlet.hypervisor.v1.Hypervisor.Diagnose:input_type -> virtlet.hypervisor.v1.VMRequest
+	13, // 40: virtlet.hypervisor.v1.Hypervisor.Inspect:input_type -> virtlet.hypervisor.v1.InspectRequest
+	20, // 41: virtlet.hypervisor.v1.Hypervisor.Display:input_type -> virtlet.hypervisor.v1.VMRequest
+	17, // 42: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
+	19, // 43: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
+	21, // 44: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
+	33, // 45: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
+	22, // 46: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
+	33, // 47: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
+	31, // 48: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
+	33, // 49: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
+	23, // 50: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
+	28, // 51: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
+	25, // 52: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
+	1,  // 53: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
+	3,  // 54: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
+	4,  // 55: virtlet.hypervisor.v1.Hypervisor.GuestInfo:output_type -> virtlet.hypervisor.v1.GuestInfoResponse
+	7,  // 56: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
+	12, // 57: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
+	14, // 58: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
+	15, // 59: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
+	42, // [42:60] is the sub-list for method output_type
+	24, // [24:42] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_hypervisor_v1_hypervisor_proto_init() }
@@ -3105,14 +3259,14 @@ func file_hypervisor_v1_hypervisor_proto_init() {
 	if File_hypervisor_v1_hypervisor_proto != nil {
 		return
 	}
-	file_hypervisor_v1_hypervisor_proto_msgTypes[42].OneofWrappers = []any{}
+	file_hypervisor_v1_hypervisor_proto_msgTypes[44].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hypervisor_v1_hypervisor_proto_rawDesc), len(file_hypervisor_v1_hypervisor_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   45,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

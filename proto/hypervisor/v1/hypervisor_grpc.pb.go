@@ -32,6 +32,7 @@ const (
 	Hypervisor_SetMemory_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/SetMemory"
 	Hypervisor_Console_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Console"
 	Hypervisor_GuestExec_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/GuestExec"
+	Hypervisor_GuestInfo_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/GuestInfo"
 	Hypervisor_Stats_FullMethodName        = "/virtlet.hypervisor.v1.Hypervisor/Stats"
 	Hypervisor_Diagnose_FullMethodName     = "/virtlet.hypervisor.v1.Hypervisor/Diagnose"
 	Hypervisor_Inspect_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Inspect"
@@ -68,6 +69,8 @@ type HypervisorClient interface {
 	// stops or the caller closes it; the VM keeps running.
 	Console(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConsoleInput, ConsoleOutput], error)
 	GuestExec(ctx context.Context, in *GuestExecRequest, opts ...grpc.CallOption) (*GuestExecResponse, error)
+	// GuestInfo: what the guest's agent says of itself (ports.GuestInformer).
+	GuestInfo(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*GuestInfoResponse, error)
 	// Stats reports the running VMs among ids with one hypervisor query.
 	Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error)
 	Diagnose(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*DiagnoseResponse, error)
@@ -225,6 +228,16 @@ func (c *hypervisorClient) GuestExec(ctx context.Context, in *GuestExecRequest, 
 	return out, nil
 }
 
+func (c *hypervisorClient) GuestInfo(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*GuestInfoResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GuestInfoResponse)
+	err := c.cc.Invoke(ctx, Hypervisor_GuestInfo_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *hypervisorClient) Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StatsResponse)
@@ -295,6 +308,8 @@ type HypervisorServer interface {
 	// stops or the caller closes it; the VM keeps running.
 	Console(grpc.BidiStreamingServer[ConsoleInput, ConsoleOutput]) error
 	GuestExec(context.Context, *GuestExecRequest) (*GuestExecResponse, error)
+	// GuestInfo: what the guest's agent says of itself (ports.GuestInformer).
+	GuestInfo(context.Context, *VMRequest) (*GuestInfoResponse, error)
 	// Stats reports the running VMs among ids with one hypervisor query.
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	Diagnose(context.Context, *VMRequest) (*DiagnoseResponse, error)
@@ -348,6 +363,9 @@ func (UnimplementedHypervisorServer) Console(grpc.BidiStreamingServer[ConsoleInp
 }
 func (UnimplementedHypervisorServer) GuestExec(context.Context, *GuestExecRequest) (*GuestExecResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GuestExec not implemented")
+}
+func (UnimplementedHypervisorServer) GuestInfo(context.Context, *VMRequest) (*GuestInfoResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GuestInfo not implemented")
 }
 func (UnimplementedHypervisorServer) Stats(context.Context, *StatsRequest) (*StatsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Stats not implemented")
@@ -598,6 +616,24 @@ func _Hypervisor_GuestExec_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hypervisor_GuestInfo_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).GuestInfo(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_GuestInfo_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).GuestInfo(ctx, req.(*VMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Hypervisor_Stats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StatsRequest)
 	if err := dec(in); err != nil {
@@ -720,6 +756,10 @@ var Hypervisor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GuestExec",
 			Handler:    _Hypervisor_GuestExec_Handler,
+		},
+		{
+			MethodName: "GuestInfo",
+			Handler:    _Hypervisor_GuestInfo_Handler,
 		},
 		{
 			MethodName: "Stats",
