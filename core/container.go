@@ -183,7 +183,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	spec := ports.VMSpec{
 		ID: id, Name: domainName(id, sb.Name), UUID: opts.SystemUUID,
 		SandboxID: sb.ID, PodName: sb.Name, PodNamespace: sb.Namespace, PodUID: sb.UID,
-		VCPUs: opts.VCPUCount, MemoryBytes: memory, MaxMemoryBytes: opts.MaxMemoryBytes, HugepageSizeBytes: hugepages,
+		VCPUs: opts.VCPUCount, MemoryBytes: memory, MaxMemoryBytes: max(opts.MaxMemoryBytes, memory), HugepageSizeBytes: hugepages,
 		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting}, Machine: opts.MachineType, Firmware: opts.Firmware, SecureBoot: opts.SecureBoot, HyperV: opts.HyperV, Clock: opts.Clock, Watchdog: opts.Watchdog, CPUSet: cpuSet,
 		Disks: []ports.Disk{{
 			Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true, Serial: RootSerial,
@@ -368,13 +368,15 @@ func (r *Runtime) imageForContainer(cfg ContainerConfig) (*Image, error) {
 // memory is the VM's memory: the container's limit, else the presets'
 // default, else the daemon's.
 func (r *Runtime) memory(cfg ContainerConfig, presetDefault int64) (int64, error) {
-	switch m := cfg.MemoryLimitBytes; {
-	case m == 0 && presetDefault != 0:
-		return presetDefault, nil
+	m, field := cfg.MemoryLimitBytes, "resources.limits.memory"
+	if m == 0 && presetDefault != 0 {
+		m, field = presetDefault, "the presets' memory"
+	}
+	switch {
 	case m == 0:
 		return r.opts.DefaultMemoryBytes, nil
 	case m < MinMemoryBytes:
-		return 0, &ports.InvalidError{Field: "resources.limits.memory", Value: fmt.Sprintf("%d bytes", m),
+		return 0, &ports.InvalidError{Field: field, Value: fmt.Sprintf("%d bytes", m),
 			Reason: "too little memory for a VM", Allowed: fmt.Sprintf("at least %dMi", MinMemoryBytes>>20)}
 	default:
 		return m, nil

@@ -57,6 +57,8 @@ func (r *Runtime) UpdateContainerResources(ctx context.Context, id string, res C
 	if m == 0 || m == spec.MemoryBytes {
 		return nil
 	}
+	// The ceiling is set at creation (VirtletMaxMemory, else the memory
+	// limit then): a shrink does not lower it.
 	top := max(spec.MaxMemoryBytes, spec.MemoryBytes)
 	switch {
 	case spec.HugepageSizeBytes != 0:

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/core/presets"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -52,9 +53,75 @@ func TestUpdateContainerResources(t *testing.T) {
 		}
 		lacks(t, tt.name, err.Error(), tt.want...)
 	}
-	if c, _ := e.rt.ContainerStatus(ctx, id); c.Spec.MemoryBytes != 192<<20 {
-		t.Errorf("a refused resize changed the record: %d", c.Spec.MemoryBytes)
+	c, _ = e.rt.ContainerStatus(ctx, id)
+	hvSpec, _ = e.hv.Spec(id)
+	if c.Spec.MemoryBytes != 192<<20 || hvSpec.MemoryBytes != 192<<20 {
+		t.Errorf("a refused resize changed the VM: record %d, hypervisor %d", c.Spec.MemoryBytes, hvSpec.MemoryBytes)
 	}
+}
+
+// Without VirtletMaxMemory the ceiling is the memory limit the pod was
+// created with: a VM shrunk below it can grow back.
+func TestResizeBackToTheFirstLimit(t *testing.T) {
+	e := newEnv(t)
+	sb := e.runPod(t, "p", nil)
+	cfg := vmContainer(e.pull(t))
+	cfg.MemoryLimitBytes = 256 << 20
+	ctx := context.Background()
+	id, err := e.rt.CreateContainer(ctx, sb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []int64{128 << 20, 256 << 20} {
+		if err := e.rt.UpdateContainerResources(ctx, id, core.ContainerResources{MemoryLimitBytes: m}); err != nil {
+			t.Fatalf("resize to %d: %v", m, err)
+		}
+	}
+	err = e.rt.UpdateContainerResources(ctx, id, core.ContainerResources{MemoryLimitBytes: 257 << 20})
+	if !errors.Is(err, ports.ErrInvalidArgument) {
+		t.Fatalf("above the first limit: %v", err)
+	}
+	lacks(t, "message", err.Error(), "33554432 to 268435456 bytes")
+}
+
+// A VM backed by hugepages has no balloon to resize it with.
+func TestHugepageVMIsNotResized(t *testing.T) {
+	e := newEnv(t)
+	sb := e.runPod(t, "p", nil)
+	cfg := vmContainer(e.pull(t))
+	cfg.MemoryLimitBytes, cfg.HugepageLimits = 128<<20, []core.HugepageLimit{{PageSize: "2MB", Bytes: 256 << 20}}
+	ctx := context.Background()
+	id, err := e.rt.CreateContainer(ctx, sb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = e.rt.UpdateContainerResources(ctx, id, core.ContainerResources{MemoryLimitBytes: 64 << 20})
+	if !errors.Is(err, ports.ErrInvalidArgument) {
+		t.Fatalf("resize of a hugepage VM: %v", err)
+	}
+	lacks(t, "message", err.Error(), "resources.limits.memory", "backed by hugepages cannot be resized")
+	if hvSpec, _ := e.hv.Spec(id); hvSpec.MemoryBytes != 128<<20 {
+		t.Errorf("the hypervisor's VM after a refused resize: %d", hvSpec.MemoryBytes)
+	}
+}
+
+// A preset's memory is held to a VM's minimum like a container's limit.
+func TestPresetMemoryMinimum(t *testing.T) {
+	e := newEnv(t)
+	set, err := presets.Load(map[string][]byte{"tiny.yaml": []byte("name: tiny\nmemory: 1Mi\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.presets = set
+	e.start(t)
+	sb := e.runPod(t, "p", map[string]string{"VirtletPreset": "tiny"})
+	cfg := vmContainer(e.pull(t))
+	cfg.MemoryLimitBytes = 0
+	_, err = e.rt.CreateContainer(context.Background(), sb, cfg)
+	if !errors.Is(err, ports.ErrInvalidArgument) {
+		t.Fatalf("a 1Mi preset: %v", err)
+	}
+	lacks(t, "message", err.Error(), "the presets' memory", "1048576 bytes", "at least 32Mi")
 }
 
 func TestMaxMemoryRefusals(t *testing.T) {

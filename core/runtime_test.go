@@ -16,28 +16,30 @@ import (
 
 	"github.com/virtlet/virtlet/core"
 	"github.com/virtlet/virtlet/core/annotations"
+	"github.com/virtlet/virtlet/core/presets"
 	"github.com/virtlet/virtlet/ports"
 	"github.com/virtlet/virtlet/testing/fakehypervisor"
 	"github.com/virtlet/virtlet/testing/fakes"
 )
 
 type env struct {
-	rt     *core.Runtime
-	hv     *fakehypervisor.Hypervisor
-	store  *fakes.Store
-	images *fakes.ImageSource
-	files  *fakes.ImageFiles
-	net    *fakes.Network
-	nc, cd *fakes.Datasource
-	kube   *fakes.KubeObjects
-	vfiles fakes.ProjectedFiles
-	vols   *fakes.Volumes
-	vdirs  fakes.VolumeDirs
-	dialer ports.Dialer
-	obs    *observed
-	users  *core.VMUsers
-	logDir string
-	cancel context.CancelFunc
+	rt      *core.Runtime
+	hv      *fakehypervisor.Hypervisor
+	store   *fakes.Store
+	images  *fakes.ImageSource
+	files   *fakes.ImageFiles
+	net     *fakes.Network
+	nc, cd  *fakes.Datasource
+	kube    *fakes.KubeObjects
+	vfiles  fakes.ProjectedFiles
+	vols    *fakes.Volumes
+	vdirs   fakes.VolumeDirs
+	dialer  ports.Dialer
+	obs     *observed
+	users   *core.VMUsers
+	presets *presets.Set
+	logDir  string
+	cancel  context.CancelFunc
 }
 
 func quietLog() logrus.FieldLogger {
@@ -72,7 +74,7 @@ func (e *env) start(t *testing.T) {
 		Datasources: map[string]ports.Datasource{"nocloud": e.nc, "configdrive": e.cd},
 		Kube:        e.kube, Files: e.vfiles, VolumeDirs: e.vdirs, Dialer: e.dialer, Observer: e.obs,
 		Volumes: map[string]ports.Volumes{ports.VolumeShare: e.vols, ports.VolumeBlock: e.vols, "qcow2": e.vols, "ceph": e.vols, "sized": e.vols},
-	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second, VMUsers: e.users})
+	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second, VMUsers: e.users, Presets: e.presets})
 	if err != nil {
 		t.Fatal(err)
 	}

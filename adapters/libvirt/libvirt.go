@@ -749,8 +749,9 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	}
 	h.mu.Lock()
 	if r, ok := h.records[spec.ID]; ok {
+		same := reflect.DeepEqual(r.Spec, spec.WithoutSecrets())
 		h.mu.Unlock()
-		if reflect.DeepEqual(r.Spec, spec.WithoutSecrets()) {
+		if same {
 			return nil
 		}
 		return fmt.Errorf("VM %s is defined with another spec: %w", spec.ID, ports.ErrAlreadyExists)
@@ -1247,8 +1248,13 @@ func (h *Hypervisor) SetMemory(ctx context.Context, id string, bytes int64) erro
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	old := r.Spec.MemoryBytes
 	r.Spec.MemoryBytes = bytes
-	return h.saveRecord(r)
+	if err := h.saveRecord(r); err != nil {
+		r.Spec.MemoryBytes = old // the record on disk still says so
+		return err
+	}
+	return nil
 }
 
 // WriteFiles writes files into the root file system of a VM's boot disk

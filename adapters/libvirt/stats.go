@@ -20,11 +20,12 @@ func (h *Hypervisor) Stats(ctx context.Context, ids []string) ([]ports.VMStats, 
 	if err != nil {
 		return nil, err
 	}
-	wanted := map[string]*record{} // by lower-case UUID
+	// Copies, taken under the lock: SetMemory changes a record's spec.
+	wanted := map[string]ports.VMSpec{} // by lower-case UUID
 	h.mu.Lock()
 	for _, id := range ids {
 		if r := h.records[id]; r != nil {
-			wanted[strings.ToLower(r.Spec.UUID)] = r
+			wanted[strings.ToLower(r.Spec.UUID)] = r.Spec
 		}
 	}
 	h.mu.Unlock()
@@ -40,12 +41,12 @@ func (h *Hypervisor) Stats(ctx context.Context, ids []string) ([]ports.VMStats, 
 	var out []ports.VMStats
 	for _, ds := range all {
 		uuid, err := ds.Domain.GetUUIDString()
-		r := wanted[strings.ToLower(uuid)]
+		spec, ok := wanted[strings.ToLower(uuid)]
 		ds.Domain.Free()
-		if err != nil || r == nil {
+		if err != nil || !ok {
 			continue
 		}
-		out = append(out, vmStats(r.Spec, ds, now))
+		out = append(out, vmStats(spec, ds, now))
 	}
 	return out, nil
 }

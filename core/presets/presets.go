@@ -8,6 +8,7 @@ package presets
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -90,6 +91,13 @@ func parse(file string, data []byte) (*Preset, error) {
 	if !nameRE.MatchString(p.Name) {
 		return nil, fmt.Errorf("name %q: want a DNS label (lowercase letters, digits, '-'): %w", p.Name, ports.ErrInvalidArgument)
 	}
+	// Virtlet* keys are checked by the parser below (which names the one
+	// meant); a preset sets nothing else.
+	for k := range p.Annotations {
+		if !strings.HasPrefix(k, "Virtlet") {
+			return nil, fmt.Errorf("annotations: %q is not a Virtlet annotation (a preset sets only those; see README): %w", k, ports.ErrInvalidArgument)
+		}
+	}
 	if _, ok := p.Annotations[annotations.Preset]; ok {
 		return nil, fmt.Errorf("annotations: a preset cannot select another (%s): %w", annotations.Preset, ports.ErrInvalidArgument)
 	}
@@ -161,7 +169,7 @@ func (s *Selector) matches(labels map[string]string) bool {
 	}
 	for _, r := range s.MatchExpressions {
 		v, ok := labels[r.Key]
-		in := ok && contains(r.Values, v)
+		in := ok && slices.Contains(r.Values, v)
 		switch r.Operator {
 		case "In":
 			if !in {
@@ -182,15 +190,6 @@ func (s *Selector) matches(labels map[string]string) bool {
 		}
 	}
 	return true
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Names lists the presets.

@@ -109,6 +109,8 @@ func TestLoadRefuses(t *testing.T) {
 		{"taken name", map[string]string{"a.yaml": "name: x\n", "b.yaml": "name: x\n"}, []string{"preset file b.yaml", `name "x" is taken by a.yaml`}},
 		{"unknown annotation", map[string]string{"a.yaml": "name: a\nannotations: {VirtletMachinType: q35}\n"},
 			[]string{"preset file a.yaml", "annotation VirtletMachinType", "VirtletMachineType"}},
+		{"not a Virtlet annotation", map[string]string{"a.yaml": "name: a\nannotations: {machineType: q35}\n"},
+			[]string{"preset file a.yaml", `"machineType" is not a Virtlet annotation`}},
 		{"bad value", map[string]string{"a.yaml": "name: a\nannotations: {VirtletWatchdog: ib700}\n"},
 			[]string{"preset file a.yaml", "annotation VirtletWatchdog", "ib700"}},
 		{"preset in a preset", map[string]string{"a.yaml": "name: a\nannotations: {VirtletPreset: b}\n"}, []string{"cannot select another"}},
