@@ -176,11 +176,12 @@ func TestGolden(t *testing.T) {
 			return Input{PodName: "p", Namespace: "ns", Options: opts(t, annotations.ForceDHCPNetworkConfig, "true"), Network: network}
 		},
 		// kubelet's ClusterFirst resolver options: a resolv_conf in the
-		// user-data (DHCP and network-config cannot carry them); the user's
-		// own resolv_conf keys win.
+		// user-data (DHCP and network-config cannot carry them), merged with
+		// the user's by seed 004's rules: the user's ndots replaces the
+		// pod's, its attempts is added, its name server follows the pod's.
 		"dns-options": func(t *testing.T) Input {
 			return Input{PodName: "p", Namespace: "ns", Network: withDNSOptions(network, "ndots:5", "rotate", "timeout:2"),
-				Options: opts(t, annotations.CloudInitUserData, "resolv_conf:\n  options:\n    attempts: 3\n")}
+				Options: opts(t, annotations.CloudInitUserData, "resolv_conf:\n  nameservers: [198.18.0.11]\n  options:\n    attempts: 3\n    ndots: 2\n")}
 		},
 	}
 	schema, _ := exec.LookPath("cloud-init")

@@ -37,7 +37,7 @@ func TestPresets(t *testing.T) {
 	boot := func(name string, ann, labels map[string]string) string {
 		t.Helper()
 		podJSON, ctrJSON := vmPod(t, d, name, ann, 0) // no memory limit: the preset's memory
-		podJSON = editPod(t, podJSON, func(p *runtimeapi.PodSandboxConfig) { p.Labels = labels })
+		podJSON = editJSON(t, podJSON, func(p *runtimeapi.PodSandboxConfig) { p.Labels = labels })
 		sb := c.Must(t, "runp", podJSON)
 		t.Cleanup(func() { c.Run("rmp", "-f", sb) })
 		ctr := c.Must(t, "create", sb, ctrJSON, podJSON)

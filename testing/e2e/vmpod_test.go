@@ -494,13 +494,7 @@ func withResources(t *testing.T, cfgPath string, edit func(*runtimeapi.LinuxCont
 // configuration.
 func withDNS(t *testing.T, cfgPath string, dns *runtimeapi.DNSConfig) string {
 	t.Helper()
-	return editPod(t, cfgPath, func(cfg *runtimeapi.PodSandboxConfig) { cfg.DnsConfig = dns })
-}
-
-// editPod edits the pod config file at cfgPath.
-func editPod(t *testing.T, cfgPath string, edit func(*runtimeapi.PodSandboxConfig)) string {
-	t.Helper()
-	return editJSON(t, cfgPath, edit)
+	return editJSON(t, cfgPath, func(cfg *runtimeapi.PodSandboxConfig) { cfg.DnsConfig = dns })
 }
 
 // editJSON rewrites the JSON file at path (a CRI config) through edit.
