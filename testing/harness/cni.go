@@ -116,9 +116,8 @@ func NewTestNetwork(t testing.TB, o NetworkOptions) *TestNetwork {
 	return tn
 }
 
-// portmap is the conflist's portmap entry when on, and arranges that the
-// nat chains it makes (CNI-HOSTPORT-*), and the host did not have, go
-// after the test with the rules jumping to them.
+// portmap is the conflist's portmap entry when on; the chains it makes
+// (CNI-HOSTPORT-*, CNI-DN-*), and the host did not have, go after the test.
 func portmap(t testing.TB, on bool) string {
 	if !on {
 		return ""
@@ -126,19 +125,7 @@ func portmap(t testing.TB, on bool) string {
 	if _, err := os.Stat(filepath.Join(CNIBinDir, "portmap")); err != nil {
 		t.Fatalf("Debian's containernetworking-plugins lack portmap: %v", err)
 	}
-	for _, ipt := range []string{"iptables", "ip6tables"} {
-		if exec.Command(ipt, "-t", "nat", "-S", "CNI-HOSTPORT-DNAT").Run() == nil {
-			continue // the host's own: leave them
-		}
-		t.Cleanup(func() {
-			// xargs keeps the quoted comments of `-S` together.
-			exec.Command("sh", "-c", ipt+" -t nat -S | grep -e '-j CNI-HOSTPORT-' | grep -v '^-A CNI-' | sed 's/^-A/-D/' | xargs -r -L1 "+ipt+" -t nat").Run()
-			for _, chain := range []string{"CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-MASQ", "CNI-HOSTPORT-SETMARK"} {
-				exec.Command(ipt, "-t", "nat", "-F", chain).Run()
-				exec.Command(ipt, "-t", "nat", "-X", chain).Run()
-			}
-		})
-	}
+	RemoveNewChains(t, "CNI-")
 	return `, {"type": "portmap", "capabilities": {"portMappings": true}, "snat": true}`
 }
 

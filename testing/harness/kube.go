@@ -90,6 +90,10 @@ func StartControlPlane(t testing.TB, bin string) *Kube {
 		t.Fatal(err)
 	}
 	k := &Kube{t: t, Dir: dir, Bin: bin, Node: node}
+	// kubelet's and kube-proxy's iptables chains (KUBE-FIREWALL with its
+	// INPUT and OUTPUT jumps, KUBE-KUBELET-CANARY, ...) go after the test,
+	// once they have stopped (cleanups run last-registered first).
+	RemoveNewChains(t, "KUBE-")
 	t.Cleanup(func() { k.stop(); os.RemoveAll(dir) })
 	pki := k.makePKI()
 	etcdClient, etcdPeer, apiPort := FreePort(t), FreePort(t), FreePort(t)
