@@ -123,33 +123,3 @@ func TestPresetMemoryMinimum(t *testing.T) {
 	}
 	lacks(t, "message", err.Error(), "the presets' memory", "1048576 bytes", "at least 32Mi")
 }
-
-func TestMaxMemoryRefusals(t *testing.T) {
-	for _, tt := range []struct {
-		name   string
-		ann    map[string]string
-		mutate func(*core.ContainerConfig)
-		want   []string
-	}{
-		{"below the memory", map[string]string{"VirtletMaxMemory": "64Mi"}, func(c *core.ContainerConfig) { c.MemoryLimitBytes = 128 << 20 },
-			[]string{"annotation VirtletMaxMemory", `"64Mi"`, "below the VM's memory (134217728 bytes"}},
-		{"with hugepages", map[string]string{"VirtletMaxMemory": "256Mi"}, func(c *core.ContainerConfig) {
-			c.MemoryLimitBytes, c.HugepageLimits = 128<<20, []core.HugepageLimit{{PageSize: "2MB", Bytes: 128 << 20}}
-		}, []string{"annotation VirtletMaxMemory", "backed by hugepages cannot be resized"}},
-		{"not a quantity", map[string]string{"VirtletMaxMemory": "lots"}, nil, []string{"annotation VirtletMaxMemory", `"lots"`, "4Gi"}},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t)
-			sb := e.runPod(t, "p", tt.ann)
-			cfg := vmContainer(e.pull(t))
-			if tt.mutate != nil {
-				tt.mutate(&cfg)
-			}
-			_, err := e.rt.CreateContainer(context.Background(), sb, cfg)
-			if !errors.Is(err, ports.ErrInvalidArgument) {
-				t.Fatalf("%v, want InvalidArgument", err)
-			}
-			lacks(t, "message", err.Error(), tt.want...)
-		})
-	}
-}

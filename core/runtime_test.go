@@ -449,6 +449,13 @@ func TestCreateContainerRefusals(t *testing.T) {
 		{"hugepages of an unknown size", nil, func(c *core.ContainerConfig) {
 			c.MemoryLimitBytes, c.HugepageLimits = 128<<20, []core.HugepageLimit{{PageSize: "3MB", Bytes: 128 << 20}}
 		}, ports.ErrInvalidArgument, []string{"resources.limits.hugepages-3Mi", `"3MB"`, "not a power of two"}},
+		{"max memory below the memory", map[string]string{"VirtletMaxMemory": "64Mi"}, func(c *core.ContainerConfig) { c.MemoryLimitBytes = 128 << 20 },
+			ports.ErrInvalidArgument, []string{"annotation VirtletMaxMemory", `"64Mi"`, "below the VM's memory (134217728 bytes"}},
+		{"max memory with hugepages", map[string]string{"VirtletMaxMemory": "256Mi"}, func(c *core.ContainerConfig) {
+			c.MemoryLimitBytes, c.HugepageLimits = 128<<20, []core.HugepageLimit{{PageSize: "2MB", Bytes: 128 << 20}}
+		}, ports.ErrInvalidArgument, []string{"annotation VirtletMaxMemory", "backed by hugepages cannot be resized"}},
+		{"max memory not a quantity", map[string]string{"VirtletMaxMemory": "lots"}, nil, ports.ErrInvalidArgument,
+			[]string{"annotation VirtletMaxMemory", `"lots"`, "4Gi"}},
 		{"cpuset not a CPU list", nil, func(c *core.ContainerConfig) { c.CPUSet = "1-a" }, ports.ErrInvalidArgument,
 			[]string{"resources cpuset_cpus", `"1-a"`, "a CPU list such as 1,3-5"}},
 	}
