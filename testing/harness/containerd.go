@@ -205,9 +205,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 }
 
 // Ctr runs containerd's own CLI against it, in the CRI namespace.
+// Its standard output is the result; what it prints on standard error
+// (containerd 2.2 warns that cgroup v1 is deprecated on every call here)
+// comes with a failure only.
 func (c *Containerd) Ctr(args ...string) (string, error) {
-	out, err := exec.Command(filepath.Join(ContainerdBinDir(), "ctr"), append([]string{"--address", c.socket, "-n", "k8s.io"}, args...)...).CombinedOutput()
-	return string(out), err
+	var stderr strings.Builder
+	cmd := exec.Command(filepath.Join(ContainerdBinDir(), "ctr"), append([]string{"--address", c.socket, "-n", "k8s.io"}, args...)...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out) + stderr.String(), err
+	}
+	return string(out), nil
 }
 
 // Stop ends containerd itself (its shims, and so its containers, live on,
