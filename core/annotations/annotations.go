@@ -280,6 +280,20 @@ func (p *parser) get(key string) (string, bool) {
 	return v, true
 }
 
+// strictBool reads one of our own annotations that take "true" or
+// "false" (unset: false); anything else fails naming the annotation.
+func (p *parser) strictBool(key string) bool {
+	v, ok := p.get(key)
+	switch {
+	case !ok || v == "false":
+		return false
+	case v == "true":
+		return true
+	}
+	p.fail(key, v, "true or false", "")
+	return false
+}
+
 // boolean follows Virtlet's rule: only the lowercase string "true" is true,
 // every other value is false.
 func (p *parser) boolean(key string) bool {
@@ -443,20 +457,10 @@ func (p *parser) firmware() {
 			p.fail(Firmware, v, "bios or uefi", "")
 		}
 	}
-	if v, ok := p.get(HyperV); ok {
-		switch v {
-		case "true":
-			p.opts.HyperV = true
-		case "false":
-		default:
-			p.fail(HyperV, v, "true or false", "")
-		}
-	}
-	v, ok := p.get(SecureBoot)
+	p.opts.HyperV = p.strictBool(HyperV)
+	v, _ := p.get(SecureBoot)
 	switch {
-	case !ok || v == "false":
-	case v != "true":
-		p.fail(SecureBoot, v, "true or false", "")
+	case !p.strictBool(SecureBoot):
 	case p.opts.Firmware != ports.FirmwareUEFI:
 		p.fail(SecureBoot, v, "true together with "+Firmware+" uefi", "Secure Boot is a UEFI feature")
 	case !q35Machine(p.opts.MachineType):
@@ -700,31 +704,26 @@ func (p *parser) objectRef(key string, withKey bool) *ObjectRef {
 	return ref
 }
 
-func (p *parser) maxMemory() {
-	v, ok := p.get(MaxMemory)
+// quantity reads key as a positive number of bytes (0 when unset).
+func (p *parser) quantity(key, allowed string) int64 {
+	v, ok := p.get(key)
 	if !ok {
-		return
+		return 0
 	}
-	n, err := parseBytes(strings.TrimSpace(v))
+	n, err := ParseBytes(strings.TrimSpace(v))
 	if err != nil {
-		p.fail(MaxMemory, v, "a positive Kubernetes quantity such as 4Gi, at least the container's memory limit", err.Error())
-		return
+		p.fail(key, v, allowed, err.Error())
+		return 0
 	}
-	p.opts.MaxMemoryBytes = n
+	return n
+}
+
+func (p *parser) maxMemory() {
+	p.opts.MaxMemoryBytes = p.quantity(MaxMemory, "a positive Kubernetes quantity such as 4Gi, at least the container's memory limit")
 }
 
 func (p *parser) rootVolume() {
-	v, ok := p.get(RootVolumeSize)
-	if !ok {
-		return
-	}
-	const allowed = "a positive Kubernetes quantity such as 1Gi, 512Mi or 10G"
-	n, err := parseBytes(strings.TrimSpace(v))
-	if err != nil {
-		p.fail(RootVolumeSize, v, allowed, err.Error())
-		return
-	}
-	p.opts.RootVolumeSize = n
+	p.opts.RootVolumeSize = p.quantity(RootVolumeSize, "a positive Kubernetes quantity such as 1Gi, 512Mi or 10G")
 }
 
 func (p *parser) misc() {

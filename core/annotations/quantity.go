@@ -25,15 +25,11 @@ var (
 	errNotBytes    = errors.New("not a positive whole number of bytes")
 )
 
-// ParseBytes reads a Kubernetes quantity as a whole, positive number of
-// bytes (see parseBytes).
-func ParseBytes(s string) (int64, error) { return parseBytes(s) }
-
-// parseBytes reads a Kubernetes quantity (1Gi, 512Mi, 10G, 1.5Gi, 1e9) as
+// ParseBytes reads a Kubernetes quantity (1Gi, 512Mi, 10G, 1.5Gi, 1e9) as
 // a whole, positive number of bytes that fits an int64. It follows the
 // grammar of apimachinery's resource.ParseQuantity, whose package the core
 // cannot import (it carries generated protobuf code).
-func parseBytes(s string) (int64, error) {
+func ParseBytes(s string) (int64, error) {
 	num, suffix := splitQuantity(s)
 	if num == "" {
 		return 0, errNotQuantity

@@ -33,12 +33,12 @@ func reference(s string) (int64, bool) {
 func check(t *testing.T, s string) {
 	t.Helper()
 	want, wantOK := reference(s)
-	got, err := parseBytes(s)
+	got, err := ParseBytes(s)
 	if wantOK && want == math.MaxInt64 && errors.Is(err, errNotBytes) {
 		return
 	}
 	if (err == nil) != wantOK || (wantOK && got != want) {
-		t.Errorf("parseBytes(%q) = %d, %v; apimachinery: %d, ok %v", s, got, err, want, wantOK)
+		t.Errorf("ParseBytes(%q) = %d, %v; apimachinery: %d, ok %v", s, got, err, want, wantOK)
 	}
 }
 
@@ -53,10 +53,10 @@ func TestParseBytesMatchesKubernetes(t *testing.T) {
 	for _, s := range quantityCases {
 		check(t, s)
 	}
-	if _, err := parseBytes("0E1000000000000000000"); err == nil {
+	if _, err := ParseBytes("0E1000000000000000000"); err == nil {
 		t.Error("a zero with a huge exponent was accepted")
 	}
-	if _, err := parseBytes("8Ei"); !errors.Is(err, errNotBytes) {
+	if _, err := ParseBytes("8Ei"); !errors.Is(err, errNotBytes) {
 		t.Errorf("8Ei (2^63 bytes): %v, want refused", err)
 	}
 }
@@ -70,8 +70,8 @@ func FuzzParseBytes(f *testing.F) {
 		// has to refuse it, quickly.
 		if i := strings.LastIndexAny(s, "eE"); i >= 0 {
 			if e, err := strconv.ParseInt(s[i+1:], 10, 64); (err != nil && len(s[i+1:]) > 3) || e > 30 || e < -30 {
-				if n, err := parseBytes(s); err == nil {
-					t.Errorf("parseBytes(%q) = %d with a huge exponent", s, n)
+				if n, err := ParseBytes(s); err == nil {
+					t.Errorf("ParseBytes(%q) = %d with a huge exponent", s, n)
 				}
 				return
 			}
