@@ -35,6 +35,9 @@ func (r *Runtime) runningVM(id, what string) (*Container, error) {
 		return nil, fmt.Errorf("%s: the VM %s of pod %s/%s is %s, not running: %w",
 			what, c.Spec.Name, c.Spec.PodNamespace, c.Spec.PodName, state, ports.ErrFailedPrecondition)
 	}
+	if c.Halted() {
+		return nil, haltedError(what, c)
+	}
 	return c, nil
 }
 

@@ -465,6 +465,9 @@ func (r *Runtime) stopLocked(ctx context.Context, c *Container, timeout time.Dur
 	r.failpoint(FPStopStopped)
 	exited := *c
 	r.applyExit(&exited, st)
+	if c.Halted() {
+		exited.Message = "the container was stopped while its VM was halted (virtletctl stop)"
+	}
 	if err := r.commit(ctx, write{container: &exited}); err != nil {
 		return err
 	}
@@ -498,6 +501,11 @@ func (r *Runtime) ReopenContainerLog(ctx context.Context, id string) error {
 	}
 	if c.State != ContainerRunning {
 		return fmt.Errorf("container %s is %s; only a running VM's log can be reopened: %w", short(c.ID), c.State, ports.ErrFailedPrecondition)
+	}
+	if c.Halted() {
+		// Nothing writes the log while the VM is off; its next boot
+		// opens the log at its path afresh.
+		return nil
 	}
 	if err := r.deps.Hypervisor.ReopenLog(ctx, c.ID); err != nil {
 		return fmt.Errorf("reopen console log of VM %s: %w", c.Spec.Name, err)

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/virtlet/virtlet/ports"
@@ -107,6 +108,31 @@ type Container struct {
 	ExitCode   int32          `json:"exitCode,omitempty"`
 	Reason     string         `json:"reason,omitempty"`
 	Message    string         `json:"message,omitempty"`
+	// HaltedAt, while the container runs, is when its VM was halted
+	// (virtletctl stop): the VM is off, the container is kept.
+	HaltedAt time.Time `json:"haltedAt,omitempty"`
+	// BootedAt is when a halted VM was last booted again (StartedAt
+	// until then).
+	BootedAt time.Time `json:"bootedAt,omitempty"`
+	// CPUNanosBefore is the CPU time the VM used in its boots before the
+	// last halt: a boot counts from zero, the container's CPU time goes on.
+	CPUNanosBefore uint64 `json:"cpuNanosBefore,omitempty"`
+}
+
+// ReasonHalted is the reason a running container whose VM is halted
+// reports.
+const ReasonHalted = "Halted"
+
+// Halted reports whether the container runs with its VM halted.
+func (c *Container) Halted() bool {
+	return c.State == ContainerRunning && !c.HaltedAt.IsZero()
+}
+
+// HaltMessage says, for a halted VM's container status, since when and
+// how to boot it.
+func (c *Container) HaltMessage() string {
+	return fmt.Sprintf("the VM is halted since %s (virtletctl stop); virtletctl start %s boots it",
+		c.HaltedAt.UTC().Format(time.RFC3339), c.Spec.PodName)
 }
 
 // ImageRef is the image a container was created from.

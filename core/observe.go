@@ -48,6 +48,8 @@ func pullFailure(err error, otherwise ports.PullFailure) ports.PullFailure {
 type Counts struct {
 	Sandboxes  map[SandboxState]int
 	Containers map[ContainerState]int
+	// HaltedVMs counts the running containers whose VM is halted.
+	HaltedVMs int
 }
 
 // SandboxStates and ContainerStates list every state, so that a count of
@@ -67,6 +69,9 @@ func (r *Runtime) Counts() Counts {
 	}
 	for _, ct := range r.containers {
 		c.Containers[ct.State]++
+		if ct.Halted() {
+			c.HaltedVMs++
+		}
 	}
 	return c
 }

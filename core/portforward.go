@@ -42,11 +42,18 @@ func (r *Runtime) forwardTarget(sandboxID string) (*Sandbox, []string, error) {
 	if len(ips) == 0 {
 		return nil, nil, fmt.Errorf("port-forward to pod %s: the pod has no IP address (no network plugin?): %w", pod, ports.ErrFailedPrecondition)
 	}
+	var halted *Container
 	running := false
 	for _, c := range r.containersOf(sb.ID) {
-		running = running || c.State == ContainerRunning
+		if c.Halted() {
+			halted = c
+		}
+		running = running || c.State == ContainerRunning && !c.Halted()
 	}
-	if !running {
+	switch {
+	case !running && halted != nil:
+		return nil, nil, haltedError("port-forward to pod "+pod, halted)
+	case !running:
 		return nil, nil, fmt.Errorf("port-forward to pod %s: its VM is not running: %w", pod, ports.ErrFailedPrecondition)
 	}
 	return sb, ips, nil

@@ -251,6 +251,18 @@ func (r *Runtime) undoInterrupted(ctx context.Context, id string) error {
 func (r *Runtime) applyLocked(ctx context.Context, c *Container, vm ports.VMStatus) error {
 	next := *c
 	switch {
+	case c.Halted() && vm.State == ports.VMRunning && vm.StartedAt.After(c.HaltedAt):
+		// Booted after the halt (a start interrupted before it was
+		// recorded, or the VM started by hand): it runs again. A status
+		// of the VM from before the halt (StartedAt earlier) is stale.
+		next.HaltedAt = time.Time{}
+	case c.Halted():
+		// Off as asked, or still shutting down: the container stays.
+		return nil
+	case vm.State == ports.VMStopped && !vm.FinishedAt.IsZero() && vm.FinishedAt.Before(c.BootedAt):
+		// The end of the run before the VM's last boot (a halt's stop,
+		// applied after the boot): stale.
+		return nil
 	case vm.State == ports.VMRunning && c.State == ContainerCreated:
 		next.State = ContainerRunning
 		next.StartedAt = vm.StartedAt

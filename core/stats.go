@@ -158,7 +158,7 @@ func (r *Runtime) usage(ctx context.Context, cs []*Container) ([]ContainerStats,
 	var ids []string
 	for i, c := range cs {
 		out[i].Container = c
-		if c.State == ContainerRunning {
+		if c.State == ContainerRunning && !c.Halted() {
 			ids = append(ids, c.ID)
 		}
 	}
@@ -182,6 +182,7 @@ func (r *Runtime) usage(ctx context.Context, cs []*Container) ([]ContainerStats,
 		out[i].WritableLayerFS = fs
 		if s, ok := byID[out[i].Container.ID]; ok {
 			u := usageOf(s)
+			u.CPUNanos += out[i].Container.CPUNanosBefore // earlier boots (halts)
 			out[i].Usage = &u
 		}
 	}

@@ -63,10 +63,14 @@ func (s *Server) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerS
 	if err != nil {
 		return nil, err
 	}
+	reason, message := c.Reason, c.Message
+	if c.Halted() {
+		reason, message = core.ReasonHalted, c.HaltMessage()
+	}
 	st := &runtimeapi.ContainerStatus{
 		Id: c.ID, Metadata: &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: c.Attempt}, State: containerState(c.State),
 		CreatedAt: nanos(c.CreatedAt), StartedAt: nanos(c.StartedAt), FinishedAt: nanos(c.FinishedAt), ExitCode: c.ExitCode,
-		Image: imageSpec(&c), ImageRef: c.Image.ID, ImageId: c.Image.ID, Reason: c.Reason, Message: c.Message,
+		Image: imageSpec(&c), ImageRef: c.Image.ID, ImageId: c.Image.ID, Reason: reason, Message: message,
 		Labels: c.Labels, Annotations: c.Annotations, LogPath: c.Spec.ConsoleLogPath,
 		Resources: &runtimeapi.ContainerResources{Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: c.Spec.MemoryBytes}},
 	}
@@ -78,7 +82,7 @@ func (s *Server) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerS
 		resp.Info = jsonInfo(map[string]interface{}{
 			"vm": map[string]interface{}{"name": c.Spec.Name, "uuid": c.Spec.UUID, "vcpus": c.Spec.VCPUs, "memoryBytes": c.Spec.MemoryBytes,
 				"cpu": c.Spec.CPU, "disks": diskSummary(c.Spec.Disks), "shares": shareSummary(c.Spec.Filesystems), "nics": c.Spec.NICs,
-				"volumes": volumeSummary(c.Volumes)},
+				"volumes": volumeSummary(c.Volumes), "halted": c.Halted()},
 			"sandboxID": c.SandboxID,
 		})
 	}

@@ -21,6 +21,8 @@ var (
 		"VM pods (CRI pod sandboxes) by state: pending (RunPodSandbox in progress), ready, notready.", []string{"state"}, nil)
 	containersDesc = prometheus.NewDesc(namespace+"_containers",
 		"VMs (CRI containers) by state: creating (CreateContainer in progress), created, running, exited, unknown.", []string{"state"}, nil)
+	haltedDesc = prometheus.NewDesc(namespace+"_vms_halted",
+		"Running containers whose VM is halted (virtletctl stop): counted as running containers too.", nil, nil)
 )
 
 // recordsCollector counts the core's records by state.
@@ -29,6 +31,7 @@ type recordsCollector struct{ rt Runtime }
 func (c *recordsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- sandboxesDesc
 	ch <- containersDesc
+	ch <- haltedDesc
 }
 
 func (c *recordsCollector) Collect(ch chan<- prometheus.Metric) {
@@ -39,6 +42,7 @@ func (c *recordsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range core.ContainerStates {
 		ch <- prometheus.MustNewConstMetric(containersDesc, prometheus.GaugeValue, float64(counts.Containers[s]), string(s))
 	}
+	ch <- prometheus.MustNewConstMetric(haltedDesc, prometheus.GaugeValue, float64(counts.HaltedVMs))
 }
 
 var (

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/virtlet/virtlet/adapters/vmtools"
 	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/ports"
 )
 
 // Tools serves virtletctl's commands (vmtools) arriving as exec commands
@@ -69,6 +71,12 @@ func (t *Tools) Run(ctx context.Context, containerID string, cmd []string, in io
 		}
 		st := vmtools.VMStatus{Pod: c.Spec.PodNamespace + "/" + c.Spec.PodName, VM: c.Spec.Name, State: string(c.State),
 			StartedAt: c.StartedAt, VCPUs: c.Spec.VCPUs, MemoryBytes: c.Spec.MemoryBytes}
+		if !c.BootedAt.IsZero() {
+			st.StartedAt = c.BootedAt // the VM's last boot (virtletctl start or restart)
+		}
+		if c.Halted() {
+			st.State, st.HaltedAt = "halted", c.HaltedAt
+		}
 		if gi, err := t.RT.GuestInfo(ctx, containerID); err != nil {
 			st.GuestError = err.Error()
 		} else {
@@ -77,9 +85,56 @@ func (t *Tools) Run(ctx context.Context, containerID string, cmd []string, in io
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		return 0, enc.Encode(st)
+	case vmtools.Stop, vmtools.Restart:
+		grace, err := gracePeriod(cmd[1:])
+		if err != nil {
+			return 0, err
+		}
+		op, done := t.RT.HaltVM, "halted: its container and disks are kept; virtletctl start boots it"
+		if cmd[0] == vmtools.Restart {
+			op, done = t.RT.RebootVM, "restarted"
+		}
+		if err := op(ctx, containerID, grace); err != nil {
+			return 0, err
+		}
+		return 0, t.powerDone(ctx, containerID, done, out, log)
+	case vmtools.Start:
+		if len(cmd) > 1 {
+			return 0, fmt.Errorf("%s takes no arguments", vmtools.Start)
+		}
+		if err := t.RT.BootVM(ctx, containerID); err != nil {
+			return 0, err
+		}
+		return 0, t.powerDone(ctx, containerID, "started", out, log)
 	default:
 		return 0, fmt.Errorf("unknown Virtlet command %q (known: %s); is virtletctl newer than the daemon?", cmd[0], strings.Join(vmtools.Commands, ", "))
 	}
+}
+
+// gracePeriod reads Stop's and Restart's optional argument: whole seconds.
+func gracePeriod(args []string) (time.Duration, error) {
+	switch len(args) {
+	case 0:
+		return vmtools.DefaultGracePeriod, nil
+	case 1:
+		s, err := strconv.Atoi(args[0])
+		if err != nil || s < 0 {
+			return 0, &ports.InvalidError{Field: "grace period", Value: args[0], Allowed: "whole seconds, 0 or more"}
+		}
+		return time.Duration(s) * time.Second, nil
+	}
+	return 0, fmt.Errorf("%s takes at most one argument, the grace period in seconds", vmtools.Stop)
+}
+
+// powerDone tells the user what a power operation did.
+func (t *Tools) powerDone(ctx context.Context, containerID, done string, out io.Writer, log logrus.FieldLogger) error {
+	c, err := t.RT.ContainerStatus(ctx, containerID)
+	if err != nil {
+		return err
+	}
+	log.Info("VM " + strings.SplitN(done, ":", 2)[0] + " for virtletctl")
+	_, err = fmt.Fprintf(out, "VM %s of pod %s/%s %s\n", c.Spec.Name, c.Spec.PodNamespace, c.Spec.PodName, done)
+	return err
 }
 
 // vnc pipes the exec's stdin and stdout to the VM's VNC display.

@@ -35,10 +35,23 @@ const (
 	// Status prints the VM's state and the guest's own account of itself
 	// from its agent (JSON VMStatus).
 	Status = Prefix + "status"
+	// Stop halts the pod's VM and keeps its container (run strategies:
+	// README). An optional argument is the grace period in seconds
+	// before the VM is forced off (default DefaultGracePeriod).
+	Stop = Prefix + "stop"
+	// Start boots a halted VM.
+	Start = Prefix + "start"
+	// Restart power-cycles the VM: a stop (same argument) and a start.
+	Restart = Prefix + "restart"
 )
 
+// DefaultGracePeriod is how long Stop and Restart wait for the guest to
+// shut down after the ACPI power button before forcing the VM off:
+// kubelet's default termination grace period.
+const DefaultGracePeriod = 30 * time.Second
+
 // Commands lists the commands, for help and errors.
-var Commands = []string{Version, Diag, Virsh, VNC, Status}
+var Commands = []string{Version, Diag, Virsh, VNC, Status, Stop, Start, Restart}
 
 // IsCommand reports whether cmd is one of Virtlet's own commands.
 func IsCommand(cmd []string) bool {
@@ -87,10 +100,12 @@ type LogLine struct {
 
 // VMStatus is the daemon's answer to Status.
 type VMStatus struct {
-	Pod         string    `json:"pod"`
-	VM          string    `json:"vm"`
-	State       string    `json:"state"`
-	StartedAt   time.Time `json:"startedAt,omitempty"`
+	Pod       string    `json:"pod"`
+	VM        string    `json:"vm"`
+	State     string    `json:"state"`
+	StartedAt time.Time `json:"startedAt,omitempty"`
+	// HaltedAt is when the VM was halted (virtletctl stop), while it is.
+	HaltedAt    time.Time `json:"haltedAt,omitempty"`
 	VCPUs       int       `json:"vcpus"`
 	MemoryBytes int64     `json:"memoryBytes"`
 	// Guest is what the guest's agent says; GuestError why it says nothing.

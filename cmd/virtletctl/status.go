@@ -56,8 +56,11 @@ exec into the pod. A guest without an agent shows why it says nothing.`,
 func printStatus(w io.Writer, st vmtools.VMStatus, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	state := st.State
-	if st.State == "running" && !st.StartedAt.IsZero() {
+	switch {
+	case st.State == "running" && !st.StartedAt.IsZero():
 		state += fmt.Sprintf(" for %s (since %s)", now.Sub(st.StartedAt).Round(time.Second), st.StartedAt.UTC().Format(time.RFC3339))
+	case st.State == "halted" && !st.HaltedAt.IsZero():
+		state += fmt.Sprintf(" for %s (since %s; the pod and disks are kept: start boots it)", now.Sub(st.HaltedAt).Round(time.Second), st.HaltedAt.UTC().Format(time.RFC3339))
 	}
 	fmt.Fprintf(tw, "Pod:\t%s\n", st.Pod)
 	fmt.Fprintf(tw, "VM:\t%s\n", st.VM)

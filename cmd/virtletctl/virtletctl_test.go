@@ -208,4 +208,10 @@ Interfaces:  lo 00:00:00:00:00:00 127.0.0.1/8
 	if !strings.Contains(b.String(), "Guest:   no answer: the VM vm has no guest agent") {
 		t.Errorf("a guest without an agent:\n%s", b.String())
 	}
+	b.Reset()
+	st.State, st.HaltedAt = "halted", started.Add(time.Minute)
+	printStatus(&b, st, started.Add(3*time.Minute))
+	if !strings.Contains(b.String(), "State:   halted for 2m0s (since 2026-11-25T15:01:00Z; the pod and disks are kept: start boots it)") {
+		t.Errorf("a halted VM:\n%s", b.String())
+	}
 }

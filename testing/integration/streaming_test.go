@@ -466,3 +466,54 @@ func TestStreamingSessionsEndWithTheirClient(t *testing.T) {
 		waitDetail(t, rt, ctr, "consoleViewers", "0", 3*time.Second, "after the attached client was killed")
 	})
 }
+
+// virtletctl stop, start and restart over exec streams: the container
+// stays running for kubelet (crictl), its status says the VM is halted,
+// the guest cannot be reached meanwhile, and start boots the same VM.
+func TestPowerCommandsOverExec(t *testing.T) {
+	d, c := startDaemon(t)
+	_, ctr := runningFakeVM(t, d, c, "power-vm")
+	rt, _ := d.CRI(t)
+	var out bytes.Buffer
+	if err := streamExec(t, rt, ctr, []string{vmtools.Stop, "0"}, nil, &out, nil); err != nil || !strings.Contains(out.String(), "halted") {
+		t.Fatalf("stop: %q %v", out.String(), err)
+	}
+	var inspect struct {
+		Status struct {
+			State, Reason, Message string
+		} `json:"status"`
+	}
+	c.JSON(t, &inspect, "inspect", ctr)
+	if inspect.Status.State != "CONTAINER_RUNNING" || inspect.Status.Reason != "Halted" || !strings.Contains(inspect.Status.Message, "virtletctl start power-vm") {
+		t.Fatalf("crictl inspect of a halted VM's container: %+v", inspect.Status)
+	}
+	if _, errOut, err := c.Run("exec", "-s", ctr, "hostname"); err == nil || !strings.Contains(errOut, "halted") {
+		t.Fatalf("exec in a halted VM: %v %s", err, errOut)
+	}
+	out.Reset()
+	if err := streamExec(t, rt, ctr, []string{vmtools.Status}, nil, &out, nil); err != nil {
+		t.Fatal(err)
+	}
+	var st vmtools.VMStatus
+	if err := json.Unmarshal(out.Bytes(), &st); err != nil || st.State != "halted" || st.HaltedAt.IsZero() {
+		t.Fatalf("status of a halted VM: %+v %v", st, err)
+	}
+	err := streamExec(t, rt, ctr, []string{vmtools.Stop, "soon"}, nil, io.Discard, nil)
+	if err == nil || !strings.Contains(err.Error(), `grace period: invalid value "soon"`) {
+		t.Fatalf("stop with a bad grace period: %v", err)
+	}
+	out.Reset()
+	if err := streamExec(t, rt, ctr, []string{vmtools.Start}, nil, &out, nil); err != nil || !strings.Contains(out.String(), "started") {
+		t.Fatalf("start: %q %v", out.String(), err)
+	}
+	c.JSON(t, &inspect, "inspect", ctr)
+	if inspect.Status.State != "CONTAINER_RUNNING" || inspect.Status.Reason == "Halted" {
+		t.Fatalf("after start: %+v", inspect.Status)
+	}
+	c.Must(t, "exec", "-s", ctr, "hostname")
+	out.Reset()
+	if err := streamExec(t, rt, ctr, []string{vmtools.Restart, "1"}, nil, &out, nil); err != nil || !strings.Contains(out.String(), "restarted") {
+		t.Fatalf("restart: %q %v", out.String(), err)
+	}
+	c.Must(t, "exec", "-s", ctr, "hostname")
+}
