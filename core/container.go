@@ -39,6 +39,10 @@ type ContainerConfig struct {
 	CPUSet string
 	// HugepageLimits are the pod's hugepages-<size> limits (those above 0).
 	HugepageLimits []HugepageLimit
+	// CPUQuota and CPUPeriod are the container's CPU limit as CFS
+	// figures (quota ≤ 0: no limit). A VM with VirtletMaxVCPUCount has as
+	// many vCPUs as the limit, rounded up.
+	CPUQuota, CPUPeriod int64
 }
 
 // HugepageLimit is a container's limit of hugepages of one size.
@@ -135,6 +139,10 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err := checkMaxMemory(opts.MaxMemoryBytes, memory, hugepages, ann[annotations.MaxMemory]); err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
+	vcpus, err := bootVCPUs(opts, cfg.CPUQuota, cfg.CPUPeriod)
+	if err != nil {
+		return "", fmt.Errorf("pod %s: %w", pod, err)
+	}
 	cpuSet, err := ParseCPUList(cfg.CPUSet)
 	if err != nil {
 		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{Field: "resources cpuset_cpus", Value: cfg.CPUSet,
@@ -183,7 +191,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	spec := ports.VMSpec{
 		ID: id, Name: domainName(id, sb.Name), UUID: opts.SystemUUID,
 		SandboxID: sb.ID, PodName: sb.Name, PodNamespace: sb.Namespace, PodUID: sb.UID,
-		VCPUs: opts.VCPUCount, MemoryBytes: memory, MaxMemoryBytes: max(opts.MaxMemoryBytes, memory), HugepageSizeBytes: hugepages,
+		VCPUs: vcpus, MaxVCPUs: opts.MaxVCPUCount, MinVCPUs: opts.VCPUCount, MemoryBytes: memory, MaxMemoryBytes: max(opts.MaxMemoryBytes, memory), HugepageSizeBytes: hugepages,
 		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting}, Machine: opts.MachineType, Firmware: opts.Firmware, SecureBoot: opts.SecureBoot, HyperV: opts.HyperV, Clock: opts.Clock, Watchdog: opts.Watchdog, CPUSet: cpuSet,
 		Disks: []ports.Disk{{
 			Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true, Serial: RootSerial,

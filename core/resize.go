@@ -16,6 +16,9 @@ import (
 type ContainerResources struct {
 	MemoryLimitBytes int64  // 0: unchanged
 	CPUSet           string // "": unchanged
+	// CPUQuota and CPUPeriod are the CPU limit (quota ≤ 0: none, the vCPUs
+	// are unchanged).
+	CPUQuota, CPUPeriod int64
 }
 
 // checkMaxMemory: VirtletMaxMemory leaves room above the VM's memory for
@@ -34,11 +37,49 @@ func checkMaxMemory(max, memory, hugepages int64, value string) error {
 	return nil
 }
 
+// limitVCPUs is the vCPU count a CPU limit asks for: the limit in whole
+// CPUs, rounded up; 0 without a limit.
+func limitVCPUs(quota, period int64) int {
+	if quota <= 0 {
+		return 0
+	}
+	if period <= 0 {
+		period = 100_000 // CFS's default period
+	}
+	return int((quota + period - 1) / period)
+}
+
+// cpuLimit formats a CFS quota as the CPU limit it came from.
+func cpuLimit(quota, period int64) string {
+	if period <= 0 {
+		period = 100_000
+	}
+	return fmt.Sprintf("%dm", quota*1000/period)
+}
+
+// bootVCPUs is the vCPU count a VM is created with: VirtletVCPUCount, or,
+// for a VM that can change them (VirtletMaxVCPUCount), its CPU limit
+// rounded up, at least VirtletVCPUCount.
+func bootVCPUs(opts annotations.VMOptions, quota, period int64) (int, error) {
+	if opts.MaxVCPUCount == 0 {
+		return opts.VCPUCount, nil
+	}
+	n := max(limitVCPUs(quota, period), opts.VCPUCount)
+	if n > opts.MaxVCPUCount {
+		return 0, &ports.InvalidError{Field: "resources.limits.cpu", Value: cpuLimit(quota, period),
+			Reason:  fmt.Sprintf("%d vCPUs, more than the VM's %s", n, annotations.MaxVCPUCount),
+			Allowed: fmt.Sprintf("at most %d CPUs", opts.MaxVCPUCount)}
+	}
+	return n, nil
+}
+
 // UpdateContainerResources resizes a VM pod's VM in place (kubelet's
 // in-place pod resize): its memory, through the balloon, within the
-// VM's VirtletMaxMemory. kubelet sends every resource each time: CPU
-// shares and quota are not applied to VMs (README) and pass; a new CPU
-// set or a memory beyond the VM's range is refused, naming the field.
+// VM's VirtletMaxMemory, and, for a VM with VirtletMaxVCPUCount, its
+// vCPUs, hot-plugged to follow the CPU limit. kubelet sends every resource
+// each time: unchanged ones pass, CPU shares and quota are not applied to
+// VMs otherwise (README); a new CPU set, a memory or CPU limit beyond the
+// VM's range is refused, naming the field, before anything changes.
 func (r *Runtime) UpdateContainerResources(ctx context.Context, id string, res ContainerResources) error {
 	c, unlock, err := r.lockContainer(ctx, id)
 	if err != nil {
@@ -53,30 +94,78 @@ func (r *Runtime) UpdateContainerResources(ctx context.Context, id string, res C
 				Reason: "the vCPUs' pinning is fixed while the VM runs", Allowed: "the VM's own CPU set (recreate the pod to change it)"}
 		}
 	}
-	m := res.MemoryLimitBytes
-	if m == 0 || m == spec.MemoryBytes {
-		return nil
+	vcpus, err := resizedVCPUs(spec, res)
+	if err != nil {
+		return err
 	}
-	// The ceiling is set at creation (VirtletMaxMemory, else the memory
-	// limit then): a shrink does not lower it.
+	memory, err := resizedMemory(spec, res.MemoryLimitBytes)
+	if err != nil {
+		return err
+	}
+	if vcpus != spec.VCPUs {
+		if err := r.deps.Hypervisor.SetVCPUs(ctx, c.ID, vcpus); err != nil {
+			return fmt.Errorf("resize the vCPUs of VM %s: %w", spec.Name, err)
+		}
+		if c, err = r.resized(ctx, c, func(s *ports.VMSpec) { s.VCPUs = vcpus }); err != nil {
+			return err
+		}
+		r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": spec.Name, "from": spec.VCPUs, "to": vcpus}).Info("VM vCPUs resized")
+	}
+	if memory != spec.MemoryBytes {
+		if err := r.deps.Hypervisor.SetMemory(ctx, c.ID, memory); err != nil {
+			return fmt.Errorf("resize the memory of VM %s: %w", spec.Name, err)
+		}
+		if _, err = r.resized(ctx, c, func(s *ports.VMSpec) { s.MemoryBytes = memory }); err != nil {
+			return err
+		}
+		r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": spec.Name, "from": spec.MemoryBytes, "to": memory}).Info("VM memory resized")
+	}
+	return nil
+}
+
+// resized records a change of the container's VM.
+func (r *Runtime) resized(ctx context.Context, c *Container, change func(*ports.VMSpec)) (*Container, error) {
+	next := *c
+	change(&next.Spec)
+	if err := r.commit(ctx, write{container: &next}); err != nil {
+		return nil, err
+	}
+	return &next, nil
+}
+
+// resizedMemory is the memory a resize asks of the VM (0: unchanged),
+// within the range set when the pod was created: VirtletMaxMemory, else
+// the memory limit then (a shrink does not lower it).
+func resizedMemory(spec ports.VMSpec, m int64) (int64, error) {
+	if m == 0 || m == spec.MemoryBytes {
+		return spec.MemoryBytes, nil
+	}
 	top := max(spec.MaxMemoryBytes, spec.MemoryBytes)
 	switch {
 	case spec.HugepageSizeBytes != 0:
-		return &ports.InvalidError{Field: "resources.limits.memory", Value: fmt.Sprintf("%d bytes", m),
+		return 0, &ports.InvalidError{Field: "resources.limits.memory", Value: fmt.Sprintf("%d bytes", m),
 			Reason: "a VM backed by hugepages cannot be resized", Allowed: fmt.Sprintf("%d bytes", spec.MemoryBytes)}
 	case m < MinMemoryBytes || m > top:
-		return &ports.InvalidError{Field: "resources.limits.memory", Value: fmt.Sprintf("%d bytes", m),
+		return 0, &ports.InvalidError{Field: "resources.limits.memory", Value: fmt.Sprintf("%d bytes", m),
 			Reason:  "outside the range the VM can be resized within",
 			Allowed: fmt.Sprintf("%d to %d bytes (annotation %s sets the top when the pod is created)", int64(MinMemoryBytes), top, annotations.MaxMemory)}
 	}
-	if err := r.deps.Hypervisor.SetMemory(ctx, c.ID, m); err != nil {
-		return fmt.Errorf("resize the memory of VM %s: %w", spec.Name, err)
+	return m, nil
+}
+
+// resizedVCPUs is the vCPU count a resize asks of the VM: its CPU limit,
+// rounded up, for a VM that can change its vCPUs; the VM's count
+// otherwise. A count beyond the VM's range is refused.
+func resizedVCPUs(spec ports.VMSpec, res ContainerResources) (int, error) {
+	n := limitVCPUs(res.CPUQuota, res.CPUPeriod)
+	if spec.MaxVCPUs == 0 || n == 0 {
+		return spec.VCPUs, nil
 	}
-	resized := *c
-	resized.Spec.MemoryBytes = m
-	if err := r.commit(ctx, write{container: &resized}); err != nil {
-		return err
+	n = max(n, spec.MinVCPUs, 1)
+	if n > spec.MaxVCPUs {
+		return 0, &ports.InvalidError{Field: "resources.limits.cpu", Value: cpuLimit(res.CPUQuota, res.CPUPeriod),
+			Reason:  fmt.Sprintf("%d vCPUs, more than the VM's %s", n, annotations.MaxVCPUCount),
+			Allowed: fmt.Sprintf("at most %d CPUs (annotation %s sets the top when the pod is created)", spec.MaxVCPUs, annotations.MaxVCPUCount)}
 	}
-	r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": spec.Name, "from": spec.MemoryBytes, "to": m}).Info("VM memory resized")
-	return nil
+	return n, nil
 }

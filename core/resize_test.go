@@ -123,3 +123,78 @@ func TestPresetMemoryMinimum(t *testing.T) {
 	}
 	lacks(t, "message", err.Error(), "the presets' memory", "1048576 bytes", "at least 32Mi")
 }
+
+// With VirtletMaxVCPUCount the vCPUs follow the CPU limit, rounded up,
+// from VirtletVCPUCount to the maximum: at creation and on a resize.
+// Without it a CPU limit changes nothing, as before.
+func TestVCPUsFollowTheCPULimit(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.runPod(t, "p", map[string]string{"VirtletVCPUCount": "2", "VirtletMaxVCPUCount": "4"})
+	cfg := vmContainer(e.pull(t))
+	cfg.CPUQuota, cfg.CPUPeriod = 150_000, 100_000 // 1500m: 2 vCPUs, also VirtletVCPUCount's floor
+	id, err := e.rt.CreateContainer(ctx, sb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := e.hv.Spec(id)
+	if spec.VCPUs != 2 || spec.MaxVCPUs != 4 || spec.MinVCPUs != 2 {
+		t.Fatalf("created with vCPUs %d, max %d, min %d; want 2, 4, 2", spec.VCPUs, spec.MaxVCPUs, spec.MinVCPUs)
+	}
+	for _, tt := range []struct {
+		name         string
+		quota, vcpus int
+	}{
+		{"grow to 3.5 CPUs", 350_000, 4},
+		{"the same limit (a memory resize sends it again)", 350_000, 4},
+		{"no limit: unchanged", 0, 4},
+		{"shrink to 1 CPU: the floor", 100_000, 2},
+		{"3 CPUs", 300_000, 3},
+	} {
+		res := core.ContainerResources{CPUQuota: int64(tt.quota), CPUPeriod: 100_000, MemoryLimitBytes: 256 << 20}
+		if err := e.rt.UpdateContainerResources(ctx, id, res); err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		c, _ := e.rt.ContainerStatus(ctx, id)
+		hv, _ := e.hv.Spec(id)
+		if c.Spec.VCPUs != tt.vcpus || hv.VCPUs != tt.vcpus {
+			t.Fatalf("%s: record %d, hypervisor %d vCPUs; want %d", tt.name, c.Spec.VCPUs, hv.VCPUs, tt.vcpus)
+		}
+	}
+	// Refused before anything changes: neither the vCPUs nor the memory.
+	for _, res := range []core.ContainerResources{
+		{CPUQuota: 450_000, CPUPeriod: 100_000, MemoryLimitBytes: 128 << 20},
+		{CPUQuota: 100_000, CPUPeriod: 100_000, MemoryLimitBytes: 1 << 40},
+	} {
+		if err := e.rt.UpdateContainerResources(ctx, id, res); !errors.Is(err, ports.ErrInvalidArgument) {
+			t.Fatalf("resize %+v: %v", res, err)
+		}
+		if hv, _ := e.hv.Spec(id); hv.VCPUs != 3 || hv.MemoryBytes != 256<<20 {
+			t.Fatalf("a refused resize changed the VM: %d vCPUs, %d bytes", hv.VCPUs, hv.MemoryBytes)
+		}
+	}
+	err = e.rt.UpdateContainerResources(ctx, id, core.ContainerResources{CPUQuota: 450_000, CPUPeriod: 100_000})
+	lacks(t, "message", err.Error(), "resources.limits.cpu", `"4500m"`, "5 vCPUs", "at most 4 CPUs", "VirtletMaxVCPUCount")
+
+	// A limit above the maximum at creation.
+	sb2 := e.runPod(t, "q", map[string]string{"VirtletMaxVCPUCount": "2"})
+	cfg.CPUQuota = 300_000
+	_, err = e.rt.CreateContainer(ctx, sb2, cfg)
+	if !errors.Is(err, ports.ErrInvalidArgument) {
+		t.Fatalf("a CPU limit above VirtletMaxVCPUCount: %v", err)
+	}
+	lacks(t, "message", err.Error(), "resources.limits.cpu", "3 vCPUs", "at most 2 CPUs")
+
+	// Without VirtletMaxVCPUCount the CPU limit is not applied.
+	sb3 := e.runPod(t, "r", map[string]string{"VirtletVCPUCount": "2"})
+	id3, err := e.rt.CreateContainer(ctx, sb3, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.UpdateContainerResources(ctx, id3, core.ContainerResources{CPUQuota: 800_000, CPUPeriod: 100_000}); err != nil {
+		t.Fatal(err)
+	}
+	if hv, _ := e.hv.Spec(id3); hv.VCPUs != 2 || hv.MaxVCPUs != 0 {
+		t.Fatalf("a VM without VirtletMaxVCPUCount: %d vCPUs (max %d)", hv.VCPUs, hv.MaxVCPUs)
+	}
+}

@@ -42,6 +42,10 @@ type Hypervisor interface {
 	// SetMemory resizes a VM's memory within its MaxMemoryBytes: live,
 	// through the balloon, when it runs, and for its next boot.
 	SetMemory(ctx context.Context, id string, bytes int64) error
+	// SetVCPUs hot-plugs or unplugs vCPUs within MinVCPUs..MaxVCPUs: live
+	// when the VM runs (the guest's agent brings new ones online), and for
+	// its next boot.
+	SetVCPUs(ctx context.Context, id string, n int) error
 }
 
 // WithoutSecrets returns a copy of the spec whose disks carry no
@@ -112,7 +116,12 @@ type VMSpec struct {
 	PodNamespace string
 	PodUID       string
 
+	// VCPUs is the VM's vCPU count. MaxVCPUs, when above it, is the most
+	// it can be given while it runs (SetVCPUs); the first MinVCPUs (at
+	// least 1) can never be unplugged.
 	VCPUs       int
+	MaxVCPUs    int
+	MinVCPUs    int
 	MemoryBytes int64
 	// MaxMemoryBytes, when above MemoryBytes, is the most memory the VM
 	// can be resized to while it runs (SetMemory; the guest's balloon

@@ -20,6 +20,8 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 		Labels: c.GetLabels(), Annotations: c.GetAnnotations(), LogPath: c.GetLogPath(),
 		MemoryLimitBytes: c.GetLinux().GetResources().GetMemoryLimitInBytes(),
 		CPUSet:           c.GetLinux().GetResources().GetCpusetCpus(),
+		CPUQuota:         c.GetLinux().GetResources().GetCpuQuota(),
+		CPUPeriod:        c.GetLinux().GetResources().GetCpuPeriod(),
 	}
 	// kubelet lists every page size the node has, with limit 0 unless the
 	// pod asks for that size.
@@ -241,7 +243,7 @@ func unsupported(call, why string) error {
 func (s *Server) UpdateContainerResources(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
 	res := req.GetLinux()
 	err := s.rt.UpdateContainerResources(ctx, req.ContainerId, core.ContainerResources{
-		MemoryLimitBytes: res.GetMemoryLimitInBytes(), CPUSet: res.GetCpusetCpus()})
+		MemoryLimitBytes: res.GetMemoryLimitInBytes(), CPUSet: res.GetCpusetCpus(), CPUQuota: res.GetCpuQuota(), CPUPeriod: res.GetCpuPeriod()})
 	if err != nil {
 		return nil, err
 	}

@@ -48,6 +48,9 @@ type domainInput struct {
 	Secrets map[string]string
 	// HostCPUs are the host's online CPUs, for pinning (Spec.CPUSet).
 	HostCPUs []int
+	// ITCOByQEMU: an itco watchdog is set up by QEMU's own options
+	// (libvirt before 9.1 has no iTCO model; checkWatchdog).
+	ITCOByQEMU bool
 }
 
 // domainXML renders the libvirt domain of a VM. It is deterministic, so
@@ -70,6 +73,7 @@ func domainXML(in domainInput) (string, error) {
 		Metadata: &libvirtxml.DomainMetadata{XML: metaXML},
 		Memory:   &libvirtxml.DomainMemory{Value: uint((maxMemory(s) + 1023) / 1024), Unit: "KiB"},
 		VCPU:     &libvirtxml.DomainVCPU{Placement: "static", Value: uint(s.VCPUs)},
+		VCPUs:    hotplugVCPUs(s),
 		SysInfo: []libvirtxml.DomainSysInfo{{SMBIOS: &libvirtxml.DomainSysInfoSMBIOS{System: &libvirtxml.DomainSysInfoSystem{
 			Entry: []libvirtxml.DomainSysInfoEntry{
 				{Name: "manufacturer", Value: "Virtlet"},
@@ -134,8 +138,20 @@ func domainXML(in domainInput) (string, error) {
 		d.MemoryBacking = &libvirtxml.DomainMemoryBacking{MemoryHugePages: &libvirtxml.DomainMemoryHugepages{
 			Hugepages: []libvirtxml.DomainMemoryHugepage{{Size: uint(size >> 10), Unit: "KiB"}}}}
 	}
-	d.CPUTune = cpuTune(s.VCPUs, s.CPUSet, in.HostCPUs)
-	if w := s.Watchdog; w != nil {
+	if d.VCPUs != nil {
+		d.VCPU.Current, d.VCPU.Value = uint(s.VCPUs), uint(topVCPUs(s))
+	}
+	d.CPUTune = cpuTune(topVCPUs(s), s.CPUSet, in.HostCPUs)
+	switch w := s.Watchdog; {
+	case w != nil && w.Model == "itco" && in.ITCOByQEMU:
+		// Q35's TCO timer is always there; QEMU lets it act once its
+		// no-reboot strap is off, as libvirt 9.1's itco model does. QEMU
+		// reports it firing like any watchdog: libvirt's watchdog event
+		// follows.
+		d.QEMUCommandline = &libvirtxml.DomainQEMUCommandline{Args: []libvirtxml.DomainQEMUCommandlineArg{
+			{Value: "-global"}, {Value: "ICH9-LPC.noreboot=off"},
+			{Value: "-action"}, {Value: "watchdog=" + qemuWatchdogActions[w.Action]}}}
+	case w != nil:
 		// The action's names are libvirt's ("dump" keeps the guest's memory
 		// in libvirtd's auto-dump directory and lets the VM run on).
 		d.Devices.Watchdogs = []libvirtxml.DomainWatchdog{{Model: w.Model, Action: w.Action}}
@@ -379,6 +395,35 @@ func clockXML(c ports.ClockSpec) *libvirtxml.DomainClock {
 		x.Timer = append(x.Timer, libvirtxml.DomainTimer{Name: t.Name, TickPolicy: t.TickPolicy, Present: t.Present})
 	}
 	return x
+}
+
+// topVCPUs is the most vCPUs the VM can have.
+func topVCPUs(s ports.VMSpec) int { return max(s.VCPUs, s.MaxVCPUs) }
+
+// hotplugVCPUs lays out the vCPUs of a VM that can change them while it
+// runs (nil for one that cannot): the first MinVCPUs fixed, the rest up
+// to VCPUs present and hot-pluggable (so that they can be unplugged
+// again), the rest up to MaxVCPUs absent and hot-pluggable.
+func hotplugVCPUs(s ports.VMSpec) *libvirtxml.DomainVCPUs {
+	top, fixed := topVCPUs(s), max(s.MinVCPUs, 1)
+	if top == s.VCPUs && fixed >= s.VCPUs {
+		return nil
+	}
+	v := &libvirtxml.DomainVCPUs{}
+	for i := 0; i < top; i++ {
+		id := uint(i)
+		c := libvirtxml.DomainVCPUsVCPU{Id: &id, Enabled: "no", Hotpluggable: "yes"}
+		if i < s.VCPUs {
+			c.Enabled = "yes"
+			order := uint(i + 1)
+			c.Order = &order
+		}
+		if i < fixed {
+			c.Hotpluggable = "no"
+		}
+		v.VCPU = append(v.VCPU, c)
+	}
+	return v
 }
 
 // cpuTune pins the vCPUs to the container's CPUs, one each in order when

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -772,7 +773,8 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	if err := h.checkMachine(conn, accel, spec.Machine); err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
-	if err := checkWatchdog(conn, spec.Watchdog); err != nil {
+	itcoByQEMU, err := checkWatchdog(conn, spec.Watchdog)
+	if err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 	if err := checkHugepages(conn, spec.HugepageSizeBytes, spec.MemoryBytes); err != nil {
@@ -816,7 +818,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 	domXML, err := domainXML(domainInput{Spec: spec, DomainType: accel.DomainType, DiskPaths: r.DiskPaths, ConsoleLog: r.ConsoleLog, Secrets: r.Secrets,
-		HostCPUs: hostCPUs})
+		HostCPUs: hostCPUs, ITCOByQEMU: itcoByQEMU})
 	if err != nil {
 		undo()
 		return err
@@ -1255,6 +1257,98 @@ func (h *Hypervisor) SetMemory(ctx context.Context, id string, bytes int64) erro
 		return err
 	}
 	return nil
+}
+
+// SetVCPUs changes a VM's vCPUs within its range, live while it runs and
+// in its definition for the next boot. Growing hot-plugs vCPUs and has the
+// guest's agent bring them online (Linux leaves a hot-plugged CPU offline
+// unless told). Shrinking has the agent take vCPUs offline, and unplugs
+// them at the next boot: Debian 12's QEMU 7.2 does not report a removed
+// vCPU (no DEVICE_DELETED for the CPU itself, only for its local APIC), so
+// libvirt 9.0 times out and keeps counting an unplugged vCPU as present,
+// and can neither plug it again nor tell its true count. A shrink
+// therefore needs the guest's agent; a later grow brings the offline vCPUs
+// back before it plugs new ones.
+func (h *Hypervisor) SetVCPUs(ctx context.Context, id string, n int) error {
+	r, dom, err := h.lookup(id)
+	if err != nil {
+		return err
+	}
+	defer dom.Free()
+	h.mu.Lock()
+	name, old, lo, hi := r.Spec.Name, r.Spec.VCPUs, max(r.Spec.MinVCPUs, 1), topVCPUs(r.Spec)
+	h.mu.Unlock()
+	if n < lo || n > hi {
+		return &ports.InvalidError{Field: "vCPUs", Value: strconv.Itoa(n),
+			Reason: fmt.Sprintf("outside what VM %s can be given while it runs", name), Allowed: fmt.Sprintf("%d to %d", lo, hi)}
+	}
+	if n == old {
+		return nil
+	}
+	log := h.log.WithFields(logrus.Fields{"vm": name, "from": old, "to": n})
+	if state, _, err := dom.GetState(); err == nil && state == libvirt.DOMAIN_RUNNING {
+		plugged, err := dom.GetVcpusFlags(libvirt.DOMAIN_VCPU_LIVE)
+		if err != nil {
+			return libvirtError("the live vCPUs of domain "+name, err)
+		}
+		if n > int(plugged) {
+			if err := dom.SetVcpusFlags(uint(n), libvirt.DOMAIN_VCPU_LIVE); err != nil {
+				return libvirtError(fmt.Sprintf("hot-plug vCPUs into domain %s (%d to %d)", name, plugged, n), err)
+			}
+		}
+		err = onlineGuestVCPUs(ctx, dom, n)
+		switch {
+		case err != nil && n < old:
+			return fmt.Errorf("take vCPUs of VM %s offline (%d to %d) through its guest agent: %w: %w", name, old, n, err, ports.ErrFailedPrecondition)
+		case err != nil:
+			log.WithError(err).Warn("vCPUs hot-plugged; the guest's agent did not bring them online (the guest may do it itself)")
+		}
+	}
+	if err := dom.SetVcpusFlags(uint(n), libvirt.DOMAIN_VCPU_CONFIG); err != nil {
+		return libvirtError(fmt.Sprintf("set the vCPUs of domain %s to %d for its next boot", name, n), err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.Spec.VCPUs = n
+	if err := h.saveRecord(r); err != nil {
+		r.Spec.VCPUs = old // the record on disk still says so
+		return err
+	}
+	log.Info("vCPUs set")
+	return nil
+}
+
+// onlineGuestVCPUs waits until the guest has seen at least n vCPUs (a
+// hot-plugged CPU reaches the guest's kernel through ACPI a little after
+// QEMU added it) and has its agent keep exactly n of them online.
+func onlineGuestVCPUs(ctx context.Context, dom *libvirt.Domain, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	for {
+		gv, err := dom.GetGuestVcpus(0)
+		if err != nil {
+			return err
+		}
+		if seen := countTrue(gv.Vcpus); seen >= n {
+			return dom.SetVcpusFlags(uint(n), libvirt.DOMAIN_VCPU_GUEST)
+		} else if ctx.Err() != nil {
+			return fmt.Errorf("the guest sees %d of its %d vCPUs", seen, n)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
 }
 
 // WriteFiles writes files into the root file system of a VM's boot disk

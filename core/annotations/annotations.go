@@ -79,6 +79,11 @@ const (
 	// HyperV, "true", gives the guest Hyper-V enlightenments (paravirtual
 	// interfaces Windows uses under a hypervisor) and the Hyper-V clock.
 	HyperV = "VirtletHyperV"
+	// MaxVCPUCount is the most vCPUs the VM can have while it runs: with
+	// it, the VM's vCPU count follows its container's CPU limit (rounded
+	// up, at least VirtletVCPUCount), and an in-place resize of the limit
+	// hot-plugs or unplugs vCPUs.
+	MaxVCPUCount = "VirtletMaxVCPUCount"
 )
 
 // Known lists every Virtlet annotation this package understands.
@@ -89,7 +94,7 @@ var Known = []string{
 	CloudInitUserDataSourceEncoding, SSHKeys, SSHKeySource, FilesFromDataSource,
 	RootVolumeSize, Chown9pfsMounts, SystemUUID, ForceDHCPNetworkConfig,
 	PersistentRootfsReinit, MachineType, Clock, ClockTimers, Watchdog, WatchdogAction, CPUTopology, Preset,
-	Firmware, SecureBoot, MaxMemory, HyperV,
+	Firmware, SecureBoot, MaxMemory, HyperV, MaxVCPUCount,
 }
 
 // MaxVCPUs is the largest VirtletVCPUCount accepted.
@@ -137,10 +142,12 @@ func (r ObjectRef) String() string {
 
 // VMOptions are a VM pod's annotations, parsed and defaulted.
 type VMOptions struct {
-	VCPUCount  int               `json:"vcpuCount"`
-	DiskDriver ports.DiskBus     `json:"diskDriver"`
-	CPUModel   string            `json:"cpuModel,omitempty"`
-	CPUSetting *ports.CPUSetting `json:"cpuSetting,omitempty"`
+	VCPUCount int `json:"vcpuCount"`
+	// MaxVCPUCount: VirtletMaxVCPUCount (0: the vCPU count is fixed).
+	MaxVCPUCount int               `json:"maxVCPUCount,omitempty"`
+	DiskDriver   ports.DiskBus     `json:"diskDriver"`
+	CPUModel     string            `json:"cpuModel,omitempty"`
+	CPUSetting   *ports.CPUSetting `json:"cpuSetting,omitempty"`
 	// MachineType: "" for pc; the hypervisor checks that its QEMU has it.
 	MachineType string `json:"machineType,omitempty"`
 	// Firmware: "" for BIOS, or ports.FirmwareUEFI.
@@ -199,6 +206,7 @@ func Parse(annotations map[string]string) (VMOptions, error) {
 	p := parser{values: annotations, opts: Defaults()}
 	p.unknown()
 	p.vcpus()
+	p.maxVCPUs()
 	p.diskDriver()
 	p.cpu()
 	p.cpuTopology()
@@ -335,6 +343,30 @@ func (p *parser) vcpus() {
 	default:
 		p.opts.VCPUCount = n
 	}
+}
+
+// maxVCPUs runs after vcpus.
+func (p *parser) maxVCPUs() {
+	v, ok := p.get(MaxVCPUCount)
+	if !ok {
+		return
+	}
+	allowed := fmt.Sprintf("an integer from the vCPU count (%s, %d) to %d", VCPUCount, p.opts.VCPUCount, MaxVCPUs)
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	switch {
+	case err != nil:
+		p.fail(MaxVCPUCount, v, allowed, "not an integer")
+	case n < p.opts.VCPUCount || n > MaxVCPUs:
+		p.fail(MaxVCPUCount, v, allowed, "out of range")
+	default:
+		p.opts.MaxVCPUCount = n
+	}
+}
+
+// TopVCPUs is the most vCPUs the VM can have: VirtletMaxVCPUCount, else
+// VirtletVCPUCount.
+func (o VMOptions) TopVCPUs() int {
+	return max(o.MaxVCPUCount, o.VCPUCount)
 }
 
 // machineNames are QEMU's machine type names (pc, q35, pc-q35-7.2,
@@ -548,7 +580,7 @@ func (p *parser) cpuTopology() {
 	if !ok {
 		return
 	}
-	const allowed = "sockets=S,cores=C,threads=T (each a positive integer, 1 when left out) whose product is the vCPU count"
+	const allowed = "sockets=S,cores=C,threads=T (each a positive integer, 1 when left out) whose product is the vCPU count (the most vCPUs, with " + MaxVCPUCount + ")"
 	t := ports.CPUTopology{Sockets: 1, Cores: 1, Threads: 1}
 	seen := map[string]bool{}
 	for _, item := range strings.Split(v, ",") {
@@ -575,8 +607,12 @@ func (p *parser) cpuTopology() {
 			return
 		}
 	}
-	if n := t.Sockets * t.Cores * t.Threads; n != p.opts.VCPUCount {
-		p.fail(CPUTopology, v, allowed, fmt.Sprintf("%d×%d×%d is %d vCPUs, the pod has %d (%s)", t.Sockets, t.Cores, t.Threads, n, p.opts.VCPUCount, VCPUCount))
+	top, topName := p.opts.VCPUCount, VCPUCount
+	if p.opts.MaxVCPUCount > 0 {
+		top, topName = p.opts.MaxVCPUCount, MaxVCPUCount
+	}
+	if n := t.Sockets * t.Cores * t.Threads; n != top {
+		p.fail(CPUTopology, v, allowed, fmt.Sprintf("%d×%d×%d is %d vCPUs, the pod has %d (%s)", t.Sockets, t.Cores, t.Threads, n, top, topName))
 		return
 	}
 	switch s := p.opts.CPUSetting; {

@@ -41,6 +41,10 @@ func TestValid(t *testing.T) {
 	}{
 		{"vcpus", map[string]string{VCPUCount: "2"}, func(o *VMOptions) { o.VCPUCount = 2 }},
 		{"vcpus max", map[string]string{VCPUCount: "255"}, func(o *VMOptions) { o.VCPUCount = 255 }},
+		{"max vcpus", map[string]string{VCPUCount: "2", MaxVCPUCount: "8"}, func(o *VMOptions) { o.VCPUCount, o.MaxVCPUCount = 2, 8 }},
+		{"cpu topology of the most vCPUs", map[string]string{MaxVCPUCount: "4", CPUTopology: "sockets=4"}, func(o *VMOptions) {
+			o.MaxVCPUCount, o.CPUSetting = 4, &ports.CPUSetting{Topology: &ports.CPUTopology{Sockets: 4, Cores: 1, Threads: 1}}
+		}},
 		{"virtio", map[string]string{DiskDriver: "virtio"}, func(o *VMOptions) { o.DiskDriver = ports.BusVirtio }},
 		{"scsi", map[string]string{DiskDriver: "scsi"}, func(o *VMOptions) { o.DiskDriver = ports.BusSCSI }},
 		{"host-model", map[string]string{CPUModel: "host-model"}, func(o *VMOptions) { o.CPUModel = "host-model" }},
@@ -159,6 +163,9 @@ func TestInvalid(t *testing.T) {
 		{"timer policy it does not take", map[string]string{ClockTimers: "hpet:catchup"}, []string{"annotation VirtletClockTimers", `hpet takes no policy "catchup"`, "hpet: yes, no"}},
 		{"timer twice", map[string]string{ClockTimers: "rtc:delay,rtc:catchup"}, []string{"annotation VirtletClockTimers", "rtc is given twice"}},
 		{"cpu topology not the vCPU count", map[string]string{VCPUCount: "2", CPUTopology: "sockets=2,cores=2"}, []string{"annotation VirtletCPUTopology", "2×2×1 is 4 vCPUs, the pod has 2 (VirtletVCPUCount)"}},
+		{"max vcpus below the count", map[string]string{VCPUCount: "4", MaxVCPUCount: "2"}, []string{"annotation VirtletMaxVCPUCount", `"2"`, "out of range", "from the vCPU count (VirtletVCPUCount, 4) to 255"}},
+		{"max vcpus not a number", map[string]string{MaxVCPUCount: "many"}, []string{"annotation VirtletMaxVCPUCount", "not an integer"}},
+		{"cpu topology not the most vCPUs", map[string]string{VCPUCount: "2", MaxVCPUCount: "4", CPUTopology: "cores=2"}, []string{"annotation VirtletCPUTopology", "1×2×1 is 2 vCPUs, the pod has 4 (VirtletMaxVCPUCount)"}},
 		{"cpu topology key twice", map[string]string{CPUTopology: "cores=1,cores=1"}, []string{"annotation VirtletCPUTopology", "cores is given twice"}},
 		{"cpu topology unknown key", map[string]string{CPUTopology: "dies=1"}, []string{"annotation VirtletCPUTopology", `"dies" is not sockets, cores or threads`}},
 		{"cpu topology not a count", map[string]string{CPUTopology: "cores=0"}, []string{"annotation VirtletCPUTopology", `"cores=0" is not a count`}},

@@ -183,6 +183,17 @@ func (c *Client) SetMemory(ctx context.Context, id string, bytes int64) error {
 	return c.conn.Error(err)
 }
 
+func (c *Client) SetVCPUs(ctx context.Context, id string, n int) error {
+	rpc, err := c.rpc()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := base.WithTimeout(ctx, base.QuickCallTimeout)
+	defer cancel()
+	_, err = rpc.SetVCPUs(ctx, &hypervisorv1.SetVCPUsRequest{Id: id, Vcpus: int32(n)})
+	return c.conn.Error(err)
+}
+
 func (c *Client) WriteFiles(ctx context.Context, id string, files []ports.GuestFile) error {
 	rpc, err := c.rpc()
 	if err != nil {

@@ -10,7 +10,7 @@ func specToProto(s ports.VMSpec) *hypervisorv1.VMSpec {
 	return &hypervisorv1.VMSpec{
 		Id: s.ID, Name: s.Name, Uuid: s.UUID, SandboxId: s.SandboxID,
 		PodName: s.PodName, PodNamespace: s.PodNamespace, PodUid: s.PodUID,
-		Vcpus: int32(s.VCPUs), MemoryBytes: s.MemoryBytes, MaxMemoryBytes: s.MaxMemoryBytes, HugepageSizeBytes: s.HugepageSizeBytes,
+		Vcpus: int32(s.VCPUs), MaxVcpus: int32(s.MaxVCPUs), MinVcpus: int32(s.MinVCPUs), MemoryBytes: s.MemoryBytes, MaxMemoryBytes: s.MaxMemoryBytes, HugepageSizeBytes: s.HugepageSizeBytes,
 		Cpu:   &hypervisorv1.CPUSpec{Model: s.CPU.Model, Setting: cpuSettingToProto(s.CPU.Setting)},
 		Disks: base.DisksToProto(s.Disks), Filesystems: base.FilesystemsToProto(s.Filesystems), Nics: base.NICsToProto(s.NICs),
 		ConsoleLogPath: s.ConsoleLogPath, RunAs: base.IdentityToProto(s.RunAs), Machine: s.Machine, Firmware: s.Firmware, SecureBoot: s.SecureBoot, HyperV: s.HyperV,
@@ -22,7 +22,7 @@ func specFromProto(p *hypervisorv1.VMSpec) ports.VMSpec {
 	return ports.VMSpec{
 		ID: p.Id, Name: p.Name, UUID: p.Uuid, SandboxID: p.SandboxId,
 		PodName: p.PodName, PodNamespace: p.PodNamespace, PodUID: p.PodUid,
-		VCPUs: int(p.Vcpus), MemoryBytes: p.MemoryBytes, MaxMemoryBytes: p.MaxMemoryBytes, HugepageSizeBytes: p.HugepageSizeBytes,
+		VCPUs: int(p.Vcpus), MaxVCPUs: int(p.MaxVcpus), MinVCPUs: int(p.MinVcpus), MemoryBytes: p.MemoryBytes, MaxMemoryBytes: p.MaxMemoryBytes, HugepageSizeBytes: p.HugepageSizeBytes,
 		CPU:   ports.CPUSpec{Model: p.GetCpu().GetModel(), Setting: cpuSettingFromProto(p.GetCpu().GetSetting())},
 		Disks: base.DisksFromProto(p.Disks), Filesystems: base.FilesystemsFromProto(p.Filesystems), NICs: base.NICsFromProto(p.Nics),
 		ConsoleLogPath: p.ConsoleLogPath, RunAs: base.IdentityFromProto(p.RunAs), Machine: p.Machine, Firmware: p.Firmware, SecureBoot: p.SecureBoot, HyperV: p.HyperV,

@@ -14,7 +14,7 @@ func TestSpecCrossesThePluginBoundary(t *testing.T) {
 	spec := ports.VMSpec{
 		ID: "id", Name: "virtlet-id-pod", UUID: "4a9c4d3e-0b1f-4a57-9e3c-6f7f2f6f1c2d", SandboxID: "sb",
 		PodName: "pod", PodNamespace: "ns", PodUID: "uid",
-		VCPUs: 2, MemoryBytes: 128 << 20, MaxMemoryBytes: 256 << 20, HugepageSizeBytes: 2 << 20,
+		VCPUs: 2, MaxVCPUs: 4, MinVCPUs: 1, MemoryBytes: 128 << 20, MaxMemoryBytes: 256 << 20, HugepageSizeBytes: 2 << 20,
 		CPU:    ports.CPUSpec{Model: "host-model", Setting: &ports.CPUSetting{Mode: "custom", Model: &ports.CPUSettingModel{Value: "qemu64"}}},
 		CPUSet: []int{1, 3}, Machine: "q35", Firmware: ports.FirmwareUEFI, SecureBoot: true, HyperV: true,
 		Clock:          ports.ClockSpec{Offset: "variable", AdjustmentSeconds: 7200, Timers: []ports.ClockTimer{{Name: "rtc", TickPolicy: "catchup"}}},

@@ -93,6 +93,10 @@ func (s *Server) SetMemory(ctx context.Context, req *hypervisorv1.SetMemoryReque
 	return &hypervisorv1.SetMemoryResponse{}, base.ToRPC(s.impl.SetMemory(ctx, req.Id, req.MemoryBytes))
 }
 
+func (s *Server) SetVCPUs(ctx context.Context, req *hypervisorv1.SetVCPUsRequest) (*hypervisorv1.SetVCPUsResponse, error) {
+	return &hypervisorv1.SetVCPUsResponse{}, base.ToRPC(s.impl.SetVCPUs(ctx, req.Id, int(req.Vcpus)))
+}
+
 func (s *Server) WriteFiles(ctx context.Context, req *hypervisorv1.WriteFilesRequest) (*hypervisorv1.WriteFilesResponse, error) {
 	files := make([]ports.GuestFile, 0, len(req.Files))
 	for _, f := range req.Files {

@@ -49,3 +49,76 @@ func TestInPlaceMemoryResize(t *testing.T) {
 	c.Must(t, "rmp", "-f", sb)
 	assertNothingLeft(t, d, c)
 }
+
+// vCPU hotplug by in-place resize (crictl update --cpu-quota, as kubelet's
+// resize of a CPU limit sends): a VM with VirtletMaxVCPUCount boots with
+// its CPU limit's vCPUs, and the guest sees vCPUs come online (hot-plugged)
+// and go offline (through its agent; unplugged at the next boot) as the
+// limit changes; beyond the maximum is refused naming the field.
+func TestInPlaceVCPUResize(t *testing.T) {
+	d, c := startDaemon(t)
+	c.Must(t, "pull", tinyRef)
+	podJSON, _ := vmPod(t, d, "vcpus", map[string]string{"VirtletMaxVCPUCount": "3"}, 256<<20)
+	ctrJSON := harness.WriteJSON(t, d.Dir, "vcpus-ctr-cpu.json", map[string]interface{}{
+		"metadata": map[string]interface{}{"name": "vcpus"},
+		"image":    map[string]string{"image": tinyRef},
+		"log_path": "vcpus/0.log",
+		"linux": map[string]interface{}{"resources": map[string]interface{}{
+			"memory_limit_in_bytes": 256 << 20, "cpu_quota": 100_000, "cpu_period": 100_000}},
+	})
+	sb := c.Must(t, "runp", podJSON)
+	ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
+	c.Must(t, "start", ctr)
+	waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	var lastOnline string
+	online := func() int {
+		out, errOut, err := c.Run("exec", "-s", "--timeout", "10", ctr, "cat", "/sys/devices/system/cpu/online")
+		lastOnline = out + errOut
+		if err != nil {
+			return 0
+		}
+		n := 0
+		for _, r := range strings.Split(strings.TrimSpace(out), ",") {
+			lo, hi, found := strings.Cut(r, "-")
+			a, _ := strconv.Atoi(lo)
+			b := a
+			if found {
+				b, _ = strconv.Atoi(hi)
+			}
+			n += b - a + 1
+		}
+		return n
+	}
+	domain := inspectCtr(t, c, ctr).VM.Name
+	vcpuCount := func() string {
+		out, _ := harness.Virsh("vcpucount", domain, "--live", "--active")
+		return out
+	}
+	harness.Eventually(t, time.Minute, "the guest runs on 1 vCPU", func() bool { return online() == 1 })
+	c.Must(t, "update", "--cpu-quota", "250000", "--cpu-period", "100000", ctr)
+	if !harness.EventuallyOK(time.Minute, func() bool { return online() == 3 }) {
+		out, _ := harness.Virsh("vcpucount", domain)
+		t.Fatalf("the guest does not see 3 vCPUs online after a 2500m limit: online %q; virsh vcpucount:\n%s\ndaemon log tail:\n%s", lastOnline, out, tail(d.Log(), 3000))
+	}
+	if got := vcpuCount(); got != "3" {
+		t.Errorf("virsh vcpucount --live --active: %q", got)
+	}
+	c.Must(t, "update", "--cpu-quota", "200000", "--cpu-period", "100000", ctr)
+	harness.Eventually(t, time.Minute, "the guest is down to 2 vCPUs after a 2000m limit", func() bool { return online() == 2 })
+	_, errOut, err := c.Run("update", "--cpu-quota", "400000", "--cpu-period", "100000", ctr)
+	if err == nil || !strings.Contains(errOut, "resources.limits.cpu") || !strings.Contains(errOut, "VirtletMaxVCPUCount") {
+		t.Errorf("a CPU limit beyond VirtletMaxVCPUCount: %v %s", err, errOut)
+	}
+	if n := online(); n != 2 {
+		t.Errorf("a refused resize changed the guest's vCPUs: %d online", n)
+	}
+	// Growing again brings the vCPU taken offline back: nothing new is
+	// plugged.
+	c.Must(t, "update", "--cpu-quota", "300000", "--cpu-period", "100000", ctr)
+	harness.Eventually(t, time.Minute, "the guest sees 3 vCPUs online again", func() bool { return online() == 3 })
+	if got := vcpuCount(); got != "3" {
+		t.Errorf("virsh vcpucount --live --active after growing back: %q", got)
+	}
+	c.Must(t, "rmp", "-f", sb)
+	assertNothingLeft(t, d, c)
+}

@@ -404,6 +404,25 @@ func (h *Hypervisor) SetMemory(ctx context.Context, id string, bytes int64) erro
 	return h.save()
 }
 
+// SetVCPUs records the VM's new vCPU count, refusing one outside the
+// VM's hotplug range as a hypervisor would.
+func (h *Hypervisor) SetVCPUs(ctx context.Context, id string, n int) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.fail("SetVCPUs"); err != nil {
+		return err
+	}
+	v, ok := h.vms[id]
+	if !ok {
+		return fmt.Errorf("fake set vCPUs %s: %w", id, ports.ErrNotFound)
+	}
+	if n < max(v.Spec.MinVCPUs, 1) || n > max(v.Spec.MaxVCPUs, v.Spec.VCPUs) {
+		return &ports.InvalidError{Field: "vCPUs", Value: fmt.Sprint(n), Allowed: fmt.Sprintf("%d to %d", max(v.Spec.MinVCPUs, 1), max(v.Spec.MaxVCPUs, v.Spec.VCPUs))}
+	}
+	v.Spec.VCPUs = n
+	return h.save()
+}
+
 // WriteFiles records which files a VM's root file system received.
 func (h *Hypervisor) WriteFiles(ctx context.Context, id string, files []ports.GuestFile) error {
 	h.mu.Lock()

@@ -485,6 +485,19 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 	t.Fatalf("timed out after %s waiting for %s", timeout, what)
 }
 
+// EventuallyOK polls cond until it holds (true) or timeout passes (false),
+// for callers that say themselves what went wrong.
+func EventuallyOK(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return cond()
+}
+
 // Screen collects what a process prints, safe for concurrent use.
 type Screen struct {
 	mu sync.Mutex

@@ -1558,6 +1558,94 @@ func (*SetMemoryResponse) Descriptor() ([]byte, []int) {
 	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{25}
 }
 
+type SetVCPUsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Vcpus         int32                  `protobuf:"varint,2,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetVCPUsRequest) Reset() {
+	*x = SetVCPUsRequest{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetVCPUsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetVCPUsRequest) ProtoMessage() {}
+
+func (x *SetVCPUsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetVCPUsRequest.ProtoReflect.Descriptor instead.
+func (*SetVCPUsRequest) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *SetVCPUsRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SetVCPUsRequest) GetVcpus() int32 {
+	if x != nil {
+		return x.Vcpus
+	}
+	return 0
+}
+
+type SetVCPUsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetVCPUsResponse) Reset() {
+	*x = SetVCPUsResponse{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetVCPUsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetVCPUsResponse) ProtoMessage() {}
+
+func (x *SetVCPUsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetVCPUsResponse.ProtoReflect.Descriptor instead.
+func (*SetVCPUsResponse) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{27}
+}
+
 type WriteFilesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1568,7 +1656,7 @@ type WriteFilesRequest struct {
 
 func (x *WriteFilesRequest) Reset() {
 	*x = WriteFilesRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1580,7 +1668,7 @@ func (x *WriteFilesRequest) String() string {
 func (*WriteFilesRequest) ProtoMessage() {}
 
 func (x *WriteFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1593,7 +1681,7 @@ func (x *WriteFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFilesRequest.ProtoReflect.Descriptor instead.
 func (*WriteFilesRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{26}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WriteFilesRequest) GetId() string {
@@ -1623,7 +1711,7 @@ type GuestFile struct {
 
 func (x *GuestFile) Reset() {
 	*x = GuestFile{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1635,7 +1723,7 @@ func (x *GuestFile) String() string {
 func (*GuestFile) ProtoMessage() {}
 
 func (x *GuestFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1648,7 +1736,7 @@ func (x *GuestFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GuestFile.ProtoReflect.Descriptor instead.
 func (*GuestFile) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{27}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GuestFile) GetPath() string {
@@ -1687,7 +1775,7 @@ type WriteFilesResponse struct {
 
 func (x *WriteFilesResponse) Reset() {
 	*x = WriteFilesResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1787,7 @@ func (x *WriteFilesResponse) String() string {
 func (*WriteFilesResponse) ProtoMessage() {}
 
 func (x *WriteFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +1800,7 @@ func (x *WriteFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFilesResponse.ProtoReflect.Descriptor instead.
 func (*WriteFilesResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{28}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{30}
 }
 
 type StopRequest struct {
@@ -1725,7 +1813,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1737,7 +1825,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1750,7 +1838,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{29}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *StopRequest) GetId() string {
@@ -1775,7 +1863,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1787,7 +1875,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1800,7 +1888,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{30}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{32}
 }
 
 type ListResponse struct {
@@ -1812,7 +1900,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1824,7 +1912,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1837,7 +1925,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{31}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListResponse) GetVms() []*VMStatus {
@@ -1855,7 +1943,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1867,7 +1955,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1880,7 +1968,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{32}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{34}
 }
 
 type VMStatus struct {
@@ -1898,7 +1986,7 @@ type VMStatus struct {
 
 func (x *VMStatus) Reset() {
 	*x = VMStatus{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1910,7 +1998,7 @@ func (x *VMStatus) String() string {
 func (*VMStatus) ProtoMessage() {}
 
 func (x *VMStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1923,7 +2011,7 @@ func (x *VMStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMStatus.ProtoReflect.Descriptor instead.
 func (*VMStatus) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{33}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *VMStatus) GetId() string {
@@ -2007,13 +2095,17 @@ type VMSpec struct {
 	// The most memory the VM may be resized to (0: memory_bytes).
 	MaxMemoryBytes int64 `protobuf:"varint,23,opt,name=max_memory_bytes,json=maxMemoryBytes,proto3" json:"max_memory_bytes,omitempty"`
 	HyperV         bool  `protobuf:"varint,24,opt,name=hyper_v,json=hyperV,proto3" json:"hyper_v,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// vCPU hotplug: the VM boots with vcpus of max_vcpus, the first
+	// min_vcpus of them fixed (0, 0: vcpus, all fixed).
+	MaxVcpus      int32 `protobuf:"varint,25,opt,name=max_vcpus,json=maxVcpus,proto3" json:"max_vcpus,omitempty"`
+	MinVcpus      int32 `protobuf:"varint,26,opt,name=min_vcpus,json=minVcpus,proto3" json:"min_vcpus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *VMSpec) Reset() {
 	*x = VMSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2025,7 +2117,7 @@ func (x *VMSpec) String() string {
 func (*VMSpec) ProtoMessage() {}
 
 func (x *VMSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2038,7 +2130,7 @@ func (x *VMSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMSpec.ProtoReflect.Descriptor instead.
 func (*VMSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{34}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *VMSpec) GetId() string {
@@ -2209,6 +2301,20 @@ func (x *VMSpec) GetHyperV() bool {
 	return false
 }
 
+func (x *VMSpec) GetMaxVcpus() int32 {
+	if x != nil {
+		return x.MaxVcpus
+	}
+	return 0
+}
+
+func (x *VMSpec) GetMinVcpus() int32 {
+	if x != nil {
+		return x.MinVcpus
+	}
+	return 0
+}
+
 type Watchdog struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -2219,7 +2325,7 @@ type Watchdog struct {
 
 func (x *Watchdog) Reset() {
 	*x = Watchdog{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2337,7 @@ func (x *Watchdog) String() string {
 func (*Watchdog) ProtoMessage() {}
 
 func (x *Watchdog) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2350,7 @@ func (x *Watchdog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Watchdog.ProtoReflect.Descriptor instead.
 func (*Watchdog) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{35}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Watchdog) GetModel() string {
@@ -2273,7 +2379,7 @@ type ClockSpec struct {
 
 func (x *ClockSpec) Reset() {
 	*x = ClockSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2285,7 +2391,7 @@ func (x *ClockSpec) String() string {
 func (*ClockSpec) ProtoMessage() {}
 
 func (x *ClockSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2298,7 +2404,7 @@ func (x *ClockSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockSpec.ProtoReflect.Descriptor instead.
 func (*ClockSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{36}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ClockSpec) GetOffset() string {
@@ -2340,7 +2446,7 @@ type ClockTimer struct {
 
 func (x *ClockTimer) Reset() {
 	*x = ClockTimer{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2352,7 +2458,7 @@ func (x *ClockTimer) String() string {
 func (*ClockTimer) ProtoMessage() {}
 
 func (x *ClockTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2365,7 +2471,7 @@ func (x *ClockTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockTimer.ProtoReflect.Descriptor instead.
 func (*ClockTimer) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{37}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ClockTimer) GetName() string {
@@ -2399,7 +2505,7 @@ type CPUSpec struct {
 
 func (x *CPUSpec) Reset() {
 	*x = CPUSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[38]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +2517,7 @@ func (x *CPUSpec) String() string {
 func (*CPUSpec) ProtoMessage() {}
 
 func (x *CPUSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[38]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +2530,7 @@ func (x *CPUSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSpec.ProtoReflect.Descriptor instead.
 func (*CPUSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{38}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CPUSpec) GetModel() string {
@@ -2460,7 +2566,7 @@ type CPUSetting struct {
 
 func (x *CPUSetting) Reset() {
 	*x = CPUSetting{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[39]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2472,7 +2578,7 @@ func (x *CPUSetting) String() string {
 func (*CPUSetting) ProtoMessage() {}
 
 func (x *CPUSetting) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[39]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2485,7 +2591,7 @@ func (x *CPUSetting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSetting.ProtoReflect.Descriptor instead.
 func (*CPUSetting) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{39}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CPUSetting) GetMode() string {
@@ -2576,7 +2682,7 @@ type CPUModel struct {
 
 func (x *CPUModel) Reset() {
 	*x = CPUModel{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2588,7 +2694,7 @@ func (x *CPUModel) String() string {
 func (*CPUModel) ProtoMessage() {}
 
 func (x *CPUModel) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2601,7 +2707,7 @@ func (x *CPUModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUModel.ProtoReflect.Descriptor instead.
 func (*CPUModel) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{40}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CPUModel) GetFallback() string {
@@ -2637,7 +2743,7 @@ type CPUTopology struct {
 
 func (x *CPUTopology) Reset() {
 	*x = CPUTopology{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2649,7 +2755,7 @@ func (x *CPUTopology) String() string {
 func (*CPUTopology) ProtoMessage() {}
 
 func (x *CPUTopology) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2662,7 +2768,7 @@ func (x *CPUTopology) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUTopology.ProtoReflect.Descriptor instead.
 func (*CPUTopology) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{41}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CPUTopology) GetSockets() int32 {
@@ -2703,7 +2809,7 @@ type CPUFeature struct {
 
 func (x *CPUFeature) Reset() {
 	*x = CPUFeature{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2715,7 +2821,7 @@ func (x *CPUFeature) String() string {
 func (*CPUFeature) ProtoMessage() {}
 
 func (x *CPUFeature) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2728,7 +2834,7 @@ func (x *CPUFeature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUFeature.ProtoReflect.Descriptor instead.
 func (*CPUFeature) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{42}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CPUFeature) GetPolicy() string {
@@ -2755,7 +2861,7 @@ type CPUCache struct {
 
 func (x *CPUCache) Reset() {
 	*x = CPUCache{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2767,7 +2873,7 @@ func (x *CPUCache) String() string {
 func (*CPUCache) ProtoMessage() {}
 
 func (x *CPUCache) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2780,7 +2886,7 @@ func (x *CPUCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUCache.ProtoReflect.Descriptor instead.
 func (*CPUCache) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{43}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CPUCache) GetLevel() int32 {
@@ -2809,7 +2915,7 @@ type CPUNumaCell struct {
 
 func (x *CPUNumaCell) Reset() {
 	*x = CPUNumaCell{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2821,7 +2927,7 @@ func (x *CPUNumaCell) String() string {
 func (*CPUNumaCell) ProtoMessage() {}
 
 func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2834,7 +2940,7 @@ func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUNumaCell.ProtoReflect.Descriptor instead.
 func (*CPUNumaCell) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{44}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CPUNumaCell) GetId() int32 {
@@ -2987,7 +3093,11 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x10SetMemoryRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\"\x13\n" +
-	"\x11SetMemoryResponse\"[\n" +
+	"\x11SetMemoryResponse\"7\n" +
+	"\x0fSetVCPUsRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05vcpus\x18\x02 \x01(\x05R\x05vcpus\"\x12\n" +
+	"\x10SetVCPUsResponse\"[\n" +
 	"\x11WriteFilesRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x126\n" +
 	"\x05files\x18\x02 \x03(\v2 .virtlet.hypervisor.v1.GuestFileR\x05files\"_\n" +
@@ -3013,7 +3123,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"finishedAt\x12\x1b\n" +
 	"\texit_code\x18\x05 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\a \x01(\tR\amessage\"\xf8\x06\n" +
+	"\amessage\x18\a \x01(\tR\amessage\"\xb2\a\n" +
 	"\x06VMSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -3041,7 +3151,9 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\vsecure_boot\x18\x16 \x01(\bR\n" +
 	"secureBoot\x12(\n" +
 	"\x10max_memory_bytes\x18\x17 \x01(\x03R\x0emaxMemoryBytes\x12\x17\n" +
-	"\ahyper_v\x18\x18 \x01(\bR\x06hyperV\"8\n" +
+	"\ahyper_v\x18\x18 \x01(\bR\x06hyperV\x12\x1b\n" +
+	"\tmax_vcpus\x18\x19 \x01(\x05R\bmaxVcpus\x12\x1b\n" +
+	"\tmin_vcpus\x18\x1a \x01(\x05R\bminVcpus\"8\n" +
 	"\bWatchdog\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\"\xa9\x01\n" +
@@ -3097,7 +3209,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x04cpus\x18\x02 \x01(\tR\x04cpus\x12\x16\n" +
 	"\x06memory\x18\x03 \x01(\x04R\x06memory\x12\x12\n" +
 	"\x04unit\x18\x04 \x01(\tR\x04unitB\x05\n" +
-	"\x03_id2\xb9\f\n" +
+	"\x03_id2\x96\r\n" +
 	"\n" +
 	"Hypervisor\x12g\n" +
 	"\fCapabilities\x12*.virtlet.hypervisor.v1.CapabilitiesRequest\x1a+.virtlet.hypervisor.v1.CapabilitiesResponse\x12U\n" +
@@ -3111,7 +3223,8 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\tReopenLog\x12 .virtlet.hypervisor.v1.VMRequest\x1a(.virtlet.hypervisor.v1.ReopenLogResponse\x12a\n" +
 	"\n" +
 	"WriteFiles\x12(.virtlet.hypervisor.v1.WriteFilesRequest\x1a).virtlet.hypervisor.v1.WriteFilesResponse\x12^\n" +
-	"\tSetMemory\x12'.virtlet.hypervisor.v1.SetMemoryRequest\x1a(.virtlet.hypervisor.v1.SetMemoryResponse\x12X\n" +
+	"\tSetMemory\x12'.virtlet.hypervisor.v1.SetMemoryRequest\x1a(.virtlet.hypervisor.v1.SetMemoryResponse\x12[\n" +
+	"\bSetVCPUs\x12&.virtlet.hypervisor.v1.SetVCPUsRequest\x1a'.virtlet.hypervisor.v1.SetVCPUsResponse\x12X\n" +
 	"\aConsole\x12#.virtlet.hypervisor.v1.ConsoleInput\x1a$.virtlet.hypervisor.v1.ConsoleOutput(\x010\x01\x12^\n" +
 	"\tGuestExec\x12'.virtlet.hypervisor.v1.GuestExecRequest\x1a(.virtlet.hypervisor.v1.GuestExecResponse\x12W\n" +
 	"\tGuestInfo\x12 .virtlet.hypervisor.v1.VMRequest\x1a(.virtlet.hypervisor.v1.GuestInfoResponse\x12R\n" +
@@ -3132,7 +3245,7 @@ func file_hypervisor_v1_hypervisor_proto_rawDescGZIP() []byte {
 	return file_hypervisor_v1_hypervisor_proto_rawDescData
 }
 
-var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*ConsoleInput)(nil),         // 0: virtlet.hypervisor.v1.ConsoleInput
 	(*ConsoleOutput)(nil),        // 1: virtlet.hypervisor.v1.ConsoleOutput
@@ -3160,31 +3273,33 @@ var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*ReopenLogResponse)(nil),    // 23: virtlet.hypervisor.v1.ReopenLogResponse
 	(*SetMemoryRequest)(nil),     // 24: virtlet.hypervisor.v1.SetMemoryRequest
 	(*SetMemoryResponse)(nil),    // 25: virtlet.hypervisor.v1.SetMemoryResponse
-	(*WriteFilesRequest)(nil),    // 26: virtlet.hypervisor.v1.WriteFilesRequest
-	(*GuestFile)(nil),            // 27: virtlet.hypervisor.v1.GuestFile
-	(*WriteFilesResponse)(nil),   // 28: virtlet.hypervisor.v1.WriteFilesResponse
-	(*StopRequest)(nil),          // 29: virtlet.hypervisor.v1.StopRequest
-	(*ListRequest)(nil),          // 30: virtlet.hypervisor.v1.ListRequest
-	(*ListResponse)(nil),         // 31: virtlet.hypervisor.v1.ListResponse
-	(*WatchRequest)(nil),         // 32: virtlet.hypervisor.v1.WatchRequest
-	(*VMStatus)(nil),             // 33: virtlet.hypervisor.v1.VMStatus
-	(*VMSpec)(nil),               // 34: virtlet.hypervisor.v1.VMSpec
-	(*Watchdog)(nil),             // 35: virtlet.hypervisor.v1.Watchdog
-	(*ClockSpec)(nil),            // 36: virtlet.hypervisor.v1.ClockSpec
-	(*ClockTimer)(nil),           // 37: virtlet.hypervisor.v1.ClockTimer
-	(*CPUSpec)(nil),              // 38: virtlet.hypervisor.v1.CPUSpec
-	(*CPUSetting)(nil),           // 39: virtlet.hypervisor.v1.CPUSetting
-	(*CPUModel)(nil),             // 40: virtlet.hypervisor.v1.CPUModel
-	(*CPUTopology)(nil),          // 41: virtlet.hypervisor.v1.CPUTopology
-	(*CPUFeature)(nil),           // 42: virtlet.hypervisor.v1.CPUFeature
-	(*CPUCache)(nil),             // 43: virtlet.hypervisor.v1.CPUCache
-	(*CPUNumaCell)(nil),          // 44: virtlet.hypervisor.v1.CPUNumaCell
-	nil,                          // 45: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	nil,                          // 46: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	(*v1.Disk)(nil),              // 47: virtlet.types.v1.Disk
-	(*v1.Filesystem)(nil),        // 48: virtlet.types.v1.Filesystem
-	(*v1.NIC)(nil),               // 49: virtlet.types.v1.NIC
-	(*v1.ProcessIdentity)(nil),   // 50: virtlet.types.v1.ProcessIdentity
+	(*SetVCPUsRequest)(nil),      // 26: virtlet.hypervisor.v1.SetVCPUsRequest
+	(*SetVCPUsResponse)(nil),     // 27: virtlet.hypervisor.v1.SetVCPUsResponse
+	(*WriteFilesRequest)(nil),    // 28: virtlet.hypervisor.v1.WriteFilesRequest
+	(*GuestFile)(nil),            // 29: virtlet.hypervisor.v1.GuestFile
+	(*WriteFilesResponse)(nil),   // 30: virtlet.hypervisor.v1.WriteFilesResponse
+	(*StopRequest)(nil),          // 31: virtlet.hypervisor.v1.StopRequest
+	(*ListRequest)(nil),          // 32: virtlet.hypervisor.v1.ListRequest
+	(*ListResponse)(nil),         // 33: virtlet.hypervisor.v1.ListResponse
+	(*WatchRequest)(nil),         // 34: virtlet.hypervisor.v1.WatchRequest
+	(*VMStatus)(nil),             // 35: virtlet.hypervisor.v1.VMStatus
+	(*VMSpec)(nil),               // 36: virtlet.hypervisor.v1.VMSpec
+	(*Watchdog)(nil),             // 37: virtlet.hypervisor.v1.Watchdog
+	(*ClockSpec)(nil),            // 38: virtlet.hypervisor.v1.ClockSpec
+	(*ClockTimer)(nil),           // 39: virtlet.hypervisor.v1.ClockTimer
+	(*CPUSpec)(nil),              // 40: virtlet.hypervisor.v1.CPUSpec
+	(*CPUSetting)(nil),           // 41: virtlet.hypervisor.v1.CPUSetting
+	(*CPUModel)(nil),             // 42: virtlet.hypervisor.v1.CPUModel
+	(*CPUTopology)(nil),          // 43: virtlet.hypervisor.v1.CPUTopology
+	(*CPUFeature)(nil),           // 44: virtlet.hypervisor.v1.CPUFeature
+	(*CPUCache)(nil),             // 45: virtlet.hypervisor.v1.CPUCache
+	(*CPUNumaCell)(nil),          // 46: virtlet.hypervisor.v1.CPUNumaCell
+	nil,                          // 47: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	nil,                          // 48: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	(*v1.Disk)(nil),              // 49: virtlet.types.v1.Disk
+	(*v1.Filesystem)(nil),        // 50: virtlet.types.v1.Filesystem
+	(*v1.NIC)(nil),               // 51: virtlet.types.v1.NIC
+	(*v1.ProcessIdentity)(nil),   // 52: virtlet.types.v1.ProcessIdentity
 }
 var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	5,  // 0: virtlet.hypervisor.v1.GuestInfoResponse.interfaces:type_name -> virtlet.hypervisor.v1.GuestInterface
@@ -3192,63 +3307,65 @@ var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	9,  // 2: virtlet.hypervisor.v1.VMStats.memory:type_name -> virtlet.hypervisor.v1.MemoryStats
 	10, // 3: virtlet.hypervisor.v1.VMStats.disks:type_name -> virtlet.hypervisor.v1.DiskStats
 	11, // 4: virtlet.hypervisor.v1.VMStats.nics:type_name -> virtlet.hypervisor.v1.NICStats
-	45, // 5: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	46, // 6: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	34, // 7: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
-	27, // 8: virtlet.hypervisor.v1.WriteFilesRequest.files:type_name -> virtlet.hypervisor.v1.GuestFile
-	33, // 9: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
-	38, // 10: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
-	47, // 11: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
-	48, // 12: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
-	49, // 13: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
-	50, // 14: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
-	36, // 15: virtlet.hypervisor.v1.VMSpec.clock:type_name -> virtlet.hypervisor.v1.ClockSpec
-	35, // 16: virtlet.hypervisor.v1.VMSpec.watchdog:type_name -> virtlet.hypervisor.v1.Watchdog
-	37, // 17: virtlet.hypervisor.v1.ClockSpec.timers:type_name -> virtlet.hypervisor.v1.ClockTimer
-	39, // 18: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
-	40, // 19: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
-	41, // 20: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
-	42, // 21: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
-	43, // 22: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
-	44, // 23: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
+	47, // 5: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	48, // 6: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	36, // 7: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
+	29, // 8: virtlet.hypervisor.v1.WriteFilesRequest.files:type_name -> virtlet.hypervisor.v1.GuestFile
+	35, // 9: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
+	40, // 10: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
+	49, // 11: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
+	50, // 12: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
+	51, // 13: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
+	52, // 14: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
+	38, // 15: virtlet.hypervisor.v1.VMSpec.clock:type_name -> virtlet.hypervisor.v1.ClockSpec
+	37, // 16: virtlet.hypervisor.v1.VMSpec.watchdog:type_name -> virtlet.hypervisor.v1.Watchdog
+	39, // 17: virtlet.hypervisor.v1.ClockSpec.timers:type_name -> virtlet.hypervisor.v1.ClockTimer
+	41, // 18: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
+	42, // 19: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
+	43, // 20: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
+	44, // 21: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
+	45, // 22: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
+	46, // 23: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
 	16, // 24: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
 	18, // 25: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
 	20, // 26: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
-	29, // 27: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
+	31, // 27: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
 	20, // 28: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
 	20, // 29: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
-	30, // 30: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
-	32, // 31: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
+	32, // 30: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
+	34, // 31: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
 	20, // 32: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
-	26, // 33: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
+	28, // 33: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
 	24, // 34: virtlet.hypervisor.v1.Hypervisor.SetMemory:input_type -> virtlet.hypervisor.v1.SetMemoryRequest
-	0,  // 35: virtlet.hypervisor.v1.Hypervisor.Console:input_type -> virtlet.hypervisor.v1.ConsoleInput
-	2,  // 36: virtlet.hypervisor.v1.Hypervisor.GuestExec:input_type -> virtlet.hypervisor.v1.GuestExecRequest
-	20, // 37: virtlet.hypervisor.v1.Hypervisor.GuestInfo:input_type -> virtlet.hypervisor.v1.VMRequest
-	6,  // 38: virtlet.hypervisor.v1.Hypervisor.Stats:input_type -> virtlet.hypervisor.v1.StatsRequest
-	20, // 39: virtlet.hypervisor.v1.Hypervisor.Diagnose:input_type -> virtlet.hypervisor.v1.VMRequest
-	13, // 40: virtlet.hypervisor.v1.Hypervisor.Inspect:input_type -> virtlet.hypervisor.v1.InspectRequest
-	20, // 41: virtlet.hypervisor.v1.Hypervisor.Display:input_type -> virtlet.hypervisor.v1.VMRequest
-	17, // 42: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
-	19, // 43: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
-	21, // 44: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
-	33, // 45: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
-	22, // 46: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
-	33, // 47: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
-	31, // 48: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
-	33, // 49: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
-	23, // 50: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
-	28, // 51: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
-	25, // 52: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
-	1,  // 53: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
-	3,  // 54: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
-	4,  // 55: virtlet.hypervisor.v1.Hypervisor.GuestInfo:output_type -> virtlet.hypervisor.v1.GuestInfoResponse
-	7,  // 56: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
-	12, // 57: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
-	14, // 58: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
-	15, // 59: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
-	42, // [42:60] is the sub-list for method output_type
-	24, // [24:42] is the sub-list for method input_type
+	26, // 35: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:input_type -> virtlet.hypervisor.v1.SetVCPUsRequest
+	0,  // 36: virtlet.hypervisor.v1.Hypervisor.Console:input_type -> virtlet.hypervisor.v1.ConsoleInput
+	2,  // 37: virtlet.hypervisor.v1.Hypervisor.GuestExec:input_type -> virtlet.hypervisor.v1.GuestExecRequest
+	20, // 38: virtlet.hypervisor.v1.Hypervisor.GuestInfo:input_type -> virtlet.hypervisor.v1.VMRequest
+	6,  // 39: virtlet.hypervisor.v1.Hypervisor.Stats:input_type -> virtlet.hypervisor.v1.StatsRequest
+	20, // 40: virtlet.hypervisor.v1.Hypervisor.Diagnose:input_type -> virtlet.hypervisor.v1.VMRequest
+	13, // 41: virtlet.hypervisor.v1.Hypervisor.Inspect:input_type -> virtlet.hypervisor.v1.InspectRequest
+	20, // 42: virtlet.hypervisor.v1.Hypervisor.Display:input_type -> virtlet.hypervisor.v1.VMRequest
+	17, // 43: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
+	19, // 44: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
+	21, // 45: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
+	35, // 46: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
+	22, // 47: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
+	35, // 48: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
+	33, // 49: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
+	35, // 50: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
+	23, // 51: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
+	30, // 52: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
+	25, // 53: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
+	27, // 54: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:output_type -> virtlet.hypervisor.v1.SetVCPUsResponse
+	1,  // 55: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
+	3,  // 56: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
+	4,  // 57: virtlet.hypervisor.v1.Hypervisor.GuestInfo:output_type -> virtlet.hypervisor.v1.GuestInfoResponse
+	7,  // 58: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
+	12, // 59: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
+	14, // 60: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
+	15, // 61: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
+	43, // [43:62] is the sub-list for method output_type
+	24, // [24:43] is the sub-list for method input_type
 	24, // [24:24] is the sub-list for extension type_name
 	24, // [24:24] is the sub-list for extension extendee
 	0,  // [0:24] is the sub-list for field type_name
@@ -3259,14 +3376,14 @@ func file_hypervisor_v1_hypervisor_proto_init() {
 	if File_hypervisor_v1_hypervisor_proto != nil {
 		return
 	}
-	file_hypervisor_v1_hypervisor_proto_msgTypes[44].OneofWrappers = []any{}
+	file_hypervisor_v1_hypervisor_proto_msgTypes[46].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hypervisor_v1_hypervisor_proto_rawDesc), len(file_hypervisor_v1_hypervisor_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   47,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ const (
 	Hypervisor_ReopenLog_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/ReopenLog"
 	Hypervisor_WriteFiles_FullMethodName   = "/virtlet.hypervisor.v1.Hypervisor/WriteFiles"
 	Hypervisor_SetMemory_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/SetMemory"
+	Hypervisor_SetVCPUs_FullMethodName     = "/virtlet.hypervisor.v1.Hypervisor/SetVCPUs"
 	Hypervisor_Console_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Console"
 	Hypervisor_GuestExec_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/GuestExec"
 	Hypervisor_GuestInfo_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/GuestInfo"
@@ -63,6 +64,9 @@ type HypervisorClient interface {
 	// SetMemory resizes a VM's memory within its maximum: live through the
 	// balloon when it runs, and for its next boot.
 	SetMemory(ctx context.Context, in *SetMemoryRequest, opts ...grpc.CallOption) (*SetMemoryResponse, error)
+	// SetVCPUs hot-plugs or unplugs vCPUs between the VM's min_vcpus and
+	// max_vcpus: live when it runs, and for its next boot.
+	SetVCPUs(ctx context.Context, in *SetVCPUsRequest, opts ...grpc.CallOption) (*SetVCPUsResponse, error)
 	// Console attaches one viewer to a VM's serial console: the first input
 	// message names the VM (id), later ones carry keystrokes (data); output
 	// messages carry what the console printed. The stream ends when the VM
@@ -205,6 +209,16 @@ func (c *hypervisorClient) SetMemory(ctx context.Context, in *SetMemoryRequest, 
 	return out, nil
 }
 
+func (c *hypervisorClient) SetVCPUs(ctx context.Context, in *SetVCPUsRequest, opts ...grpc.CallOption) (*SetVCPUsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetVCPUsResponse)
+	err := c.cc.Invoke(ctx, Hypervisor_SetVCPUs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *hypervisorClient) Console(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConsoleInput, ConsoleOutput], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Hypervisor_ServiceDesc.Streams[1], Hypervisor_Console_FullMethodName, cOpts...)
@@ -302,6 +316,9 @@ type HypervisorServer interface {
 	// SetMemory resizes a VM's memory within its maximum: live through the
 	// balloon when it runs, and for its next boot.
 	SetMemory(context.Context, *SetMemoryRequest) (*SetMemoryResponse, error)
+	// SetVCPUs hot-plugs or unplugs vCPUs between the VM's min_vcpus and
+	// max_vcpus: live when it runs, and for its next boot.
+	SetVCPUs(context.Context, *SetVCPUsRequest) (*SetVCPUsResponse, error)
 	// Console attaches one viewer to a VM's serial console: the first input
 	// message names the VM (id), later ones carry keystrokes (data); output
 	// messages carry what the console printed. The stream ends when the VM
@@ -357,6 +374,9 @@ func (UnimplementedHypervisorServer) WriteFiles(context.Context, *WriteFilesRequ
 }
 func (UnimplementedHypervisorServer) SetMemory(context.Context, *SetMemoryRequest) (*SetMemoryResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetMemory not implemented")
+}
+func (UnimplementedHypervisorServer) SetVCPUs(context.Context, *SetVCPUsRequest) (*SetVCPUsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetVCPUs not implemented")
 }
 func (UnimplementedHypervisorServer) Console(grpc.BidiStreamingServer[ConsoleInput, ConsoleOutput]) error {
 	return status.Errorf(codes.Unimplemented, "method Console not implemented")
@@ -591,6 +611,24 @@ func _Hypervisor_SetMemory_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hypervisor_SetVCPUs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetVCPUsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).SetVCPUs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_SetVCPUs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).SetVCPUs(ctx, req.(*SetVCPUsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Hypervisor_Console_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(HypervisorServer).Console(&grpc.GenericServerStream[ConsoleInput, ConsoleOutput]{ServerStream: stream})
 }
@@ -752,6 +790,10 @@ var Hypervisor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetMemory",
 			Handler:    _Hypervisor_SetMemory_Handler,
+		},
+		{
+			MethodName: "SetVCPUs",
+			Handler:    _Hypervisor_SetVCPUs_Handler,
 		},
 		{
 			MethodName: "GuestExec",
