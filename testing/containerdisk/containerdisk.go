@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/containers/image/v5/docker"
@@ -59,25 +60,6 @@ func optionalBool(b bool) types.OptionalBool {
 
 // PushAs is Push with a full system context (credentials, CA directory).
 func PushAs(ctx context.Context, dest string, files Files, sys *types.SystemContext) error {
-	var ref types.ImageReference
-	var err error
-	switch {
-	case len(dest) > 9 && dest[:9] == "docker://":
-		ref, err = docker.ParseReference(dest[len("docker:"):])
-	case len(dest) > 4 && dest[:4] == "oci:":
-		ref, err = layout.ParseReference(dest[len("oci:"):])
-	default:
-		err = fmt.Errorf("unknown destination %q", dest)
-	}
-	if err != nil {
-		return err
-	}
-	d, err := ref.NewImageDestination(ctx, sys)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-
 	var plain bytes.Buffer
 	tw := tar.NewWriter(&plain)
 	for name, data := range files {
@@ -95,28 +77,126 @@ func PushAs(ctx context.Context, dest string, files Files, sys *types.SystemCont
 	zw := gzip.NewWriter(&gz)
 	zw.Write(plain.Bytes())
 	zw.Close()
-	diffID := digest.FromBytes(plain.Bytes())
-	layer, err := d.PutBlob(ctx, bytes.NewReader(gz.Bytes()), types.BlobInfo{Digest: digest.FromBytes(gz.Bytes()), Size: int64(gz.Len())}, none.NoCache, false)
-	if err != nil {
-		return fmt.Errorf("push layer: %w", err)
-	}
 	config, _ := json.Marshal(imgspecv1.Image{
 		Platform: imgspecv1.Platform{Architecture: "amd64", OS: "linux"},
-		RootFS:   imgspecv1.RootFS{Type: "layers", DiffIDs: []digest.Digest{diffID}},
+		RootFS:   imgspecv1.RootFS{Type: "layers", DiffIDs: []digest.Digest{digest.FromBytes(plain.Bytes())}},
 	})
-	cfg, err := d.PutBlob(ctx, bytes.NewReader(config), types.BlobInfo{Digest: digest.FromBytes(config), Size: int64(len(config))}, none.NoCache, true)
-	if err != nil {
-		return fmt.Errorf("push config: %w", err)
-	}
-	man, _ := json.Marshal(imgspecv1.Manifest{
+	_, err := Write(ctx, dest, Image{Config: config, Layers: [][]byte{gz.Bytes()}}, sys)
+	return err
+}
+
+// Image is an image's config and its layers (gzip-compressed tars, lowest
+// first), as Write stores it and Read returns it.
+type Image struct {
+	Config []byte
+	Layers [][]byte
+}
+
+// Manifest is img's OCI manifest.
+func (img Image) Manifest() []byte {
+	m := imgspecv1.Manifest{
 		Versioned: imgspec.Versioned{SchemaVersion: 2}, MediaType: imgspecv1.MediaTypeImageManifest,
-		Config: imgspecv1.Descriptor{MediaType: imgspecv1.MediaTypeImageConfig, Digest: cfg.Digest, Size: cfg.Size},
-		Layers: []imgspecv1.Descriptor{{MediaType: imgspecv1.MediaTypeImageLayerGzip, Digest: layer.Digest, Size: layer.Size}},
-	})
-	if err := d.PutManifest(ctx, man, nil); err != nil {
-		return fmt.Errorf("push manifest: %w", err)
+		Config: imgspecv1.Descriptor{MediaType: imgspecv1.MediaTypeImageConfig, Digest: digest.FromBytes(img.Config), Size: int64(len(img.Config))},
+		Layers: []imgspecv1.Descriptor{},
 	}
-	return d.Commit(ctx, nil)
+	for _, l := range img.Layers {
+		m.Layers = append(m.Layers, imgspecv1.Descriptor{MediaType: imgspecv1.MediaTypeImageLayerGzip, Digest: digest.FromBytes(l), Size: int64(len(l))})
+	}
+	data, _ := json.Marshal(m)
+	return data
+}
+
+// reference parses "docker://…" or "oci:<dir>:<name>".
+func reference(name string) (types.ImageReference, error) {
+	switch {
+	case strings.HasPrefix(name, "docker://"):
+		return docker.ParseReference(strings.TrimPrefix(name, "docker:"))
+	case strings.HasPrefix(name, "oci:"):
+		return layout.ParseReference(strings.TrimPrefix(name, "oci:"))
+	}
+	return nil, fmt.Errorf("unknown image location %q (want docker://… or oci:…)", name)
+}
+
+// Write stores img at dest ("docker://…" or "oci:<dir>:<name>") under an
+// OCI manifest, and returns the manifest's digest.
+func Write(ctx context.Context, dest string, img Image, sys *types.SystemContext) (digest.Digest, error) {
+	ref, err := reference(dest)
+	if err != nil {
+		return "", err
+	}
+	d, err := ref.NewImageDestination(ctx, sys)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", dest, err)
+	}
+	defer d.Close()
+	for i, l := range img.Layers {
+		if _, err := d.PutBlob(ctx, bytes.NewReader(l), types.BlobInfo{Digest: digest.FromBytes(l), Size: int64(len(l))}, none.NoCache, false); err != nil {
+			return "", fmt.Errorf("%s: push layer %d: %w", dest, i, err)
+		}
+	}
+	if _, err := d.PutBlob(ctx, bytes.NewReader(img.Config), types.BlobInfo{Digest: digest.FromBytes(img.Config), Size: int64(len(img.Config))}, none.NoCache, true); err != nil {
+		return "", fmt.Errorf("%s: push config: %w", dest, err)
+	}
+	man := img.Manifest()
+	if err := d.PutManifest(ctx, man, nil); err != nil {
+		return "", fmt.Errorf("%s: push manifest: %w", dest, err)
+	}
+	if err := d.Commit(ctx, nil); err != nil {
+		return "", fmt.Errorf("%s: commit: %w", dest, err)
+	}
+	return digest.FromBytes(man), nil
+}
+
+// Read loads the image at src ("oci:<dir>:<name>" or "docker://…"),
+// whose manifest must be an OCI manifest such as Write stores.
+func Read(ctx context.Context, src string, sys *types.SystemContext) (Image, error) {
+	ref, err := reference(src)
+	if err != nil {
+		return Image{}, err
+	}
+	s, err := ref.NewImageSource(ctx, sys)
+	if err != nil {
+		return Image{}, fmt.Errorf("%s: %w", src, err)
+	}
+	defer s.Close()
+	data, mime, err := s.GetManifest(ctx, nil)
+	if err != nil {
+		return Image{}, fmt.Errorf("%s: manifest: %w", src, err)
+	}
+	if mime != imgspecv1.MediaTypeImageManifest {
+		return Image{}, fmt.Errorf("%s: manifest of type %q, want %q", src, mime, imgspecv1.MediaTypeImageManifest)
+	}
+	var m imgspecv1.Manifest
+	if err := json.Unmarshal(data, &m); err != nil {
+		return Image{}, fmt.Errorf("%s: manifest: %w", src, err)
+	}
+	blob := func(desc imgspecv1.Descriptor) ([]byte, error) {
+		r, _, err := s.GetBlob(ctx, types.BlobInfo{Digest: desc.Digest, Size: desc.Size}, none.NoCache)
+		if err != nil {
+			return nil, fmt.Errorf("%s: blob %s: %w", src, desc.Digest, err)
+		}
+		defer r.Close()
+		b, err := io.ReadAll(r)
+		if err != nil {
+			return nil, fmt.Errorf("%s: blob %s: %w", src, desc.Digest, err)
+		}
+		if digest.FromBytes(b) != desc.Digest {
+			return nil, fmt.Errorf("%s: blob %s does not match its digest", src, desc.Digest)
+		}
+		return b, nil
+	}
+	var img Image
+	if img.Config, err = blob(m.Config); err != nil {
+		return Image{}, err
+	}
+	for _, l := range m.Layers {
+		b, err := blob(l)
+		if err != nil {
+			return Image{}, err
+		}
+		img.Layers = append(img.Layers, b)
+	}
+	return img, nil
 }
 
 // Registry is Debian's docker-registry (distribution) serving on loopback.

@@ -15,6 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/virtlet/virtlet/testing/containerdisk"
+	"github.com/virtlet/virtlet/testing/critestimages"
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -71,14 +75,9 @@ var vmRules = []critestRule{
 var containerRules = []critestRule{
 	benchmarkRule,
 	notRun(`AppArmor`, "AppArmor is disabled in this machine's kernel"),
-	notRun(`Image Manager .*(pulled and removed|all kinds of references|Uid\|Username|exactly 3)`,
-		"pulls cri-tools' test images from gcr.io/k8s-staging-cri-tools (one pinned by a digest no local build can reproduce); no registry is reachable here"),
-	notRun(`HostPID|PodPID|ContainerPID`, "needs the suite's nginx image (its pid file and process name) from registry.k8s.io; no registry is reachable here"),
-	notRun(`NoNewPrivs`, "needs the suite's nonewprivs image from registry.k8s.io; no registry is reachable here"),
-	notRun(`portforward in host network`, "needs the suite's hostnet-nginx image from registry.k8s.io; no registry is reachable here"),
-	notRun(`HostIpc`, "the stand-in busybox (Debian's busybox-static) has no ipcs applet, which the spec runs"),
-	notRun(`MaskedPaths`, "masks /bin/ls, a hard link in the suite's busybox image but a symlink to busybox itself in the stand-in, so masking it masks the shell"),
-	notRun(`SupplementalGroupsPolicy`, "needs cri-tools' test-image-predefined-group from gcr.io; no registry is reachable here"),
+	notRun(`Image Manager public image with digest`, "pulls gcr.io/k8s-staging-cri-tools/test-image-digest@"+
+		"sha256:9700f9a2f5bf2c45f2f605a0bd3bce7cf37420ec9d3ed50ac2758413308766bf, an image of cri-tools' own build "+
+		"that no local build can reproduce (its digest names its exact bytes); no registry is reachable here"),
 }
 
 // knownCritestFailures are failures this project knows, explains, and has
@@ -101,9 +100,9 @@ func TestCritest(t *testing.T) {
 	}
 	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 85, Portmap: true})
 	ctrd := harness.StartContainerd(t, tn)
-	// The suite's default images, made locally (no registry).
-	ctrd.ImportBusybox(t, "registry.k8s.io/e2e-test-images/busybox:1.29-2", "/bin/sh")
-	ctrd.ImportBusybox(t, critestWebServer, "/bin/httpd", "-f", "-p", "80", "-h", "/www")
+	// The images the suite pulls, made locally and served by a registry
+	// that containerd mirrors for registry.k8s.io and gcr.io.
+	serveCritestImages(t, ctrd)
 	// The multi-container specs' Apache httpd: busybox's httpd on port 80,
 	// logging a line that names it as Apache's does at start.
 	ctrd.ImportBusybox(t, "registry.k8s.io/e2e-test-images/httpd:2.4.39-4", "/bin/sh", "-c",
@@ -130,8 +129,8 @@ func TestCritest(t *testing.T) {
 	results := map[string]map[string]specResult{} // side → spec → result
 	results["vm"] = n.side(t, specs, vmRules, passVM,
 		"--runtime-handler", "virtlet", "--test-images-file", n.images(t, "vm", tinyRef, tinyRef))
-	results["containers"] = n.side(t, specs, containerRules, passContainers,
-		"--test-images-file", n.images(t, "containers", "", critestWebServer))
+	t.Cleanup(removeNewShmSegments(t))
+	results["containers"] = n.side(t, specs, containerRules, passContainers)
 	md := critestReport(specs, results)
 	if n.report != "" {
 		if err := os.MkdirAll(filepath.Dir(n.report), 0o755); err != nil {
@@ -152,23 +151,85 @@ func TestCritest(t *testing.T) {
 	assertNothingLeft(t, d, c)
 }
 
-// critestWebServer stands for the suite's nginx image: busybox's httpd on
-// port 80.
-const critestWebServer = "virtlet-test.local/httpd:1"
-
-// images writes a critest test-images file.
+// images writes a critest test-images file naming the default test image
+// and the web-server image.
 func (n *critestNode) images(t *testing.T, name, defaultImage, webServer string) string {
 	t.Helper()
-	var b strings.Builder
-	if defaultImage != "" {
-		fmt.Fprintf(&b, "defaultTestContainerImage: %s\n", defaultImage)
-	}
-	fmt.Fprintf(&b, "webServerTestImage: %s\n", webServer)
+	images := fmt.Sprintf("defaultTestContainerImage: %s\nwebServerTestImage: %s\n", defaultImage, webServer)
 	p := filepath.Join(n.dir, name+"-images.yaml")
-	if err := os.WriteFile(p, []byte(b.String()), 0o644); err != nil {
+	if err := os.WriteFile(p, []byte(images), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// serveCritestImages builds the stand-ins of the images critest pulls
+// (testing/critestimages; cached under .cache), pushes them to a registry
+// of the test's own on loopback, and makes containerd pull registry.k8s.io's
+// and gcr.io's images from it.
+func serveCritestImages(t *testing.T, ctrd *harness.Containerd) {
+	t.Helper()
+	start := time.Now()
+	set, err := critestimages.Build(filepath.Join(harness.RepoRoot(), ".cache"), t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := containerdisk.StartRegistry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reg.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := set.Push(ctx, reg.Addr); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range critestimages.Registries {
+		ctrd.Mirror(t, r, "http://"+reg.Addr)
+	}
+	t.Logf("critest images: %d served by the registry on %s, mirroring %v (%s)",
+		len(set.Refs), reg.Addr, critestimages.Registries, time.Since(start).Round(100*time.Millisecond))
+}
+
+// removeNewShmSegments notes the host's System V shared memory segments;
+// the function it returns removes those critest made since, which it
+// leaves behind (the HostIpc specs make a 1 MiB segment on the host with
+// ipcmk and never remove it): new ones of that size that no process has
+// attached.
+func removeNewShmSegments(t *testing.T) func() {
+	before := shmSegments(t)
+	return func() {
+		for id, seg := range shmSegments(t) {
+			if _, old := before[id]; old || seg.size != 1<<20 || seg.attached != 0 {
+				continue
+			}
+			if _, err := unix.SysvShmCtl(id, unix.IPC_RMID, nil); err != nil {
+				t.Errorf("remove the shared memory segment %d critest left: %v", id, err)
+				continue
+			}
+			t.Logf("removed the shared memory segment %d critest left", id)
+		}
+	}
+}
+
+type shmSegment struct{ size, attached int }
+
+// shmSegments reads /proc/sysvipc/shm: id → segment.
+func shmSegments(t *testing.T) map[int]shmSegment {
+	data, err := os.ReadFile("/proc/sysvipc/shm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]shmSegment{}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	for _, line := range lines[1:] { // key shmid perms size cpid lpid nattch ...
+		var key, id, perms, size, cpid, lpid, attached int
+		if _, err := fmt.Sscan(line, &key, &id, &perms, &size, &cpid, &lpid, &attached); err != nil {
+			t.Fatalf("/proc/sysvipc/shm: %q: %v", line, err)
+		}
+		out[id] = shmSegment{size: size, attached: attached}
+	}
+	return out
 }
 
 // ginkgoReport is the part of Ginkgo's JSON report the test reads.
@@ -330,8 +391,10 @@ func critestReport(specs []string, results map[string]map[string]specResult) str
 	b.WriteString("real libvirtd + QEMU for VM pods, containerd 2.2 + runc 1.3 (testing/tools/build.sh) behind `--forward-runtime` for container pods,\n")
 	b.WriteString("one CNI network (bridge, host-local, portmap) for both.\n")
 	b.WriteString("VM pods (`vm` pass): every sandbox asks for the `virtlet` runtime handler; the suite's test image and web-server image\n")
-	b.WriteString("are the tiny guest, which serves HTTP on port 80. Container pods (`containers` pass): busybox built locally from Debian's\n")
-	b.WriteString("busybox-static stands for the suite's busybox, nginx and httpd images.\n\n")
+	b.WriteString("are the tiny guest, which serves HTTP on port 80. Container pods (`containers` pass): the images the suite pulls from\n")
+	b.WriteString("registry.k8s.io and gcr.io/k8s-staging-cri-tools are stand-ins built locally from Debian packages (busybox, nginx,\n")
+	b.WriteString("util-linux's ipcs; testing/critestimages) and pulled by containerd from a registry on loopback that it mirrors for both;\n")
+	b.WriteString("busybox-static's httpd stands for the multi-container specs' Apache httpd.\n\n")
 	for _, side := range []string{"vm", "containers"} {
 		counts := map[string]int{}
 		for _, s := range specs {

@@ -198,10 +198,33 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %[5]q
     conf_dir = %[6]q
+  # Registry hosts of the test's own (Mirror), not the host's
+  # /etc/containerd/certs.d.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = %[8]q
 
 [plugins."io.containerd.internal.v1.opt"]
   path = %[7]q
-`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), socket, PauseImage, CNIBinDir, cniConfDir, filepath.Join(dir, "opt"))
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), socket, PauseImage, CNIBinDir, cniConfDir, filepath.Join(dir, "opt"),
+		filepath.Join(dir, "certs.d"))
+}
+
+// Mirror makes containerd pull the images of registry (gcr.io) from
+// mirror (http://127.0.0.1:5000), a registry of the test's, through a
+// hosts.toml of its config_path (containerd reads it at every pull) that
+// makes the mirror the registry's server: an image the mirror lacks fails
+// to pull rather than coming from the real registry when the machine
+// reaches it.
+func (c *Containerd) Mirror(t testing.TB, registry, mirror string) {
+	t.Helper()
+	dir := filepath.Join(c.Dir, "certs.d", registry)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hosts := fmt.Sprintf("server = %q\n", mirror)
+	if err := os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(hosts), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Ctr runs containerd's own CLI against it, in the CRI namespace.
@@ -305,13 +328,22 @@ func mountsUnder(dir string) []string {
 
 // buildPauseRoot builds testing/images/pause statically into root.
 func buildPauseRoot(root string) ([]string, error) {
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(root, "pause"), "./testing/images/pause")
-	cmd.Dir = RepoRoot()
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build pause: %v\n%s", err, out)
+	if err := BuildStatic("./testing/images/pause", filepath.Join(root, "pause")); err != nil {
+		return nil, err
 	}
 	return []string{"/pause"}, nil
+}
+
+// BuildStatic builds the repository's package pkg (./testing/images/pause)
+// as a static binary at out, for a container image.
+func BuildStatic(pkg, out string) error {
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
+	cmd.Dir = RepoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build %s: %w\n%s", pkg, err, msg)
+	}
+	return nil
 }
 
 // buildBusyboxRoot lays Debian's static busybox out with its applets.
