@@ -73,12 +73,24 @@ func checkCommand(cmd []string, tty bool) error {
 // its exit code and output. timeout 0 means no limit; when the command
 // outlives it, its guest process is killed and the error wraps
 // context.DeadlineExceeded (kubelet's exec probes read that as a timeout).
+//
+// A halted VM's container runs for kubelet, which keeps probing it: the
+// command "ends" with ExitHalted and the reason on stderr, so that exec
+// probes fail (kubelet ignores a probe that errors: the pod would stay
+// Ready).
 func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (ExecResult, error) {
 	if err := checkCommand(cmd, false); err != nil {
 		return ExecResult{}, err
 	}
+	if c, err := r.ContainerStatus(ctx, id); err == nil && c.Halted() {
+		return ExecResult{ExitCode: ExitHalted, Stderr: []byte(haltedError("exec", &c).Error() + "\n")}, nil
+	}
 	return r.exec(ctx, id, cmd, nil, timeout)
 }
+
+// ExitHalted is the exit code of a command "run" in a halted VM (a shell's
+// "cannot execute").
+const ExitHalted = 126
 
 // Exec runs cmd with streams (kubectl exec, crictl exec). The guest agent
 // hands output over when the command ends, so output arrives at the end;

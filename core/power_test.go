@@ -46,8 +46,14 @@ func TestHaltKeepsTheContainerAndStartBootsTheSameVM(t *testing.T) {
 		t.Errorf("a second halt: %v", err)
 	}
 
+	// Exec probes must fail, not err (kubelet ignores a probe that errs).
+	res, err := e.rt.ExecSync(ctx, id, []string{"true"}, time.Second)
+	if err != nil || res.ExitCode != core.ExitHalted {
+		t.Errorf("exec probe of a halted VM: %+v, %v; want exit code %d", res, err, core.ExitHalted)
+	}
+	lacks(t, "exec's stderr", string(res.Stderr), "halted", "virtletctl start p boots it")
 	for what, err := range map[string]error{
-		"exec":   func() error { _, err := e.rt.ExecSync(ctx, id, []string{"true"}, time.Second); return err }(),
+		"exec":   e.rt.CheckExec(id, []string{"true"}, false),
 		"attach": e.rt.CheckAttach(id),
 		"status": func() error { _, err := e.rt.GuestInfo(ctx, id); return err }(),
 	} {
@@ -88,8 +94,8 @@ func TestHaltKeepsTheContainerAndStartBootsTheSameVM(t *testing.T) {
 	if err != nil || stats.Usage == nil || stats.Usage.CPUNanos < cpuBefore {
 		t.Errorf("CPU time after the boot: %+v (%v), was %d before the halt: a container's CPU time never goes back", stats.Usage, err, cpuBefore)
 	}
-	if _, err := e.rt.ExecSync(ctx, id, []string{"true"}, time.Second); errors.Is(err, ports.ErrFailedPrecondition) {
-		t.Errorf("exec after start: %v", err)
+	if res, err := e.rt.ExecSync(ctx, id, []string{"hostname"}, time.Second); err != nil || res.ExitCode != 0 {
+		t.Errorf("exec after start: %+v %v", res, err)
 	}
 }
 

@@ -74,10 +74,9 @@ func (t *Tools) Run(ctx context.Context, containerID string, cmd []string, in io
 		if !c.BootedAt.IsZero() {
 			st.StartedAt = c.BootedAt // the VM's last boot (virtletctl start or restart)
 		}
-		if c.Halted() {
-			st.State, st.HaltedAt = "halted", c.HaltedAt
-		}
-		if gi, err := t.RT.GuestInfo(ctx, containerID); err != nil {
+		if gi, err := t.RT.GuestInfo(ctx, containerID); c.Halted() {
+			st.State, st.HaltedAt, st.GuestError = "halted", c.HaltedAt, "the VM is halted"
+		} else if err != nil {
 			st.GuestError = err.Error()
 		} else {
 			st.Guest = &gi

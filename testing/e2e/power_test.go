@@ -52,8 +52,8 @@ func TestRunStrategiesKeepTheVM(t *testing.T) {
 		if i.Status.State != "CONTAINER_RUNNING" || i.Status.Reason != "Halted" || !strings.Contains(i.Status.Message, "virtletctl start power") {
 			t.Errorf("%s: container status %+v, want running, Halted", when, i.Status)
 		}
-		if _, errOut, err := c.Run("exec", "-s", "--timeout", "10", ctr, "true"); err == nil || !strings.Contains(errOut, "halted") {
-			t.Errorf("%s: exec in the halted VM: %v %s", when, err, errOut)
+		if _, errOut, err := c.Run("exec", "-s", "--timeout", "10", ctr, "true"); err == nil || !strings.Contains(errOut, "halted") || !strings.Contains(errOut, "exited with 126") {
+			t.Errorf("%s: exec in the halted VM: %v %s (want exit code 126: exec probes fail)", when, err, errOut)
 		}
 	}
 	halted("after stop")

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,7 @@ func TestKubeVirtletctlThroughTheAPIServer(t *testing.T) {
 	cloudTr := cloudTranslation(t)
 	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), tn.Plugin(bins)))
 	d.Translate("cloud.yaml", cloudTr)
+	d.Translate("test-images.yaml", translation)
 	d.Start()
 	k := harness.StartKube(t, kubeBin, d)
 	key, pub := sshKey(t)
@@ -279,6 +281,10 @@ spec:
 		}
 	})
 
+	t.Run("run strategies", func(t *testing.T) {
+		runStrategies(t, k, run)
+	})
+
 	if out, err := k.Kubectl("delete", "pod", "ctl-vm", "--timeout=3m"); err != nil {
 		t.Fatalf("kubectl delete: %v %s", err, out)
 	}
@@ -301,4 +307,120 @@ func head(s string, n int) string {
 		return s[:n]
 	}
 	return s
+}
+
+// runStrategies: virtletctl stop, start and restart on the VM of a
+// StatefulSet (the tiny guest, an exec readiness probe through its agent):
+// stop takes the pod out of service (not Ready) without a restart or a new
+// container, status says halted, start brings back the same VM with the
+// file written on its disk before the stop, restart power-cycles it; the
+// restart count stays 0 throughout.
+func runStrategies(t *testing.T, k *harness.Kube, run func(args ...string) (string, string, error)) {
+	manifest := filepath.Join(t.TempDir(), "sts.yaml")
+	os.WriteFile(manifest, []byte(fmt.Sprintf(`apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: halt
+spec:
+  serviceName: halt
+  replicas: 1
+  selector:
+    matchLabels: {app: halt}
+  template:
+    metadata:
+      labels: {app: halt}
+      annotations:
+        kubernetes.io/target-runtime: virtlet.cloud
+    spec:
+      nodeName: %s
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 10
+      containers:
+      - name: vm
+        image: virtlet.cloud/tiny
+        tty: true
+        stdin: true
+        resources:
+          limits: {memory: 256Mi}
+        readinessProbe:
+          exec: {command: [cat, /proc/uptime]}
+          periodSeconds: 2
+          timeoutSeconds: 5
+          failureThreshold: 1
+`, k.Node)), 0o644)
+	if out, err := k.Kubectl("apply", "-f", manifest); err != nil {
+		t.Fatalf("kubectl apply: %v %s", err, out)
+	}
+	defer k.Kubectl("delete", "statefulset", "halt", "--wait=false")
+	ready := func(want string) func() bool {
+		return func() bool {
+			out, _ := k.Kubectl("get", "pod", "halt-0", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+			return out == want
+		}
+	}
+	wait := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(4 * time.Minute)
+		for !ok() {
+			if time.Now().After(deadline) {
+				describe, _ := k.Kubectl("describe", "pod", "halt-0")
+				logs, _ := k.Kubectl("logs", "halt-0")
+				t.Fatalf("%s: not after 4m\n%s\nconsole:\n%s", what, describe, tail(logs, 2000))
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	wait("halt-0 Ready", ready("True"))
+	if out, err := k.Kubectl("exec", "halt-0", "--", "sh", "-c", keepMarker); err != nil {
+		t.Fatalf("write a file on the VM's disk: %v %s", err, out)
+	}
+	uid, _ := k.Kubectl("get", "pod", "halt-0", "-o", "jsonpath={.metadata.uid}")
+	containerID, _ := k.Kubectl("get", "pod", "halt-0", "-o", "jsonpath={.status.containerStatuses[0].containerID}")
+	same := func(when string) {
+		t.Helper()
+		out, _ := k.Kubectl("get", "pod", "halt-0", "-o", "jsonpath={.metadata.uid} {.status.phase} {.status.containerStatuses[0].containerID} {.status.containerStatuses[0].restartCount}")
+		if want := uid + " Running " + containerID + " 0"; out != want {
+			t.Errorf("%s: pod %q, want %q (same pod and container, no restart)", when, out, want)
+		}
+	}
+
+	out, errOut, err := run("stop", "halt-0", "--grace-period", "20s")
+	if err != nil || !strings.Contains(out, "halted") {
+		t.Fatalf("virtletctl stop: %v %s %s", err, out, errOut)
+	}
+	wait("halt-0 not Ready while its VM is halted", ready("False"))
+	same("halted")
+	if out, _, _ := run("status", "halt-0"); !regexp.MustCompile(`State:\s+halted for `).MatchString(out) || !strings.Contains(out, "no answer: the VM is halted") {
+		t.Errorf("virtletctl status of a halted VM:\n%s", out)
+	}
+	if out, err := k.Kubectl("exec", "halt-0", "--", "true"); err == nil || !strings.Contains(out, "halted") {
+		t.Errorf("kubectl exec into a halted VM: %v %s", err, out)
+	}
+
+	if out, errOut, err := run("start", "halt-0"); err != nil || !strings.Contains(out, "started") {
+		t.Fatalf("virtletctl start: %v %s %s", err, out, errOut)
+	}
+	wait("halt-0 Ready again after start", ready("True"))
+	if out, err := k.Kubectl("exec", "halt-0", "--", "sh", "-c", readMarker); err != nil || out != "kept-across-boots" {
+		t.Errorf("the file written before the stop, after start: %v %q", err, out)
+	}
+	same("started")
+
+	if out, errOut, err := run("restart", "halt-0", "--grace-period", "20s"); err != nil || !strings.Contains(out, "restarted") {
+		t.Fatalf("virtletctl restart: %v %s %s", err, out, errOut)
+	}
+	wait("halt-0 Ready after restart", ready("True"))
+	if out, err := k.Kubectl("exec", "halt-0", "--", "sh", "-c", readMarker); err != nil || out != "kept-across-boots" {
+		t.Errorf("the file written before the stop, after restart: %v %q", err, out)
+	}
+	same("restarted")
+	// kubectl logs is the console of every boot.
+	wait("kubectl logs to show 3 boots (first, start, restart)", func() bool {
+		logs, _ := k.Kubectl("logs", "halt-0")
+		return strings.Count(logs, "@@TINY-READY") == 3
+	})
+	if out, err := k.Kubectl("delete", "statefulset", "halt", "--timeout=3m"); err != nil {
+		t.Fatalf("kubectl delete statefulset: %v %s", err, out)
+	}
+	wait("halt-0 gone", func() bool { _, err := k.Kubectl("get", "pod", "halt-0"); return err != nil })
 }

@@ -487,7 +487,7 @@ func TestPowerCommandsOverExec(t *testing.T) {
 	if inspect.Status.State != "CONTAINER_RUNNING" || inspect.Status.Reason != "Halted" || !strings.Contains(inspect.Status.Message, "virtletctl start power-vm") {
 		t.Fatalf("crictl inspect of a halted VM's container: %+v", inspect.Status)
 	}
-	if _, errOut, err := c.Run("exec", "-s", ctr, "hostname"); err == nil || !strings.Contains(errOut, "halted") {
+	if _, errOut, err := c.Run("exec", "-s", ctr, "hostname"); err == nil || !strings.Contains(errOut, "halted") || !strings.Contains(errOut, "exited with 126") {
 		t.Fatalf("exec in a halted VM: %v %s", err, errOut)
 	}
 	out.Reset()
