@@ -48,9 +48,6 @@ type domainInput struct {
 	Secrets map[string]string
 	// HostCPUs are the host's online CPUs, for pinning (Spec.CPUSet).
 	HostCPUs []int
-	// ITCOByQEMU: an itco watchdog is set up by QEMU's own options
-	// (libvirt before 9.1 has no iTCO model; checkWatchdog).
-	ITCOByQEMU bool
 }
 
 // domainXML renders the libvirt domain of a VM. It is deterministic, so
@@ -142,16 +139,7 @@ func domainXML(in domainInput) (string, error) {
 		d.VCPU.Current, d.VCPU.Value = uint(s.VCPUs), uint(topVCPUs(s))
 	}
 	d.CPUTune = cpuTune(topVCPUs(s), s.CPUSet, in.HostCPUs)
-	switch w := s.Watchdog; {
-	case w != nil && w.Model == "itco" && in.ITCOByQEMU:
-		// Q35's TCO timer is always there; QEMU lets it act once its
-		// no-reboot strap is off, as libvirt 9.1's itco model does. QEMU
-		// reports it firing like any watchdog: libvirt's watchdog event
-		// follows.
-		d.QEMUCommandline = &libvirtxml.DomainQEMUCommandline{Args: []libvirtxml.DomainQEMUCommandlineArg{
-			{Value: "-global"}, {Value: "ICH9-LPC.noreboot=off"},
-			{Value: "-action"}, {Value: "watchdog=" + qemuWatchdogActions[w.Action]}}}
-	case w != nil:
+	if w := s.Watchdog; w != nil {
 		// The action's names are libvirt's ("dump" keeps the guest's memory
 		// in libvirtd's auto-dump directory and lets the VM run on).
 		d.Devices.Watchdogs = []libvirtxml.DomainWatchdog{{Model: w.Model, Action: w.Action}}

@@ -39,13 +39,9 @@ func specFor(t *testing.T, ann map[string]string) ports.VMSpec {
 	}
 }
 
-// itcoByQEMUCases are the golden cases rendered for a libvirt before 9.1;
-// libvirt9_1Cases are for 9.1 and later, whose schema this node's libvirt
-// may not have.
-var (
-	itcoByQEMUCases = map[string]bool{"watchdog-itco-by-qemu": true}
-	libvirt9_1Cases = map[string]bool{"watchdog-itco": true}
-)
+// libvirt9_1Cases are golden cases for libvirt 9.1 and later, whose schema
+// this node's libvirt may not have.
+var libvirt9_1Cases = map[string]bool{"watchdog-itco": true}
 
 func TestDomainGolden(t *testing.T) {
 	target := map[string]string{annotations.TargetRuntime: annotations.TargetRuntimeValue}
@@ -75,9 +71,8 @@ func TestDomainGolden(t *testing.T) {
 		{"clock-offset-timers", with(annotations.Clock, "-1800", annotations.ClockTimers, "rtc:catchup,pit:delay,hpet:no"), nil, true},
 		{"clock-timezone", with(annotations.Clock, "Asia/Kolkata"), nil, true},
 		{"watchdog", with(annotations.Watchdog, "i6300esb", annotations.WatchdogAction, "poweroff"), nil, true},
+		// For libvirt 9.1 and later (libvirt9_1Cases); 9.0 refuses itco.
 		{"watchdog-itco", with(annotations.MachineType, "q35", annotations.Watchdog, "itco", annotations.WatchdogAction, "poweroff"), nil, true},
-		// The same on a libvirt older than 9.1 (itcoByQEMUCases).
-		{"watchdog-itco-by-qemu", with(annotations.MachineType, "q35", annotations.Watchdog, "itco", annotations.WatchdogAction, "poweroff"), nil, true},
 		{"cpu-topology", with(annotations.VCPUCount, "4", annotations.CPUTopology, "sockets=1,cores=2,threads=2"), nil, true},
 		{"pinned", with(annotations.VCPUCount, "2"), func(s *ports.VMSpec) { s.CPUSet = []int{2, 3} }, true},
 		// Booted with 3 of 4 vCPUs (its CPU limit), the first 2 fixed.
@@ -145,8 +140,7 @@ func TestDomainGolden(t *testing.T) {
 			}
 			got, err := domainXML(domainInput{Spec: spec, DomainType: dt,
 				DiskPaths: map[string]string{"root": "/var/lib/virtlet/vms/" + spec.ID + "-root.qcow2"}, ConsoleLog: "/var/lib/virtlet/vms/" + spec.ID + ".console",
-				Secrets: map[string]string{"vol-ceph": "1c0a2b3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d"}, HostCPUs: []int{0, 1, 2, 3},
-				ITCOByQEMU: itcoByQEMUCases[tc.name]})
+				Secrets: map[string]string{"vol-ceph": "1c0a2b3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d"}, HostCPUs: []int{0, 1, 2, 3}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -773,8 +773,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	if err := h.checkMachine(conn, accel, spec.Machine); err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
-	itcoByQEMU, err := checkWatchdog(conn, spec.Watchdog)
-	if err != nil {
+	if err := checkWatchdog(conn, spec.Watchdog); err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 	if err := checkHugepages(conn, spec.HugepageSizeBytes, spec.MemoryBytes); err != nil {
@@ -818,7 +817,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 	domXML, err := domainXML(domainInput{Spec: spec, DomainType: accel.DomainType, DiskPaths: r.DiskPaths, ConsoleLog: r.ConsoleLog, Secrets: r.Secrets,
-		HostCPUs: hostCPUs, ITCOByQEMU: itcoByQEMU})
+		HostCPUs: hostCPUs})
 	if err != nil {
 		undo()
 		return err
