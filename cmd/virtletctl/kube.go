@@ -65,6 +65,18 @@ func (k *kube) connect() error {
 	return nil
 }
 
+// onVMPod makes a command's RunE that finds the VM pod its first argument
+// names, then runs run with it.
+func (k *kube) onVMPod(run func(ctx context.Context, pod *corev1.Pod, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		pod, err := k.vmPod(cmd.Context(), args[0])
+		if err != nil {
+			return err
+		}
+		return run(cmd.Context(), pod, args)
+	}
+}
+
 // vmPod finds a running VM pod by name in the namespace.
 func (k *kube) vmPod(ctx context.Context, name string) (*corev1.Pod, error) {
 	if err := k.connect(); err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/virtlet/virtlet/adapters/vmtools"
 )
@@ -43,12 +45,7 @@ started.`, vmtools.Restart, true},
 			Long:    p.long + "\nIt asks the node's daemon through the pod's exec subresource: you need the right to exec into the pod.",
 			Example: "  " + name + " " + strings.Fields(p.use)[0] + " my-vm",
 			Args:    cobra.ExactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				ctx := cmd.Context()
-				pod, err := k.vmPod(ctx, args[0])
-				if err != nil {
-					return err
-				}
+			RunE: k.onVMPod(func(ctx context.Context, pod *corev1.Pod, args []string) error {
 				argv := []string{p.command}
 				if p.grace {
 					if grace < 0 {
@@ -61,7 +58,7 @@ started.`, vmtools.Restart, true},
 					return fmt.Errorf("%s %s: %w %s", strings.Fields(p.use)[0], args[0], err, strings.TrimSpace(errOut.String()))
 				}
 				return nil
-			},
+			}),
 		}
 		if p.grace {
 			cmd.Flags().DurationVar(&grace, "grace-period", vmtools.DefaultGracePeriod, "how long the guest may take to shut down before the VM is forced off (whole seconds)")

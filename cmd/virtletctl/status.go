@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/virtlet/virtlet/adapters/vmtools"
 )
@@ -27,12 +29,7 @@ the node's daemon through the pod's exec subresource: you need the right to
 exec into the pod. A guest without an agent shows why it says nothing.`,
 		Example: "  " + name + " status my-vm\n  " + name + " status my-vm --json",
 		Args:    cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			pod, err := k.vmPod(ctx, args[0])
-			if err != nil {
-				return err
-			}
+		RunE: k.onVMPod(func(ctx context.Context, pod *corev1.Pod, args []string) error {
 			var out, errOut bytes.Buffer
 			if err := k.exec(ctx, pod, []string{vmtools.Status}, nil, &out, &errOut); err != nil {
 				return fmt.Errorf("status of %s: %w %s", args[0], err, strings.TrimSpace(errOut.String()))
@@ -46,7 +43,7 @@ exec into the pod. A guest without an agent shows why it says nothing.`,
 				return fmt.Errorf("status of %s: the daemon's answer: %w", args[0], err)
 			}
 			return printStatus(os.Stdout, st, time.Now())
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the daemon's JSON answer")
 	return cmd

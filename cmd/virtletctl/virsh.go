@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"os"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/util/exec"
 
 	"github.com/virtlet/virtlet/adapters/vmtools"
@@ -22,18 +24,13 @@ that could reach another domain, are refused. It goes through
 the pod's exec subresource: you need the right to exec into the pod.`,
 		Example: "  " + name + " virsh my-vm -- dominfo\n  " + name + " virsh my-vm -- dumpxml",
 		Args:    cobra.MinimumNArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			pod, err := k.vmPod(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			err = k.exec(ctx, pod, append([]string{vmtools.Virsh}, args[1:]...), nil, os.Stdout, os.Stderr)
+		RunE: k.onVMPod(func(ctx context.Context, pod *corev1.Pod, args []string) error {
+			err := k.exec(ctx, pod, append([]string{vmtools.Virsh}, args[1:]...), nil, os.Stdout, os.Stderr)
 			var ee exec.CodeExitError
 			if errors.As(err, &ee) {
 				return exitError{ee.Code}
 			}
 			return err
-		},
+		}),
 	}
 }
