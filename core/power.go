@@ -25,48 +25,22 @@ import (
 
 // HaltVM shuts the VM of a running container down (ACPI, forced off after
 // timeout) and keeps it halted. Halting a halted VM succeeds.
-// A halt goes on when the caller goes away: the guest may already be
-// shutting down.
 func (r *Runtime) HaltVM(ctx context.Context, id string, timeout time.Duration) error {
-	return r.detached(ctx, func(ctx context.Context) error {
-		c, unlock, err := r.lockContainer(ctx, id)
-		if err != nil {
-			return err
-		}
-		defer unlock()
-		if err := r.checkPowerable(c, "stop"); err != nil {
-			return err
-		}
+	return r.power(ctx, id, "stop", func(ctx context.Context, c *Container) error {
 		return r.haltLocked(ctx, c, timeout, "stop")
 	})
 }
 
 // BootVM starts a halted VM again. Booting a VM that runs succeeds.
 func (r *Runtime) BootVM(ctx context.Context, id string) error {
-	c, unlock, err := r.lockContainer(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	if err := r.checkPowerable(c, "start"); err != nil {
-		return err
-	}
-	return r.bootLocked(ctx, c)
+	return r.power(ctx, id, "start", r.bootLocked)
 }
 
 // RebootVM power-cycles the VM: a halt (ACPI, forced off after timeout)
 // and a boot, so the guest starts on fresh virtual hardware from the same
 // disks. A halted VM is just booted.
 func (r *Runtime) RebootVM(ctx context.Context, id string, timeout time.Duration) error {
-	return r.detached(ctx, func(ctx context.Context) error {
-		c, unlock, err := r.lockContainer(ctx, id)
-		if err != nil {
-			return err
-		}
-		defer unlock()
-		if err := r.checkPowerable(c, "restart"); err != nil {
-			return err
-		}
+	return r.power(ctx, id, "restart", func(ctx context.Context, c *Container) error {
 		if !c.Halted() {
 			if err := r.haltLocked(ctx, c, timeout, "restart"); err != nil {
 				return err
@@ -74,6 +48,23 @@ func (r *Runtime) RebootVM(ctx context.Context, id string, timeout time.Duration
 			c, _ = r.container(c.ID)
 		}
 		return r.bootLocked(ctx, c)
+	})
+}
+
+// power runs a power operation on a running container's VM under its
+// pod's lock. It goes on when the caller goes away: the guest may already
+// be shutting down.
+func (r *Runtime) power(ctx context.Context, id, op string, act func(context.Context, *Container) error) error {
+	return r.detached(ctx, func(ctx context.Context) error {
+		c, unlock, err := r.lockContainer(ctx, id)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		if err := r.checkPowerable(c, op); err != nil {
+			return err
+		}
+		return act(ctx, c)
 	})
 }
 
