@@ -35,6 +35,7 @@ import (
 	imgspecv1 "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/virtlet/virtlet/testing/containerdisk"
+	"github.com/virtlet/virtlet/testing/debs"
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -195,28 +196,28 @@ type inputs struct {
 	pgrep   []byte // busybox has no pgrep applet: the tiny guest's script
 }
 
-// gather reads the inputs: the .deb files (fetched into debs when apt's
+// gather reads the inputs: the .deb files (fetched into debsDir when apt's
 // candidate is not there yet), this host's files, the repository's.
-func gather(debs string) (*inputs, error) {
+func gather(debsDir string) (*inputs, error) {
 	in := &inputs{parts: map[string][]byte{}}
 	for _, f := range []struct {
 		pkg, file string
 		into      *[]byte
 	}{{"busybox", "/bin/busybox", &in.busybox}, {"nginx", "/usr/sbin/nginx", &in.nginx}} {
-		p, err := candidate(f.pkg)
+		p, err := debs.Candidate(f.pkg)
 		if err != nil {
 			return nil, err
 		}
-		deb, err := fetchDeb(debs, p)
+		deb, err := debs.Fetch(debsDir, p)
 		if err != nil {
 			return nil, err
 		}
-		files, err := debFiles(deb, f.file)
+		files, err := debs.Files(deb, f.file)
 		if err != nil {
 			return nil, err
 		}
 		*f.into = files[f.file]
-		in.parts[p.filename+":"+f.file] = *f.into
+		in.parts[p.Filename+":"+f.file] = *f.into
 	}
 	var err error
 	if in.ipcs, err = os.ReadFile("/usr/bin/ipcs"); err != nil {

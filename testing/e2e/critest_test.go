@@ -99,7 +99,7 @@ func TestCritest(t *testing.T) {
 		t.Fatal(err)
 	}
 	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 85, Portmap: true})
-	ctrd := harness.StartContainerd(t, tn)
+	ctrd := harness.StartContainerd(t, tn, harness.ContainerdOptions{})
 	// The images the suite pulls, made locally and served by a registry
 	// that containerd mirrors for registry.k8s.io and gcr.io.
 	serveCritestImages(t, ctrd)

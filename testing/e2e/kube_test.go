@@ -65,7 +65,7 @@ func startKubeNode(t *testing.T, netIndex int) *kubeNode {
 		t.Fatal(err)
 	}
 	d.Translate("seed-images.yaml", seedNames)
-	ctrd := harness.StartContainerd(t, tn)
+	ctrd := harness.StartContainerd(t, tn, harness.ContainerdOptions{})
 	d.Start("--kubeconfig", kubeconfig, "--forward-runtime", ctrd.Endpoint)
 	k.FlexvolumeDriver = filepath.Join(bins, "virtlet-flexvolume-driver")
 	k.StartKubelet(d)

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/virtlet/virtlet/testing/debs"
 )
 
 // Container images of the tests, made locally (no registry): the pause
@@ -30,14 +32,42 @@ const (
 // runc 1.3, built by testing/tools/build.sh.
 func ContainerdBinDir() string { return filepath.Join(RepoRoot(), "bin", "tools", "containerd") }
 
-// Containerd is a containerd of the test's own (containerd 2.2, runc 1.3)
-// serving CRI on a private socket, with the test network as its CNI
-// network and the test images imported. Forwarded container pods run
-// there.
+// DebianContainerdBinDir returns a directory holding Debian's containerd,
+// its shim and ctr (package containerd) and runc (package runc), apt's
+// candidate versions (Debian 12: containerd 1.6.20, runc 1.1.5), the
+// programs a node gets from `apt-get install containerd runc`. They come
+// out of the .deb files (apt-get download, checked against apt's SHA256,
+// kept in .cache/debs) into .cache/debian-containerd/<the versions>, once.
+func DebianContainerdBinDir() (string, error) {
+	cache := filepath.Join(RepoRoot(), ".cache")
+	dir, err := debs.Programs(filepath.Join(cache, "debian-containerd"), filepath.Join(cache, "debs"), map[string][]string{
+		"containerd": {"/usr/bin/containerd", "/usr/bin/containerd-shim-runc-v2", "/usr/bin/ctr"},
+		"runc":       {"/usr/sbin/runc"},
+	})
+	if err != nil {
+		return "", fmt.Errorf("Debian's containerd and runc: %w", err)
+	}
+	return dir, nil
+}
+
+// ContainerdOptions choose the containerd a test runs.
+type ContainerdOptions struct {
+	// BinDir holds containerd, containerd-shim-runc-v2, ctr and runc;
+	// ContainerdBinDir when empty. DebianContainerdBinDir's run as they
+	// are: the config the harness writes is version 2, which containerd
+	// 1.6 reads and 2.x migrates.
+	BinDir string
+}
+
+// Containerd is a containerd of the test's own (containerd 2.2 and runc
+// 1.3, or the ones of ContainerdOptions.BinDir) serving CRI on a private
+// socket, with the test network as its CNI network and the test images
+// imported. Forwarded container pods run there.
 type Containerd struct {
 	// Endpoint is its CRI socket, unix:///…
 	Endpoint string
 	Dir      string
+	binDir   string
 	socket   string
 	cmd      *exec.Cmd
 	exited   chan struct{} // set once Stop began
@@ -46,11 +76,15 @@ type Containerd struct {
 
 // StartContainerd starts containerd for the test and stops it (and every
 // shim and mount it left) when the test ends.
-func StartContainerd(t testing.TB, tn *TestNetwork) *Containerd {
+func StartContainerd(t testing.TB, tn *TestNetwork, opts ContainerdOptions) *Containerd {
 	t.Helper()
+	binDir := opts.BinDir
+	if binDir == "" {
+		binDir = ContainerdBinDir()
+	}
 	for _, bin := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr"} {
-		if _, err := os.Stat(filepath.Join(ContainerdBinDir(), bin)); err != nil {
-			t.Fatalf("%s is missing (testing/tools/build.sh builds containerd and runc): %v", bin, err)
+		if _, err := os.Stat(filepath.Join(binDir, bin)); err != nil {
+			t.Fatalf("%s is missing from %s (testing/tools/build.sh builds the default containerd and runc): %v", bin, binDir, err)
 		}
 	}
 	// A short directory: the sockets' paths must fit in 108 bytes.
@@ -63,7 +97,7 @@ func StartContainerd(t testing.TB, tn *TestNetwork) *Containerd {
 	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	c := &Containerd{Dir: dir, socket: filepath.Join(dir, "containerd.sock")}
+	c := &Containerd{Dir: dir, binDir: binDir, socket: filepath.Join(dir, "containerd.sock")}
 	c.Endpoint = "unix://" + c.socket
 	config := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(config, []byte(containerdConfig(dir, c.socket, tn.ConfDir)), 0o644); err != nil {
@@ -72,9 +106,9 @@ func StartContainerd(t testing.TB, tn *TestNetwork) *Containerd {
 	if c.log, err = os.Create(filepath.Join(dir, "containerd.log")); err != nil {
 		t.Fatal(err)
 	}
-	c.cmd = exec.Command(filepath.Join(ContainerdBinDir(), "containerd"), "--config", config)
+	c.cmd = exec.Command(filepath.Join(binDir, "containerd"), "--config", config)
 	// containerd finds its shim, and the shim runc, in PATH.
-	c.cmd.Env = append(os.Environ(), "PATH="+ContainerdBinDir()+":"+os.Getenv("PATH"))
+	c.cmd.Env = append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"))
 	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := c.cmd.Start(); err != nil {
@@ -82,7 +116,7 @@ func StartContainerd(t testing.TB, tn *TestNetwork) *Containerd {
 	}
 	t.Cleanup(func() { c.stop(t) })
 	Eventually(t, 30*time.Second, "containerd answers", func() bool {
-		return exec.Command(filepath.Join(ContainerdBinDir(), "ctr"), "--address", c.socket, "version").Run() == nil
+		return exec.Command(filepath.Join(binDir, "ctr"), "--address", c.socket, "version").Run() == nil
 	})
 	images := t.TempDir()
 	for _, img := range []struct {
@@ -165,6 +199,10 @@ func (c *Containerd) Log() string {
 	return string(b)
 }
 
+// containerdConfig is the test containerd's config, in version 2 of the
+// format: containerd 1.6 (Debian 12's) reads versions 1 and 2 only, and
+// containerd 2.x migrates a version 2 config to its version 3 as it starts
+// (same plugins, same settings), so one config serves both.
 func containerdConfig(dir, socket, cniConfDir string) string {
 	return fmt.Sprintf(`version = 2
 root = %[1]q
@@ -233,7 +271,7 @@ func (c *Containerd) Mirror(t testing.TB, registry, mirror string) {
 // comes with a failure only.
 func (c *Containerd) Ctr(args ...string) (string, error) {
 	var stderr strings.Builder
-	cmd := exec.Command(filepath.Join(ContainerdBinDir(), "ctr"), append([]string{"--address", c.socket, "-n", "k8s.io"}, args...)...)
+	cmd := exec.Command(filepath.Join(c.binDir, "ctr"), append([]string{"--address", c.socket, "-n", "k8s.io"}, args...)...)
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
