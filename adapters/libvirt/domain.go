@@ -63,6 +63,7 @@ func domainXML(in domainInput) (string, error) {
 	}
 	metaXML := strings.Replace(string(meta), "<vm ", fmt.Sprintf(`<%s:vm xmlns:%s="%s" `, metadataKey, metadataKey, MetadataNS), 1)
 	metaXML = strings.Replace(metaXML, "></vm>", "/>", 1)
+	slots := layoutPCI(s)
 
 	zero := uint(0)
 	d := &libvirtxml.Domain{
@@ -74,9 +75,7 @@ func domainXML(in domainInput) (string, error) {
 			Entry: []libvirtxml.DomainSysInfoEntry{
 				{Name: "manufacturer", Value: "Virtlet"},
 				{Name: "product", Value: "VM pod"},
-				{Name: "serial", Value: s.ID},
 				{Name: "uuid", Value: s.UUID},
-				{Name: "family", Value: s.PodNamespace + "/" + s.PodName},
 			},
 		}}}},
 		OS: &libvirtxml.DomainOS{
@@ -102,9 +101,9 @@ func domainXML(in domainInput) (string, error) {
 				Port: -1, AutoPort: "yes",
 				Listeners: []libvirtxml.DomainGraphicListener{{Address: &libvirtxml.DomainGraphicListenerAddress{Address: "127.0.0.1"}}},
 			}}},
-			Videos: []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, Primary: "yes"}}},
+			Videos: []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, Primary: "yes"}, Address: slots.at(slots.video)}},
 			// The guest reports its memory use every few seconds (stats).
-			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "virtio", Stats: &libvirtxml.DomainMemBalloonStats{Period: balloonPeriod}},
+			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "virtio", Stats: &libvirtxml.DomainMemBalloonStats{Period: balloonPeriod}, Address: slots.at(slots.balloon)},
 			// The guest agent's channel: exec and exec probes go through
 			// it; libvirt picks the socket and reports whether the agent
 			// listens.
@@ -112,10 +111,14 @@ func domainXML(in domainInput) (string, error) {
 				Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind"}},
 				Target: &libvirtxml.DomainChannelTarget{VirtIO: &libvirtxml.DomainChannelTargetVirtIO{Name: AgentChannel}},
 			}},
-			RNGs: []libvirtxml.DomainRNG{{Model: "virtio",
+			RNGs: []libvirtxml.DomainRNG{{Model: "virtio", Address: slots.at(slots.rng),
 				Backend: &libvirtxml.DomainRNGBackend{Random: &libvirtxml.DomainRNGBackendRandom{Device: "/dev/urandom"}}}},
 			Panics: []libvirtxml.DomainPanic{{Model: "isa"}},
 		},
+	}
+	if slots.serial != 0 {
+		// The agent channel's controller, made explicit to give it its slot.
+		d.Devices.Controllers = append(d.Devices.Controllers, libvirtxml.DomainController{Type: "virtio-serial", Index: uintp(0), Address: slots.at(slots.serial)})
 	}
 	cpu, err := domainCPU(s.CPU)
 	if err != nil {
@@ -138,12 +141,12 @@ func domainXML(in domainInput) (string, error) {
 	if w := s.Watchdog; w != nil {
 		// The action's names are libvirt's ("dump" keeps the guest's memory
 		// in libvirtd's auto-dump directory and lets the VM run on).
-		d.Devices.Watchdogs = []libvirtxml.DomainWatchdog{{Model: w.Model, Action: w.Action}}
+		d.Devices.Watchdogs = []libvirtxml.DomainWatchdog{{Model: w.Model, Action: w.Action, Address: slots.at(slots.watchdog)}}
 	}
-	if err := addDisks(d, in); err != nil {
+	if err := addDisks(d, in, slots); err != nil {
 		return "", err
 	}
-	for _, fs := range s.Filesystems {
+	for i, fs := range s.Filesystems {
 		f := libvirtxml.DomainFilesystem{
 			AccessMode: fs.AccessMode,
 			Source:     &libvirtxml.DomainFilesystemSource{Mount: &libvirtxml.DomainFilesystemSourceMount{Dir: fs.Source}},
@@ -152,6 +155,7 @@ func domainXML(in domainInput) (string, error) {
 		if fs.ReadOnly {
 			f.ReadOnly = &libvirtxml.DomainFilesystemReadOnly{}
 		}
+		f.Address = slots.at(nth(slots.filesystems, i))
 		d.Devices.Filesystems = append(d.Devices.Filesystems, f)
 	}
 	for i, nic := range s.NICs {
@@ -159,6 +163,7 @@ func domainXML(in domainInput) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("VM %s: %w", s.Name, err)
 		}
+		iface.Address = slots.at(nth(slots.nics, i))
 		d.Devices.Interfaces = append(d.Devices.Interfaces, iface)
 	}
 	return d.Marshal()
@@ -230,7 +235,7 @@ func domainCPU(c ports.CPUSpec) (*libvirtxml.DomainCPU, error) {
 
 // addDisks adds the VM's disks with stable guest device names: sdX on the
 // virtio-scsi controller, vdX for virtio-blk, hdX for IDE.
-func addDisks(d *libvirtxml.Domain, in domainInput) error {
+func addDisks(d *libvirtxml.Domain, in domainInput, slots pciSlots) error {
 	next := map[string]int{}
 	devName := func(prefix string) string {
 		n := next[prefix]
@@ -240,7 +245,7 @@ func addDisks(d *libvirtxml.Domain, in domainInput) error {
 	scsiUnit := uint(0)
 	haveSCSI := false
 	boot := uint(1)
-	for _, disk := range in.Spec.Disks {
+	for i, disk := range in.Spec.Disks {
 		dd := libvirtxml.DomainDisk{Device: string(disk.Device), Serial: disk.Serial}
 		if dd.Device == "" {
 			dd.Device = string(ports.DeviceDisk)
@@ -304,6 +309,7 @@ func addDisks(d *libvirtxml.Domain, in domainInput) error {
 				Controller: uintp(0), Bus: uintp(0), Target: uintp(0), Unit: &unit}}
 		case ports.BusVirtio:
 			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("vd"), Bus: "virtio"}
+			dd.Address = slots.at(slots.disks[i])
 		case ports.BusIDE:
 			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("hd"), Bus: "ide"}
 		case ports.BusSATA:
@@ -321,12 +327,85 @@ func addDisks(d *libvirtxml.Domain, in domainInput) error {
 		d.Devices.Disks = append(d.Devices.Disks, dd)
 	}
 	if haveSCSI {
-		d.Devices.Controllers = append(d.Devices.Controllers, libvirtxml.DomainController{Type: "scsi", Index: uintp(0), Model: "virtio-scsi"})
+		d.Devices.Controllers = append(d.Devices.Controllers, libvirtxml.DomainController{Type: "scsi", Index: uintp(0), Model: "virtio-scsi",
+			Address: slots.at(slots.scsi)})
 	}
 	return nil
 }
 
 func uintp(v uint) *uint { return &v }
+
+// pciSlots are the slots of a VM's PCI devices on a pc machine's pci.0,
+// given in the order libvirt itself gives them, so that a cold VM keeps
+// the layout it always had: 9p shares, NICs, the virtio-scsi controller,
+// the virtio-serial controller (the agent's channel), virtio disks, the
+// balloon, the RNG, the watchdog (slot 1 is the PIIX3, 2 the VGA). They
+// are explicit because a pool domain, launched before the pod's NICs and
+// disks exist, must leave their slots free: the guest of a pooled VM then
+// sees every device where a cold start puts it. Slot 0 means libvirt's
+// choice.
+type pciSlots struct {
+	video, scsi, serial, balloon, rng, watchdog uint
+	filesystems, nics                           []uint
+	disks                                       map[int]uint // virtio disks, by index in the spec
+}
+
+// lastPCISlot is pci.0's last slot; libvirt puts what does not fit
+// behind a PCI bridge.
+const lastPCISlot = 31
+
+// layoutPCI lays out a VM's PCI devices; none on machines other than pc
+// (q35 gives each device a root port of libvirt's choice) or when they
+// do not fit on pci.0.
+func layoutPCI(s ports.VMSpec) pciSlots {
+	if m := machineOrDefault(s.Machine); m != "pc" && !strings.HasPrefix(m, "pc-i440fx-") {
+		return pciSlots{}
+	}
+	next := uint(3)
+	take := func() uint {
+		next++
+		return next - 1
+	}
+	p := pciSlots{video: 2, disks: map[int]uint{}}
+	for range s.Filesystems {
+		p.filesystems = append(p.filesystems, take())
+	}
+	for range s.NICs {
+		p.nics = append(p.nics, take())
+	}
+	if slices.ContainsFunc(s.Disks, func(d ports.Disk) bool { return d.Bus == ports.BusSCSI }) {
+		p.scsi = take()
+	}
+	p.serial = take()
+	for i, d := range s.Disks {
+		if d.Bus == ports.BusVirtio {
+			p.disks[i] = take()
+		}
+	}
+	p.balloon, p.rng = take(), take()
+	if s.Watchdog != nil && s.Watchdog.Model == "i6300esb" {
+		p.watchdog = take()
+	}
+	if next-1 > lastPCISlot {
+		return pciSlots{}
+	}
+	return p
+}
+
+// at is a slot's address on pci.0 (nil for libvirt's choice).
+func (p pciSlots) at(slot uint) *libvirtxml.DomainAddress {
+	if slot == 0 {
+		return nil
+	}
+	return &libvirtxml.DomainAddress{PCI: &libvirtxml.DomainAddressPCI{Domain: uintp(0), Bus: uintp(0), Slot: uintp(slot), Function: uintp(0)}}
+}
+
+func nth(slots []uint, i int) uint {
+	if i < len(slots) {
+		return slots[i]
+	}
+	return 0
+}
 
 // networkSource is a network disk (Ceph RBD) whose key the domain finds in
 // the libvirt secret secretUUID.
