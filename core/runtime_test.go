@@ -272,8 +272,13 @@ func TestVMLifecycle(t *testing.T) {
 	}
 	if spec.VCPUs != 2 || spec.MemoryBytes != 256<<20 || spec.Disks[0].Bus != ports.BusVirtio ||
 		spec.Disks[0].Overlay == nil || spec.Disks[0].Overlay.SizeBytes != 1<<30 || spec.PodName != "cirros-vm" ||
-		!strings.HasPrefix(spec.Name, "virtlet-"+id[:12]) || spec.UUID == "" {
+		!strings.HasPrefix(spec.Name, "virtlet-"+id[:12]) || spec.UUID != "" {
 		t.Fatalf("spec %+v", spec)
+	}
+	// Without VirtletSystemUUID the hypervisor picks the UUID; the core
+	// records it.
+	if st, _ := e.hv.Status(ctx, id); c.Spec.UUID == "" || c.Spec.UUID != st.UUID {
+		t.Fatalf("the container's UUID %q, the hypervisor's %q", c.Spec.UUID, st.UUID)
 	}
 	att := e.net.Active[sb]
 	if len(spec.NICs) != 1 || spec.NICs[0] != (ports.NIC{Name: "eth0", MAC: att.Interfaces[0].MAC, MTU: 1500, Bridge: att.Interfaces[0].Bridge}) {

@@ -12,11 +12,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/sirupsen/logrus"
 	"libvirt.org/go/libvirt"
 
@@ -740,8 +740,8 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	if err := validID(spec.ID); err != nil {
 		return err
 	}
-	if spec.VCPUs < 1 || spec.MemoryBytes <= 0 || spec.UUID == "" {
-		return fmt.Errorf("VM %s: needs vCPUs, memory and a UUID: %w", spec.Name, ports.ErrInvalidArgument)
+	if spec.VCPUs < 1 || spec.MemoryBytes <= 0 {
+		return fmt.Errorf("VM %s: needs vCPUs and memory: %w", spec.Name, ports.ErrInvalidArgument)
 	}
 	conn, err := h.connection()
 	if err != nil {
@@ -749,7 +749,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	}
 	h.mu.Lock()
 	if r, ok := h.records[spec.ID]; ok {
-		same := reflect.DeepEqual(r.Spec, spec.WithoutSecrets())
+		same := r.definedFrom(spec)
 		h.mu.Unlock()
 		if same {
 			return nil
@@ -789,6 +789,13 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	}
 	log := h.log.WithFields(logrus.Fields{"vm": spec.Name, "pod": spec.PodNamespace + "/" + spec.PodName})
 	r := &record{Spec: spec.WithoutSecrets(), DiskPaths: map[string]string{}, ConsoleLog: filepath.Join(vmDir, spec.ID+".console"), State: ports.VMDefined}
+	if spec.UUID == "" {
+		// The pod asks for no UUID: one derived from the VM's ID, stable
+		// for its life.
+		r.Asked = &vmIdentity{Name: spec.Name, RunAs: spec.RunAs}
+		spec.UUID = uuid.NewSHA1(vmUUIDSpace, []byte(spec.ID)).String()
+		r.Spec.UUID = spec.UUID
+	}
 	var made []string
 	undo := func() {
 		removeFiles(made...)
@@ -1286,6 +1293,10 @@ func (h *Hypervisor) WriteFiles(ctx context.Context, id string, files []ports.Gu
 		Info("files written into the root file system")
 	return nil
 }
+
+// vmUUIDSpace derives the UUIDs of VMs whose pods ask for none from their
+// IDs (the core did, before the hypervisor chose).
+var vmUUIDSpace = uuid.MustParse("a3f0c1de-5b2c-4e1f-9d53-6c1b7e3d9a10")
 
 // injectDir, below the state directory, holds WriteFiles' work.
 const injectDir = "inject"

@@ -3,6 +3,7 @@ package hypervisor
 import (
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/virtlet/virtlet/ports"
 )
@@ -33,5 +34,20 @@ func TestSpecCrossesThePluginBoundary(t *testing.T) {
 	}
 	if got := specFromProto(specToProto(spec)); !reflect.DeepEqual(got, spec) {
 		t.Errorf("after the plugin boundary:\n%+v\nwant\n%+v", got, spec)
+	}
+}
+
+func TestStatusCrossesThePluginBoundary(t *testing.T) {
+	st := ports.VMStatus{ID: "id", State: ports.VMStopped, StartedAt: time.Unix(10, 20).UTC(), FinishedAt: time.Unix(30, 40).UTC(),
+		ExitCode: 137, Reason: "Killed", Message: "forced off", Name: "virtlet-pool-ab12cd-3", UUID: "4a9c4d3e-0b1f-4a57-9e3c-6f7f2f6f1c2d",
+		Prelaunched: true}
+	v := reflect.ValueOf(st)
+	for i := 0; i < v.NumField(); i++ {
+		if v.Field(i).IsZero() {
+			t.Fatalf("the fixture leaves VMStatus.%s empty: set it, so that its conversion is checked", v.Type().Field(i).Name)
+		}
+	}
+	if got := statusFromProto(statusToProto(st)); !reflect.DeepEqual(got, st) {
+		t.Errorf("after the plugin boundary:\n%+v\nwant\n%+v", got, st)
 	}
 }
