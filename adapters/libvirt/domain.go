@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"cmp"
 	"encoding/xml"
 	"fmt"
 	"net"
@@ -48,21 +49,53 @@ type domainInput struct {
 	Secrets map[string]string
 	// HostCPUs are the host's online CPUs, for pinning (Spec.CPUSet).
 	HostCPUs []int
+	// Pool, when set, renders the pool domain of the spec's shape, paused
+	// until a VM of that shape claims it: it has its root disk, but the
+	// devices a pod brings (other disks, NICs) are left out and their PCI
+	// slots free, a SCSI CD-ROM is an empty tray; the metadata marks it as
+	// the pool's.
+	Pool *poolMetadata
 }
 
 // domainXML renders the libvirt domain of a VM. It is deterministic, so
 // golden files can hold it.
 func domainXML(in domainInput) (string, error) {
-	s := in.Spec
-	if !strings.HasPrefix(s.Name, NamePrefix) {
-		return "", &ports.InvalidError{Field: "VM name", Value: s.Name, Allowed: "a name starting with " + NamePrefix}
-	}
-	meta, err := xml.Marshal(vmMetadata{ID: s.ID, Sandbox: s.SandboxID, Pod: s.PodNamespace + "/" + s.PodName, CreatedBy: "virtlet"})
+	d, err := buildDomain(in)
 	if err != nil {
 		return "", err
 	}
-	metaXML := strings.Replace(string(meta), "<vm ", fmt.Sprintf(`<%s:vm xmlns:%s="%s" `, metadataKey, metadataKey, MetadataNS), 1)
-	metaXML = strings.Replace(metaXML, "></vm>", "/>", 1)
+	return d.Marshal()
+}
+
+// metadataXML is a domain's <virtlet:…> element: the VM's, or the pool's
+// for a pool domain.
+func metadataXML(in domainInput) (string, error) {
+	s := in.Spec
+	var v interface{} = vmMetadata{ID: s.ID, Sandbox: s.SandboxID, Pod: s.PodNamespace + "/" + s.PodName, CreatedBy: "virtlet"}
+	if in.Pool != nil {
+		v = in.Pool
+	}
+	raw, err := xml.Marshal(v)
+	if err != nil {
+		return "", err
+	}
+	// <vm id=…></vm> → <virtlet:vm xmlns:virtlet="…" id=…/>
+	name := strings.TrimPrefix(strings.Fields(string(raw))[0], "<")
+	out := strings.Replace(string(raw), "<"+name+" ", fmt.Sprintf(`<%s:%s xmlns:%s="%s" `, metadataKey, name, metadataKey, MetadataNS), 1)
+	return strings.Replace(out, "></"+name+">", "/>", 1), nil
+}
+
+// buildDomain builds the libvirt domain of a VM (or, with in.Pool, of
+// the pool domain of its shape).
+func buildDomain(in domainInput) (*libvirtxml.Domain, error) {
+	s := in.Spec
+	if !strings.HasPrefix(s.Name, NamePrefix) {
+		return nil, &ports.InvalidError{Field: "VM name", Value: s.Name, Allowed: "a name starting with " + NamePrefix}
+	}
+	metaXML, err := metadataXML(in)
+	if err != nil {
+		return nil, err
+	}
 	slots := layoutPCI(s)
 
 	zero := uint(0)
@@ -122,7 +155,7 @@ func domainXML(in domainInput) (string, error) {
 	}
 	cpu, err := domainCPU(s.CPU)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	d.CPU = cpu
 	if s.MaxMemoryBytes > s.MemoryBytes {
@@ -144,7 +177,7 @@ func domainXML(in domainInput) (string, error) {
 		d.Devices.Watchdogs = []libvirtxml.DomainWatchdog{{Model: w.Model, Action: w.Action, Address: slots.at(slots.watchdog)}}
 	}
 	if err := addDisks(d, in, slots); err != nil {
-		return "", err
+		return nil, err
 	}
 	for i, fs := range s.Filesystems {
 		f := libvirtxml.DomainFilesystem{
@@ -159,14 +192,17 @@ func domainXML(in domainInput) (string, error) {
 		d.Devices.Filesystems = append(d.Devices.Filesystems, f)
 	}
 	for i, nic := range s.NICs {
+		if in.Pool != nil {
+			break // plugged in when a VM claims the pool domain
+		}
 		iface, err := domainInterface(i, nic)
 		if err != nil {
-			return "", fmt.Errorf("VM %s: %w", s.Name, err)
+			return nil, fmt.Errorf("VM %s: %w", s.Name, err)
 		}
 		iface.Address = slots.at(nth(slots.nics, i))
 		d.Devices.Interfaces = append(d.Devices.Interfaces, iface)
 	}
-	return d.Marshal()
+	return d, nil
 }
 
 // domainInterface is a virtio NIC on the pod's host bridge: libvirt makes
@@ -234,7 +270,8 @@ func domainCPU(c ports.CPUSpec) (*libvirtxml.DomainCPU, error) {
 }
 
 // addDisks adds the VM's disks with stable guest device names: sdX on the
-// virtio-scsi controller, vdX for virtio-blk, hdX for IDE.
+// virtio-scsi controller, vdX for virtio-blk, hdX for IDE. A pool domain
+// (in.Pool) gets its root disk and a SCSI CD-ROM, as an empty tray.
 func addDisks(d *libvirtxml.Domain, in domainInput, slots pciSlots) error {
 	next := map[string]int{}
 	devName := func(prefix string) string {
@@ -249,6 +286,37 @@ func addDisks(d *libvirtxml.Domain, in domainInput, slots pciSlots) error {
 		dd := libvirtxml.DomainDisk{Device: string(disk.Device), Serial: disk.Serial}
 		if dd.Device == "" {
 			dd.Device = string(ports.DeviceDisk)
+		}
+		switch disk.Bus {
+		case ports.BusSCSI:
+			haveSCSI = true
+			unit := scsiUnit
+			scsiUnit++
+			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("sd"), Bus: "scsi"}
+			dd.Address = &libvirtxml.DomainAddress{Drive: &libvirtxml.DomainAddressDrive{
+				Controller: uintp(0), Bus: uintp(0), Target: uintp(0), Unit: &unit}}
+		case ports.BusVirtio:
+			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("vd"), Bus: "virtio"}
+			dd.Address = slots.at(slots.disks[i])
+		case ports.BusIDE:
+			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("hd"), Bus: "ide"}
+		case ports.BusSATA:
+			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("sd"), Bus: "sata"}
+		default:
+			return &ports.InvalidError{Field: "disk " + disk.Name + " bus", Value: string(disk.Bus), Allowed: "scsi, virtio, ide or sata"}
+		}
+		if disk.ReadOnly || disk.Device == ports.DeviceCDROM {
+			dd.ReadOnly = &libvirtxml.DomainDiskReadOnly{}
+		}
+		if in.Pool != nil && disk.Overlay == nil {
+			// The pool domain has its root disk (an overlay of the
+			// shape's image); a VM claiming it plugs its other disks in
+			// and its medium into the CD-ROM's tray.
+			if disk.Device == ports.DeviceCDROM && disk.Bus == ports.BusSCSI {
+				dd.Driver = &libvirtxml.DomainDiskDriver{Name: "qemu", Type: cmp.Or(disk.Source.Format, "raw")}
+				d.Devices.Disks = append(d.Devices.Disks, dd)
+			}
+			continue
 		}
 		format := disk.Source.Format
 		switch disk.Source.Type {
@@ -299,27 +367,6 @@ func addDisks(d *libvirtxml.Domain, in domainInput, slots pciSlots) error {
 				Type: "storage", Offset: uint(disk.Source.Offset), Size: uint(disk.Source.Size)}}}
 		}
 		dd.Driver = &libvirtxml.DomainDiskDriver{Name: "qemu", Type: format}
-		switch disk.Bus {
-		case ports.BusSCSI:
-			haveSCSI = true
-			unit := scsiUnit
-			scsiUnit++
-			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("sd"), Bus: "scsi"}
-			dd.Address = &libvirtxml.DomainAddress{Drive: &libvirtxml.DomainAddressDrive{
-				Controller: uintp(0), Bus: uintp(0), Target: uintp(0), Unit: &unit}}
-		case ports.BusVirtio:
-			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("vd"), Bus: "virtio"}
-			dd.Address = slots.at(slots.disks[i])
-		case ports.BusIDE:
-			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("hd"), Bus: "ide"}
-		case ports.BusSATA:
-			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("sd"), Bus: "sata"}
-		default:
-			return &ports.InvalidError{Field: "disk " + disk.Name + " bus", Value: string(disk.Bus), Allowed: "scsi, virtio, ide or sata"}
-		}
-		if disk.ReadOnly || disk.Device == ports.DeviceCDROM {
-			dd.ReadOnly = &libvirtxml.DomainDiskReadOnly{}
-		}
 		if disk.Boot {
 			dd.Boot = &libvirtxml.DomainDeviceBoot{Order: boot}
 			boot++

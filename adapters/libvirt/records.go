@@ -43,9 +43,17 @@ type record struct {
 	ConsoleInode  uint64 `json:"consoleInode,omitempty"`
 
 	// Asked is what the VM's spec asked for when the record's spec names
-	// the domain otherwise: a spec without a UUID gets one derived from
-	// the VM's ID.
+	// the domain otherwise: a VM claimed from the pool runs in the pool
+	// domain, under its name, UUID and user; a spec without a UUID gets
+	// one derived from the VM's ID.
 	Asked *vmIdentity `json:"asked,omitempty"`
+	// Claim is the VM's claim of a pool domain: claiming while it is
+	// being plugged in (a crash then destroys the domain), claimed once
+	// it is the VM's.
+	Claim claimState `json:"claim,omitempty"`
+	// Prelaunched: the claimed domain is still paused before its first
+	// instruction; Start resumes it.
+	Prelaunched bool `json:"prelaunched,omitempty"`
 
 	// runs counts the VM's ends seen by this process: a console stream
 	// opened during one run is closed when that run ends, not a later one.
@@ -58,7 +66,7 @@ type record struct {
 
 func (r *record) status() ports.VMStatus {
 	return ports.VMStatus{ID: r.Spec.ID, State: r.State, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
-		ExitCode: r.ExitCode, Reason: r.Reason, Message: r.Message, Name: r.Spec.Name, UUID: r.Spec.UUID}
+		ExitCode: r.ExitCode, Reason: r.Reason, Message: r.Message, Name: r.Spec.Name, UUID: r.Spec.UUID, Prelaunched: r.Prelaunched}
 }
 
 // vmIdentity is what names a VM's domain and runs its QEMU.
@@ -67,6 +75,13 @@ type vmIdentity struct {
 	UUID  string                 `json:"uuid,omitempty"`
 	RunAs *ports.ProcessIdentity `json:"runAs,omitempty"`
 }
+
+type claimState string
+
+const (
+	claiming claimState = "claiming"
+	claimed  claimState = "claimed"
+)
 
 // definedFrom reports whether spec is the one the record was defined
 // from: the same spec, but for the identity the plugin gave the VM.
@@ -78,7 +93,7 @@ func (r *record) definedFrom(spec ports.VMSpec) bool {
 		}
 		spec.Name, spec.UUID, spec.RunAs = r.Spec.Name, r.Spec.UUID, r.Spec.RunAs
 	}
-	return reflect.DeepEqual(r.Spec, spec)
+	return r.Claim != claiming && reflect.DeepEqual(r.Spec, spec)
 }
 
 var idRE = regexp.MustCompile(`^[0-9a-f]{8,64}$`)
