@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,10 +59,43 @@ func Virsh(args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), err
 }
 
-// DomainsUsing lists the domains whose definition mentions path (the test's
-// own directory): the only ones a test may inspect or clean up on a
-// libvirtd shared with others.
+// DomainsUsing lists the VMs' domains whose definition mentions path (the
+// test's own directory): the only ones a test may inspect or clean up on a
+// libvirtd shared with others. The libvirt plugin's pool domains no VM has
+// claimed are left out (PoolDomainsUsing lists them).
 func DomainsUsing(path string) []string {
+	pool := PoolDomainsUsing(path)
+	var out []string
+	for _, name := range domainsUsing(path) {
+		if !slices.Contains(pool, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// PoolDomainsUsing lists the pool domains (launched paused, transient,
+// named virtlet-pool-…) no VM has claimed, whose definition mentions path.
+func PoolDomainsUsing(path string) []string {
+	names, err := Virsh("list", "--all", "--name", "--transient")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, name := range strings.Fields(names) {
+		if !strings.HasPrefix(name, "virtlet-pool-") {
+			continue
+		}
+		if xml, err := Virsh("dumpxml", name); err == nil && strings.Contains(xml, path) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// domainsUsing lists every domain of Virtlet's whose definition mentions
+// path, pool domains among them.
+func domainsUsing(path string) []string {
 	names, err := Virsh("list", "--all", "--name")
 	if err != nil {
 		return nil
@@ -96,7 +130,7 @@ func VMDir(t testing.TB) string {
 
 // CleanupDomains removes the domains a test left behind.
 func CleanupDomains(t testing.TB, path string) {
-	for _, name := range DomainsUsing(path) {
+	for _, name := range domainsUsing(path) {
 		t.Logf("removing leftover domain %s", name)
 		Virsh("destroy", name)
 		Virsh("undefine", "--nvram", name)
