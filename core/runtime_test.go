@@ -779,6 +779,64 @@ func TestVanishedVMIsLost(t *testing.T) {
 	}
 }
 
+// slowList is a hypervisor whose List answers with what it had when
+// asked, once released: a reconciliation's list that a creation overtakes.
+type slowList struct {
+	*fakehypervisor.Hypervisor
+	listed, release chan struct{}
+}
+
+func (h *slowList) List(ctx context.Context) ([]ports.VMStatus, error) {
+	vms, err := h.Hypervisor.List(ctx)
+	select {
+	case h.listed <- struct{}{}:
+		<-h.release
+	default: // a later list: at once
+	}
+	return vms, err
+}
+
+// The daemon serves CRI while it reconciles: a VM created after the
+// reconciliation listed the VMs is not taken for one that vanished.
+func TestCreationDuringResyncIsNotLost(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.runPod(t, "p", nil)
+	img := e.pull(t)
+	e.cancel()
+	hv := &slowList{Hypervisor: e.hv, listed: make(chan struct{}), release: make(chan struct{})}
+	rt, err := core.New(core.Deps{
+		Hypervisor: hv, ImageSources: map[string]ports.ImageSource{"https": e.images},
+		ImageFiles: e.files, Store: e.store, Network: e.net,
+		Datasources: map[string]ports.Datasource{"nocloud": e.nc, "configdrive": e.cd},
+		Kube:        e.kube, Files: e.vfiles, VolumeDirs: e.vdirs, Observer: e.obs,
+		Volumes: map[string]ports.Volumes{ports.VolumeShare: e.vols, ports.VolumeBlock: e.vols, "qcow2": e.vols},
+	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go rt.Run(runCtx)
+	<-hv.listed // the reconciliation has its list, without the VM to come
+	id, err := rt.CreateContainer(ctx, sb, vmContainer(img))
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(hv.release)
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	if err := rt.WaitSynced(wctx); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := rt.ContainerStatus(ctx, id); c.State != core.ContainerCreated {
+		t.Fatalf("a VM created during the reconciliation: %+v", c)
+	}
+}
+
 func TestStatus(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
