@@ -830,8 +830,12 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	default:
 		if d := pool.take(shape); d == nil {
 			log.WithField("shape", shape.Key).Info("cold start: no pool domain of the VM's shape is ready")
-		} else if h.claim(conn, d, spec, r, accel, log) {
-			return nil
+		} else {
+			claimed := h.claim(conn, d, spec, r, accel, log)
+			pool.claimEnded(d)
+			if claimed {
+				return nil
+			}
 		}
 	}
 	var made []string

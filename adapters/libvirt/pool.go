@@ -115,7 +115,8 @@ type pool struct {
 	mu         sync.Mutex
 	ready      []*poolDomain
 	launching  *poolDomain
-	shapes     []poolShape // most recently used first, at most size
+	claiming   map[string]bool // domains take handed out, until their claims end
+	shapes     []poolShape     // most recently used first, at most size
 	quietUntil time.Time
 	backoff    time.Duration
 	retryAt    time.Time
@@ -139,7 +140,7 @@ func newPool(cfg PoolConfig, stateDir string) (*pool, error) {
 	}
 	sum := sha256.Sum256([]byte(stateDir))
 	return &pool{size: cfg.Size, firstUID: f, uids: l - f + 1, owner: hex.EncodeToString(sum[:])[:8],
-		dir: filepath.Join(stateDir, "pool"), kick: make(chan struct{}, 1)}, nil
+		dir: filepath.Join(stateDir, "pool"), kick: make(chan struct{}, 1), claiming: map[string]bool{}}, nil
 }
 
 // poolable says whether a VM can be claimed from a pool domain and of
@@ -256,10 +257,24 @@ func (p *pool) take(shape poolShape) *poolDomain {
 	if i := slices.IndexFunc(p.ready, func(d *poolDomain) bool { return d.shape == shape.Key }); i >= 0 {
 		got = p.ready[i]
 		p.ready = slices.Delete(p.ready, i, i+1)
+		p.claiming[got.uuid] = true
 		p.quietUntil = time.Now().Add(poolClaimWait)
 	}
 	p.poke()
 	return got
+}
+
+// dropShapeLocked forgets a shape (its image is gone).
+func (p *pool) dropShapeLocked(key string) {
+	p.shapes = slices.DeleteFunc(p.shapes, func(s poolShape) bool { return s.Key == key })
+	p.saveShapesLocked()
+}
+
+// claimEnded ends the claim of a domain take handed out.
+func (p *pool) claimEnded(d *poolDomain) {
+	p.mu.Lock()
+	delete(p.claiming, d.uuid)
+	p.mu.Unlock()
 }
 
 // resumed lets the refills go on shortly after a claimed VM resumed.
@@ -365,7 +380,9 @@ func (h *Hypervisor) poolStep(p *pool) time.Duration {
 		p.mu.Unlock()
 		return time.Hour
 	}
-	d := &poolDomain{shape: shape.Key, uid: p.freeUIDLocked(used)}
+	d := &poolDomain{shape: shape.Key, uid: p.freeUIDLocked(used), uuid: uuid.NewString()}
+	d.name = poolPrefix + p.owner + "-" + d.uuid[:8]
+	d.console, d.root = p.files(d.name)
 	tmpl := shape.Spec
 	p.launching = d
 	p.mu.Unlock()
@@ -373,6 +390,11 @@ func (h *Hypervisor) poolStep(p *pool) time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.launching = nil
+	if errors.Is(err, ports.ErrNotFound) { // its image is gone (removed)
+		p.dropShapeLocked(d.shape)
+		h.log.WithError(err).WithField("shape", d.shape).Info("pool: shape dropped: its image is gone")
+		return 0
+	}
 	if err != nil {
 		p.backoff = min(max(2*p.backoff, time.Second), time.Minute)
 		p.retryAt = time.Now().Add(p.backoff)
@@ -427,9 +449,6 @@ func (h *Hypervisor) launch(conn *libvirt.Connect, p *pool, d *poolDomain, tmpl 
 	if err != nil {
 		return err
 	}
-	d.uuid = uuid.NewString()
-	d.name = poolPrefix + p.owner + "-" + d.uuid[:8]
-	d.console, d.root = p.files(d.name)
 	start := time.Now()
 	if _, err := createOverlay(context.Background(), d.root, *tmpl.Disks[0].Overlay, tmpl.Disks[0].Name); err != nil {
 		return err
@@ -479,8 +498,11 @@ func (h *Hypervisor) destroyPoolDomain(conn *libvirt.Connect, domUUID, why strin
 	}
 }
 
-// checkReady drops ready pool domains that are gone or no longer paused
-// (their QEMU died, someone resumed them).
+// checkReady drops ready pool domains that are gone, no longer paused
+// (their QEMU died, someone resumed them) or whose image is gone (they
+// would keep its file allocated), and destroys strays: this plugin's pool
+// domains it does not hold (a launch that ended after the plugin that
+// asked for it gave up on it).
 func (h *Hypervisor) checkReady(p *pool) {
 	conn, err := h.connection()
 	if err != nil {
@@ -488,16 +510,62 @@ func (h *Hypervisor) checkReady(p *pool) {
 	}
 	p.mu.Lock()
 	ready := slices.Clone(p.ready)
+	bases := map[string]string{}
+	for _, s := range p.shapes {
+		bases[s.Key] = s.Spec.Disks[0].Overlay.BasePath
+	}
 	p.mu.Unlock()
 	for _, d := range ready {
-		if pristine(conn, d.uuid) {
+		why := ""
+		if !pristine(conn, d.uuid) {
+			why = "no longer paused"
+		} else if _, err := os.Stat(bases[d.shape]); bases[d.shape] != "" && err != nil {
+			why = "its image is gone"
+		}
+		if why == "" {
 			continue
 		}
 		p.mu.Lock()
 		p.ready = slices.DeleteFunc(p.ready, func(x *poolDomain) bool { return x == d })
+		if why == "its image is gone" {
+			p.dropShapeLocked(d.shape)
+		}
 		p.mu.Unlock()
-		h.destroyPoolDomain(conn, d.uuid, "no longer paused", d.console, d.root)
+		h.destroyPoolDomain(conn, d.uuid, why, d.console, d.root)
 		p.poke()
+	}
+	h.destroyStrays(conn, p)
+}
+
+// destroyStrays destroys this plugin's pool domains that it neither holds
+// ready, nor launches, nor hands to a claim, nor does a VM's record claim.
+func (h *Hypervisor) destroyStrays(conn *libvirt.Connect, p *pool) {
+	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_TRANSIENT)
+	if err != nil {
+		return
+	}
+	claimedBy := map[string]bool{}
+	h.mu.Lock()
+	for _, r := range h.records {
+		claimedBy[strings.ToLower(r.Spec.UUID)] = true
+	}
+	h.mu.Unlock()
+	prefix := poolPrefix + p.owner + "-"
+	for i := range doms {
+		name, _ := doms[i].GetName()
+		u, _ := doms[i].GetUUIDString()
+		doms[i].Free()
+		if !strings.HasPrefix(name, prefix) || u == "" || claimedBy[strings.ToLower(u)] {
+			continue
+		}
+		p.mu.Lock()
+		held := p.claiming[u] || (p.launching != nil && p.launching.uuid == u) ||
+			slices.ContainsFunc(p.ready, func(d *poolDomain) bool { return d.uuid == u })
+		p.mu.Unlock()
+		if !held {
+			console, root := p.files(name)
+			h.destroyPoolDomain(conn, u, "a stray: no launch of this plugin holds it", console, root)
+		}
 	}
 }
 
