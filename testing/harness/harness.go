@@ -197,6 +197,12 @@ func NewDaemon(t testing.TB, bin string, plugins []Plugin) *Daemon {
 		}
 	}
 	t.Cleanup(d.Kill)
+	t.Cleanup(func() {
+		if log := d.Log(); strings.Contains(log, "pool of pre-launched domains on") {
+			t.Logf("libvirt plugin's pool: %d VMs claimed pool domains, %d started cold", strings.Count(log, "VM claimed a pool domain"),
+				strings.Count(log, "cold start: "))
+		}
+	})
 	return d
 }
 
