@@ -1,9 +1,6 @@
 package libvirt
 
 import (
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -238,22 +235,7 @@ func TestPoolDomainGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden := filepath.Join("testdata", "pool-domain.xml")
-	if *update {
-		os.WriteFile(golden, []byte(got+"\n"), 0o644)
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if strings.TrimSpace(string(want)) != strings.TrimSpace(got) {
-		t.Fatalf("pool domain XML differs from %s (run with -update and review the diff):\n%s", golden, got)
-	}
-	if validate, _ := exec.LookPath("virt-xml-validate"); validate != "" {
-		if out, err := exec.Command(validate, golden, "domain").CombinedOutput(); err != nil {
-			t.Fatalf("libvirt's schema refuses %s: %v\n%s", golden, err, out)
-		}
-	}
+	checkGolden(t, "pool-domain", got)
 }
 
 // Define is idempotent for the spec the VM was defined from, whatever

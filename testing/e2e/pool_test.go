@@ -14,11 +14,16 @@ import (
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
-// pooledDaemon starts a daemon whose libvirt plugin keeps a pool of size
-// pre-launched domains, with these extra plugins.
-func pooledDaemon(t *testing.T, size int, extra ...harness.Plugin) (*harness.Daemon, *harness.Crictl) {
+// poolPlugins are the shipped plugins (loop devices allowed) with a pool
+// of size pre-launched domains, and extra ones.
+func poolPlugins(size int, extra ...harness.Plugin) []harness.Plugin {
+	return append(harness.WithConfig(volumePlugins(), "libvirt", harness.PoolConfig(fmt.Sprint(size))), extra...)
+}
+
+// pooledDaemon starts a daemon with these plugins and pulls the tiny
+// guest.
+func pooledDaemon(t *testing.T, ps []harness.Plugin) (*harness.Daemon, *harness.Crictl) {
 	t.Helper()
-	ps := append(harness.WithConfig(volumePlugins(), "libvirt", harness.PoolConfig(fmt.Sprint(size))), extra...)
 	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), ps)
 	d.Translate("test-images.yaml", translation)
 	d.Start()
@@ -77,7 +82,7 @@ sed -n 's/^ *\([^ ]*\):.* \([^ ]*\)$/irq \1 \2/p' /proc/interrupts`
 // that reboots keeps its devices.
 func TestPooledVMSeesTheSameHardware(t *testing.T) {
 	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 47})
-	d, c := pooledDaemon(t, 1, tn.Plugin(bins))
+	d, c := pooledDaemon(t, poolPlugins(1, tn.Plugin(bins)))
 	for _, tc := range []struct {
 		name string
 		ann  map[string]string
@@ -172,7 +177,7 @@ func poolLog(d *harness.Daemon) string {
 // domains go.
 func TestPoolSurvivesCrashes(t *testing.T) {
 	const size = 2
-	d, c := pooledDaemon(t, size)
+	d, c := pooledDaemon(t, poolPlugins(size))
 	pods := 0
 	run := func(t *testing.T) (sb, ctr string) {
 		t.Helper()
@@ -288,19 +293,14 @@ func TestPoolClaimCrashes(t *testing.T) {
 	for _, fp := range []string{"claim-recorded", "claim-plugged", "claim-defined"} {
 		t.Run(fp, func(t *testing.T) {
 			fired := filepath.Join(t.TempDir(), "failpoint-fired")
-			ps := harness.WithConfig(volumePlugins(), "libvirt", harness.PoolConfig("1"))
+			ps := poolPlugins(1)
 			for i := range ps {
 				if ps[i].Name == "libvirt" {
 					ps[i].Binary = filepath.Join(bins, "virtlet-plugin-libvirt-failpoints")
 					ps[i].Args = []string{fmt.Sprintf("%q", "--failpoint="+fp), fmt.Sprintf("%q", "--failpoint-once="+fired)}
 				}
 			}
-			d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), ps)
-			d.Translate("test-images.yaml", translation)
-			d.Start()
-			c := d.Crictl(crictl)
-			c.Timeout = 3 * time.Minute
-			c.Must(t, "pull", tinyRef)
+			d, c := pooledDaemon(t, ps)
 			warmPod, warmCtr := vmPod(t, d, "warm", nil, 128<<20)
 			warm := c.Must(t, "runp", warmPod)
 			c.Must(t, "create", warm, warmCtr, warmPod) // cold: the pool learns the shape
@@ -365,8 +365,5 @@ func syscallKill(pid int) error {
 // withMounts gives a container's config these mounts.
 func withMounts(t *testing.T, d *harness.Daemon, ctrJSON string, mounts []map[string]interface{}) string {
 	t.Helper()
-	var ctr map[string]interface{}
-	readJSONFile(t, ctrJSON, &ctr)
-	ctr["mounts"] = mounts
-	return harness.WriteJSON(t, d.Dir, strings.TrimSuffix(filepath.Base(ctrJSON), ".json")+"-mounts.json", ctr)
+	return withCtrField(t, d, ctrJSON, "mounts", mounts, "-mounts")
 }

@@ -66,7 +66,7 @@ func Virsh(args ...string) (string, error) {
 func DomainsUsing(path string) []string {
 	pool := PoolDomainsUsing(path)
 	var out []string
-	for _, name := range domainsUsing(path) {
+	for _, name := range domainsUsing(path, "virtlet-", "--all") {
 		if !slices.Contains(pool, name) {
 			out = append(out, name)
 		}
@@ -77,32 +77,19 @@ func DomainsUsing(path string) []string {
 // PoolDomainsUsing lists the pool domains (launched paused, transient,
 // named virtlet-pool-…) no VM has claimed, whose definition mentions path.
 func PoolDomainsUsing(path string) []string {
-	names, err := Virsh("list", "--all", "--name", "--transient")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, name := range strings.Fields(names) {
-		if !strings.HasPrefix(name, "virtlet-pool-") {
-			continue
-		}
-		if xml, err := Virsh("dumpxml", name); err == nil && strings.Contains(xml, path) {
-			out = append(out, name)
-		}
-	}
-	return out
+	return domainsUsing(path, "virtlet-pool-", "--all", "--transient")
 }
 
-// domainsUsing lists every domain of Virtlet's whose definition mentions
-// path, pool domains among them.
-func domainsUsing(path string) []string {
-	names, err := Virsh("list", "--all", "--name")
+// domainsUsing lists the domains virsh list lists with these flags whose
+// name has prefix and whose definition mentions path.
+func domainsUsing(path, prefix string, flags ...string) []string {
+	names, err := Virsh(append([]string{"list", "--name"}, flags...)...)
 	if err != nil {
 		return nil
 	}
 	var out []string
 	for _, name := range strings.Fields(names) {
-		if !strings.HasPrefix(name, "virtlet-") {
+		if !strings.HasPrefix(name, prefix) {
 			continue
 		}
 		if xml, err := Virsh("dumpxml", name); err == nil && strings.Contains(xml, path) {
@@ -130,7 +117,7 @@ func VMDir(t testing.TB) string {
 
 // CleanupDomains removes the domains a test left behind.
 func CleanupDomains(t testing.TB, path string) {
-	for _, name := range domainsUsing(path) {
+	for _, name := range domainsUsing(path, "virtlet-", "--all") { // pool domains too
 		t.Logf("removing leftover domain %s", name)
 		Virsh("destroy", name)
 		Virsh("undefine", "--nvram", name)
