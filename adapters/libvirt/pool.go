@@ -614,7 +614,11 @@ func (h *Hypervisor) sweepPool() {
 			continue
 		}
 		console, root := p.files(name)
+		p.mu.Lock()
+		inProgress := p.claiming[u] // a claim of this process (a reconnection's sweep)
+		p.mu.Unlock()
 		switch claim, known := claims[strings.ToLower(u)]; {
+		case inProgress:
 		case known && claim == claiming:
 			h.destroyPoolDomain(conn, u, "its claim was interrupted") // its files are its VM's record's
 		case known:
