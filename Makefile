@@ -101,7 +101,8 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'KubeApply' -benchtime 1x -timeout 30m ./testing/bench/
 	@echo "targets: PluginRoundTrip p50 overhead above bare gRPC on the same connection (grpc-floor-*, no Virtlet code) <= 10 %;"
 	@echo "         List*500 server p99 <= 2000 µs (e2e-* adds the client's own decoding);"
-	@echo "         P1 boot overhead ratio <= 1.10 (virtlet's own steps are run+create; libvirt's domain start is in start);"
+	@echo "         P1 (its table): RunPodSandbox -> first console line through the daemon, claimed from the libvirt plugin's pool, <= 1.5 x bare QEMU; StartContainer <= 50 ms;"
+	@echo "         the cold path (no pool) and the memory of a paused pool domain beside them"
 	@echo "         P1PoolPrimitives: libvirt alone, cold define+start vs hot-plug into a pre-launched paused domain + resume, vs bare QEMU (the pool design's evidence)"
 	@echo "         P6 256 MiB pull / curl -o ratio <= 1.1; P2 second root disk <= 50 ms and <= 1 MiB written;"
 	@echo "         PodNetwork20: pod network setup (RunPodSandbox) and teardown (StopPodSandbox), p50 over 20 pods"

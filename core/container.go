@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/sirupsen/logrus"
 
 	"github.com/virtlet/virtlet/core/annotations"
@@ -56,9 +55,6 @@ type EnvVar struct {
 	Name  string
 	Value string
 }
-
-// vmUUIDSpace derives stable VM UUIDs from container IDs.
-var vmUUIDSpace = uuid.MustParse("a3f0c1de-5b2c-4e1f-9d53-6c1b7e3d9a10")
 
 // CreateContainer defines the VM of a VM pod. A VM pod has exactly one
 // container; kubelet may create it again (a new attempt) once the previous
@@ -207,9 +203,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	}
 	defer releaseUser()
 	spec.RunAs = runAs
-	if spec.UUID == "" {
-		spec.UUID = uuid.NewSHA1(vmUUIDSpace, []byte(id)).String()
-	} else if other := r.uuidUser(spec.UUID); other != nil {
+	if other := r.uuidUser(spec.UUID); spec.UUID != "" && other != nil {
 		return "", fmt.Errorf("pod %s: annotation %s: UUID %s is used by the VM of pod %s/%s; SMBIOS UUIDs must be unique on a node: %w",
 			pod, annotations.SystemUUID, spec.UUID, other.Spec.PodNamespace, other.Spec.PodName, ports.ErrFailedPrecondition)
 	}
@@ -272,7 +266,11 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	if err := r.deps.Hypervisor.Define(ctx, spec); err != nil {
 		return fail(fmt.Errorf("define VM %s: %w", spec.Name, err))
 	}
-	r.phaseDone(ports.PhaseDefine, start)
+	vm, err := r.definedAs(ctx, &spec)
+	if err != nil {
+		return fail(err)
+	}
+	r.phaseDone(pathPhase(vm.Prelaunched, ports.PhaseDefine, ports.PhaseClaim), start)
 	r.failpoint(FPCreateDefined)
 	if len(rootFiles) > 0 {
 		start = time.Now()
@@ -281,17 +279,40 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 				annotations.FilesFromDataSource, opts.FilesFromDataSource, err))
 		}
 		r.phaseDone(ports.PhaseWriteFiles, start)
+		// Writing a pre-launched VM's root disk ends its paused process.
+		if vm, err = r.definedAs(ctx, &spec); err != nil {
+			return fail(err)
+		}
 	}
 	created := *c
 	created.Spec = spec.WithoutSecrets()
 	created.State = ContainerCreated
+	created.Prelaunched = vm.Prelaunched
 	if err := r.commit(ctx, write{container: &created}); err != nil {
 		r.undoCreate(ctx, c, log)
 		return "", err
 	}
 	log.WithFields(logrus.Fields{"vcpus": spec.VCPUs, "memory": spec.MemoryBytes, "image": img.ID, "volumes": len(plan.uses),
-		"presets": strings.Join(applied.Presets, ",")}).Info("VM defined")
+		"presets": strings.Join(applied.Presets, ","), "domain": spec.Name, "prelaunched": vm.Prelaunched}).Info("VM defined")
 	return id, nil
+}
+
+// definedAs asks the hypervisor how it defined a VM and takes the name
+// and UUID it gave the VM into the spec: a VM claimed from a pool of
+// pre-launched VMs keeps the pool's, and a spec without a UUID gets the
+// hypervisor's.
+func (r *Runtime) definedAs(ctx context.Context, spec *ports.VMSpec) (ports.VMStatus, error) {
+	vm, err := r.deps.Hypervisor.Status(ctx, spec.ID)
+	if err != nil {
+		return ports.VMStatus{}, fmt.Errorf("VM %s after its definition: %w", spec.Name, err)
+	}
+	if vm.Name != "" {
+		spec.Name = vm.Name
+	}
+	if vm.UUID != "" {
+		spec.UUID = vm.UUID
+	}
+	return vm, nil
 }
 
 // maxDisksPerBus bounds a VM's disks: the guest names them sda…sdz or
@@ -436,15 +457,17 @@ func (r *Runtime) StartContainer(ctx context.Context, id string) error {
 	if err := r.deps.Hypervisor.Start(ctx, c.ID); err != nil {
 		return fmt.Errorf("start VM %s: %w", c.Spec.Name, err)
 	}
-	r.phaseDone(ports.PhaseStart, start)
+	r.phaseDone(pathPhase(c.Prelaunched, ports.PhaseStart, ports.PhaseResume), start)
 	r.failpoint(FPStartStarted)
 	running := *c
 	running.State = ContainerRunning
 	running.StartedAt = r.opts.Now()
+	running.Prelaunched = false
 	if err := r.commit(ctx, write{container: &running}); err != nil {
 		return err
 	}
-	r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name}).Info("VM started")
+	r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name, "resumed": c.Prelaunched,
+		"millis": time.Since(start).Milliseconds()}).Info("VM started")
 	return nil
 }
 

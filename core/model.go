@@ -99,6 +99,9 @@ type Container struct {
 	Spec    ports.VMSpec `json:"spec"`
 	// Datasource is the plugin holding the VM's cloud-init media.
 	Datasource string `json:"datasource,omitempty"`
+	// Prelaunched: the hypervisor claimed the VM from its pool of
+	// pre-launched VMs and its first start resumes it (until then).
+	Prelaunched bool `json:"prelaunched,omitempty"`
 
 	State      ContainerState `json:"state"`
 	Revision   uint64         `json:"-"` // see Sandbox.Revision

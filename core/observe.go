@@ -20,6 +20,15 @@ func (r *Runtime) phaseDone(p ports.VMPhase, start time.Time) {
 	}
 }
 
+// pathPhase names a step by the path the VM took: cold, or claimed from
+// the hypervisor's pool of pre-launched VMs (prelaunched).
+func pathPhase(prelaunched bool, cold, pooled ports.VMPhase) ports.VMPhase {
+	if prelaunched {
+		return pooled
+	}
+	return cold
+}
+
 // pulled reports a pull's outcome.
 func (r *Runtime) pulled(p ports.ImagePull) {
 	if o := r.deps.Observer; o != nil {

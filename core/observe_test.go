@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/core/annotations"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -67,6 +69,61 @@ func TestObserverHearsPhasesAndPulls(t *testing.T) {
 	c := e.rt.Counts()
 	if c.Sandboxes[core.SandboxReady] != 1 || c.Containers[core.ContainerRunning] != 1 || len(c.Sandboxes) != 1 || len(c.Containers) != 1 {
 		t.Errorf("counts %+v, want one ready sandbox and one running container", c)
+	}
+}
+
+// A VM the hypervisor claims from its pool of pre-launched VMs keeps the
+// pool's name and UUID, and its phases say so: claim in place of define,
+// resume in place of start; a VM whose root disk gets files loses its
+// paused process and starts cold.
+func TestPooledVMsReportTheirPath(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		pool   bool
+		ann    map[string]string
+		phases []ports.VMPhase
+		pooled bool // named and identified by the pool
+	}{
+		{"cold", false, nil,
+			[]ports.VMPhase{ports.PhaseNetwork, ports.PhaseVolumes, ports.PhaseCloudInit, ports.PhaseDefine, ports.PhaseStart}, false},
+		{"pooled", true, nil,
+			[]ports.VMPhase{ports.PhaseNetwork, ports.PhaseVolumes, ports.PhaseCloudInit, ports.PhaseClaim, ports.PhaseResume}, true},
+		{"pooled, files written", true, map[string]string{annotations.FilesFromDataSource: "configmap/files"},
+			[]ports.VMPhase{ports.PhaseNetwork, ports.PhaseVolumes, ports.PhaseCloudInit, ports.PhaseClaim, ports.PhaseWriteFiles, ports.PhaseStart}, true},
+		// The fake, like the libvirt plugin, sends a VM whose pod asks for
+		// a UUID to a cold start.
+		{"pooled, own UUID", true, map[string]string{annotations.SystemUUID: "4a9c4d3e-0b1f-4a57-9e3c-6f7f2f6f1c2d"},
+			[]ports.VMPhase{ports.PhaseNetwork, ports.PhaseVolumes, ports.PhaseCloudInit, ports.PhaseDefine, ports.PhaseStart}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			ctx := context.Background()
+			e.hv.Pool = tc.pool
+			e.kube.ConfigMaps["default/files"] = map[string][]byte{"motd": []byte("aGk="), "motd_path": []byte("/etc/motd")}
+			sb := e.runPod(t, "p", tc.ann)
+			id := e.createVM(t, sb)
+			c, err := e.rt.ContainerStatus(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, _ := e.hv.Status(ctx, id)
+			spec, _ := e.hv.Spec(id)
+			if tc.pooled != strings.HasPrefix(c.Spec.Name, "virtlet-pool-") || (tc.pooled && c.Spec.Name != st.Name) {
+				t.Errorf("container's VM %q, the hypervisor's %q, defined as %q", c.Spec.Name, st.Name, spec.Name)
+			}
+			if c.Spec.UUID == "" || (st.UUID != "" && c.Spec.UUID != st.UUID) {
+				t.Errorf("container's UUID %q, the hypervisor's %q", c.Spec.UUID, st.UUID)
+			}
+			if err := e.rt.StartContainer(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			if c, _ := e.rt.ContainerStatus(ctx, id); c.Prelaunched {
+				t.Error("a started VM is still prelaunched")
+			}
+			if phases, _ := e.obs.snapshot(); !slices.Equal(phases, tc.phases) {
+				t.Errorf("phases %v, want %v", phases, tc.phases)
+			}
+		})
 	}
 }
 

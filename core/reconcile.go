@@ -82,6 +82,15 @@ func (r *Runtime) resync(ctx context.Context) error {
 			}
 		}
 	}
+	// The records as they were before the list: a record that changes
+	// after it (a creation that was in flight) is newer than the list
+	// and is not judged by it (CRI calls are served meanwhile).
+	r.mu.RLock()
+	revisions := make(map[string]uint64, len(r.containers))
+	for id, c := range r.containers {
+		revisions[id] = c.Revision
+	}
+	r.mu.RUnlock()
 	vms, err := r.deps.Hypervisor.List(ctx)
 	if err != nil {
 		return fmt.Errorf("list VMs: %w", err)
@@ -90,14 +99,8 @@ func (r *Runtime) resync(ctx context.Context) error {
 	for _, vm := range vms {
 		byID[vm.ID] = vm
 	}
-	r.mu.RLock()
-	ids := make([]string, 0, len(r.containers))
-	for id := range r.containers {
-		ids = append(ids, id)
-	}
-	r.mu.RUnlock()
-	for _, id := range ids {
-		if err := r.resyncContainer(ctx, id, byID); err != nil {
+	for id, rev := range revisions {
+		if err := r.resyncContainer(ctx, id, rev, byID); err != nil {
 			return err
 		}
 	}
@@ -142,7 +145,7 @@ func (r *Runtime) dropPendingSandbox(ctx context.Context, id string) error {
 	return r.commit(ctx, write{sandboxID: id})
 }
 
-func (r *Runtime) resyncContainer(ctx context.Context, id string, vms map[string]ports.VMStatus) error {
+func (r *Runtime) resyncContainer(ctx context.Context, id string, listedAt uint64, vms map[string]ports.VMStatus) error {
 	c, ok := r.container(id)
 	if !ok {
 		return nil
@@ -152,8 +155,8 @@ func (r *Runtime) resyncContainer(ctx context.Context, id string, vms map[string
 		return err
 	}
 	defer unlock()
-	if c, ok = r.container(id); !ok {
-		return nil
+	if c, ok = r.container(id); !ok || c.Revision != listedAt {
+		return nil // gone, or changed since the list
 	}
 	log := r.log.WithFields(logrus.Fields{"container": short(id), "vm": c.Spec.Name})
 	switch c.State {

@@ -272,8 +272,13 @@ func TestVMLifecycle(t *testing.T) {
 	}
 	if spec.VCPUs != 2 || spec.MemoryBytes != 256<<20 || spec.Disks[0].Bus != ports.BusVirtio ||
 		spec.Disks[0].Overlay == nil || spec.Disks[0].Overlay.SizeBytes != 1<<30 || spec.PodName != "cirros-vm" ||
-		!strings.HasPrefix(spec.Name, "virtlet-"+id[:12]) || spec.UUID == "" {
+		!strings.HasPrefix(spec.Name, "virtlet-"+id[:12]) || spec.UUID != "" {
 		t.Fatalf("spec %+v", spec)
+	}
+	// Without VirtletSystemUUID the hypervisor picks the UUID; the core
+	// records it.
+	if st, _ := e.hv.Status(ctx, id); c.Spec.UUID == "" || c.Spec.UUID != st.UUID {
+		t.Fatalf("the container's UUID %q, the hypervisor's %q", c.Spec.UUID, st.UUID)
 	}
 	att := e.net.Active[sb]
 	if len(spec.NICs) != 1 || spec.NICs[0] != (ports.NIC{Name: "eth0", MAC: att.Interfaces[0].MAC, MTU: 1500, Bridge: att.Interfaces[0].Bridge}) {
@@ -771,6 +776,64 @@ func TestVanishedVMIsLost(t *testing.T) {
 	c, _ := e.rt.ContainerStatus(ctx, id)
 	if c.State != core.ContainerExited || c.ExitCode != 255 || c.Reason != core.ReasonLost {
 		t.Fatalf("vanished VM: %+v", c)
+	}
+}
+
+// slowList is a hypervisor whose List answers with what it had when
+// asked, once released: a reconciliation's list that a creation overtakes.
+type slowList struct {
+	*fakehypervisor.Hypervisor
+	listed, release chan struct{}
+}
+
+func (h *slowList) List(ctx context.Context) ([]ports.VMStatus, error) {
+	vms, err := h.Hypervisor.List(ctx)
+	select {
+	case h.listed <- struct{}{}:
+		<-h.release
+	default: // a later list: at once
+	}
+	return vms, err
+}
+
+// The daemon serves CRI while it reconciles: a VM created after the
+// reconciliation listed the VMs is not taken for one that vanished.
+func TestCreationDuringResyncIsNotLost(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.runPod(t, "p", nil)
+	img := e.pull(t)
+	e.cancel()
+	hv := &slowList{Hypervisor: e.hv, listed: make(chan struct{}), release: make(chan struct{})}
+	rt, err := core.New(core.Deps{
+		Hypervisor: hv, ImageSources: map[string]ports.ImageSource{"https": e.images},
+		ImageFiles: e.files, Store: e.store, Network: e.net,
+		Datasources: map[string]ports.Datasource{"nocloud": e.nc, "configdrive": e.cd},
+		Kube:        e.kube, Files: e.vfiles, VolumeDirs: e.vdirs, Observer: e.obs,
+		Volumes: map[string]ports.Volumes{ports.VolumeShare: e.vols, ports.VolumeBlock: e.vols, "qcow2": e.vols},
+	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go rt.Run(runCtx)
+	<-hv.listed // the reconciliation has its list, without the VM to come
+	id, err := rt.CreateContainer(ctx, sb, vmContainer(img))
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(hv.release)
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	if err := rt.WaitSynced(wctx); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := rt.ContainerStatus(ctx, id); c.State != core.ContainerCreated {
+		t.Fatalf("a VM created during the reconciliation: %+v", c)
 	}
 }
 

@@ -104,13 +104,24 @@ type VMStatus struct {
 	ExitCode int32
 	Reason   string // short CamelCase reason, e.g. "Completed", "Crashed", "Destroyed"
 	Message  string // human readable detail
+
+	// Name and UUID are what the hypervisor knows the VM by, when they
+	// are not the spec's: a VM claimed from a pool of pre-launched VMs
+	// keeps the name and UUID the pool gave it (an empty spec UUID lets
+	// the hypervisor choose). Empty: as the spec says.
+	Name string
+	UUID string
+	// Prelaunched: the VM's process already runs, paused before the
+	// guest's first instruction (a VM claimed from the pool, its pod's
+	// devices plugged in), so that its next Start only resumes it.
+	Prelaunched bool
 }
 
 // VMSpec is a hypervisor-neutral description of one VM.
 type VMSpec struct {
 	ID           string // Virtlet's container ID: stable, unique
 	Name         string // human-friendly unique name (domain name)
-	UUID         string // VM UUID; also the SMBIOS system UUID
+	UUID         string // the UUID the pod asks for (VirtletSystemUUID), also the guest's SMBIOS UUID; empty: the hypervisor picks one (VMStatus.UUID)
 	SandboxID    string
 	PodName      string
 	PodNamespace string

@@ -25,10 +25,14 @@ const (
 	PhaseDefine     VMPhase = "define"      // CreateContainer: the VM defined by the hypervisor
 	PhaseWriteFiles VMPhase = "write_files" // CreateContainer: VirtletFilesFromDataSource written
 	PhaseStart      VMPhase = "start"       // StartContainer: the hypervisor started the VM
+	// A VM claimed from the hypervisor's pool of pre-launched VMs meets
+	// these in place of define and start.
+	PhaseClaim  VMPhase = "claim"  // CreateContainer: a pre-launched VM claimed, the pod's devices plugged in
+	PhaseResume VMPhase = "resume" // StartContainer: the claimed VM resumed
 )
 
 // VMPhases lists the phases in the order a VM pod meets them.
-var VMPhases = []VMPhase{PhaseNetwork, PhaseVolumes, PhaseCloudInit, PhaseDefine, PhaseWriteFiles, PhaseStart}
+var VMPhases = []VMPhase{PhaseNetwork, PhaseVolumes, PhaseCloudInit, PhaseDefine, PhaseClaim, PhaseWriteFiles, PhaseStart, PhaseResume}
 
 // ImagePull is one image pull's outcome. Concurrent pulls of one image
 // share a download and are reported once.

@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"cmp"
 	"encoding/xml"
 	"fmt"
 	"net"
@@ -48,21 +49,54 @@ type domainInput struct {
 	Secrets map[string]string
 	// HostCPUs are the host's online CPUs, for pinning (Spec.CPUSet).
 	HostCPUs []int
+	// Pool, when set, renders the pool domain of the spec's shape, paused
+	// until a VM of that shape claims it: it has its root disk, but the
+	// devices a pod brings (other disks, NICs) are left out and their PCI
+	// slots free, a SCSI CD-ROM is an empty tray; the metadata marks it as
+	// the pool's.
+	Pool *poolMetadata
 }
 
 // domainXML renders the libvirt domain of a VM. It is deterministic, so
 // golden files can hold it.
 func domainXML(in domainInput) (string, error) {
-	s := in.Spec
-	if !strings.HasPrefix(s.Name, NamePrefix) {
-		return "", &ports.InvalidError{Field: "VM name", Value: s.Name, Allowed: "a name starting with " + NamePrefix}
-	}
-	meta, err := xml.Marshal(vmMetadata{ID: s.ID, Sandbox: s.SandboxID, Pod: s.PodNamespace + "/" + s.PodName, CreatedBy: "virtlet"})
+	d, err := buildDomain(in)
 	if err != nil {
 		return "", err
 	}
-	metaXML := strings.Replace(string(meta), "<vm ", fmt.Sprintf(`<%s:vm xmlns:%s="%s" `, metadataKey, metadataKey, MetadataNS), 1)
-	metaXML = strings.Replace(metaXML, "></vm>", "/>", 1)
+	return d.Marshal()
+}
+
+// metadataXML is a domain's <virtlet:…> element: the VM's, or the pool's
+// for a pool domain.
+func metadataXML(in domainInput) (string, error) {
+	s := in.Spec
+	var v interface{} = vmMetadata{ID: s.ID, Sandbox: s.SandboxID, Pod: s.PodNamespace + "/" + s.PodName, CreatedBy: "virtlet"}
+	if in.Pool != nil {
+		v = in.Pool
+	}
+	raw, err := xml.Marshal(v)
+	if err != nil {
+		return "", err
+	}
+	// <vm id=…></vm> → <virtlet:vm xmlns:virtlet="…" id=…/>
+	name := strings.TrimPrefix(strings.Fields(string(raw))[0], "<")
+	out := strings.Replace(string(raw), "<"+name+" ", fmt.Sprintf(`<%s:%s xmlns:%s="%s" `, metadataKey, name, metadataKey, MetadataNS), 1)
+	return strings.Replace(out, "></"+name+">", "/>", 1), nil
+}
+
+// buildDomain builds the libvirt domain of a VM (or, with in.Pool, of
+// the pool domain of its shape).
+func buildDomain(in domainInput) (*libvirtxml.Domain, error) {
+	s := in.Spec
+	if !strings.HasPrefix(s.Name, NamePrefix) {
+		return nil, &ports.InvalidError{Field: "VM name", Value: s.Name, Allowed: "a name starting with " + NamePrefix}
+	}
+	metaXML, err := metadataXML(in)
+	if err != nil {
+		return nil, err
+	}
+	slots := layoutPCI(s)
 
 	zero := uint(0)
 	d := &libvirtxml.Domain{
@@ -75,9 +109,7 @@ func domainXML(in domainInput) (string, error) {
 			Entry: []libvirtxml.DomainSysInfoEntry{
 				{Name: "manufacturer", Value: "Virtlet"},
 				{Name: "product", Value: "VM pod"},
-				{Name: "serial", Value: s.ID},
 				{Name: "uuid", Value: s.UUID},
-				{Name: "family", Value: s.PodNamespace + "/" + s.PodName},
 			},
 		}}}},
 		OS: &libvirtxml.DomainOS{
@@ -103,9 +135,9 @@ func domainXML(in domainInput) (string, error) {
 				Port: -1, AutoPort: "yes",
 				Listeners: []libvirtxml.DomainGraphicListener{{Address: &libvirtxml.DomainGraphicListenerAddress{Address: "127.0.0.1"}}},
 			}}},
-			Videos: []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, Primary: "yes"}}},
+			Videos: []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, Primary: "yes"}, Address: slots.at(slots.video)}},
 			// The guest reports its memory use every few seconds (stats).
-			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "virtio", Stats: &libvirtxml.DomainMemBalloonStats{Period: balloonPeriod}},
+			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "virtio", Stats: &libvirtxml.DomainMemBalloonStats{Period: balloonPeriod}, Address: slots.at(slots.balloon)},
 			// The guest agent's channel: exec and exec probes go through
 			// it; libvirt picks the socket and reports whether the agent
 			// listens.
@@ -113,14 +145,18 @@ func domainXML(in domainInput) (string, error) {
 				Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind"}},
 				Target: &libvirtxml.DomainChannelTarget{VirtIO: &libvirtxml.DomainChannelTargetVirtIO{Name: AgentChannel}},
 			}},
-			RNGs: []libvirtxml.DomainRNG{{Model: "virtio",
+			RNGs: []libvirtxml.DomainRNG{{Model: "virtio", Address: slots.at(slots.rng),
 				Backend: &libvirtxml.DomainRNGBackend{Random: &libvirtxml.DomainRNGBackendRandom{Device: "/dev/urandom"}}}},
 			Panics: []libvirtxml.DomainPanic{{Model: "isa"}},
 		},
 	}
+	if slots.serial != 0 {
+		// The agent channel's controller, made explicit to give it its slot.
+		d.Devices.Controllers = append(d.Devices.Controllers, libvirtxml.DomainController{Type: "virtio-serial", Index: uintp(0), Address: slots.at(slots.serial)})
+	}
 	cpu, err := domainCPU(s.CPU)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	d.CPU = cpu
 	if s.MaxMemoryBytes > s.MemoryBytes {
@@ -142,12 +178,12 @@ func domainXML(in domainInput) (string, error) {
 	if w := s.Watchdog; w != nil {
 		// The action's names are libvirt's ("dump" keeps the guest's memory
 		// in libvirtd's auto-dump directory and lets the VM run on).
-		d.Devices.Watchdogs = []libvirtxml.DomainWatchdog{{Model: w.Model, Action: w.Action}}
+		d.Devices.Watchdogs = []libvirtxml.DomainWatchdog{{Model: w.Model, Action: w.Action, Address: slots.at(slots.watchdog)}}
 	}
-	if err := addDisks(d, in); err != nil {
-		return "", err
+	if err := addDisks(d, in, slots); err != nil {
+		return nil, err
 	}
-	for _, fs := range s.Filesystems {
+	for i, fs := range s.Filesystems {
 		f := libvirtxml.DomainFilesystem{
 			AccessMode: fs.AccessMode,
 			Source:     &libvirtxml.DomainFilesystemSource{Mount: &libvirtxml.DomainFilesystemSourceMount{Dir: fs.Source}},
@@ -156,16 +192,21 @@ func domainXML(in domainInput) (string, error) {
 		if fs.ReadOnly {
 			f.ReadOnly = &libvirtxml.DomainFilesystemReadOnly{}
 		}
+		f.Address = slots.at(nth(slots.filesystems, i))
 		d.Devices.Filesystems = append(d.Devices.Filesystems, f)
 	}
 	for i, nic := range s.NICs {
+		if in.Pool != nil {
+			break // plugged in when a VM claims the pool domain
+		}
 		iface, err := domainInterface(i, nic)
 		if err != nil {
-			return "", fmt.Errorf("VM %s: %w", s.Name, err)
+			return nil, fmt.Errorf("VM %s: %w", s.Name, err)
 		}
+		iface.Address = slots.at(nth(slots.nics, i))
 		d.Devices.Interfaces = append(d.Devices.Interfaces, iface)
 	}
-	return d.Marshal()
+	return d, nil
 }
 
 // domainInterface is a virtio NIC on the pod's host bridge: libvirt makes
@@ -233,8 +274,9 @@ func domainCPU(c ports.CPUSpec) (*libvirtxml.DomainCPU, error) {
 }
 
 // addDisks adds the VM's disks with stable guest device names: sdX on the
-// virtio-scsi controller, vdX for virtio-blk, hdX for IDE.
-func addDisks(d *libvirtxml.Domain, in domainInput) error {
+// virtio-scsi controller, vdX for virtio-blk, hdX for IDE. A pool domain
+// (in.Pool) gets its root disk and a SCSI CD-ROM, as an empty tray.
+func addDisks(d *libvirtxml.Domain, in domainInput, slots pciSlots) error {
 	next := map[string]int{}
 	devName := func(prefix string) string {
 		n := next[prefix]
@@ -244,10 +286,41 @@ func addDisks(d *libvirtxml.Domain, in domainInput) error {
 	scsiUnit := uint(0)
 	haveSCSI := false
 	boot := uint(1)
-	for _, disk := range in.Spec.Disks {
+	for i, disk := range in.Spec.Disks {
 		dd := libvirtxml.DomainDisk{Device: string(disk.Device), Serial: disk.Serial}
 		if dd.Device == "" {
 			dd.Device = string(ports.DeviceDisk)
+		}
+		switch disk.Bus {
+		case ports.BusSCSI:
+			haveSCSI = true
+			unit := scsiUnit
+			scsiUnit++
+			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("sd"), Bus: "scsi"}
+			dd.Address = &libvirtxml.DomainAddress{Drive: &libvirtxml.DomainAddressDrive{
+				Controller: uintp(0), Bus: uintp(0), Target: uintp(0), Unit: &unit}}
+		case ports.BusVirtio:
+			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("vd"), Bus: "virtio"}
+			dd.Address = slots.at(slots.disks[i])
+		case ports.BusIDE:
+			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("hd"), Bus: "ide"}
+		case ports.BusSATA:
+			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("sd"), Bus: "sata"}
+		default:
+			return &ports.InvalidError{Field: "disk " + disk.Name + " bus", Value: string(disk.Bus), Allowed: "scsi, virtio, ide or sata"}
+		}
+		if disk.ReadOnly || disk.Device == ports.DeviceCDROM {
+			dd.ReadOnly = &libvirtxml.DomainDiskReadOnly{}
+		}
+		if in.Pool != nil && disk.Overlay == nil {
+			// The pool domain has its root disk (an overlay of the
+			// shape's image); a VM claiming it plugs its other disks in
+			// and its medium into the CD-ROM's tray.
+			if disk.Device == ports.DeviceCDROM && disk.Bus == ports.BusSCSI {
+				dd.Driver = &libvirtxml.DomainDiskDriver{Name: "qemu", Type: cmp.Or(disk.Source.Format, "raw")}
+				d.Devices.Disks = append(d.Devices.Disks, dd)
+			}
+			continue
 		}
 		format := disk.Source.Format
 		switch disk.Source.Type {
@@ -298,26 +371,6 @@ func addDisks(d *libvirtxml.Domain, in domainInput) error {
 				Type: "storage", Offset: uint(disk.Source.Offset), Size: uint(disk.Source.Size)}}}
 		}
 		dd.Driver = &libvirtxml.DomainDiskDriver{Name: "qemu", Type: format}
-		switch disk.Bus {
-		case ports.BusSCSI:
-			haveSCSI = true
-			unit := scsiUnit
-			scsiUnit++
-			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("sd"), Bus: "scsi"}
-			dd.Address = &libvirtxml.DomainAddress{Drive: &libvirtxml.DomainAddressDrive{
-				Controller: uintp(0), Bus: uintp(0), Target: uintp(0), Unit: &unit}}
-		case ports.BusVirtio:
-			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("vd"), Bus: "virtio"}
-		case ports.BusIDE:
-			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("hd"), Bus: "ide"}
-		case ports.BusSATA:
-			dd.Target = &libvirtxml.DomainDiskTarget{Dev: devName("sd"), Bus: "sata"}
-		default:
-			return &ports.InvalidError{Field: "disk " + disk.Name + " bus", Value: string(disk.Bus), Allowed: "scsi, virtio, ide or sata"}
-		}
-		if disk.ReadOnly || disk.Device == ports.DeviceCDROM {
-			dd.ReadOnly = &libvirtxml.DomainDiskReadOnly{}
-		}
 		if disk.Boot {
 			dd.Boot = &libvirtxml.DomainDeviceBoot{Order: boot}
 			boot++
@@ -325,12 +378,85 @@ func addDisks(d *libvirtxml.Domain, in domainInput) error {
 		d.Devices.Disks = append(d.Devices.Disks, dd)
 	}
 	if haveSCSI {
-		d.Devices.Controllers = append(d.Devices.Controllers, libvirtxml.DomainController{Type: "scsi", Index: uintp(0), Model: "virtio-scsi"})
+		d.Devices.Controllers = append(d.Devices.Controllers, libvirtxml.DomainController{Type: "scsi", Index: uintp(0), Model: "virtio-scsi",
+			Address: slots.at(slots.scsi)})
 	}
 	return nil
 }
 
 func uintp(v uint) *uint { return &v }
+
+// pciSlots are the slots of a VM's PCI devices on a pc machine's pci.0,
+// given in the order libvirt itself gives them, so that a cold VM keeps
+// the layout it always had: 9p shares, NICs, the virtio-scsi controller,
+// the virtio-serial controller (the agent's channel), virtio disks, the
+// balloon, the RNG, the watchdog (slot 1 is the PIIX3, 2 the VGA). They
+// are explicit because a pool domain, launched before the pod's NICs and
+// disks exist, must leave their slots free: the guest of a pooled VM then
+// sees every device where a cold start puts it. Slot 0 means libvirt's
+// choice.
+type pciSlots struct {
+	video, scsi, serial, balloon, rng, watchdog uint
+	filesystems, nics                           []uint
+	disks                                       map[int]uint // virtio disks, by index in the spec
+}
+
+// lastPCISlot is pci.0's last slot; libvirt puts what does not fit
+// behind a PCI bridge.
+const lastPCISlot = 31
+
+// layoutPCI lays out a VM's PCI devices; none on machines other than pc
+// (q35 gives each device a root port of libvirt's choice) or when they
+// do not fit on pci.0.
+func layoutPCI(s ports.VMSpec) pciSlots {
+	if m := machineOrDefault(s.Machine); m != "pc" && !strings.HasPrefix(m, "pc-i440fx-") {
+		return pciSlots{}
+	}
+	next := uint(3)
+	take := func() uint {
+		next++
+		return next - 1
+	}
+	p := pciSlots{video: 2, disks: map[int]uint{}}
+	for range s.Filesystems {
+		p.filesystems = append(p.filesystems, take())
+	}
+	for range s.NICs {
+		p.nics = append(p.nics, take())
+	}
+	if slices.ContainsFunc(s.Disks, func(d ports.Disk) bool { return d.Bus == ports.BusSCSI }) {
+		p.scsi = take()
+	}
+	p.serial = take()
+	for i, d := range s.Disks {
+		if d.Bus == ports.BusVirtio {
+			p.disks[i] = take()
+		}
+	}
+	p.balloon, p.rng = take(), take()
+	if s.Watchdog != nil && s.Watchdog.Model == "i6300esb" {
+		p.watchdog = take()
+	}
+	if next-1 > lastPCISlot {
+		return pciSlots{}
+	}
+	return p
+}
+
+// at is a slot's address on pci.0 (nil for libvirt's choice).
+func (p pciSlots) at(slot uint) *libvirtxml.DomainAddress {
+	if slot == 0 {
+		return nil
+	}
+	return &libvirtxml.DomainAddress{PCI: &libvirtxml.DomainAddressPCI{Domain: uintp(0), Bus: uintp(0), Slot: uintp(slot), Function: uintp(0)}}
+}
+
+func nth(slots []uint, i int) uint {
+	if i < len(slots) {
+		return slots[i]
+	}
+	return 0
+}
 
 // networkSource is a network disk (Ceph RBD) whose key the domain finds in
 // the libvirt secret secretUUID.
@@ -389,14 +515,14 @@ func clockXML(c ports.ClockSpec) *libvirtxml.DomainClock {
 func topVCPUs(s ports.VMSpec) int { return max(s.VCPUs, s.MaxVCPUs) }
 
 // hotplugVCPUs lays out the vCPUs of a VM that can change them while it
-// runs (nil for one that cannot): the first MinVCPUs fixed, the rest up
-// to VCPUs present and hot-pluggable (so that they can be unplugged
-// again), the rest up to MaxVCPUs absent and hot-pluggable.
+// runs (MaxVCPUs set; nil for one that cannot): the first MinVCPUs fixed,
+// the rest up to VCPUs present and hot-pluggable (so that they can be
+// unplugged again), the rest up to MaxVCPUs absent and hot-pluggable.
 func hotplugVCPUs(s ports.VMSpec) *libvirtxml.DomainVCPUs {
-	top, fixed := topVCPUs(s), max(s.MinVCPUs, 1)
-	if top == s.VCPUs && fixed >= s.VCPUs {
+	if s.MaxVCPUs == 0 {
 		return nil
 	}
+	top, fixed := topVCPUs(s), max(s.MinVCPUs, 1)
 	v := &libvirtxml.DomainVCPUs{}
 	for i := 0; i < top; i++ {
 		id := uint(i)

@@ -12,12 +12,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/sirupsen/logrus"
 	"libvirt.org/go/libvirt"
 
@@ -46,6 +46,9 @@ type Config struct {
 	// directory and guest agent socket. A VM that runs as a user of its own
 	// must be able to pass through it; see searchableForVMUsers.
 	QEMUStateDir string `json:"qemuStateDir,omitempty"`
+	// Pool keeps domains launched paused ahead of the VMs that claim
+	// them (see PoolConfig); off unless pool.size is set.
+	Pool PoolConfig `json:"pool,omitempty"`
 }
 
 // Hypervisor is the libvirt hypervisor adapter.
@@ -82,6 +85,8 @@ type Hypervisor struct {
 
 	// machineTypes caches the machine types libvirt offers (guarded by mu).
 	machineTypes []string
+	// pool holds the pre-launched paused domains (nil: no pool).
+	pool *pool
 
 	events chan event
 	// resyncs asks the dispatcher to resynchronise: nil after lost events,
@@ -142,6 +147,12 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	if pc.StateDir == "" {
 		return fmt.Errorf("libvirt plugin needs a state directory: %w", ports.ErrInvalidArgument)
 	}
+	var p *pool
+	if cfg.Pool.Size != 0 {
+		if p, err = newPool(cfg.Pool, pc.StateDir); err != nil {
+			return err
+		}
+	}
 	vmDir := cfg.VMDir
 	if vmDir == "" {
 		vmDir = filepath.Join(pc.StateDir, "vms")
@@ -187,6 +198,11 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 		return err
 	}
 	h.resume()
+	if p != nil && h.pool == nil {
+		if err := h.startPool(p); err != nil {
+			return err
+		}
+	}
 	h.mu.Lock()
 	h.ready = true
 	h.mu.Unlock()
@@ -282,6 +298,7 @@ func (h *Hypervisor) onClose(_ *libvirt.Connect, reason libvirt.ConnectCloseReas
 				h.reconnecting = false
 				h.mu.Unlock()
 				h.resume()
+				h.sweepPool()
 				return
 			}
 		}
@@ -579,6 +596,9 @@ func (h *Hypervisor) resync() {
 	h.mu.Lock()
 	checks := make([]check, 0, len(h.records))
 	for _, r := range h.records {
+		if r.Prelaunched || r.Claim == claiming {
+			continue // its domain is paused before its first instruction: defined, not running
+		}
 		checks = append(checks, check{r, r.seq, r.State})
 	}
 	h.mu.Unlock()
@@ -741,8 +761,8 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	if err := validID(spec.ID); err != nil {
 		return err
 	}
-	if spec.VCPUs < 1 || spec.MemoryBytes <= 0 || spec.UUID == "" {
-		return fmt.Errorf("VM %s: needs vCPUs, memory and a UUID: %w", spec.Name, ports.ErrInvalidArgument)
+	if spec.VCPUs < 1 || spec.MemoryBytes <= 0 {
+		return fmt.Errorf("VM %s: needs vCPUs and memory: %w", spec.Name, ports.ErrInvalidArgument)
 	}
 	conn, err := h.connection()
 	if err != nil {
@@ -750,15 +770,20 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	}
 	h.mu.Lock()
 	if r, ok := h.records[spec.ID]; ok {
-		same := reflect.DeepEqual(r.Spec, spec.WithoutSecrets())
+		same := r.definedFrom(spec)
 		h.mu.Unlock()
 		if same {
 			return nil
 		}
 		return fmt.Errorf("VM %s is defined with another spec: %w", spec.ID, ports.ErrAlreadyExists)
 	}
-	vmDir, accel, stateDirs := h.vmDir, h.accel, h.cfg.QEMUStateDir
+	vmDir, accel, stateDirs, pool := h.vmDir, h.accel, h.cfg.QEMUStateDir, h.pool
 	h.mu.Unlock()
+	if pool != nil && spec.RunAs != nil && spec.RunAs.UID >= pool.firstUID && spec.RunAs.UID < pool.firstUID+pool.uids {
+		return fmt.Errorf("VM %s: %w", spec.Name, &ports.InvalidError{Field: "VM user", Value: strconv.Itoa(spec.RunAs.UID),
+			Reason:  "it is one of the users the libvirt plugin's pool domains run as (its config pool.users)",
+			Allowed: "daemon vmUsers and the libvirt plugin's pool.users that do not overlap"})
+	}
 	if spec.RunAs != nil {
 		// Both are a few stats when already done; a failure is not kept.
 		err := searchableForVMUsers(h.log, stateDirs)
@@ -789,7 +814,30 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 	log := h.log.WithFields(logrus.Fields{"vm": spec.Name, "pod": spec.PodNamespace + "/" + spec.PodName})
+	shape, coldWhy := poolable(spec, accel.DomainType)
 	r := &record{Spec: spec.WithoutSecrets(), DiskPaths: map[string]string{}, ConsoleLog: filepath.Join(vmDir, spec.ID+".console"), State: ports.VMDefined}
+	if spec.UUID == "" {
+		// The pod asks for no UUID: one derived from the VM's ID, stable
+		// for its life (a VM claimed from the pool gets the pool's).
+		r.Asked = &vmIdentity{Name: spec.Name, RunAs: spec.RunAs}
+		spec.UUID = uuid.NewSHA1(vmUUIDSpace, []byte(spec.ID)).String()
+		r.Spec.UUID = spec.UUID
+	}
+	switch {
+	case pool == nil:
+	case coldWhy != "":
+		log.WithField("why", coldWhy).Info("cold start: the VM cannot come from the pool")
+	default:
+		if d := pool.take(shape); d == nil {
+			log.WithField("shape", shape.Key).Info("cold start: no pool domain of the VM's shape is ready")
+		} else {
+			claimed := h.claim(conn, d, spec, r, accel, log)
+			pool.claimEnded(d)
+			if claimed {
+				return nil
+			}
+		}
+	}
 	var made []string
 	undo := func() {
 		removeFiles(made...)
@@ -865,10 +913,13 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 		return err
 	}
 	defer dom.Free()
-	if state, _, err := dom.GetState(); err == nil && state == libvirt.DOMAIN_RUNNING {
+	state, _, err := dom.GetState()
+	if err == nil && state == libvirt.DOMAIN_RUNNING {
 		return nil
 	}
+	begin := time.Now()
 	h.mu.Lock()
+	resume := r.Prelaunched && state == libvirt.DOMAIN_PAUSED
 	r.seq++
 	r.StartedAt, r.FinishedAt = time.Now().UTC(), time.Time{}
 	r.ExitCode, r.Reason, r.Message = 0, "", ""
@@ -880,7 +931,11 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 		h.startTailerLocked(r)
 	}
 	h.mu.Unlock()
-	if err := dom.Create(); err != nil {
+	start := dom.Create
+	if resume {
+		start = dom.Resume // a VM claimed from the pool: paused before its first instruction
+	}
+	if err := start(); err != nil {
 		h.mu.Lock()
 		if t := h.tailers[id]; t != nil {
 			delete(h.tailers, id)
@@ -892,11 +947,16 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	r.State = ports.VMRunning
+	r.Prelaunched = false
 	r.seq++
 	if err := h.saveRecord(r); err != nil {
 		return err
 	}
 	h.notifyLocked(r.status())
+	if resume {
+		h.pool.resumed()
+	}
+	h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "resumed": resume, "millis": time.Since(begin).Milliseconds()}).Info("VM started")
 	return nil
 }
 
@@ -1052,13 +1112,19 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	}
 	if dom != nil {
 		defer dom.Free()
+		persistent, err := dom.IsPersistent()
+		if err != nil {
+			return libvirtError("look up domain of VM "+id, err)
+		}
 		if state, _, err := dom.GetState(); err == nil && state != libvirt.DOMAIN_SHUTOFF {
 			if err := dom.Destroy(); err != nil {
 				return libvirtError("force off domain of VM "+id, err)
 			}
 		}
 		flags := libvirt.DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.DOMAIN_UNDEFINE_SNAPSHOTS_METADATA | libvirt.DOMAIN_UNDEFINE_NVRAM
-		if err := dom.UndefineFlags(flags); err != nil {
+		if !persistent {
+			// A pool domain whose claim was interrupted: gone once destroyed.
+		} else if err := dom.UndefineFlags(flags); err != nil {
 			return libvirtError("undefine domain of VM "+id, err)
 		}
 	}
@@ -1276,7 +1342,11 @@ func (h *Hypervisor) SetVCPUs(ctx context.Context, id string, n int) error {
 	defer dom.Free()
 	h.mu.Lock()
 	name, old, lo, hi := r.Spec.Name, r.Spec.VCPUs, max(r.Spec.MinVCPUs, 1), topVCPUs(r.Spec)
+	fixed := r.Spec.MaxVCPUs == 0
 	h.mu.Unlock()
+	if fixed {
+		lo, hi = old, old
+	}
 	if n < lo || n > hi {
 		return &ports.InvalidError{Field: "vCPUs", Value: strconv.Itoa(n),
 			Reason: fmt.Sprintf("outside what VM %s can be given while it runs", name), Allowed: fmt.Sprintf("%d to %d", lo, hi)}
@@ -1371,6 +1441,15 @@ func (h *Hypervisor) WriteFiles(ctx context.Context, id string, files []ports.Gu
 	case disk.Path == "":
 		return fmt.Errorf("VM %s has no boot disk on a file or block device to write files into: %w", r.Spec.Name, ports.ErrFailedPrecondition)
 	}
+	h.mu.Lock()
+	prelaunched := r.Prelaunched
+	h.mu.Unlock()
+	if prelaunched {
+		if err := h.endPrelaunch(r); err != nil {
+			return fmt.Errorf("VM %s: %w", r.Spec.Name, err)
+		}
+		h.log.WithField("vm", r.Spec.Name).Info("the paused process of the VM claimed from the pool is ended: files are written into its root disk, and it starts cold")
+	}
 	start := time.Now()
 	if err := diskfiles.Write(ctx, disk, files, filepath.Join(stateDir, injectDir, id)); err != nil {
 		return fmt.Errorf("VM %s: %w", r.Spec.Name, err)
@@ -1379,6 +1458,10 @@ func (h *Hypervisor) WriteFiles(ctx context.Context, id string, files []ports.Gu
 		Info("files written into the root file system")
 	return nil
 }
+
+// vmUUIDSpace derives the UUIDs of VMs whose pods ask for none from their
+// IDs (the core did, before the hypervisor chose).
+var vmUUIDSpace = uuid.MustParse("a3f0c1de-5b2c-4e1f-9d53-6c1b7e3d9a10")
 
 // injectDir, below the state directory, holds WriteFiles' work.
 const injectDir = "inject"
@@ -1410,7 +1493,16 @@ func (h *Hypervisor) close() {
 	h.conn, h.ready = nil, false
 	quit, dispatched := h.quit, h.dispatched
 	h.quit = nil
+	p := h.pool
 	h.mu.Unlock()
+	if p != nil && p.quit != nil {
+		select {
+		case <-p.quit:
+		default:
+			close(p.quit)
+		}
+		<-p.done
+	}
 	if conn != nil {
 		h.hangUp(conn, ids)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"time"
@@ -41,6 +42,19 @@ type record struct {
 	ConsoleOffset int64  `json:"consoleOffset,omitempty"`
 	ConsoleInode  uint64 `json:"consoleInode,omitempty"`
 
+	// Asked is what the VM's spec asked for when the record's spec names
+	// the domain otherwise: a VM claimed from the pool runs in the pool
+	// domain, under its name, UUID and user; a spec without a UUID gets
+	// one derived from the VM's ID.
+	Asked *vmIdentity `json:"asked,omitempty"`
+	// Claim is the VM's claim of a pool domain: claiming while it is
+	// being plugged in (a crash then destroys the domain), claimed once
+	// it is the VM's.
+	Claim claimState `json:"claim,omitempty"`
+	// Prelaunched: the claimed domain is still paused before its first
+	// instruction; Start resumes it.
+	Prelaunched bool `json:"prelaunched,omitempty"`
+
 	// runs counts the VM's ends seen by this process: a console stream
 	// opened during one run is closed when that run ends, not a later one.
 	runs uint64
@@ -52,7 +66,34 @@ type record struct {
 
 func (r *record) status() ports.VMStatus {
 	return ports.VMStatus{ID: r.Spec.ID, State: r.State, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
-		ExitCode: r.ExitCode, Reason: r.Reason, Message: r.Message}
+		ExitCode: r.ExitCode, Reason: r.Reason, Message: r.Message, Name: r.Spec.Name, UUID: r.Spec.UUID, Prelaunched: r.Prelaunched}
+}
+
+// vmIdentity is what names a VM's domain and runs its QEMU.
+type vmIdentity struct {
+	Name  string                 `json:"name"`
+	UUID  string                 `json:"uuid,omitempty"`
+	RunAs *ports.ProcessIdentity `json:"runAs,omitempty"`
+}
+
+type claimState string
+
+const (
+	claiming claimState = "claiming"
+	claimed  claimState = "claimed"
+)
+
+// definedFrom reports whether spec is the one the record was defined
+// from: the same spec, but for the identity the plugin gave the VM.
+func (r *record) definedFrom(spec ports.VMSpec) bool {
+	spec = spec.WithoutSecrets()
+	if a := r.Asked; a != nil {
+		if !reflect.DeepEqual(*a, vmIdentity{Name: spec.Name, UUID: spec.UUID, RunAs: spec.RunAs}) {
+			return false
+		}
+		spec.Name, spec.UUID, spec.RunAs = r.Spec.Name, r.Spec.UUID, r.Spec.RunAs
+	}
+	return r.Claim != claiming && reflect.DeepEqual(r.Spec, spec)
 }
 
 var idRE = regexp.MustCompile(`^[0-9a-f]{8,64}$`)

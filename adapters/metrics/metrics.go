@@ -89,7 +89,7 @@ func New(opts Options) *Metrics {
 		}, []string{"kind"}),
 		phases: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: "vm", Name: "phase_duration_seconds",
-			Help:    "Steps of a VM pod's creation and start that succeeded, by phase (network, volumes, cloud_init, define, write_files, start).",
+			Help:    "Steps of a VM pod's creation and start that succeeded, by phase (network, volumes, cloud_init, define or claim, write_files, start or resume).",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
 		}, []string{"phase"}),
 		pullSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{

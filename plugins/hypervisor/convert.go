@@ -95,14 +95,14 @@ func cpuSettingFromProto(p *hypervisorv1.CPUSetting) *ports.CPUSetting {
 func statusToProto(s ports.VMStatus) *hypervisorv1.VMStatus {
 	return &hypervisorv1.VMStatus{
 		Id: s.ID, State: string(s.State), StartedAt: base.Nanos(s.StartedAt), FinishedAt: base.Nanos(s.FinishedAt),
-		ExitCode: s.ExitCode, Reason: s.Reason, Message: s.Message,
+		ExitCode: s.ExitCode, Reason: s.Reason, Message: s.Message, Name: s.Name, Uuid: s.UUID, Prelaunched: s.Prelaunched,
 	}
 }
 
 func statusFromProto(p *hypervisorv1.VMStatus) ports.VMStatus {
 	return ports.VMStatus{
 		ID: p.Id, State: ports.VMState(p.State), StartedAt: base.Time(p.StartedAt), FinishedAt: base.Time(p.FinishedAt),
-		ExitCode: p.ExitCode, Reason: p.Reason, Message: p.Message,
+		ExitCode: p.ExitCode, Reason: p.Reason, Message: p.Message, Name: p.Name, UUID: p.Uuid, Prelaunched: p.Prelaunched,
 	}
 }
 

@@ -3,6 +3,7 @@ package hypervisor
 import (
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/virtlet/virtlet/ports"
 )
@@ -25,13 +26,30 @@ func TestSpecCrossesThePluginBoundary(t *testing.T) {
 		ConsoleLogPath: "/var/log/pods/x/0.log",
 		RunAs:          &ports.ProcessIdentity{UID: 2000000000, GID: 2000000000},
 	}
-	v := reflect.ValueOf(spec)
-	for i := 0; i < v.NumField(); i++ {
-		if v.Field(i).IsZero() {
-			t.Fatalf("the fixture leaves VMSpec.%s empty: set it, so that its conversion is checked", v.Type().Field(i).Name)
-		}
-	}
+	everyFieldSet(t, spec)
 	if got := specFromProto(specToProto(spec)); !reflect.DeepEqual(got, spec) {
 		t.Errorf("after the plugin boundary:\n%+v\nwant\n%+v", got, spec)
+	}
+}
+
+func TestStatusCrossesThePluginBoundary(t *testing.T) {
+	st := ports.VMStatus{ID: "id", State: ports.VMStopped, StartedAt: time.Unix(10, 20).UTC(), FinishedAt: time.Unix(30, 40).UTC(),
+		ExitCode: 137, Reason: "Killed", Message: "forced off", Name: "virtlet-pool-ab12cd-3", UUID: "4a9c4d3e-0b1f-4a57-9e3c-6f7f2f6f1c2d",
+		Prelaunched: true}
+	everyFieldSet(t, st)
+	if got := statusFromProto(statusToProto(st)); !reflect.DeepEqual(got, st) {
+		t.Errorf("after the plugin boundary:\n%+v\nwant\n%+v", got, st)
+	}
+}
+
+// everyFieldSet fails the test when the fixture leaves a field of its
+// struct empty: a field the conversion forgets would go unnoticed.
+func everyFieldSet(t *testing.T, fixture interface{}) {
+	t.Helper()
+	v := reflect.ValueOf(fixture)
+	for i := 0; i < v.NumField(); i++ {
+		if v.Field(i).IsZero() {
+			t.Fatalf("the fixture leaves %s.%s empty: set it, so that its conversion is checked", v.Type().Name(), v.Type().Field(i).Name)
+		}
 	}
 }

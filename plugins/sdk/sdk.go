@@ -11,10 +11,15 @@ package sdk
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
+	"sync"
+	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
@@ -41,14 +46,44 @@ func newLogger() *logrus.Logger {
 	return l
 }
 
+// Shutdowner is an adapter with something to undo when its plugin stops
+// (the daemon stops it, or the plugin gets SIGTERM): Shutdown is called
+// then, with shutdownGrace to do it (the daemon kills a plugin that
+// takes longer). A plugin killed outright must recover at its next start.
+type Shutdowner interface {
+	Shutdown(ctx context.Context)
+}
+
+// shutdownGrace is what a Shutdowner gets: within the 2 s go-plugin's
+// client waits for a plugin to exit before killing it.
+const shutdownGrace = 1500 * time.Millisecond
+
 // Serve serves adapter as a plugin of the kind its PluginInfo names, and
-// never returns. It exits with a message on stderr if the adapter does not
-// implement that kind's port.
+// returns when the daemon stops it. It exits with a message on stderr if
+// the adapter does not implement that kind's port.
 func Serve(adapter ports.Describer) {
 	kind, register, err := Registration(adapter)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
+	}
+	if s, ok := adapter.(Shutdowner); ok {
+		var once sync.Once
+		shutdown := func() {
+			once.Do(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+				defer cancel()
+				s.Shutdown(ctx)
+			})
+		}
+		defer shutdown()
+		term := make(chan os.Signal, 1)
+		signal.Notify(term, syscall.SIGTERM)
+		go func() {
+			<-term
+			shutdown()
+			os.Exit(0)
+		}()
 	}
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig:  base.Handshake,

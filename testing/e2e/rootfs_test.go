@@ -104,10 +104,17 @@ echo "@@ROOTFS-REPORT-DONE"
 
 func withDevices(t *testing.T, d *harness.Daemon, ctrJSON string, devices []map[string]interface{}) string {
 	t.Helper()
+	return withCtrField(t, d, ctrJSON, "devices", devices, "-dev")
+}
+
+// withCtrField writes a container config like ctrJSON's with key set to v,
+// into a file named with suffix.
+func withCtrField(t *testing.T, d *harness.Daemon, ctrJSON, key string, v interface{}, suffix string) string {
+	t.Helper()
 	var ctr map[string]interface{}
 	readJSONFile(t, ctrJSON, &ctr)
-	ctr["devices"] = devices
-	return harness.WriteJSON(t, d.Dir, strings.TrimSuffix(filepath.Base(ctrJSON), ".json")+"-dev.json", ctr)
+	ctr[key] = v
+	return harness.WriteJSON(t, d.Dir, strings.TrimSuffix(filepath.Base(ctrJSON), ".json")+suffix+".json", ctr)
 }
 
 func readJSONFile(t *testing.T, p string, v interface{}) {

@@ -231,12 +231,20 @@ transports:
 		if !regexp.MustCompile(`<seclabel type='static' model='dac' relabel='yes'>`).MatchString(inactive) || !strings.Contains(inactive, want) {
 			t.Errorf("the defined domain asks for no static DAC label of QEMU's %s:\n%s", want, seclabels(inactive))
 		}
-		if n, _ := strconv.Atoi(uid[0]); n < 2000000000 || n > 2000065535 {
-			t.Errorf("QEMU runs as uid %d, not one of the VM users (2000000000-2000065535)", n)
+		// A VM claimed from the libvirt plugin's pool (VIRTLET_E2E_POOL)
+		// runs as the pool domain's user, of the pool's own range, and
+		// its root disk is the pool domain's overlay.
+		first, last := 2000000000, 2000065535
+		overlay := filepath.Join(d.StateDir, "plugins", "libvirt", "vms", ctr+"-root.qcow2")
+		if strings.HasPrefix(domain, "virtlet-pool-") {
+			first, last = 2000065536, 2000131071
+			overlay = filepath.Join(d.StateDir, "plugins", "libvirt", "pool", domain+"-root.qcow2")
+		}
+		if n, _ := strconv.Atoi(uid[0]); n < first || n > last {
+			t.Errorf("QEMU runs as uid %d, not one of the VM users (%d-%d)", n, first, last)
 		}
 		// Dynamic ownership: QEMU's user owns the root disk while the VM
 		// runs (libvirt gave it), root again once the VM is gone.
-		overlay := filepath.Join(d.StateDir, "plugins", "libvirt", "vms", ctr+"-root.qcow2")
 		var st syscall.Stat_t
 		if err := syscall.Stat(overlay, &st); err != nil || fmt.Sprint(st.Uid) != uid[0] {
 			t.Errorf("the running VM's root disk %s is owned by uid %d (%v), want QEMU's %s", overlay, st.Uid, err, uid[0])

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/sirupsen/logrus"
 
 	"github.com/virtlet/virtlet/adapters/crilog"
@@ -44,11 +45,17 @@ type Hypervisor struct {
 	GuestIgnoresShutdown bool
 	// NoAgent makes guests have no guest agent: GuestExec fails.
 	NoAgent bool
+	// Pool makes Define claim each VM from an imaginary pool of
+	// pre-launched VMs, as a hypervisor with a pool does: the VM keeps
+	// the pool's name and UUID, and is prelaunched until its first Start
+	// (or until WriteFiles writes its root disk).
+	Pool bool
 	// Log receives a line per VM started, tagged with the VM's name as
 	// real plugins tag theirs (nil: none).
 	Log logrus.FieldLogger
 
 	consoles   map[string]*console
+	claimed    int // pool VMs claimed (Pool)
 	execs      int
 	running    map[string]int // guest commands in progress, by VM
 	statsCalls int
@@ -61,6 +68,23 @@ type vm struct {
 	// Files lists what WriteFiles wrote, as "path mode size" (never the
 	// data, which may be secret).
 	Files []string `json:"files,omitempty"`
+	// PoolName is the name of the pool VM it was claimed from (Pool).
+	PoolName    string `json:"poolName,omitempty"`
+	Prelaunched bool   `json:"prelaunched,omitempty"`
+}
+
+// status is the VM's status with the identity the fake gave it.
+func (v *vm) status() ports.VMStatus {
+	st := v.Status
+	switch {
+	case v.PoolName != "":
+		st.Name, st.UUID = v.PoolName, uuid.NewSHA1(uuid.NameSpaceOID, []byte(v.PoolName)).String()
+	case v.Spec.UUID == "":
+		// The hypervisor picks a VM's UUID when the pod asks for none.
+		st.UUID = uuid.NewSHA1(uuid.NameSpaceOID, []byte(v.Spec.ID)).String()
+	}
+	st.Prelaunched = v.Prelaunched
+	return st
 }
 
 // New returns an empty in-memory hypervisor.
@@ -185,7 +209,12 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 			return fmt.Errorf("fake define %s: name or UUID used by %s: %w", spec.Name, other.Spec.ID, ports.ErrAlreadyExists)
 		}
 	}
-	h.vms[spec.ID] = &vm{Spec: spec, Status: ports.VMStatus{ID: spec.ID, State: ports.VMDefined}}
+	v := &vm{Spec: spec, Status: ports.VMStatus{ID: spec.ID, State: ports.VMDefined}}
+	if h.Pool && spec.UUID == "" { // a pod asking for a UUID starts cold
+		h.claimed++
+		v.PoolName, v.Prelaunched = fmt.Sprintf("virtlet-pool-fake-%d", h.claimed), true
+	}
+	h.vms[spec.ID] = v
 	return h.save()
 }
 
@@ -206,6 +235,7 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 		return err
 	}
 	v.Status = ports.VMStatus{ID: id, State: ports.VMRunning, StartedAt: h.now()}
+	v.Prelaunched = false
 	if err := h.save(); err != nil {
 		return err
 	}
@@ -330,7 +360,7 @@ func (h *Hypervisor) Status(ctx context.Context, id string) (ports.VMStatus, err
 	if !ok {
 		return ports.VMStatus{}, fmt.Errorf("fake status %s: %w", id, ports.ErrNotFound)
 	}
-	return v.Status, nil
+	return v.status(), nil
 }
 
 func (h *Hypervisor) List(ctx context.Context) ([]ports.VMStatus, error) {
@@ -341,7 +371,7 @@ func (h *Hypervisor) List(ctx context.Context) ([]ports.VMStatus, error) {
 	}
 	out := make([]ports.VMStatus, 0, len(h.vms))
 	for _, v := range h.vms {
-		out = append(out, v.Status)
+		out = append(out, v.status())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
@@ -440,6 +470,7 @@ func (h *Hypervisor) WriteFiles(ctx context.Context, id string, files []ports.Gu
 	for _, f := range files {
 		v.Files = append(v.Files, fmt.Sprintf("%s %04o %d", f.Path, f.Mode.Perm(), len(f.Data)))
 	}
+	v.Prelaunched = false // its paused process had the disk open
 	return h.save()
 }
 

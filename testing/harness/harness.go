@@ -91,9 +91,12 @@ var ShippedPlugins = map[string]string{
 // the daemon's embedded defaults name them, but for the network plugin: a
 // test that runs pods on a network adds TestNetwork.Plugin (its own CNI
 // config), the others run pods without a network.
+//
+// VIRTLET_E2E_POOL=N gives the libvirt plugin a pool of N pre-launched
+// domains, so that any real-VM suite can run with VMs claimed from it.
 func Shipped(dir string) []Plugin {
 	return []Plugin{
-		{Name: "libvirt", Kind: "hypervisor", Binary: filepath.Join(dir, "virtlet-plugin-libvirt")},
+		{Name: "libvirt", Kind: "hypervisor", Binary: filepath.Join(dir, "virtlet-plugin-libvirt"), Config: PoolConfig(os.Getenv("VIRTLET_E2E_POOL"))},
 		{Name: "images", Kind: "image", Binary: filepath.Join(dir, "virtlet-plugin-images")},
 		{Name: "nocloud", Kind: "datasource", Binary: filepath.Join(dir, "virtlet-plugin-nocloud")},
 		{Name: "configdrive", Kind: "datasource", Binary: filepath.Join(dir, "virtlet-plugin-configdrive")},
@@ -102,6 +105,15 @@ func Shipped(dir string) []Plugin {
 		{Name: "ninep", Kind: "volume", Binary: filepath.Join(dir, "virtlet-plugin-ninep")},
 		{Name: "ceph", Kind: "volume", Binary: filepath.Join(dir, "virtlet-plugin-ceph")},
 	}
+}
+
+// PoolConfig is the libvirt plugin's config for a pool of size
+// pre-launched domains ("" or "0": none).
+func PoolConfig(size string) string {
+	if size == "" || size == "0" {
+		return ""
+	}
+	return "{pool: {size: " + size + "}}"
 }
 
 // WithConfig returns plugins with the named one's config set to config.
@@ -185,6 +197,12 @@ func NewDaemon(t testing.TB, bin string, plugins []Plugin) *Daemon {
 		}
 	}
 	t.Cleanup(d.Kill)
+	t.Cleanup(func() {
+		if log := d.Log(); strings.Contains(log, "pool of pre-launched domains on") {
+			t.Logf("libvirt plugin's pool: %d VMs claimed pool domains, %d started cold", strings.Count(log, "VM claimed a pool domain"),
+				strings.Count(log, "cold start: "))
+		}
+	})
 	return d
 }
 

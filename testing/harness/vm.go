@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,17 +59,37 @@ func Virsh(args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), err
 }
 
-// DomainsUsing lists the domains whose definition mentions path (the test's
-// own directory): the only ones a test may inspect or clean up on a
-// libvirtd shared with others.
+// DomainsUsing lists the VMs' domains whose definition mentions path (the
+// test's own directory): the only ones a test may inspect or clean up on a
+// libvirtd shared with others. The libvirt plugin's pool domains no VM has
+// claimed are left out (PoolDomainsUsing lists them).
 func DomainsUsing(path string) []string {
-	names, err := Virsh("list", "--all", "--name")
+	pool := PoolDomainsUsing(path)
+	var out []string
+	for _, name := range domainsUsing(path, "virtlet-", "--all") {
+		if !slices.Contains(pool, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// PoolDomainsUsing lists the pool domains (launched paused, transient,
+// named virtlet-pool-…) no VM has claimed, whose definition mentions path.
+func PoolDomainsUsing(path string) []string {
+	return domainsUsing(path, "virtlet-pool-", "--all", "--transient")
+}
+
+// domainsUsing lists the domains virsh list lists with these flags whose
+// name has prefix and whose definition mentions path.
+func domainsUsing(path, prefix string, flags ...string) []string {
+	names, err := Virsh(append([]string{"list", "--name"}, flags...)...)
 	if err != nil {
 		return nil
 	}
 	var out []string
 	for _, name := range strings.Fields(names) {
-		if !strings.HasPrefix(name, "virtlet-") {
+		if !strings.HasPrefix(name, prefix) {
 			continue
 		}
 		if xml, err := Virsh("dumpxml", name); err == nil && strings.Contains(xml, path) {
@@ -96,7 +117,7 @@ func VMDir(t testing.TB) string {
 
 // CleanupDomains removes the domains a test left behind.
 func CleanupDomains(t testing.TB, path string) {
-	for _, name := range DomainsUsing(path) {
+	for _, name := range domainsUsing(path, "virtlet-", "--all") { // pool domains too
 		t.Logf("removing leftover domain %s", name)
 		Virsh("destroy", name)
 		Virsh("undefine", "--nvram", name)

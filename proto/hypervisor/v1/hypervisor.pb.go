@@ -1972,14 +1972,19 @@ func (*WatchRequest) Descriptor() ([]byte, []int) {
 }
 
 type VMStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	State         string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	StartedAt     int64                  `protobuf:"varint,3,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
-	FinishedAt    int64                  `protobuf:"varint,4,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
-	ExitCode      int32                  `protobuf:"varint,5,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
-	Reason        string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
-	Message       string                 `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	State      string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	StartedAt  int64                  `protobuf:"varint,3,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	FinishedAt int64                  `protobuf:"varint,4,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
+	ExitCode   int32                  `protobuf:"varint,5,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Reason     string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message    string                 `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	// What the hypervisor knows the VM by, when not the spec's (a pooled VM).
+	Name string `protobuf:"bytes,8,opt,name=name,proto3" json:"name,omitempty"`
+	Uuid string `protobuf:"bytes,9,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	// The VM's process runs, paused before its first instruction.
+	Prelaunched   bool `protobuf:"varint,10,opt,name=prelaunched,proto3" json:"prelaunched,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2061,6 +2066,27 @@ func (x *VMStatus) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *VMStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *VMStatus) GetUuid() string {
+	if x != nil {
+		return x.Uuid
+	}
+	return ""
+}
+
+func (x *VMStatus) GetPrelaunched() bool {
+	if x != nil {
+		return x.Prelaunched
+	}
+	return false
 }
 
 type VMSpec struct {
@@ -3113,7 +3139,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\vListRequest\"A\n" +
 	"\fListResponse\x121\n" +
 	"\x03vms\x18\x01 \x03(\v2\x1f.virtlet.hypervisor.v1.VMStatusR\x03vms\"\x0e\n" +
-	"\fWatchRequest\"\xbf\x01\n" +
+	"\fWatchRequest\"\x89\x02\n" +
 	"\bVMStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1d\n" +
@@ -3123,7 +3149,11 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"finishedAt\x12\x1b\n" +
 	"\texit_code\x18\x05 \x01(\x05R\bexitCode\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\a \x01(\tR\amessage\"\xb2\a\n" +
+	"\amessage\x18\a \x01(\tR\amessage\x12\x12\n" +
+	"\x04name\x18\b \x01(\tR\x04name\x12\x12\n" +
+	"\x04uuid\x18\t \x01(\tR\x04uuid\x12 \n" +
+	"\vprelaunched\x18\n" +
+	" \x01(\bR\vprelaunched\"\xb2\a\n" +
 	"\x06VMSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +

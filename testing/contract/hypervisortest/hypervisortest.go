@@ -24,6 +24,10 @@ type Env struct {
 	// GuestAgent: guests of NewSpec run a guest agent (exec must work);
 	// else exec must fail at once with ErrFailedPrecondition.
 	GuestAgent bool
+	// Pooled: VMs of NewSpec are claimed from a pool of pre-launched VMs
+	// (prelaunched once defined, under the pool's name), after a first
+	// VM of their shape.
+	Pooled bool
 }
 
 // Run checks the contract.
@@ -79,6 +83,12 @@ func Run(t *testing.T, env Env) {
 		if err != nil || st.State != ports.VMDefined || st.ID != vmID {
 			t.Fatalf("after define: %+v %v", st, err)
 		}
+		if spec.UUID == "" && st.UUID == "" {
+			t.Fatalf("the hypervisor gave no UUID to a VM whose spec has none: %+v", st)
+		}
+		if env.Pooled && (!st.Prelaunched || st.Name == spec.Name) {
+			t.Fatalf("a VM of the pool's shape was not claimed from it: %+v", st)
+		}
 		if err := hv.Start(ctx, vmID); err != nil {
 			t.Fatal(err)
 		}
@@ -109,6 +119,18 @@ func Run(t *testing.T, env Env) {
 		again, err := hv.Stop(ctx, vmID, env.StopTimeout)
 		if err != nil || again.State != ports.VMStopped {
 			t.Fatalf("second stop: %+v %v", again, err)
+		}
+		// A stopped VM starts again, the same VM (a run strategy halts
+		// VMs in place), claimed from the pool or not.
+		if err := hv.Start(ctx, vmID); err != nil {
+			t.Fatalf("start after a stop: %v", err)
+		}
+		waitEvent(t, events, vmID, ports.VMRunning)
+		if st, _ := hv.Status(ctx, vmID); st.State != ports.VMRunning || st.Prelaunched {
+			t.Fatalf("after the restart: %+v", st)
+		}
+		if st, err := hv.Stop(ctx, vmID, 0); err != nil || st.State != ports.VMStopped {
+			t.Fatalf("stop after the restart: %+v %v", st, err)
 		}
 		if err := hv.Undefine(ctx, vmID); err != nil {
 			t.Fatal(err)

@@ -1,0 +1,116 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// The libvirt plugin gives every PCI device of a pc machine its slot
+// (a pool domain, launched before a pod's NICs and disks exist, must leave
+// theirs free). The slots are the ones libvirt itself gives the same
+// domain without them, so that a cold VM's guest sees what it always saw:
+// each golden domain of the plugin, its PCI addresses and its explicit
+// virtio-serial controller taken out (as it was before), is defined in the
+// real libvirtd, and libvirt's placement is compared with the plugin's.
+func TestColdPCILayoutIsLibvirts(t *testing.T) {
+	goldens, err := filepath.Glob(filepath.Join(harness.RepoRoot(), "adapters", "libvirt", "testdata", "*.xml"))
+	if err != nil || len(goldens) == 0 {
+		t.Fatalf("no golden domains: %v", err)
+	}
+	pciAddress := regexp.MustCompile(`\s*<address type="pci"[^>]*></address>`)
+	virtioSerial := regexp.MustCompile(`(?s)\s*<controller type="virtio-serial" index="0">\s*</controller>`)
+	dir := harness.VMDir(t)
+	checked := 0
+	for _, golden := range goldens {
+		data, err := os.ReadFile(golden)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ours libvirtxml.Domain
+		if err := ours.Unmarshal(string(data)); err != nil {
+			t.Fatalf("%s: %v", golden, err)
+		}
+		if !strings.Contains(string(data), `<address type="pci"`) || strings.HasPrefix(filepath.Base(golden), "pool-") {
+			continue // q35: libvirt's own placement; a pool domain leaves its pod's slots free
+		}
+		t.Run(strings.TrimSuffix(filepath.Base(golden), ".xml"), func(t *testing.T) {
+			name := fmt.Sprintf("virtlet-layout-%s", uuid.NewString()[:8])
+			x := virtioSerial.ReplaceAllString(pciAddress.ReplaceAllString(string(data), ""), "")
+			x = strings.Replace(x, "<name>"+ours.Name+"</name>", "<name>"+name+"</name>", 1)
+			x = strings.ReplaceAll(x, ours.UUID, uuid.NewString())
+			x = strings.ReplaceAll(x, "/var/lib/virtlet", dir) // the test's own directory: cleaned up after it
+			def := filepath.Join(dir, name+".xml")
+			if err := os.WriteFile(def, []byte(x), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := harness.Virsh("define", def); err != nil {
+				t.Fatalf("define: %v: %s", err, out)
+			}
+			defer harness.Virsh("undefine", "--nvram", name)
+			out, err := harness.Virsh("dumpxml", "--inactive", name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var theirs libvirtxml.Domain
+			if err := theirs.Unmarshal(out); err != nil {
+				t.Fatal(err)
+			}
+			if want, got := pciSlots(&theirs), pciSlots(&ours); want != got {
+				t.Fatalf("the plugin's slots differ from libvirt's:\nplugin:  %s\nlibvirt: %s", got, want)
+			}
+			checked++
+		})
+	}
+	t.Logf("%d golden domains placed as libvirt places them", checked)
+}
+
+// pciSlots lists the PCI slots of a domain's devices, by kind.
+func pciSlots(d *libvirtxml.Domain) string {
+	slot := func(a *libvirtxml.DomainAddress) string {
+		if a == nil || a.PCI == nil || a.PCI.Slot == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%d", *a.PCI.Slot)
+	}
+	var out []string
+	for _, f := range d.Devices.Filesystems {
+		out = append(out, "fs:"+slot(f.Address))
+	}
+	for _, n := range d.Devices.Interfaces {
+		out = append(out, "nic:"+slot(n.Address))
+	}
+	for _, kind := range []string{"scsi", "virtio-serial"} { // libvirt lists controllers by kind
+		for _, c := range d.Devices.Controllers {
+			if c.Type == kind {
+				out = append(out, c.Type+":"+slot(c.Address))
+			}
+		}
+	}
+	for _, disk := range d.Devices.Disks {
+		if disk.Target != nil && disk.Target.Bus == "virtio" {
+			out = append(out, disk.Target.Dev+":"+slot(disk.Address))
+		}
+	}
+	if b := d.Devices.MemBalloon; b != nil {
+		out = append(out, "balloon:"+slot(b.Address))
+	}
+	for _, r := range d.Devices.RNGs {
+		out = append(out, "rng:"+slot(r.Address))
+	}
+	for _, w := range d.Devices.Watchdogs {
+		out = append(out, "watchdog:"+slot(w.Address))
+	}
+	for _, v := range d.Devices.Videos {
+		out = append(out, "video:"+slot(v.Address))
+	}
+	return strings.Join(out, " ")
+}
