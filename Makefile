@@ -94,7 +94,12 @@ critest: deps
 
 check: test e2e e2e-k8s critest
 
+# Every benchmark also appends its figures to BENCH_TABLE; the last step
+# prints them as one table (figure, ours, floor or peer, ratio, target, met).
+BENCH_TABLE ?= $(CURDIR)/.cache/bench-table.jsonl
+bench: export BENCH_TABLE := $(BENCH_TABLE)
 bench: deps
+	mkdir -p $(dir $(BENCH_TABLE)) && rm -f $(BENCH_TABLE)
 	$(GO) test -run '^$$' -bench 'PluginRoundTrip|List|CloudInitISO' -benchtime 3000x ./testing/bench/
 	$(GO) test -run '^$$' -bench 'P1BootOverhead|P1PoolPrimitives|P6PullVsCurl|P2SecondRootDisk|PodNetwork20|ReachTheVM|P5Density' -benchtime 1x -timeout 40m ./testing/bench/
 	testing/k8s/build.sh >/dev/null
@@ -109,6 +114,7 @@ bench: deps
 	@echo "         P5Density: 50 tiny VM pods at once: all ready, QEMU RSS/VM, daemon+plugins RSS growth/pod <= 1 MiB, list p99 <= 2 ms, plugin RPCs/start <= 20"
 	@echo "         ReachTheVM: ExecSync through qemu-guest-agent p50/p99; port-forward throughput / direct TCP to the VM (no target set)"
 	@echo "         KubeApply: kubectl apply -> Running / -> guest ready (p50 of 5), 10 at once -> Running p50/p99 (no target; KubeVirt publishes 15-25 s)"
+	@echo; $(GO) run ./testing/bench/table $(BENCH_TABLE)
 
 # go test -fuzz takes one target per run: every func FuzzX of the tracked
 # tests runs in turn, and a failure (its input written to

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -92,9 +93,14 @@ func BenchmarkCloudInitISO(b *testing.B) {
 		size = len(data.MetaData) + len(data.UserData)
 	}
 	b.StopTimer()
-	percentiles(b, "build-", build)
-	percentiles(b, "iso-", media)
+	build50, build99 := percentiles(b, "build-", build)
+	iso50, iso99 := percentiles(b, "iso-", media)
 	b.ReportMetric(float64(size)/1024, "data-KiB")
+	if b.N >= 100 {
+		record(Row{Figure: "cloud-init media of a typical pod: data + NoCloud ISO (plugin process), p50 (p99)",
+			Ours:   fmt.Sprintf("%s + %s (%s + %s)", ms(build50), ms(iso50), ms(build99), ms(iso99)),
+			Target: "≤ 5 ms", Met: met(build50+iso50 <= 5*time.Millisecond)})
+	}
 	if err := ds.RemoveMedia(ctx, id); err != nil {
 		b.Fatal(err)
 	}
