@@ -36,6 +36,10 @@ type vmMetadata struct {
 	Sandbox   string   `xml:"sandbox,attr,omitempty"`
 	Pod       string   `xml:"pod,attr,omitempty"`
 	CreatedBy string   `xml:"createdBy,attr"`
+	// Owner is the plugin instance that made the domain (a hash of its
+	// state directory): another daemon on the same libvirtd leaves it
+	// alone. Domains made before owners were recorded have none.
+	Owner string `xml:"owner,attr,omitempty"`
 }
 
 // domainInput is everything a domain definition needs beyond the VM spec.
@@ -55,6 +59,8 @@ type domainInput struct {
 	// slots free, a SCSI CD-ROM is an empty tray; the metadata marks it as
 	// the pool's.
 	Pool *poolMetadata
+	// Owner is recorded in a VM domain's metadata (vmMetadata.Owner).
+	Owner string
 }
 
 // domainXML renders the libvirt domain of a VM. It is deterministic, so
@@ -71,7 +77,7 @@ func domainXML(in domainInput) (string, error) {
 // for a pool domain.
 func metadataXML(in domainInput) (string, error) {
 	s := in.Spec
-	var v interface{} = vmMetadata{ID: s.ID, Sandbox: s.SandboxID, Pod: s.PodNamespace + "/" + s.PodName, CreatedBy: "virtlet"}
+	var v interface{} = vmMetadata{ID: s.ID, Sandbox: s.SandboxID, Pod: s.PodNamespace + "/" + s.PodName, CreatedBy: "virtlet", Owner: in.Owner}
 	if in.Pool != nil {
 		v = in.Pool
 	}

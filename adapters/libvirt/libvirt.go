@@ -7,6 +7,8 @@ package libvirt
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -59,6 +61,7 @@ type Hypervisor struct {
 	cfg      Config
 	stateDir string
 	vmDir    string
+	owner    string // instanceOwner(stateDir): marks the domains this plugin instance made
 	accel    accelerator
 	conn     *libvirt.Connect
 	connErr  error
@@ -167,7 +170,7 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 		}
 	}
 	h.mu.Lock()
-	h.cfg, h.stateDir, h.vmDir = cfg, pc.StateDir, vmDir
+	h.cfg, h.stateDir, h.vmDir, h.owner = cfg, pc.StateDir, vmDir, instanceOwner(pc.StateDir)
 	h.mu.Unlock()
 	records, err := h.loadRecords()
 	if err != nil {
@@ -865,7 +868,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 	domXML, err := domainXML(domainInput{Spec: spec, DomainType: accel.DomainType, DiskPaths: r.DiskPaths, ConsoleLog: r.ConsoleLog, Secrets: r.Secrets,
-		HostCPUs: hostCPUs})
+		HostCPUs: hostCPUs, Owner: h.owner})
 	if err != nil {
 		undo()
 		return err
@@ -1159,8 +1162,18 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	return nil
 }
 
-// ours returns the Virtlet metadata of a domain, if it is Virtlet's.
-func ours(dom *libvirt.Domain) (vmMetadata, bool) {
+// instanceOwner names a plugin instance by its state directory: two
+// daemons sharing one libvirtd (a test beside a node's daemon, two nodes'
+// worth of state on one host) each see only their own domains, and
+// neither takes the other's VMs for orphans.
+func instanceOwner(stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return hex.EncodeToString(sum[:])[:8]
+}
+
+// ours returns the Virtlet metadata of a domain, if this plugin instance
+// made it (or a Virtlet from before owners were recorded did).
+func ours(dom *libvirt.Domain, owner string) (vmMetadata, bool) {
 	name, err := dom.GetName()
 	if err != nil || !strings.HasPrefix(name, NamePrefix) {
 		return vmMetadata{}, false
@@ -1170,7 +1183,7 @@ func ours(dom *libvirt.Domain) (vmMetadata, bool) {
 		return vmMetadata{}, false
 	}
 	var m vmMetadata
-	if err := xml.Unmarshal([]byte(raw), &m); err != nil || m.ID == "" || m.CreatedBy != "virtlet" {
+	if err := xml.Unmarshal([]byte(raw), &m); err != nil || m.ID == "" || m.CreatedBy != "virtlet" || (m.Owner != "" && m.Owner != owner) {
 		return vmMetadata{}, false
 	}
 	return m, true
@@ -1184,7 +1197,7 @@ func (h *Hypervisor) findOrphan(conn *libvirt.Connect, id string) (*libvirt.Doma
 	}
 	var found *libvirt.Domain
 	for i := range doms {
-		if m, ok := ours(&doms[i]); ok && m.ID == id && found == nil {
+		if m, ok := ours(&doms[i], h.owner); ok && m.ID == id && found == nil {
 			found = &doms[i]
 			continue
 		}
@@ -1229,7 +1242,7 @@ func (h *Hypervisor) List(ctx context.Context) ([]ports.VMStatus, error) {
 	// Which domains are ours takes a call per domain: made without h.mu.
 	mine := map[string]*libvirt.Domain{}
 	for i := range doms {
-		if m, ok := ours(&doms[i]); ok {
+		if m, ok := ours(&doms[i], h.owner); ok {
 			mine[m.ID] = &doms[i]
 		}
 	}

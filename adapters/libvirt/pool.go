@@ -91,6 +91,7 @@ type poolDomain struct {
 	name, uuid, shape string
 	console, root     string // its console log and root disk overlay, in the pool's directory
 	uid               int
+	launchTook        time.Duration // how long its launch took
 }
 
 // files are a pool domain's files (console log, root overlay) by its name.
@@ -138,8 +139,7 @@ func newPool(cfg PoolConfig, stateDir string) (*pool, error) {
 	if !ok || err1 != nil || err2 != nil || f < 65536 || l < f || l >= 1<<31 {
 		return nil, &ports.InvalidError{Field: "libvirt config pool.users", Value: users, Allowed: "FIRST-LAST, host user IDs from 65536 to 2^31-1"}
 	}
-	sum := sha256.Sum256([]byte(stateDir))
-	return &pool{size: cfg.Size, firstUID: f, uids: l - f + 1, owner: hex.EncodeToString(sum[:])[:8],
+	return &pool{size: cfg.Size, firstUID: f, uids: l - f + 1, owner: instanceOwner(stateDir),
 		dir: filepath.Join(stateDir, "pool"), kick: make(chan struct{}, 1), claiming: map[string]bool{}}, nil
 }
 
@@ -405,6 +405,9 @@ func (h *Hypervisor) poolStep(p *pool) time.Duration {
 	}
 	p.backoff, p.retryAt = 0, time.Time{}
 	p.ready = append(p.ready, d)
+	// Logged once a claim can take it.
+	h.log.WithFields(logrus.Fields{"domain": d.name, "shape": d.shape, "vcpus": tmpl.VCPUs, "memory": tmpl.MemoryBytes,
+		"millis": d.launchTook.Milliseconds()}).Info("pool: domain launched paused")
 	return 0
 }
 
@@ -469,8 +472,7 @@ func (h *Hypervisor) launch(conn *libvirt.Connect, p *pool, d *poolDomain, tmpl 
 		return libvirtError("launch pool domain "+d.name, err)
 	}
 	dom.Free()
-	h.log.WithFields(logrus.Fields{"domain": d.name, "shape": d.shape, "vcpus": tmpl.VCPUs, "memory": tmpl.MemoryBytes,
-		"millis": time.Since(start).Milliseconds()}).Info("pool: domain launched paused")
+	d.launchTook = time.Since(start)
 	return nil
 }
 
@@ -752,7 +754,7 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 	if r.Secrets, err = defineSecrets(conn, spec); err != nil {
 		return fail("keep its disks' keys", err)
 	}
-	def, err := buildDomain(domainInput{Spec: spec, DomainType: accel.DomainType, DiskPaths: r.DiskPaths, ConsoleLog: d.console, Secrets: r.Secrets})
+	def, err := buildDomain(domainInput{Spec: spec, DomainType: accel.DomainType, DiskPaths: r.DiskPaths, ConsoleLog: d.console, Secrets: r.Secrets, Owner: h.owner})
 	if err != nil {
 		return fail("render its devices", err)
 	}

@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
-	"io"
 	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,7 +46,7 @@ func TestLibvirtHypervisorContract(t *testing.T) {
 // the contract's VMs then claim, one after the other.
 func TestLibvirtHypervisorContractPooled(t *testing.T) {
 	dir := harness.VMDir(t)
-	h := libvirtPlugin(t, dir, "{pool: {size: 1}}")
+	h, pluginLog := libvirtPluginLog(t, dir, "{pool: {size: 1}}")
 	hv := h.Hypervisor()
 	newSpec := func(t *testing.T, id string) ports.VMSpec {
 		return ports.VMSpec{ID: id, Name: fmt.Sprintf("virtlet-%s-contract", id[len(id)-12:]),
@@ -58,8 +62,13 @@ func TestLibvirtHypervisorContractPooled(t *testing.T) {
 	if err := hv.Undefine(context.Background(), first); err != nil {
 		t.Fatal(err)
 	}
+	// The pool domain is ready for a claim once the plugin logs its launch
+	// (libvirt lists it while QEMU still starts: a claim then starts cold).
 	waitPool := func(t *testing.T) {
-		harness.Eventually(t, time.Minute, "a pool domain launched", func() bool { return len(harness.PoolDomainsUsing(dir)) == 1 })
+		harness.Eventually(t, time.Minute, "a pool domain launched", func() bool {
+			names := harness.PoolDomainsUsing(dir)
+			return len(names) == 1 && logged(pluginLog.String(), "pool: domain launched paused", names[0])
+		})
 	}
 	waitPool(t)
 	hypervisortest.Run(t, hypervisortest.Env{
@@ -74,13 +83,80 @@ func TestLibvirtHypervisorContractPooled(t *testing.T) {
 	})
 }
 
+// Two libvirt plugins with their own state on one libvirtd (two daemons,
+// or a test's daemon beside a node's) see only their own domains: neither
+// lists the other's VM, takes it for an orphan or removes it.
+func TestLibvirtPluginsShareLibvirtd(t *testing.T) {
+	ctx := context.Background()
+	dirA, dirB := harness.VMDir(t), harness.VMDir(t)
+	a, b := libvirtPlugin(t, dirA, "").Hypervisor(), libvirtPlugin(t, dirB, "").Hypervisor()
+	id := fmt.Sprintf("%064x", time.Now().UnixNano())
+	spec := ports.VMSpec{ID: id, Name: fmt.Sprintf("virtlet-%s-shared", id[len(id)-12:]), UUID: uuid.NewString(),
+		PodName: "shared", PodNamespace: "e2e", VCPUs: 1, MemoryBytes: 128 << 20,
+		Disks: []ports.Disk{{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true,
+			Source: ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"}, Overlay: &ports.DiskOverlay{BasePath: tiny, BaseFormat: "qcow2"}}},
+		ConsoleLogPath: filepath.Join(dirA, "logs", id+".log")}
+	if err := a.Define(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Undefine(context.Background(), id) })
+	listed := func(hv ports.Hypervisor) bool {
+		vms, err := hv.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, vm := range vms {
+			if vm.ID == id {
+				return true
+			}
+		}
+		return false
+	}
+	if !listed(a) {
+		t.Fatalf("the plugin that defined VM %s does not list it", id)
+	}
+	if listed(b) {
+		t.Fatalf("another plugin instance lists VM %s as its own (it would remove it as an orphan)", id)
+	}
+	if err := b.Undefine(ctx, id); !errors.Is(err, ports.ErrNotFound) {
+		t.Fatalf("another plugin instance's Undefine of VM %s: %v, want not found", id, err)
+	}
+	if st, err := a.Status(ctx, id); err != nil || st.State != ports.VMDefined {
+		t.Fatalf("VM %s after the other plugin's calls: %+v %v", id, st, err)
+	}
+}
+
 // libvirtPlugin runs the libvirt plugin as a process with this config.
 func libvirtPlugin(t *testing.T, dir, config string) *host.Host {
 	t.Helper()
+	h, _ := libvirtPluginLog(t, dir, config)
+	return h
+}
+
+// logged says whether a line of log has msg and each of fields.
+func logged(log, msg string, fields ...string) bool {
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, msg) && !slices.ContainsFunc(fields, func(f string) bool { return !strings.Contains(line, f) }) {
+			return true
+		}
+	}
+	return false
+}
+
+// libvirtPluginLog is libvirtPlugin that also returns the plugin's log.
+func libvirtPluginLog(t *testing.T, dir, config string) (*host.Host, *syncBuffer) {
+	t.Helper()
 	bin := filepath.Join(bins, "virtlet-plugin-libvirt")
 	sum, _ := manifest.FileSHA256(bin)
+	// The plugin's log is shown when the test fails.
+	logBuf := &syncBuffer{}
 	log := logrus.New()
-	log.SetOutput(io.Discard)
+	log.SetOutput(logBuf)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("libvirt plugin's log (%s):\n%s", dir, logBuf.String())
+		}
+	})
 	m := manifest.Manifest{Name: "libvirt", Kind: ports.KindHypervisor, Command: bin, SHA256: sum, File: "test"}
 	if config != "" {
 		js, err := yaml.YAMLToJSON([]byte(config))
@@ -94,5 +170,23 @@ func libvirtPlugin(t *testing.T, dir, config string) *host.Host {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Shutdown)
-	return h
+	return h, logBuf
+}
+
+// syncBuffer is a bytes.Buffer that plugin log writers share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -33,18 +33,28 @@ func pooledDaemon(t *testing.T, ps []harness.Plugin) (*harness.Daemon, *harness.
 	return d, c
 }
 
-// waitPool waits until the pool holds n domains launched paused.
+// waitPool waits until the pool holds n domains launched paused, each
+// ready for a claim (the plugin logs a launch once it is).
 func waitPool(t *testing.T, d *harness.Daemon, n int) []string {
 	t.Helper()
 	var doms []string
 	harness.Eventually(t, 2*time.Minute, fmt.Sprintf("%d pool domains", n), func() bool {
 		doms = harness.PoolDomainsUsing(d.Dir)
+		if len(doms) != n {
+			return false
+		}
+		launched := map[string]bool{}
+		for _, e := range d.LogEntries() {
+			if name, ok := e["domain"].(string); ok && e["msg"] == "pool: domain launched paused" {
+				launched[name] = true
+			}
+		}
 		for _, dom := range doms {
-			if state, _ := harness.Virsh("domstate", "--reason", dom); state != "paused (user)" {
+			if state, _ := harness.Virsh("domstate", "--reason", dom); state != "paused (user)" || !launched[dom] {
 				return false // starting up
 			}
 		}
-		return len(doms) == n
+		return true
 	})
 	sorted := slices.Clone(doms)
 	slices.Sort(sorted)
