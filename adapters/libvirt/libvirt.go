@@ -1,8 +1,9 @@
 // Package libvirt runs VMs as libvirt/QEMU domains: the hypervisor plugin
 // shipped with Virtlet. Domains are persistent and tagged as Virtlet's
-// (name prefix and a metadata element); states come from libvirt's
-// lifecycle events; the serial console goes through virtlogd to a raw file
-// and from there into the container's CRI log.
+// (name prefix and a metadata element naming the plugin instance, so
+// daemons sharing a libvirtd leave each other's domains alone); states
+// come from libvirt's lifecycle events; the serial console goes through
+// virtlogd to a raw file and from there into the container's CRI log.
 package libvirt
 
 import (
