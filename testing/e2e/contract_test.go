@@ -1,14 +1,12 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -144,12 +142,12 @@ func logged(log, msg string, fields ...string) bool {
 }
 
 // libvirtPluginLog is libvirtPlugin that also returns the plugin's log.
-func libvirtPluginLog(t *testing.T, dir, config string) (*host.Host, *syncBuffer) {
+func libvirtPluginLog(t *testing.T, dir, config string) (*host.Host, *harness.Screen) {
 	t.Helper()
 	bin := filepath.Join(bins, "virtlet-plugin-libvirt")
 	sum, _ := manifest.FileSHA256(bin)
 	// The plugin's log is shown when the test fails.
-	logBuf := &syncBuffer{}
+	logBuf := &harness.Screen{}
 	log := logrus.New()
 	log.SetOutput(logBuf)
 	t.Cleanup(func() {
@@ -171,22 +169,4 @@ func libvirtPluginLog(t *testing.T, dir, config string) (*host.Host, *syncBuffer
 	}
 	t.Cleanup(h.Shutdown)
 	return h, logBuf
-}
-
-// syncBuffer is a bytes.Buffer that plugin log writers share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
