@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/virtlet/virtlet/testing/containerdisk"
 	"github.com/virtlet/virtlet/testing/harness"
@@ -143,10 +142,7 @@ func TestVMBootsFromEverySourceKind(t *testing.T) {
 				"metadata": map[string]string{"name": name}, "image": map[string]string{"image": tc.image}, "log_path": name + "/0.log",
 				"linux": map[string]interface{}{"resources": map[string]interface{}{"memory_limit_in_bytes": 128 << 20}},
 			})
-			sb := c.Must(t, "runp", podJSON)
-			ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
-			c.Must(t, "start", ctr)
-			waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+			sb, _, _ := bootTiny(t, c, podJSON, ctrJSON)
 			// The image cannot go while the VM's root disk is backed by it.
 			if _, errOut, err := c.Run("rmi", tc.image); err == nil || !strings.Contains(errOut, "in use by the VM of pod default/"+name) {
 				t.Fatalf("rmi of an image in use: %v %s", err, errOut)

@@ -28,10 +28,7 @@ func TestRunStrategiesKeepTheVM(t *testing.T) {
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	podJSON, ctrJSON := vmPod(t, d, "power", nil, 256<<20)
-	sb := c.Must(t, "runp", podJSON)
-	ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
-	c.Must(t, "start", ctr)
-	waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	sb, ctr, _ := bootTiny(t, c, podJSON, ctrJSON)
 	domain := inspectCtr(t, c, ctr).VM.Name
 	c.Must(t, "exec", "-s", "--timeout", "30", ctr, "sh", "-c", keepMarker)
 

@@ -17,10 +17,7 @@ func TestInPlaceMemoryResize(t *testing.T) {
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	podJSON, ctrJSON := vmPod(t, d, "resize", map[string]string{"VirtletMaxMemory": "320Mi"}, 128<<20)
-	sb := c.Must(t, "runp", podJSON)
-	ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
-	c.Must(t, "start", ctr)
-	waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	sb, ctr, _ := bootTiny(t, c, podJSON, ctrJSON)
 	memTotal := func() int64 {
 		out, _, err := c.Run("exec", "-s", "--timeout", "10", ctr, "grep", "MemTotal", "/proc/meminfo")
 		if err != nil {
@@ -66,10 +63,7 @@ func TestInPlaceVCPUResize(t *testing.T) {
 		"linux": map[string]interface{}{"resources": map[string]interface{}{
 			"memory_limit_in_bytes": 256 << 20, "cpu_quota": 100_000, "cpu_period": 100_000}},
 	})
-	sb := c.Must(t, "runp", podJSON)
-	ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
-	c.Must(t, "start", ctr)
-	waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	sb, ctr, _ := bootTiny(t, c, podJSON, ctrJSON)
 	var lastOnline string
 	online := func() int {
 		out, errOut, err := c.Run("exec", "-s", "--timeout", "10", ctr, "cat", "/sys/devices/system/cpu/online")

@@ -98,10 +98,7 @@ transports:
 		"VirtletSSHKeySource":            "secret/app-keys",
 	}, 160<<20)
 	ctrJSON = withImage(t, ctrJSON, image)
-	sb := c.Must(t, "runp", podJSON)
-	ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
-	c.Must(t, "start", ctr)
-	waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	sb, ctr, _ := bootTiny(t, c, podJSON, ctrJSON)
 	domain := inspectCtr(t, c, ctr).VM.Name
 
 	t.Run("modes", func(t *testing.T) {

@@ -52,6 +52,17 @@ func vmPod(t *testing.T, d *harness.Daemon, name string, ann map[string]string, 
 	return pod, ctr
 }
 
+// bootTiny runs a tiny-guest VM pod from its CRI configs and waits for
+// the guest's ready marker: the sandbox, the container and the console so
+// far.
+func bootTiny(t *testing.T, c *harness.Crictl, podJSON, ctrJSON string) (sb, ctr, logs string) {
+	t.Helper()
+	sb = c.Must(t, "runp", podJSON)
+	ctr = c.Must(t, "create", sb, ctrJSON, podJSON)
+	c.Must(t, "start", ctr)
+	return sb, ctr, waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+}
+
 // waitLog waits until the container's log (crictl logs) holds marker.
 func waitLog(t *testing.T, c *harness.Crictl, ctr, marker string, timeout time.Duration) string {
 	t.Helper()
@@ -150,10 +161,7 @@ func TestVMPodLifecycle(t *testing.T) {
 		"VirtletVCPUCount": "1", "VirtletDiskDriver": "virtio", "VirtletRootVolumeSize": "1Gi",
 		"VirtletSSHKeys": "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQCaJEcFDXEK2ZbX0ZLS1EIYFZRbDAcRfuVjpstSc0De8+sV1aiu+dePxdkuDRwqFtCyk6dEZkssjOkBXtri00MECLkir6FcH3kKOJtbJ6vy3uaJc9w1ERo me@localhost\n",
 	}, 160<<20)
-	sb := c.Must(t, "runp", podJSON)
-	ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
-	c.Must(t, "start", ctr)
-	logs := waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	sb, ctr, logs := bootTiny(t, c, podJSON, ctrJSON)
 	if !strings.Contains(logs, "SYSLINUX") || !strings.Contains(logs, "@@TINY-INIT-START") {
 		t.Errorf("the boot messages are not in crictl logs:\n%s", logs)
 	}
@@ -218,10 +226,7 @@ func TestGuestSeesItsSpec(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			podJSON, ctrJSON := vmPod(t, d, tc.name, tc.ann, tc.memory)
-			sb := c.Must(t, "runp", podJSON)
-			ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
-			c.Must(t, "start", ctr)
-			logs := waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+			sb, ctr, logs := bootTiny(t, c, podJSON, ctrJSON)
 			if got := marker(t, logs, "WATCHDOG"); got != "" {
 				t.Errorf("guest has a watchdog %q it did not ask for", got)
 			}
@@ -345,10 +350,7 @@ func TestVMPinnedToItsCPUs(t *testing.T) {
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	podJSON, ctrJSON := vmPod(t, d, "pinned", nil, 128<<20)
-	sb := c.Must(t, "runp", podJSON)
-	ctr := c.Must(t, "create", sb, withCPUSet(t, ctrJSON, "1"), podJSON)
-	c.Must(t, "start", ctr)
-	waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	sb, ctr, _ := bootTiny(t, c, podJSON, withCPUSet(t, ctrJSON, "1"))
 	domain := inspectCtr(t, c, ctr).VM.Name
 	if out, err := harness.Virsh("vcpupin", domain); err != nil || !regexp.MustCompile(`(?m)^\s*0\s+1\s*$`).MatchString(out) {
 		t.Errorf("vCPU 0's affinity (%v):\n%s", err, out)
@@ -613,10 +615,7 @@ func TestVMSurvivesDaemonRestartAndPluginCrash(t *testing.T) {
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	podJSON, ctrJSON := vmPod(t, d, "survivor", nil, 128<<20)
-	sb := c.Must(t, "runp", podJSON)
-	ctr := c.Must(t, "create", sb, ctrJSON, podJSON)
-	c.Must(t, "start", ctr)
-	waitLog(t, c, ctr, "@@TINY-READY", 3*time.Minute)
+	sb, ctr, _ := bootTiny(t, c, podJSON, ctrJSON)
 	domain := inspectCtr(t, c, ctr).VM.Name
 
 	d.Stop()
