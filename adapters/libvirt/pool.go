@@ -91,7 +91,6 @@ type poolDomain struct {
 	name, uuid, shape string
 	console, root     string // its console log and root disk overlay, in the pool's directory
 	uid               int
-	launchTook        time.Duration // how long its launch took
 }
 
 // files are a pool domain's files (console log, root overlay) by its name.
@@ -388,7 +387,9 @@ func (h *Hypervisor) poolStep(p *pool) time.Duration {
 	tmpl := shape.Spec
 	p.launching = d
 	p.mu.Unlock()
+	start := time.Now()
 	err = h.launch(conn, p, d, tmpl)
+	took := time.Since(start)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.launching = nil
@@ -407,7 +408,7 @@ func (h *Hypervisor) poolStep(p *pool) time.Duration {
 	p.ready = append(p.ready, d)
 	// Logged once a claim can take it.
 	h.log.WithFields(logrus.Fields{"domain": d.name, "shape": d.shape, "vcpus": tmpl.VCPUs, "memory": tmpl.MemoryBytes,
-		"millis": d.launchTook.Milliseconds()}).Info("pool: domain launched paused")
+		"millis": took.Milliseconds()}).Info("pool: domain launched paused")
 	return 0
 }
 
@@ -454,7 +455,6 @@ func (h *Hypervisor) launch(conn *libvirt.Connect, p *pool, d *poolDomain, tmpl 
 	if err != nil {
 		return err
 	}
-	start := time.Now()
 	if _, err := createOverlay(context.Background(), d.root, *tmpl.Disks[0].Overlay, tmpl.Disks[0].Name); err != nil {
 		return err
 	}
@@ -472,7 +472,6 @@ func (h *Hypervisor) launch(conn *libvirt.Connect, p *pool, d *poolDomain, tmpl 
 		return libvirtError("launch pool domain "+d.name, err)
 	}
 	dom.Free()
-	d.launchTook = time.Since(start)
 	return nil
 }
 
@@ -543,15 +542,29 @@ func (h *Hypervisor) checkReady(p *pool) {
 
 // destroyStrays destroys this plugin's pool domains that it neither holds
 // ready, nor launches, nor hands to a claim, nor does a VM's record claim.
+// What the pool holds is read before the records: a claim saves its VM's
+// record before it lets its domain go, so a domain listed here is in one
+// or the other.
 func (h *Hypervisor) destroyStrays(conn *libvirt.Connect, p *pool) {
 	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_TRANSIENT)
 	if err != nil {
 		return
 	}
-	claimedBy := map[string]bool{}
+	held := map[string]bool{}
+	p.mu.Lock()
+	for u := range p.claiming {
+		held[strings.ToLower(u)] = true
+	}
+	if p.launching != nil {
+		held[strings.ToLower(p.launching.uuid)] = true
+	}
+	for _, d := range p.ready {
+		held[strings.ToLower(d.uuid)] = true
+	}
+	p.mu.Unlock()
 	h.mu.Lock()
 	for _, r := range h.records {
-		claimedBy[strings.ToLower(r.Spec.UUID)] = true
+		held[strings.ToLower(r.Spec.UUID)] = true
 	}
 	h.mu.Unlock()
 	prefix := poolPrefix + p.owner + "-"
@@ -559,14 +572,7 @@ func (h *Hypervisor) destroyStrays(conn *libvirt.Connect, p *pool) {
 		name, _ := doms[i].GetName()
 		u, _ := doms[i].GetUUIDString()
 		doms[i].Free()
-		if !strings.HasPrefix(name, prefix) || u == "" || claimedBy[strings.ToLower(u)] {
-			continue
-		}
-		p.mu.Lock()
-		held := p.claiming[u] || (p.launching != nil && p.launching.uuid == u) ||
-			slices.ContainsFunc(p.ready, func(d *poolDomain) bool { return d.uuid == u })
-		p.mu.Unlock()
-		if !held {
+		if strings.HasPrefix(name, prefix) && u != "" && !held[strings.ToLower(u)] {
 			console, root := p.files(name)
 			h.destroyPoolDomain(conn, u, "a stray: no launch of this plugin holds it", console, root)
 		}
