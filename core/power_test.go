@@ -189,4 +189,8 @@ func TestHaltMarkFollowsTheVM(t *testing.T) {
 		c, _ := e.rt.ContainerStatus(ctx, id)
 		return c.State == core.ContainerRunning && !c.Halted()
 	})
+	vm, err := e.hv.Status(ctx, id)
+	if c, _ := e.rt.ContainerStatus(ctx, id); err != nil || !c.BootedAt.Equal(vm.StartedAt) {
+		t.Fatalf("the boot by hand is recorded at %v, the VM started at %v (%v)", c.BootedAt, vm.StartedAt, err)
+	}
 }

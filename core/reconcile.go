@@ -258,7 +258,9 @@ func (r *Runtime) applyLocked(ctx context.Context, c *Container, vm ports.VMStat
 		// Booted after the halt (a start interrupted before it was
 		// recorded, or the VM started by hand): it runs again. A status
 		// of the VM from before the halt (StartedAt earlier) is stale.
-		next.HaltedAt = time.Time{}
+		// The boot is recorded as bootLocked records it, so that a stop
+		// from before it is told stale too.
+		next.HaltedAt, next.BootedAt = time.Time{}, vm.StartedAt
 	case c.Halted():
 		// Off as asked, or still shutting down: the container stays.
 		return nil
