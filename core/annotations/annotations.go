@@ -363,12 +363,6 @@ func (p *parser) maxVCPUs() {
 	}
 }
 
-// TopVCPUs is the most vCPUs the VM can have: VirtletMaxVCPUCount, else
-// VirtletVCPUCount.
-func (o VMOptions) TopVCPUs() int {
-	return max(o.MaxVCPUCount, o.VCPUCount)
-}
-
 // machineNames are QEMU's machine type names (pc, q35, pc-q35-7.2,
 // pc-i440fx-7.2, ...): whether the node's QEMU has the one asked for is
 // the hypervisor's to say, when the VM is defined.
