@@ -74,9 +74,9 @@ func (t *Tools) Run(ctx context.Context, containerID string, cmd []string, in io
 		if !c.BootedAt.IsZero() {
 			st.StartedAt = c.BootedAt // the VM's last boot (virtletctl start or restart)
 		}
-		if gi, err := t.RT.GuestInfo(ctx, containerID); c.Halted() {
+		if c.Halted() {
 			st.State, st.HaltedAt, st.GuestError = "halted", c.HaltedAt, "the VM is halted"
-		} else if err != nil {
+		} else if gi, err := t.RT.GuestInfo(ctx, containerID); err != nil {
 			st.GuestError = err.Error()
 		} else {
 			st.Guest = &gi
@@ -85,7 +85,7 @@ func (t *Tools) Run(ctx context.Context, containerID string, cmd []string, in io
 		enc.SetIndent("", "  ")
 		return 0, enc.Encode(st)
 	case vmtools.Stop, vmtools.Restart:
-		grace, err := gracePeriod(cmd[1:])
+		grace, err := gracePeriod(cmd[0], cmd[1:])
 		if err != nil {
 			return 0, err
 		}
@@ -111,7 +111,7 @@ func (t *Tools) Run(ctx context.Context, containerID string, cmd []string, in io
 }
 
 // gracePeriod reads Stop's and Restart's optional argument: whole seconds.
-func gracePeriod(args []string) (time.Duration, error) {
+func gracePeriod(command string, args []string) (time.Duration, error) {
 	switch len(args) {
 	case 0:
 		return vmtools.DefaultGracePeriod, nil
@@ -122,7 +122,7 @@ func gracePeriod(args []string) (time.Duration, error) {
 		}
 		return time.Duration(s) * time.Second, nil
 	}
-	return 0, fmt.Errorf("%s takes at most one argument, the grace period in seconds", vmtools.Stop)
+	return 0, fmt.Errorf("%s takes at most one argument, the grace period in seconds", command)
 }
 
 // powerDone tells the user what a power operation did.
