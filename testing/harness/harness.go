@@ -493,14 +493,9 @@ func WriteJSON(t testing.TB, dir, name string, v interface{}) string {
 // Eventually polls cond until it holds or the timeout passes.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !EventuallyOK(timeout, cond) {
+		t.Fatalf("timed out after %s waiting for %s", timeout, what)
 	}
-	t.Fatalf("timed out after %s waiting for %s", timeout, what)
 }
 
 // EventuallyOK polls cond until it holds (true) or timeout passes (false),
