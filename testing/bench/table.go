@@ -3,7 +3,9 @@ package bench
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -41,6 +43,16 @@ func record(rows ...Row) {
 		if err := enc.Encode(r); err != nil {
 			fmt.Fprintf(os.Stderr, "bench table %s: %v\n", path, err)
 		}
+	}
+}
+
+// WriteTable writes rows as a Markdown table.
+func WriteTable(w io.Writer, rows []Row) {
+	fmt.Fprintln(w, "| figure | ours | floor or peer | ratio | target | met |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- |")
+	cell := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+	for _, r := range rows {
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", cell(r.Figure), cell(r.Ours), cell(r.Floor), cell(r.Ratio), cell(r.Target), cell(r.Met))
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"strings"
 
 	"github.com/virtlet/virtlet/testing/bench"
 )
@@ -26,12 +25,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	fmt.Println("| figure | ours | floor or peer | ratio | target | met |")
-	fmt.Println("| --- | --- | --- | --- | --- | --- |")
-	cell := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
-	for _, r := range rows {
-		fmt.Printf("| %s | %s | %s | %s | %s | %s |\n", cell(r.Figure), cell(r.Ours), cell(r.Floor), cell(r.Ratio), cell(r.Target), cell(r.Met))
-	}
+	bench.WriteTable(os.Stdout, rows)
 }
 
 func read(path string) ([]bench.Row, error) {
