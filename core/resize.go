@@ -37,40 +37,36 @@ func checkMaxMemory(max, memory, hugepages int64, value string) error {
 	return nil
 }
 
+// cfsPeriod is a CFS period, CFS's default when none is given.
+func cfsPeriod(period int64) int64 {
+	if period <= 0 {
+		return 100_000
+	}
+	return period
+}
+
 // limitVCPUs is the vCPU count a CPU limit asks for: the limit in whole
 // CPUs, rounded up; 0 without a limit.
 func limitVCPUs(quota, period int64) int {
 	if quota <= 0 {
 		return 0
 	}
-	if period <= 0 {
-		period = 100_000 // CFS's default period
-	}
+	period = cfsPeriod(period)
 	return int((quota + period - 1) / period)
 }
 
 // cpuLimit formats a CFS quota as the CPU limit it came from.
 func cpuLimit(quota, period int64) string {
-	if period <= 0 {
-		period = 100_000
-	}
-	return fmt.Sprintf("%dm", quota*1000/period)
+	return fmt.Sprintf("%dm", quota*1000/cfsPeriod(period))
 }
 
 // bootVCPUs is the vCPU count a VM is created with: VirtletVCPUCount, or,
 // for a VM that can change them (VirtletMaxVCPUCount), its CPU limit
-// rounded up, at least VirtletVCPUCount.
+// rounded up, at least VirtletVCPUCount: what a resize to that limit
+// would give it.
 func bootVCPUs(opts annotations.VMOptions, quota, period int64) (int, error) {
-	if opts.MaxVCPUCount == 0 {
-		return opts.VCPUCount, nil
-	}
-	n := max(limitVCPUs(quota, period), opts.VCPUCount)
-	if n > opts.MaxVCPUCount {
-		return 0, &ports.InvalidError{Field: "resources.limits.cpu", Value: cpuLimit(quota, period),
-			Reason:  fmt.Sprintf("%d vCPUs, more than the VM's %s", n, annotations.MaxVCPUCount),
-			Allowed: fmt.Sprintf("at most %d CPUs", opts.MaxVCPUCount)}
-	}
-	return n, nil
+	return resizedVCPUs(ports.VMSpec{VCPUs: opts.VCPUCount, MinVCPUs: opts.VCPUCount, MaxVCPUs: opts.MaxVCPUCount},
+		ContainerResources{CPUQuota: quota, CPUPeriod: period})
 }
 
 // UpdateContainerResources resizes a VM pod's VM in place (kubelet's
