@@ -54,11 +54,14 @@ func TestRunStrategiesKeepTheVM(t *testing.T) {
 		}
 	}
 	halted("after stop")
-	// The logs stop growing: nothing runs.
+	// Nothing boots it while it is halted, a daemon crash included.
 	d.Kill()
 	d.Start()
 	time.Sleep(2 * time.Second) // the restarted daemon's resync
 	halted("after a daemon crash and restart")
+	if n := boots(); n != 1 {
+		t.Fatalf("the halted VM booted: %d ready markers in its console, want the first boot's only", n)
+	}
 
 	before := boots()
 	if out := c.Must(t, "exec", ctr, vmtools.Start); !strings.Contains(out, "started") {
