@@ -127,7 +127,7 @@ while True:
 	record(Row{Figure: fmt.Sprintf("ExecSync through qemu-guest-agent (`true` in the cloud guest, %d runs), p50 (p99)", execRuns),
 		Ours: fmt.Sprintf("%s (%s)", ms(p50), ms(p99)), Target: "none set"},
 		Row{Figure: fmt.Sprintf("port-forward of %d MiB from the guest (median of %d)", forwardBytes>>20, forwardRounds),
-			Ours: fmt.Sprintf("%.0f MiB/s", mf), Floor: fmt.Sprintf("direct TCP from the node %.0f MiB/s", md), Ratio: fmt.Sprintf("%.2f", mf/md), Target: "none set"})
+			Ours: fmt.Sprintf("%.0f MiB/s", mf), Floor: fmt.Sprintf("direct TCP from the node %.0f MiB/s", md), Ratio: ratioOf(mf, md), Target: "none set"})
 	fmt.Printf("ExecSync through qemu-guest-agent (TCG), %d runs of `true`: p50 %s, p99 %s\n", execRuns, p50.Round(100*time.Microsecond), p99.Round(100*time.Microsecond))
 	fmt.Printf("port-forward of %d MiB from the guest: %.0f MiB/s forwarded vs %.0f MiB/s direct, ratio %.2f (median of %d)\n",
 		forwardBytes>>20, mf, md, mf/md, forwardRounds)

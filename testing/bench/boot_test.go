@@ -47,7 +47,7 @@ func BenchmarkP1BootOverhead(b *testing.B) {
 	b.ReportMetric(float64(mc.Milliseconds()), "cold-ms")
 	b.ReportMetric(float64(mb.Milliseconds()), "bare-qemu-ms")
 	b.ReportMetric(float64(mp)/float64(mb), "pooled-ratio")
-	ratio := func(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(mb)) }
+	ratio := func(d time.Duration) string { return ratioOf(float64(d), float64(mb)) }
 	phase := func(r p1Result, names ...string) string {
 		var parts []string
 		for _, n := range names {
