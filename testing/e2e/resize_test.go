@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/virtlet/virtlet/core"
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -55,33 +58,18 @@ func TestInPlaceMemoryResize(t *testing.T) {
 func TestInPlaceVCPUResize(t *testing.T) {
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
-	podJSON, _ := vmPod(t, d, "vcpus", map[string]string{"VirtletMaxVCPUCount": "3"}, 256<<20)
-	ctrJSON := harness.WriteJSON(t, d.Dir, "vcpus-ctr-cpu.json", map[string]interface{}{
-		"metadata": map[string]interface{}{"name": "vcpus"},
-		"image":    map[string]string{"image": tinyRef},
-		"log_path": "vcpus/0.log",
-		"linux": map[string]interface{}{"resources": map[string]interface{}{
-			"memory_limit_in_bytes": 256 << 20, "cpu_quota": 100_000, "cpu_period": 100_000}},
-	})
+	podJSON, ctrJSON := vmPod(t, d, "vcpus", map[string]string{"VirtletMaxVCPUCount": "3"}, 256<<20)
+	ctrJSON = withResources(t, ctrJSON, func(r *runtimeapi.LinuxContainerResources) { r.CpuQuota, r.CpuPeriod = 100_000, 100_000 })
 	sb, ctr, _ := bootTiny(t, c, podJSON, ctrJSON)
 	var lastOnline string
 	online := func() int {
 		out, errOut, err := c.Run("exec", "-s", "--timeout", "10", ctr, "cat", "/sys/devices/system/cpu/online")
 		lastOnline = out + errOut
-		if err != nil {
+		cpus, perr := core.ParseCPUList(strings.TrimSpace(out))
+		if err != nil || perr != nil {
 			return 0
 		}
-		n := 0
-		for _, r := range strings.Split(strings.TrimSpace(out), ",") {
-			lo, hi, found := strings.Cut(r, "-")
-			a, _ := strconv.Atoi(lo)
-			b := a
-			if found {
-				b, _ = strconv.Atoi(hi)
-			}
-			n += b - a + 1
-		}
-		return n
+		return len(cpus)
 	}
 	domain := inspectCtr(t, c, ctr).VM.Name
 	vcpuCount := func() string {
