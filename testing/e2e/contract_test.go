@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -65,7 +63,7 @@ func TestLibvirtHypervisorContractPooled(t *testing.T) {
 	waitPool := func(t *testing.T) {
 		harness.Eventually(t, time.Minute, "a pool domain launched", func() bool {
 			names := harness.PoolDomainsUsing(dir)
-			return len(names) == 1 && logged(pluginLog.String(), "pool: domain launched paused", names[0])
+			return len(names) == 1 && harness.PoolLaunches(pluginLog.String())[names[0]]
 		})
 	}
 	waitPool(t)
@@ -131,16 +129,6 @@ func libvirtPlugin(t *testing.T, dir, config string) *host.Host {
 	return h
 }
 
-// logged says whether a line of log has msg and each of fields.
-func logged(log, msg string, fields ...string) bool {
-	for _, line := range strings.Split(log, "\n") {
-		if strings.Contains(line, msg) && !slices.ContainsFunc(fields, func(f string) bool { return !strings.Contains(line, f) }) {
-			return true
-		}
-	}
-	return false
-}
-
 // libvirtPluginLog is libvirtPlugin that also returns the plugin's log.
 func libvirtPluginLog(t *testing.T, dir, config string) (*host.Host, *harness.Screen) {
 	t.Helper()
@@ -150,6 +138,7 @@ func libvirtPluginLog(t *testing.T, dir, config string) (*host.Host, *harness.Sc
 	logBuf := &harness.Screen{}
 	log := logrus.New()
 	log.SetOutput(logBuf)
+	log.SetFormatter(&logrus.JSONFormatter{})
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("libvirt plugin's log (%s):\n%s", dir, logBuf.String())

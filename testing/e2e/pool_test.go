@@ -43,12 +43,7 @@ func waitPool(t *testing.T, d *harness.Daemon, n int) []string {
 		if len(doms) != n {
 			return false
 		}
-		launched := map[string]bool{}
-		for _, e := range d.LogEntries() {
-			if name, ok := e["domain"].(string); ok && e["msg"] == "pool: domain launched paused" {
-				launched[name] = true
-			}
-		}
+		launched := harness.PoolLaunches(d.Log())
 		for _, dom := range doms {
 			if state, _ := harness.Virsh("domstate", "--reason", dom); state != "paused (user)" || !launched[dom] {
 				return false // starting up

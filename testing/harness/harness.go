@@ -380,15 +380,30 @@ func (d *Daemon) Log() string {
 }
 
 // LogEntries returns the daemon's JSON log lines.
-func (d *Daemon) LogEntries() []map[string]interface{} {
+func (d *Daemon) LogEntries() []map[string]interface{} { return LogEntries(d.Log()) }
+
+// LogEntries returns the JSON lines of a log (logrus's JSON formatter).
+func LogEntries(log string) []map[string]interface{} {
 	var out []map[string]interface{}
-	for _, line := range strings.Split(d.Log(), "\n") {
+	for _, line := range strings.Split(log, "\n") {
 		var m map[string]interface{}
 		if json.Unmarshal([]byte(line), &m) == nil {
 			out = append(out, m)
 		}
 	}
 	return out
+}
+
+// PoolLaunches are the pool domains whose launch a libvirt plugin's JSON
+// log reports: each ready for a claim.
+func PoolLaunches(log string) map[string]bool {
+	launched := map[string]bool{}
+	for _, e := range LogEntries(log) {
+		if name, ok := e["domain"].(string); ok && e["msg"] == "pool: domain launched paused" {
+			launched[name] = true
+		}
+	}
+	return launched
 }
 
 // Children returns the daemon's child processes (its plugins): pid → cmdline.
