@@ -316,8 +316,7 @@ func head(s string, n int) string {
 // file written on its disk before the stop, restart power-cycles it; the
 // restart count stays 0 throughout.
 func runStrategies(t *testing.T, k *harness.Kube, run func(args ...string) (string, string, error)) {
-	manifest := filepath.Join(t.TempDir(), "sts.yaml")
-	os.WriteFile(manifest, []byte(fmt.Sprintf(`apiVersion: apps/v1
+	if err := k.Apply(fmt.Sprintf(`apiVersion: apps/v1
 kind: StatefulSet
 metadata:
   name: halt
@@ -347,9 +346,8 @@ spec:
           periodSeconds: 2
           timeoutSeconds: 5
           failureThreshold: 1
-`, k.Node)), 0o644)
-	if out, err := k.Kubectl("apply", "-f", manifest); err != nil {
-		t.Fatalf("kubectl apply: %v %s", err, out)
+`, k.Node)); err != nil {
+		t.Fatal(err)
 	}
 	defer k.Kubectl("delete", "statefulset", "halt", "--wait=false")
 	ready := func(want string) func() bool {
