@@ -95,7 +95,7 @@ say "starting virtlet (log: $work/virtlet.log)"
 "$bin/virtlet" --listen "unix://$sock" --admin-socket "$work/admin.sock" --state-dir "$work/state" --plugins-dir "$work/plugins.d" \
   --image-translations-dir "$work/images.d" > "$work/virtlet.log" 2>&1 &
 pids+=($!)
-for i in $(seq 1 200); do [ -S "$sock" ] && crictl version >/dev/null 2>&1 && break; sleep 0.1; done
+for i in $(seq 1 1200); do [ -S "$sock" ] && crictl version >/dev/null 2>&1 && break; sleep 0.1; done
 crictl version
 crictl info | python3 -c 'import json,sys; d=json.load(sys.stdin); h=d["hypervisor"]; print("hypervisor:", h["Version"], "accelerator:", h["Accelerator"], "-", h["Details"]["accelerator"])'
 

@@ -140,6 +140,9 @@ func TestCrashMatrix(t *testing.T) {
 	}
 
 	// libvirtd killed while a VM starts, and while one stops.
+	if out, err := crictlRun(c, "exec", "-s", byCtr, "echo", "agent"); err != nil || out != "agent" {
+		t.Fatalf("exec in the bystander: %q, %v", out, err)
+	}
 	for _, mid := range []string{"start", "stop"} {
 		row := matrixRow{failpoint: "libvirtd SIGKILL mid-" + mid}
 		t.Run(row.failpoint, func(t *testing.T) {
@@ -182,6 +185,11 @@ func TestCrashMatrix(t *testing.T) {
 			i := inspectCtr(t, c, ctr)
 			if dom, _ := harness.Virsh("domstate", i.VM.Name); i.Status.State != want || dom != wantDomain {
 				t.Errorf("after libvirtd's restart and the retried %s: container %s, domain %q; want %s, %q", mid, i.Status.State, dom, want, wantDomain)
+			}
+			// The plugin's guest-agent connection died with libvirtd too
+			// (the bystander's exec opened it): a new one carries execs.
+			if out, err := crictlRun(c, "exec", "-s", byCtr, "echo", "agent-"+mid); err != nil || out != "agent-"+mid {
+				t.Errorf("exec in the bystander after libvirtd's restart: %q, %v", out, err)
 			}
 			retry("stop", "--timeout", "0", ctr)
 			retry("rm", ctr)

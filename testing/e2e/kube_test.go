@@ -330,7 +330,7 @@ func TestKubeNode(t *testing.T) {
 		n.waitFor(t, "kubectl logs -f shows the echo", 30*time.Second, func() bool {
 			return strings.Contains(followed.String(), "@@ECHO typed-through-kubectl-attach")
 		})
-		if !strings.Contains(attached.String(), "@@ECHO typed-through-kubectl-attach") {
+		if !harness.EventuallyOK(30*time.Second, func() bool { return strings.Contains(attached.String(), "@@ECHO typed-through-kubectl-attach") }) {
 			t.Errorf("kubectl attach did not show the console's answer:\n%s", tail(attached.String(), 2000))
 		}
 		stdin.Close()
@@ -542,6 +542,11 @@ spec:
 			n.waitFor(t, name+"'s DHCP lease", 2*time.Minute, func() bool {
 				return strings.Contains(n.podLogs(name), "@@DHCP-BOUND iface=eth0 ip="+ip+" ")
 			})
+			// Its web server starts after the lease (the guest's init pings
+			// the gateway first): ready once it says so.
+			n.waitFor(t, name+" ready", 2*time.Minute, func() bool {
+				return strings.Contains(n.podLogs(name), "@@TINY-READY")
+			})
 			if err := ping(t, ip); err != nil {
 				t.Errorf("pod %s at %s: %v", name, ip, err)
 			}
@@ -589,7 +594,7 @@ spec:
 		if err := n.k.Apply(seed002); err != nil {
 			t.Fatal(err)
 		}
-		n.waitFor(t, "k8s-0 and k8s-1 Ready", 12*time.Minute, func() bool {
+		n.waitFor(t, "k8s-0 and k8s-1 Ready", 25*time.Minute, func() bool {
 			out, _ := n.k.Kubectl("get", "statefulset", "k8s", "-o", "jsonpath={.status.readyReplicas}")
 			return out == "2"
 		})

@@ -179,7 +179,7 @@ func TestVMPodLifecycle(t *testing.T) {
 	if i.Status.State != "CONTAINER_EXITED" || i.Status.ExitCode != 0 || i.Status.Reason != "Completed" || took > 60*time.Second {
 		t.Fatalf("after stop (%s): %+v", took, i.Status)
 	}
-	waitLog(t, c, ctr, "@@ACPI-POWER-BUTTON", 10*time.Second)
+	waitLog(t, c, ctr, "@@ACPI-POWER-BUTTON", time.Minute)
 	c.Must(t, "rm", ctr)
 	c.Must(t, "stopp", sb)
 	c.Must(t, "rmp", sb)
@@ -643,7 +643,7 @@ func TestVMSurvivesDaemonRestartAndPluginCrash(t *testing.T) {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	harness.Eventually(t, 30*time.Second, "the libvirt plugin to come back", func() bool {
+	harness.Eventually(t, time.Minute, "the libvirt plugin to come back", func() bool {
 		var info struct {
 			Plugins map[string]struct {
 				State    string `json:"state"`
@@ -667,7 +667,7 @@ func TestVMSurvivesDaemonRestartAndPluginCrash(t *testing.T) {
 	}
 	// The console output after both restarts and the rotation reaches the new log.
 	c.Must(t, "stop", "--timeout", "60", ctr)
-	waitLog(t, c, ctr, "@@ACPI-POWER-BUTTON", 15*time.Second)
+	waitLog(t, c, ctr, "@@ACPI-POWER-BUTTON", time.Minute)
 	if old, _ := os.ReadFile(logPath + ".1"); !strings.Contains(string(old), "@@TINY-READY") || strings.Contains(string(old), "@@ACPI-POWER-BUTTON") {
 		t.Errorf("the rotated log should hold the boot and not the shutdown:\n%s", old)
 	}

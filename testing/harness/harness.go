@@ -237,7 +237,8 @@ func (d *Daemon) Start(extraArgs ...string) {
 		logf.Close()
 		close(d.exited)
 	}()
-	deadline := time.Now().Add(30 * time.Second)
+	// The daemon listens once its plugins are up, each allowed a minute.
+	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
 		if c, err := net.Dial("unix", d.Socket); err == nil {
 			c.Close()
