@@ -72,6 +72,11 @@ type Hypervisor struct {
 	stopped  map[string][]chan struct{} // Stop calls waiting for a VM to stop
 	ready    bool
 
+	// agentMu guards agentConn, the connection that carries guest-agent
+	// commands (see agentDomain).
+	agentMu   sync.Mutex
+	agentConn *libvirt.Connect
+
 	// callbackIDs are conn's event callbacks (lifecycle, watchdog); reconnecting is set
 	// while a lost connection is being replaced.
 	callbackIDs  []int
@@ -1520,6 +1525,12 @@ func (h *Hypervisor) close() {
 	if conn != nil {
 		h.hangUp(conn, ids)
 	}
+	h.agentMu.Lock()
+	if h.agentConn != nil {
+		h.agentConn.Close() // calls still in flight hold their domains' references
+		h.agentConn = nil
+	}
+	h.agentMu.Unlock()
 	// No event or resync applies (and writes a record) after close.
 	if quit != nil {
 		close(quit)
