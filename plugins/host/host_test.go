@@ -447,26 +447,28 @@ func TestPluginCrashOutputReachesTheLog(t *testing.T) {
 	if err := h.Hypervisor().Define(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
+	var panicked, goStderr, cStderr bool
+	// Define's os.Stderr line travels over gRPC from a goroutine of the
+	// plugin: it arrives a moment after the call returns, and would be
+	// lost if the plugin died first. The crash waits for it.
+	seen := func(deadline time.Time, done func() bool) {
+		for time.Now().Before(deadline) && !done() {
+			for _, e := range hook.AllEntries() {
+				if e.Data["plugin"] != "buggy-hypervisor" {
+					continue
+				}
+				panicked = panicked || e.Level == logrus.ErrorLevel && strings.Contains(e.Message, "panic: fake plugin bug in Start")
+				goStderr = goStderr || e.Level == logrus.WarnLevel && e.Message == "fake: about to do something unwise"
+				cStderr = cStderr || e.Level == logrus.WarnLevel && e.Message == "libfake: warning from C"
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	seen(time.Now().Add(5*time.Second), func() bool { return goStderr })
 	if err := h.Hypervisor().Start(ctx, spec.ID); err == nil {
 		t.Fatal("Start of the panicking plugin succeeded")
 	}
-	var panicked, goStderr, cStderr bool
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && !(panicked && goStderr && cStderr) {
-		for _, e := range hook.AllEntries() {
-			if e.Data["plugin"] != "buggy-hypervisor" {
-				continue
-			}
-			panicked = panicked || e.Level == logrus.ErrorLevel && strings.Contains(e.Message, "panic: fake plugin bug in Start")
-			if e.Level == logrus.WarnLevel && e.Message == "fake: about to do something unwise" {
-				goStderr = true
-			}
-			if e.Level == logrus.WarnLevel && e.Message == "libfake: warning from C" {
-				cStderr = true
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	seen(time.Now().Add(5*time.Second), func() bool { return panicked && goStderr && cStderr })
 	if !panicked || !goStderr || !cStderr {
 		for _, e := range hook.AllEntries() {
 			t.Logf("%s %q %v", e.Level, e.Message, e.Data)
