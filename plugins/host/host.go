@@ -7,6 +7,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -36,8 +38,30 @@ type Options struct {
 	// StartTimeout bounds a plugin's start-up handshake.
 	StartTimeout time.Duration
 	// SocketDir holds a private directory per plugin process for its
-	// socket (default $TMPDIR). Unix socket paths are short: keep it so.
+	// socket (default: .sockets in StateDir, see socketsDir). Unix socket
+	// paths are short: keep it so.
 	SocketDir string
+}
+
+// socketsDir prepares the directory under the plugins' state directory
+// that holds a directory per plugin process for its socket, and removes
+// what a previous daemon left there: a daemon killed by SIGKILL cannot
+// remove its plugins' sockets (the plugins die with it), and one daemon
+// owns a state directory. A state directory too deep for a socket path
+// (108 bytes) gives "": $TMPDIR then, as before.
+func socketsDir(stateDir string) (string, error) {
+	dir := filepath.Join(stateDir, ".sockets")
+	// <dir>/<process dir>/<go-plugin's socket>: "/" + 10 digits + "/plugin" + 10 digits.
+	if len(dir)+len("/1234567890/plugin1234567890") >= 104 {
+		return "", nil
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return "", fmt.Errorf("remove the previous daemon's plugin sockets: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("create the plugin socket directory: %w", err)
+	}
+	return dir, nil
 }
 
 // Host owns the plugin processes.
@@ -61,6 +85,13 @@ func Start(ctx context.Context, ms []manifest.Manifest, opts Options) (*Host, er
 	}
 	if opts.StartTimeout == 0 {
 		opts.StartTimeout = time.Minute
+	}
+	if opts.SocketDir == "" && opts.StateDir != "" {
+		dir, err := socketsDir(opts.StateDir)
+		if err != nil {
+			return nil, err
+		}
+		opts.SocketDir = dir
 	}
 	h := &Host{log: opts.Log}
 	for _, m := range ms {

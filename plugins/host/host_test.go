@@ -246,6 +246,52 @@ func TestKilledPluginIsRestartedAndCallsInTheGapFailFast(t *testing.T) {
 	}
 }
 
+// The plugins' sockets live in the daemon's state directory, one
+// directory per process: a dead plugin's goes with it, a shutdown leaves
+// none, and what a daemon killed by SIGKILL left is removed at the next
+// start.
+func TestPluginSocketsStayInTheStateDir(t *testing.T) {
+	stateDir := t.TempDir()
+	stale := filepath.Join(stateDir, ".sockets", "1234567890")
+	if err := os.MkdirAll(stale, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stale, "plugin987"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ms := manifests(t, nil)
+	h, err := host.Start(context.Background(), ms, host.Options{StateDir: stateDir, Log: quiet(), InitialBackoff: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Shutdown()
+	sockets := func() []string {
+		found, _ := filepath.Glob(filepath.Join(stateDir, ".sockets", "*", "plugin*"))
+		return found
+	}
+	if got := sockets(); len(got) != len(ms) || slices.Contains(got, filepath.Join(stale, "plugin987")) {
+		t.Fatalf("sockets of %d plugins: %v", len(ms), got)
+	}
+	before := status(h, "fake-hypervisor")
+	if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if after := status(h, "fake-hypervisor"); after.State == host.Running && after.PID != before.PID {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := sockets(); len(got) != len(ms) {
+		t.Fatalf("sockets after a plugin's restart: %v", got)
+	}
+	h.Shutdown()
+	if left, _ := os.ReadDir(filepath.Join(stateDir, ".sockets")); len(left) != 0 {
+		t.Fatalf("left after shutdown in %s: %v", filepath.Join(stateDir, ".sockets"), left)
+	}
+}
+
 func TestShutdownLeavesNoPluginProcess(t *testing.T) {
 	ms := manifests(t, nil)
 	h, err := host.Start(context.Background(), ms, host.Options{StateDir: t.TempDir(), Log: quiet()})

@@ -127,7 +127,11 @@ func (s *Supervisor) launch(ctx context.Context) error {
 	// Its socket goes into a directory of this process's own, removed when
 	// the process is done: a plugin that dies by SIGKILL cannot remove its
 	// socket itself.
-	sockDir, err := os.MkdirTemp(s.opts.SocketDir, "virtlet-plugin-"+s.m.Name+"-")
+	pattern := "virtlet-plugin-" + s.m.Name + "-" // in $TMPDIR, shared
+	if s.opts.SocketDir != "" {
+		pattern = "" // in the daemon's own directory, where paths must stay short
+	}
+	sockDir, err := os.MkdirTemp(s.opts.SocketDir, pattern)
 	if err != nil {
 		return fmt.Errorf("create socket directory: %w", err)
 	}
