@@ -139,6 +139,19 @@ func (v *Volumes) Close() error {
 	return unix.Unmount(v.dir, unix.MNT_DETACH)
 }
 
+// Shutdown unmounts the shares' directory when the plugin stops with no
+// share left in it (the node's VM pods are gone), so that a stopped
+// daemon leaves no mount of its own behind; while shares remain, their
+// VMs run on and it stays.
+func (v *Volumes) Shutdown(context.Context) {
+	if v.dir == "" {
+		return
+	}
+	if err := v.Close(); err != nil {
+		v.log.WithError(err).Warn("unmount the shares' directory")
+	}
+}
+
 func owner(spec string) (int, int, error) {
 	name, group, _ := strings.Cut(spec, ":")
 	u, err := user.Lookup(name)

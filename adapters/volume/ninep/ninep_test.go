@@ -216,3 +216,27 @@ func TestShareForTheVMsOwnUser(t *testing.T) {
 		t.Errorf("what the VM wrote is owned by %d on the host, want root: %v", st.Uid, err)
 	}
 }
+
+// A plugin that stops keeps the shares' directory mounted while a share is
+// in it (its VM runs on), and unmounts it once none is.
+func TestShutdownUnmountsOnlyAnEmptySharesDir(t *testing.T) {
+	v := configured(t)
+	ctx := context.Background()
+	src := t.TempDir()
+	req := ports.VolumeRequest{VMID: "0123abcd", Name: "data", Type: ports.VolumeShare, HostPath: src}
+	if _, err := v.Prepare(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	dir := v.dir
+	v.Shutdown(ctx)
+	if !isMountPoint(dir) {
+		t.Fatal("the shares' directory was unmounted under a share")
+	}
+	if err := v.Release(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	v.Shutdown(ctx)
+	if isMountPoint(dir) {
+		t.Fatal("the shares' directory is still mounted with no share in it")
+	}
+}
