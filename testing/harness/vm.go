@@ -110,7 +110,12 @@ func VMDir(t testing.TB) string {
 	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		// A daemon killed by the test leaves its plugins' mounts (the
+		// 9p shares' directory) in place.
+		UnmountBelow(dir)
+		os.RemoveAll(dir)
+	})
 	t.Cleanup(func() { CleanupDomains(t, dir) })
 	return dir
 }
