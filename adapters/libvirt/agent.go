@@ -37,6 +37,23 @@ const agentCallTimeout = 5 * time.Second
 // libvirtd allowing 50). On a connection of their own, agent commands
 // queue only behind each other.
 func (h *Hypervisor) agentDomain(r *record) (*libvirt.Domain, error) {
+	conn, err := h.agentConnection()
+	if err != nil {
+		return nil, err
+	}
+	// The lookup may wait behind agent commands on that connection: it
+	// runs outside agentMu, with a reference of its own on it.
+	defer conn.Close()
+	dom, err := conn.LookupDomainByUUIDString(r.Spec.UUID)
+	if err != nil {
+		return nil, libvirtError("look up domain "+r.Spec.Name+" for its guest agent", err)
+	}
+	return dom, nil
+}
+
+// agentConnection returns the guest-agent connection, opening it when
+// needed, with a reference the caller releases with Close.
+func (h *Hypervisor) agentConnection() (*libvirt.Connect, error) {
 	h.agentMu.Lock()
 	defer h.agentMu.Unlock()
 	if h.agentConn != nil {
@@ -58,11 +75,10 @@ func (h *Hypervisor) agentDomain(r *record) (*libvirt.Domain, error) {
 		}
 		h.agentConn = conn
 	}
-	dom, err := h.agentConn.LookupDomainByUUIDString(r.Spec.UUID)
-	if err != nil {
-		return nil, libvirtError("look up domain "+r.Spec.Name+" for its guest agent", err)
+	if err := h.agentConn.Ref(); err != nil {
+		return nil, libvirtError("reference the guest-agent connection", err)
 	}
-	return dom, nil
+	return h.agentConn, nil
 }
 
 // agentState is what the live domain tells of the guest agent's channel.
