@@ -58,7 +58,12 @@ func socketsDir(stateDir string) (string, error) {
 	if err := os.RemoveAll(dir); err != nil {
 		return "", fmt.Errorf("remove the previous daemon's plugin sockets: %w", err)
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	// The plugins' parent directory stays traversable (see launch): QEMU
+	// opens files below the hypervisor plugin's.
+	if err := os.MkdirAll(stateDir, 0o711); err != nil {
+		return "", fmt.Errorf("create plugin state directory: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		return "", fmt.Errorf("create the plugin socket directory: %w", err)
 	}
 	return dir, nil

@@ -290,6 +290,17 @@ func TestPluginSocketsStayInTheStateDir(t *testing.T) {
 	if left, _ := os.ReadDir(filepath.Join(stateDir, ".sockets")); len(left) != 0 {
 		t.Fatalf("left after shutdown in %s: %v", filepath.Join(stateDir, ".sockets"), left)
 	}
+	// A state directory made here stays traversable: QEMU opens the
+	// hypervisor plugin's files below it.
+	fresh := filepath.Join(t.TempDir(), "plugins")
+	h2, err := host.Start(context.Background(), ms, host.Options{StateDir: fresh, Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2.Shutdown()
+	if fi, err := os.Stat(fresh); err != nil || fi.Mode().Perm() != 0o711 {
+		t.Fatalf("a new plugins' state directory: %v %v, want mode 0711", fi.Mode(), err)
+	}
 }
 
 func TestShutdownLeavesNoPluginProcess(t *testing.T) {
