@@ -119,3 +119,30 @@ func TestConfigureRefusesABadAgentWait(t *testing.T) {
 		}
 	}
 }
+
+func TestProbeVerdict(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	failed := errors.New("no result within 3s")
+	for _, c := range []struct {
+		name           string
+		tcg            time.Duration
+		tcgErr         error
+		kvm            time.Duration
+		kvmErr         error
+		want, inTheWhy string
+	}{
+		{"a working KVM", ms(470), nil, ms(110), nil, "kvm", "under KVM"},
+		{"a working KVM on a loaded host", ms(2500), nil, ms(900), nil, "kvm", "under KVM"},
+		{"this host's nested KVM, idle", ms(470), nil, ms(2700), nil, "tcg", "slow here"},
+		// The probe that let KVM through once: both slowed by load.
+		{"this host's nested KVM, loaded", ms(2522), nil, ms(2952), nil, "tcg", "slow here"},
+		{"KVM out of time", ms(90), nil, ms(3000), failed, "tcg", "KVM probe failed"},
+		{"TCG broken", 0, failed, ms(110), nil, "kvm", "under KVM"},
+		{"both broken", 0, failed, 0, failed, "tcg", "both KVM"},
+	} {
+		a := probeVerdict(c.tcg, c.tcgErr, c.kvm, c.kvmErr)
+		if a.Name != c.want || !strings.Contains(a.Reason, c.inTheWhy) {
+			t.Errorf("%s: %s (%s), want %s (…%s…)", c.name, a.Name, a.Reason, c.want, c.inTheWhy)
+		}
+	}
+}
