@@ -63,15 +63,16 @@ func (h *Hypervisor) agentConnection() (*libvirt.Connect, error) {
 		}
 	}
 	if h.agentConn == nil {
+		// A call that began before close opens nothing after it.
 		h.mu.Lock()
-		uri := h.cfg.URI
+		ready := h.ready
 		h.mu.Unlock()
-		conn, err := libvirt.NewConnect(uri)
+		if !ready {
+			return nil, fmt.Errorf("the libvirt plugin is not configured or is closing: %w", ports.ErrUnavailable)
+		}
+		conn, uri, err := h.dial("guest agent")
 		if err != nil {
 			return nil, fmt.Errorf("connect to libvirtd at %s for guest-agent commands: %v: %w", uri, err, ports.ErrUnavailable)
-		}
-		if err := conn.SetKeepAlive(5, 3); err != nil {
-			h.log.WithError(err).Warn("libvirt keepalive (guest-agent connection)")
 		}
 		h.agentConn = conn
 	}

@@ -237,18 +237,28 @@ func startEventLoop(log logrus.FieldLogger) {
 	})
 }
 
-// connect opens the libvirt connection and subscribes to lifecycle events.
-func (h *Hypervisor) connect() error {
+// dial opens a connection to the configured libvirtd, with keepalives
+// (what names it in the log).
+func (h *Hypervisor) dial(what string) (*libvirt.Connect, string, error) {
 	h.mu.Lock()
 	uri := h.cfg.URI
 	h.mu.Unlock()
 	conn, err := libvirt.NewConnect(uri)
 	if err != nil {
-		h.setConnErr(err)
-		return fmt.Errorf("connect to libvirtd at %s: %v: %w", uri, err, ports.ErrUnavailable)
+		return nil, uri, err
 	}
 	if err := conn.SetKeepAlive(5, 3); err != nil {
-		h.log.WithError(err).Warn("libvirt keepalive")
+		h.log.WithError(err).WithField("connection", what).Warn("libvirt keepalive")
+	}
+	return conn, uri, nil
+}
+
+// connect opens the libvirt connection and subscribes to lifecycle events.
+func (h *Hypervisor) connect() error {
+	conn, uri, err := h.dial("main")
+	if err != nil {
+		h.setConnErr(err)
+		return fmt.Errorf("connect to libvirtd at %s: %v: %w", uri, err, ports.ErrUnavailable)
 	}
 	id, err := conn.DomainEventLifecycleRegister(nil, h.onLifecycle)
 	if err != nil {
