@@ -125,9 +125,12 @@ func (v *Volumes) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	return nil
 }
 
-// Close unmounts the shares' directory once no share is left in it (tests
-// and uninstalls; a running plugin keeps it).
+// Close unmounts the shares' directory once no share is left in it (tests,
+// and the plugin's Shutdown). An unconfigured adapter has nothing to undo.
 func (v *Volumes) Close() error {
+	if v.dir == "" {
+		return nil
+	}
 	if v.userns != nil {
 		v.userns.Close()
 		v.userns = nil
@@ -144,9 +147,6 @@ func (v *Volumes) Close() error {
 // daemon leaves no mount of its own behind; while shares remain, their
 // VMs run on and it stays.
 func (v *Volumes) Shutdown(context.Context) {
-	if v.dir == "" {
-		return
-	}
 	if err := v.Close(); err != nil {
 		v.log.WithError(err).Warn("unmount the shares' directory")
 	}
