@@ -48,7 +48,8 @@ type Options struct {
 // what a previous daemon left there: a daemon killed by SIGKILL cannot
 // remove its plugins' sockets (the plugins die with it), and one daemon
 // owns a state directory. A state directory too deep for a socket path
-// (108 bytes) gives "": $TMPDIR then, as before.
+// (108 bytes on Linux, 104 elsewhere: the smaller is kept) gives "":
+// $TMPDIR then, as before.
 func socketsDir(stateDir string) (string, error) {
 	dir := filepath.Join(stateDir, ".sockets")
 	// <dir>/<process dir>/<go-plugin's socket>: "/" + 10 digits + "/plugin" + 10 digits.
