@@ -481,9 +481,7 @@ func TestPluginChaos(t *testing.T) {
 				// succeeded: on a slow machine every worker may still be
 				// inside a call of several seconds begun before.
 				time.Sleep(4 * time.Second)
-				for recovered := time.Now().Add(2 * time.Minute); !l.succeededSince(name, back) && time.Now().Before(recovered); {
-					time.Sleep(100 * time.Millisecond)
-				}
+				harness.EventuallyOK(2*time.Minute, func() bool { return l.succeededSince(name, back) })
 				stopLoad()
 				row = outage(t, name, l.calls, killed, noticed, back, usual)
 				row.kills = kill

@@ -153,20 +153,10 @@ type Daemon struct {
 // Dir/plugins.d with their real checksums).
 func NewDaemon(t testing.TB, bin string, plugins []Plugin) *Daemon {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "virtlet-e2e-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	// Mounts the daemon's plugins and the flexvolume driver made below the
-	// directory (the 9p shares' private mount, tmpfs of volumes a failed
-	// test did not unmount) go before the directory does.
-	t.Cleanup(func() { UnmountBelow(dir) })
-	// QEMU runs as its own user and must reach the disks below.
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { CleanupDomains(t, dir) })
+	// QEMU runs as its own user and must reach the disks below; mounts
+	// the daemon's plugins and the flexvolume driver made below it go
+	// with it (VMDir).
+	dir := VMDir(t)
 	d := &Daemon{t: t, Bin: bin, Dir: dir, Socket: filepath.Join(dir, "virtlet.sock"),
 		StateDir: filepath.Join(dir, "state"), LogFile: filepath.Join(dir, "virtlet.log")}
 	mdir := filepath.Join(dir, "plugins.d")

@@ -111,8 +111,9 @@ func VMDir(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		// A daemon killed by the test leaves its plugins' mounts (the
-		// 9p shares' directory) in place.
+		// Mounts that plugins and the flexvolume driver made below it
+		// (the 9p shares' private mount, tmpfs of volumes a failed test
+		// did not unmount, what a killed daemon left) go first.
 		UnmountBelow(dir)
 		os.RemoveAll(dir)
 	})
