@@ -40,7 +40,7 @@ func TestHaltKeepsTheContainerAndStartBootsTheSameVM(t *testing.T) {
 		}
 	}
 	halted("after the halt")
-	time.Sleep(50 * time.Millisecond) // the VM's stop event is applied meanwhile
+	e.settled(t) // the VM's stop event is applied
 	halted("after the VM's stop event")
 	if err := e.rt.HaltVM(ctx, id, time.Second); err != nil {
 		t.Errorf("a second halt: %v", err)
@@ -115,7 +115,7 @@ func TestRebootAndRefusals(t *testing.T) {
 	if second.State != ports.VMRunning || !second.StartedAt.After(first.StartedAt) || c.State != core.ContainerRunning || c.Halted() {
 		t.Fatalf("after restart: VM %+v (first boot %v), container %s halted=%v", second, first.StartedAt, c.State, c.Halted())
 	}
-	time.Sleep(50 * time.Millisecond) // the stop and start events are applied
+	e.settled(t) // the stop and start events are applied
 	if c, _ := e.rt.ContainerStatus(ctx, id); c.State != core.ContainerRunning {
 		t.Fatalf("the reboot's stop event ended the container: %+v", c)
 	}

@@ -19,7 +19,7 @@ import (
 // missed.
 func (r *Runtime) Run(ctx context.Context) {
 	var once sync.Once
-	ev := &eventQueue{r: r, pending: map[string]ports.VMStatus{}}
+	ev := &r.events
 	go r.retryUndos(ctx)
 	backoff := 200 * time.Millisecond
 	for ctx.Err() == nil {
@@ -294,15 +294,20 @@ func (r *Runtime) applyLocked(ctx context.Context, c *Container, vm ports.VMStat
 // operation on one pod never delays another pod's events. Only the latest
 // status of a VM matters: it carries the whole state.
 type eventQueue struct {
-	r       *Runtime
-	mu      sync.Mutex
-	pending map[string]ports.VMStatus
-	active  map[string]bool
+	r        *Runtime
+	mu       sync.Mutex
+	pending  map[string]ports.VMStatus
+	active   map[string]bool
+	received uint64 // events taken from the hypervisor's stream
 }
 
 func (q *eventQueue) add(ctx context.Context, st ports.VMStatus) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.received++
+	if q.pending == nil {
+		q.pending = map[string]ports.VMStatus{}
+	}
 	q.pending[st.ID] = st
 	if q.active == nil {
 		q.active = map[string]bool{}
@@ -329,6 +334,17 @@ func (q *eventQueue) work(ctx context.Context, id string) {
 			q.r.log.WithError(err).WithField("container", short(id)).Warn("apply VM state change")
 		}
 	}
+}
+
+// EventsSettled tells how many VM state events the runtime has taken from
+// the hypervisor's stream, and whether each of them has been applied to
+// its container (none is queued or being applied). A caller that knows
+// how many events the hypervisor sent waits on it instead of sleeping.
+func (r *Runtime) EventsSettled() (received uint64, settled bool) {
+	q := &r.events
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.received, len(q.active) == 0
 }
 
 func (r *Runtime) observe(ctx context.Context, st ports.VMStatus) error {

@@ -84,6 +84,7 @@ type Runtime struct {
 	pulls  singleflight.Group // one download per image at a time
 	synced chan struct{}      // closed after the first resync with the hypervisor
 	undos  chan string        // containers whose failed creation could not be undone (retryUndos)
+	events eventQueue         // the hypervisor's VM state events, applied per VM (Run)
 
 	fsMu         sync.Mutex // guards fsMountpoint
 	fsMountpoint string     // the image store's filesystem, once found (stats)
@@ -120,7 +121,7 @@ func New(deps Deps, opts Options) (*Runtime, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Runtime{
+	r := &Runtime{
 		deps:       deps,
 		opts:       opts,
 		log:        opts.Log,
@@ -129,7 +130,9 @@ func New(deps Deps, opts Options) (*Runtime, error) {
 		images:     make(map[string]*Image),
 		synced:     make(chan struct{}),
 		undos:      make(chan string, 64),
-	}, nil
+	}
+	r.events.r = r
+	return r, nil
 }
 
 // Load reads every record from the state store into memory.

@@ -40,6 +40,9 @@ type env struct {
 	presets *presets.Set
 	logDir  string
 	cancel  context.CancelFunc
+	// sentBefore is what the fake hypervisor had sent before the runtime
+	// of the latest start subscribed (settled).
+	sentBefore uint64
 }
 
 func quietLog() logrus.FieldLogger {
@@ -67,7 +70,11 @@ func (e *env) start(t *testing.T) {
 	t.Helper()
 	if e.cancel != nil {
 		e.cancel()
+		// The stopped runtime's subscription goes before the next one
+		// comes, so that settled counts the new runtime's events only.
+		eventually(t, "the stopped runtime's watch to end", func() bool { return e.hv.Watchers() == 0 })
 	}
+	e.sentBefore = e.hv.Sent()
 	rt, err := core.New(core.Deps{
 		Hypervisor: e.hv, ImageSources: map[string]ports.ImageSource{"https": e.images},
 		ImageFiles: e.files, Store: e.store, Network: e.net,
@@ -148,6 +155,17 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("timed out waiting for %s", what)
+}
+
+// settled waits until the runtime has taken and applied every VM state
+// event the fake hypervisor sent it: what a test asserts after it holds
+// with the events applied, not only with them still on their way.
+func (e *env) settled(t *testing.T) {
+	t.Helper()
+	eventually(t, "the VM state events to be applied", func() bool {
+		received, settled := e.rt.EventsSettled()
+		return settled && received == e.hv.Sent()-e.sentBefore
+	})
 }
 
 func TestRunSandboxVMPodRules(t *testing.T) {

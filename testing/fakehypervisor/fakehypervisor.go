@@ -34,6 +34,7 @@ type Hypervisor struct {
 	mu        sync.Mutex
 	vms       map[string]*vm
 	subs      map[chan ports.VMStatus]struct{}
+	sent      uint64 // state changes sent to watchers, each counted once a watcher
 	reopened  map[string]int
 	stateFile string
 	now       func() time.Time
@@ -168,6 +169,7 @@ func (h *Hypervisor) notify(st ports.VMStatus) {
 	for ch := range h.subs {
 		select {
 		case ch <- st:
+			h.sent++
 		default:
 			delete(h.subs, ch)
 			close(ch)
@@ -406,6 +408,21 @@ func (h *Hypervisor) Watch(ctx context.Context) (<-chan ports.VMStatus, error) {
 		h.mu.Unlock()
 	}()
 	return ch, nil
+}
+
+// Sent is how many state changes the fake has sent to its watchers (one
+// per watcher that took it).
+func (h *Hypervisor) Sent() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.sent
+}
+
+// Watchers is how many watchers the fake has now.
+func (h *Hypervisor) Watchers() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.subs)
 }
 
 // ReopenLog reopens nothing: the fake writes its console log once, at start.
