@@ -19,6 +19,16 @@ type accelerator struct {
 	DomainType string // libvirt domain type: "kvm" or "qemu"
 	Name       string // "kvm" or "tcg"
 	Reason     string // why, with the probe's figures
+	// probes are the probes' results the verdict came from (none when
+	// forced, without /dev/kvm, or read from the cache).
+	probes *probeResults
+}
+
+// probeResults are how long the probe took to boot under each
+// accelerator, or why it failed.
+type probeResults struct {
+	TCG, KVM       time.Duration
+	TCGErr, KVMErr error
 }
 
 // kvmDevice is the KVM device QEMU opens for a KVM domain.
@@ -153,7 +163,9 @@ func chooseAccelerator(ctx context.Context, want, qemu, dir string) accelerator 
 	defer os.Remove(disk)
 	tcgTook, tcgErr := runProbe(ctx, qemu, "tcg", disk, tcgLimit)
 	kvmTook, kvmErr := runProbe(ctx, qemu, "kvm", disk, kvmLimit)
-	return probeVerdict(tcgTook, tcgErr, kvmTook, kvmErr)
+	a := probeVerdict(tcgTook, tcgErr, kvmTook, kvmErr)
+	a.probes = &probeResults{TCG: tcgTook, KVM: kvmTook, TCGErr: tcgErr, KVMErr: kvmErr}
+	return a
 }
 
 // probeVerdict chooses from the two probes' results. A working KVM boots

@@ -38,6 +38,7 @@ func TestProbeVerdictIsCachedPerBoot(t *testing.T) {
 		t.Fatal("a fresh directory had a cached verdict")
 	}
 	again, cached := cachedAccelerator(context.Background(), "auto", "qemu-system-x86_64", dir)
+	first.probes = nil // the figures of a verdict's probes are not kept
 	if !cached || again != first {
 		t.Fatalf("second call: %+v cached=%v, first %+v", again, cached, first)
 	}
@@ -61,8 +62,18 @@ func TestChooseAccelerator(t *testing.T) {
 		}
 		return
 	}
-	if (a.Name != "kvm" && a.Name != "tcg") || !strings.Contains(a.Reason, "TCG") || strings.Contains(a.Reason, "both KVM") {
-		t.Fatalf("auto: %+v", a)
+	// Both probes really ran, and the verdict is the one their figures
+	// call for: KVM only when it booted the probe, faster than TCG.
+	p := a.probes
+	if p == nil || (p.TCGErr == nil && p.TCG <= 0) || (p.KVMErr == nil && p.KVM <= 0) {
+		t.Fatalf("auto without both probes' results: %+v %+v", a, p)
+	}
+	if p.TCGErr != nil {
+		t.Errorf("the probe does not boot under TCG here: %v", p.TCGErr)
+	}
+	wantKVM := p.KVMErr == nil && (p.TCGErr != nil || p.KVM < p.TCG)
+	if got := a.Name == "kvm"; got != wantKVM || !strings.Contains(a.Reason, "TCG") || a.DomainType != map[bool]string{true: "kvm", false: "qemu"}[wantKVM] {
+		t.Fatalf("auto chose %s (%s) from KVM %s (%v) and TCG %s (%v)", a.Name, a.Reason, p.KVM, p.KVMErr, p.TCG, p.TCGErr)
 	}
 	t.Logf("auto: %s (%s)", a.Name, a.Reason)
 	if a := chooseAccelerator(context.Background(), "auto", "/nonexistent/qemu", t.TempDir()); a.Name != "tcg" || !strings.Contains(a.Reason, "both KVM") {
