@@ -29,7 +29,7 @@ func TestColdPCILayoutIsLibvirts(t *testing.T) {
 	pciAddress := regexp.MustCompile(`\s*<address type="pci"[^>]*></address>`)
 	virtioSerial := regexp.MustCompile(`(?s)\s*<controller type="virtio-serial" index="0">\s*</controller>`)
 	dir := harness.VMDir(t)
-	checked := 0
+	placed, checked := 0, 0
 	for _, golden := range goldens {
 		data, err := os.ReadFile(golden)
 		if err != nil {
@@ -42,6 +42,7 @@ func TestColdPCILayoutIsLibvirts(t *testing.T) {
 		if !strings.Contains(string(data), `<address type="pci"`) || strings.HasPrefix(filepath.Base(golden), "pool-") {
 			continue // q35: libvirt's own placement; a pool domain leaves its pod's slots free
 		}
+		placed++
 		t.Run(strings.TrimSuffix(filepath.Base(golden), ".xml"), func(t *testing.T) {
 			name := fmt.Sprintf("virtlet-layout-%s", uuid.NewString()[:8])
 			x := virtioSerial.ReplaceAllString(pciAddress.ReplaceAllString(string(data), ""), "")
@@ -69,6 +70,11 @@ func TestColdPCILayoutIsLibvirts(t *testing.T) {
 			}
 			checked++
 		})
+	}
+	// A golden set without placed domains, or a subtest that ended
+	// before its comparison, would check nothing.
+	if placed == 0 || checked != placed {
+		t.Fatalf("%d of %d golden domains with PCI slots compared (of %d goldens)", checked, placed, len(goldens))
 	}
 	t.Logf("%d golden domains placed as libvirt places them", checked)
 }
