@@ -94,6 +94,7 @@ type critestNode struct {
 }
 
 func TestCritest(t *testing.T) {
+	parallel(t)
 	bin, err := harness.Tool("critest", "CRITEST")
 	if err != nil {
 		t.Fatal(err)
@@ -164,13 +165,13 @@ func (n *critestNode) images(t *testing.T, name, defaultImage, webServer string)
 }
 
 // serveCritestImages builds the stand-ins of the images critest pulls
-// (testing/critestimages; cached under .cache), pushes them to a registry
+// (testing/critestimages; cached in harness.CacheDir), pushes them to a registry
 // of the test's own on loopback, and makes containerd pull registry.k8s.io's
 // and gcr.io's images from it.
 func serveCritestImages(t *testing.T, ctrd *harness.Containerd) {
 	t.Helper()
 	start := time.Now()
-	set, err := critestimages.Build(filepath.Join(harness.RepoRoot(), ".cache"), t.Logf)
+	set, err := critestimages.Build(harness.CacheDir(), t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,9 +37,9 @@ func ContainerdBinDir() string { return filepath.Join(RepoRoot(), "bin", "tools"
 // candidate versions (Debian 12: containerd 1.6.20, runc 1.1.5), the
 // programs a node gets from `apt-get install containerd runc`. They come
 // out of the .deb files (apt-get download, checked against apt's SHA256,
-// kept in .cache/debs) into .cache/debian-containerd/<the versions>, once.
+// kept in CacheDir's debs) into its debian-containerd/<the versions>, once.
 func DebianContainerdBinDir() (string, error) {
-	cache := filepath.Join(RepoRoot(), ".cache")
+	cache := CacheDir()
 	dir, err := debs.Programs(filepath.Join(cache, "debian-containerd"), filepath.Join(cache, "debs"), map[string][]string{
 		"containerd": {"/usr/bin/containerd", "/usr/bin/containerd-shim-runc-v2", "/usr/bin/ctr"},
 		"runc":       {"/usr/sbin/runc"},

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Builds a test guest image and prints its path. Images are cached under
-# .cache/images by a hash of their build scripts and inputs, and rebuilt
-# when those change.
+# Builds a test guest image and prints its path. Images are cached in the
+# machine's build cache (testing/cache.sh) by a hash of their build scripts
+# and inputs, and rebuilt when those change; a build works in a directory
+# of its own and renames its image into place, so runs side by side never
+# see a half-built one.
 #   testing/images/build.sh tiny|cloud
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 kind=${1:?usage: build.sh tiny|cloud}
-cache=${VIRTLET_IMAGE_CACHE:-$repo/.cache/images}
+. "$here/../cache.sh"
+cache=${VIRTLET_IMAGE_CACHE:-$cache_root/images}
 mkdir -p "$cache"
 # The kernel Debian's linux-image-amd64 depends on now.
 kv=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-\([0-9].*-amd64\)$/\1/p' | head -1)
@@ -15,10 +18,14 @@ kv=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linu
 key=$( (echo "$kind $kv"; cat "$here/build.sh" "$here/uefi-boot.sh"; find "$here/$kind" -type f | sort | xargs cat) | sha256sum | cut -c1-16)
 out=$cache/$kind-$key.qcow2
 if [ ! -f "$out" ]; then
-  work=$cache/work-$kind
-  mkdir -p "$work"
+  work=$(mktemp -d "$cache/work-$kind.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
   echo "building the $kind test image (kernel $kv) into $out" >&2
-  "$here/$kind/build.sh" "$out" "$work" "$kv" >&2
-  for old in "$cache/$kind"-*.qcow2; do [ "$old" = "$out" ] || rm -f "$old"; done
+  "$here/$kind/build.sh" "$work/image.qcow2" "$work" "$kv" >&2
+  chmod 0644 "$work/image.qcow2"
+  mv "$work/image.qcow2" "$out"
+  # Images of other inputs go once unused for a week (a run beside this
+  # one may still read one).
+  find "$cache" -maxdepth 1 -name "$kind-*.qcow2" ! -path "$out" -atime +7 -delete
 fi
 echo "$out"

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes binaries the kubelet-driven tests run, at one
 # pinned version, from the Go module proxy: kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubelet, kube-proxy and kubectl. They are cached under .cache/k8s/<version>-<hash of this script>
-# and rebuilt only when this script changes. Prints the bin directory.
+# kube-controller-manager, kube-scheduler, kubelet, kube-proxy and kubectl.
+# They are cached in the machine's build cache (testing/cache.sh) under
+# k8s/<version>-<hash of this script> and rebuilt only when this script
+# changes. Prints the bin directory.
 #   testing/k8s/build.sh
 # A cold build takes 12-15 minutes on 2 cores (wrap it in the heavy lock).
 set -euo pipefail
 V=1.36.3
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-cache=${VIRTLET_K8S_CACHE:-$repo/.cache/k8s}
+. "$here/../cache.sh"
+cache=${VIRTLET_K8S_CACHE:-$cache_root/k8s}
 key=$( (echo "$V"; cat "$here/build.sh") | sha256sum | cut -c1-16)
 out=$cache/$V-$key
 cmds="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl"
@@ -17,7 +20,9 @@ done_=1
 for c in $cmds; do [ -x "$out/bin/$c" ] || done_=0; done
 if [ $done_ = 1 ]; then echo "$out/bin"; exit 0; fi
 
-work=$cache/work-$key
+mkdir -p "$cache"
+work=$(mktemp -d "$cache/work-$key.XXXXXX")
+trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/mod"
 minor=$(echo "$V" | cut -d. -f2)
 # A wrapper module: k8s.io/kubernetes at V, with every staging module
@@ -61,7 +66,7 @@ for c in $cmds; do
   echo "k8s: building $c v$V" >&2
   go build -trimpath -ldflags "$ldf" -o "$work/bin/$c" "k8s.io/kubernetes/cmd/$c" >&2
 done
-rm -rf "$out"; mkdir -p "$out"
-mv "$work/bin" "$out/bin"
-rm -rf "$work"
+# A run beside this one may have put the same build in place meanwhile.
+mkdir -p "$work/out" && mv "$work/bin" "$work/out/bin"
+[ -d "$out/bin" ] || { rm -rf "$out" && mv "$work/out" "$out"; }
 echo "$out/bin"
