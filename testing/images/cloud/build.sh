@@ -23,7 +23,10 @@ kv=$(ls "$root"/boot/vmlinuz-* | sort -V | tail -1 | sed 's|.*/vmlinuz-||')
 echo "cloud image kernel: $kv" >&2
 
 # Customise for tests.
-echo 'LABEL=root  /  ext4  defaults,noatime,errors=remount-ro  0 1' > "$root/etc/fstab"
+# No fsck of the root at boot (pass 0): each VM's root is a fresh overlay
+# of this image, and the check sat on the boot's critical path (3.5 s of
+# TCG).
+echo 'LABEL=root  /  ext4  defaults,noatime,errors=remount-ro  0 0' > "$root/etc/fstab"
 echo debian-cloud > "$root/etc/hostname"
 echo LANG=C.UTF-8 > "$root/etc/default/locale"
 printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n' > "$root/etc/hosts"
@@ -36,6 +39,17 @@ cat > "$root/etc/cloud/cloud.cfg.d/90-test-image.cfg" <<CFG
 datasource_list: [ NoCloud, ConfigDrive, None ]
 ssh_genkeytypes: [ ed25519 ]
 locale: C.UTF-8
+CFG
+# Debian's module lists without the modules for package managers, config
+# management agents and cloud vendors that no test asks for: each costs
+# seconds of TCG (grub-dpkg 1.7 s, apt-configure 0.6 s). Every module of
+# what Virtlet generates or a seed's user-data names stays.
+cat > "$root/etc/cloud/cloud.cfg.d/91-test-image-modules.cfg" <<CFG
+cloud_init_modules: [migrator, seed_random, bootcmd, write-files, growpart, resizefs, disk_setup, mounts,
+  set_hostname, update_hostname, update_etc_hosts, users-groups, ssh]
+cloud_config_modules: [locale, set-passwords, timezone, runcmd]
+cloud_final_modules: [write-files-deferred, scripts-vendor, scripts-per-once, scripts-per-boot,
+  scripts-per-instance, scripts-user, ssh-authkey-fingerprints, keys-to-console, final-message, power-state-change]
 CFG
 echo 'root:*' | chroot "$root" chpasswd -e
 sed -i 's/^MODULES=.*/MODULES=list/' "$root/etc/initramfs-tools/initramfs.conf"
