@@ -58,9 +58,11 @@ func NewTestNetwork(t testing.TB, o NetworkOptions) *TestNetwork {
 	if _, err := os.Stat(filepath.Join(CNIBinDir, "bridge")); err != nil {
 		t.Fatalf("Debian's containernetworking-plugins are missing (testing/setup.sh installs them): %v", err)
 	}
+	// The run's id in both names (RunEnv): "vt" + 6 + up to 3 digits, in
+	// a bridge name's 15 bytes.
 	tn := &TestNetwork{
-		Name:    fmt.Sprintf("virtlet-test-%d", o.Index),
-		Bridge:  fmt.Sprintf("vltest%d", o.Index),
+		Name:    fmt.Sprintf("virtlet-%s-%d", RunBridgePrefix(RunID()), o.Index),
+		Bridge:  fmt.Sprintf("%s%d", RunBridgePrefix(RunID()), o.Index),
 		ConfDir: t.TempDir(), IPAMDir: t.TempDir(),
 		Subnet:  fmt.Sprintf("198.18.%d.0/24", o.Index),
 		Gateway: fmt.Sprintf("198.18.%d.1", o.Index),

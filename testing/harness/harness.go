@@ -6,6 +6,8 @@ package harness
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -21,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/virtlet/virtlet/plugins/manifest"
 )
 
@@ -33,6 +37,68 @@ func RepoRoot() string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
+// RunEnv names the id of the test run (testing/check.sh sets it, and
+// TMPDIR to RunDir(id), for each make check): every name a run makes on the
+// host carries it (its temporary directories, which hold the VMs' disks,
+// the daemons' state and the kubelets' directories; its bridges and their
+// firewall rules; its CNI networks), so that testing/hostcheck finds what
+// a killed run left, by that tag and nothing else.
+const RunEnv = "VIRTLET_RUN"
+
+var (
+	runOnce sync.Once
+	runID   string
+)
+
+// RunID is the run's id: six hex digits, RunEnv's, or for a go test of
+// its own, one of the process's.
+func RunID() string {
+	runOnce.Do(func() {
+		runID = os.Getenv(RunEnv)
+		if !validRunID(runID) {
+			var b [3]byte
+			rand.Read(b[:])
+			runID = hex.EncodeToString(b[:])
+		}
+	})
+	return runID
+}
+
+func validRunID(id string) bool {
+	if len(id) != 6 {
+		return false
+	}
+	_, err := hex.DecodeString(id)
+	return err == nil && strings.ToLower(id) == id
+}
+
+// RunDir is the temporary directory of the run with this id: TMPDIR of
+// each make check, so that every t.TempDir and os.MkdirTemp of its
+// tests is below it.
+func RunDir(id string) string { return "/tmp/vt-" + id }
+
+// RunBridgePrefix is how the names of a run's test bridges begin
+// (NewTestNetwork): "vt", the run's id.
+func RunBridgePrefix(id string) string { return "vt" + id }
+
+// CacheDir is where the suites keep what they build or download once per
+// content (Debian packages, images, tools), shared by every checkout on the
+// machine so that CI's fresh clone reuses an earlier run's: VIRTLET_CACHE,
+// or /var/cache/virtlet-build as root, or the user's cache directory. The
+// build scripts read the same place (testing/cache.sh).
+func CacheDir() string {
+	if d := os.Getenv("VIRTLET_CACHE"); d != "" {
+		return d
+	}
+	if os.Geteuid() == 0 {
+		return "/var/cache/virtlet-build"
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "virtlet-build")
+	}
+	return filepath.Join(RepoRoot(), ".cache")
+}
+
 // Build compiles the daemon and the given extra binaries (name → package)
 // into dir, with go build's extra flags (e.g. -race).
 func Build(dir string, extra map[string]string, flags ...string) error {
@@ -40,6 +106,10 @@ func Build(dir string, extra map[string]string, flags ...string) error {
 	for k, v := range extra {
 		pkgs[k] = v
 	}
+	// Two builds at a time: linking is most of a build whose packages
+	// are in go's cache, and it keeps one core busy.
+	var g errgroup.Group
+	g.SetLimit(2)
 	for name, pkg := range pkgs {
 		// pacific: go-ceph against Debian 12's Ceph 16 (the ceph plugin).
 		// A "-failpoints" binary is the crash tests' (core's failpoints armed).
@@ -51,13 +121,16 @@ func Build(dir string, extra map[string]string, flags ...string) error {
 		if strings.HasPrefix(name, "virtlet") && pkg == pkgs["virtlet"] {
 			args = append(args, "-ldflags", "-X github.com/virtlet/virtlet/cmd/internal/buildinfo.version="+Version)
 		}
-		cmd := exec.Command("go", append(args, pkg)...)
-		cmd.Dir = RepoRoot()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
-		}
+		g.Go(func() error {
+			cmd := exec.Command("go", append(args, pkg)...)
+			cmd.Dir = RepoRoot()
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
+			}
+			return nil
+		})
 	}
-	return nil
+	return g.Wait()
 }
 
 // Tool finds a test tool built by testing/tools/build.sh (or named by the

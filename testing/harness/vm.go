@@ -74,6 +74,12 @@ func DomainsUsing(path string) []string {
 	return out
 }
 
+// DomainsMentioning lists every domain of Virtlet's (a VM's or a pool's,
+// defined or transient) whose definition mentions path.
+func DomainsMentioning(path string) []string {
+	return domainsUsing(path, "virtlet-", "--all")
+}
+
 // PoolDomainsUsing lists the pool domains (launched paused, transient,
 // named virtlet-pool-…) no VM has claimed, whose definition mentions path.
 func PoolDomainsUsing(path string) []string {
