@@ -1,12 +1,15 @@
 # Virtlet: a CRI runtime that runs Kubernetes pods as VMs.
 #
 #   make demo    the main job: daemon up, a VM pod booted, its console shown
-#   make check   everything CI runs: make test + make e2e + make e2e-k8s + make critest
+#   make check   everything CI runs: set-up, lint, unit, integration, e2e, e2e-k8s and
+#                critest, each phase timed, ending with a table of the phases' wall time
+#                and the 20 slowest tests (testing/check.sh)
 #   make test    unit and integration tests (fake hypervisor plugin, real crictl), with -race
 #   make e2e     real-VM suites (real libvirtd + QEMU), driven by crictl
 #   make e2e-k8s real-VM suites behind a real kubelet and API server (TestKube*)
 #   make critest cri-tools' CRI conformance suite; writes docs/critest.md
 #   make bench   benchmarks, printing their figures
+#   make bench-check  make bench, failing when a benchmark misses its target
 #   make fuzz    every fuzz target for FUZZTIME each (default 20s); not in make check,
 #                but the corpora they commit (testdata/fuzz) run as seeds in make test
 #   make build   every binary into bin/
@@ -25,7 +28,7 @@ DEFAULT_PLUGINS := $(shell sed -n 's/^command: *//p' plugins/manifest/defaults/*
 # Test-only plugins.
 TEST_PLUGINS := bin/virtlet-fake-plugin bin/virtlet-example-scratch
 
-.PHONY: all build deps tools proto test unit integration e2e e2e-k8s critest bench fuzz check demo lint clean install
+.PHONY: all build deps tools proto test unit integration e2e e2e-k8s critest e2e-all bench bench-check bench-smoke fuzz check demo lint clean install
 
 all: build
 
@@ -66,33 +69,54 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
+# make check runs every suite through gotestsum (CHECK_DIR set by
+# testing/check.sh): go test's usual output, and each test's events kept
+# as JSON for the closing table. A plain `make e2e` runs go test itself.
+ifdef CHECK_DIR
+GOTEST = bin/tools/gotestsum --format standard-quiet --jsonfile $(CHECK_DIR)/$@.json --
+else
+GOTEST = $(GO) test
+endif
+
 # Packages whose tests start the daemon as a process: go's test cache cannot
 # see the binaries they build, so they always run.
 PROCESS_TESTS := ./testing/integration/... ./plugins/host/...
 
 unit:
-	$(GO) test -race $$($(GO) list ./... | grep -v -e /testing/integration -e /testing/e2e -e /testing/bench -e /plugins/host)
+	$(GOTEST) -race -timeout 10m $$($(GO) list ./... | grep -v -e /testing/integration -e /testing/e2e -e /testing/bench -e /plugins/host)
 
 integration:
-	$(GO) test -race -count=1 $(PROCESS_TESTS)
+	$(GOTEST) -race -count=1 -timeout 10m $(PROCESS_TESTS)
 
 test: deps lint unit integration
 
+# The real-VM suites run E2E_PARALLEL tests at a time (testing/e2e's
+# parallel): a TCG guest keeps one core busy, and most of a test's time
+# is a guest booting.
+E2E_PARALLEL ?= 2
+
 e2e: deps
-	$(GO) test -count=1 -timeout 80m -skip '^TestKube|^TestCritest' ./testing/e2e/...
+	$(GOTEST) -count=1 -parallel $(E2E_PARALLEL) -timeout 40m -skip '^TestKube|^TestCritest' ./testing/e2e/...
 
 # The Kubernetes binaries are built once per pinned version and cached
 # (testing/k8s/build.sh).
 e2e-k8s: deps
 	testing/k8s/build.sh >/dev/null
-	$(GO) test -count=1 -timeout 60m -run '^TestKube' ./testing/e2e/...
+	$(GOTEST) -count=1 -parallel $(E2E_PARALLEL) -timeout 20m -run '^TestKube' ./testing/e2e/...
 
 # cri-tools' conformance suite against VM pods and forwarded container
 # pods; regenerates docs/critest.md.
 critest: deps
-	CRITEST_REPORT=$(CURDIR)/docs/critest.md $(GO) test -count=1 -timeout 80m -run '^TestCritest$$' ./testing/e2e/...
+	CRITEST_REPORT=$(CURDIR)/docs/critest.md $(GOTEST) -count=1 -timeout 20m -run '^TestCritest$$' ./testing/e2e/...
 
-check: test e2e e2e-k8s critest
+# make check's: the three suites above in one run, so that the
+# kubelet-driven tests and critest pack beside the VM tests.
+e2e-all: deps
+	testing/k8s/build.sh >/dev/null
+	CRITEST_REPORT=$(CURDIR)/docs/critest.md $(GOTEST) -count=1 -parallel $(E2E_PARALLEL) -timeout 45m ./testing/e2e/...
+
+check:
+	testing/check.sh
 
 # Every benchmark also appends its figures to BENCH_TABLE; the last step
 # prints them as one table (figure, ours, floor or peer, ratio, target, met).
@@ -115,6 +139,16 @@ bench: deps
 	@echo "         ReachTheVM: ExecSync through qemu-guest-agent p50/p99; port-forward throughput / direct TCP to the VM (no target set)"
 	@echo "         KubeApply: kubectl apply -> Running / -> guest ready (p50 of 5), 10 at once -> Running p50/p99 (no target; KubeVirt publishes 15-25 s)"
 	@echo; $(GO) run ./testing/bench/table $(BENCH_TABLE)
+
+# Every benchmark once at its smallest size (testing/bench/size.go), so
+# that none rots: make check runs it; its figures judge nothing.
+bench-smoke: deps
+	testing/k8s/build.sh >/dev/null
+	VIRTLET_BENCH_SMOKE=1 $(GOTEST) -count=1 -run '^$$' -bench . -benchtime 1x -timeout 15m ./testing/bench/
+
+# make bench, then fail when a target was missed (naming each).
+bench-check: bench
+	$(GO) run ./testing/bench/table -check $(BENCH_TABLE)
 
 # go test -fuzz takes one target per run: every func FuzzX of the tracked
 # tests runs in turn, and a failure (its input written to
