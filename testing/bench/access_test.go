@@ -21,10 +21,10 @@ import (
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
-const (
-	execRuns      = 200
-	forwardBytes  = 64 << 20 // per transfer
-	forwardRounds = 3
+var (
+	execRuns      = size(200, 3)
+	forwardBytes  = size(64<<20, 1<<20) // per transfer
+	forwardRounds = size(3, 1)
 )
 
 // BenchmarkReachTheVM boots the cloud guest once on a pod network and
@@ -98,6 +98,20 @@ while True:
 	if r, err := execSync(30, "systemd-run", "--unit=bench-sender", "python3", "-c", sender); err != nil || r.ExitCode != 0 {
 		b.Fatalf("start the sender in the guest: %v %+v", err, r)
 	}
+	// systemd-run returns at once; python3 takes seconds to start under
+	// TCG: the figures begin once the sender listens.
+	listening := false
+	for until := time.Now().Add(2 * time.Minute); !listening && time.Now().Before(until); {
+		if conn, err := net.DialTimeout("tcp", net.JoinHostPort(vmIP, strconv.Itoa(port)), 5*time.Second); err == nil {
+			conn.Close()
+			listening = true
+		} else {
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	if !listening {
+		b.Fatalf("the guest's sender never listened on port %d", port)
+	}
 
 	b.ResetTimer()
 	var rtts []time.Duration
@@ -143,7 +157,7 @@ func mibPerSecond(b *testing.B, dial func() (io.ReadCloser, error)) float64 {
 	}
 	defer c.Close()
 	n, err := io.Copy(io.Discard, c)
-	if err != nil || n != forwardBytes {
+	if err != nil || n != int64(forwardBytes) {
 		b.Fatalf("read %d bytes, want %d: %v", n, forwardBytes, err)
 	}
 	return float64(n) / (1 << 20) / time.Since(start).Seconds()

@@ -20,7 +20,7 @@ import (
 	"github.com/virtlet/virtlet/testing/imageserver"
 )
 
-const bootRuns = 5
+var bootRuns = size(5, 1)
 
 // BenchmarkP1BootOverhead: RunPodSandbox → the tiny guest's first console
 // line through the daemon, cold (a daemon whose libvirt plugin has no

@@ -19,7 +19,7 @@ import (
 )
 
 // densityPods is how many tiny VM pods run at once.
-const densityPods = 50
+var densityPods = size(50, 2)
 
 // BenchmarkP5Density starts tiny VM pods until 50 run at once on this
 // machine, each to its ready marker, then removes them. It reports the time
@@ -96,7 +96,7 @@ func BenchmarkP5Density(b *testing.B) {
 	}
 	listP99 := quantile(lists, 0.99)
 	goroutines := daemonGoroutines(b, rt)
-	growth := float64(rss-rss0) / densityPods / (1 << 20)
+	growth := float64(rss-rss0) / float64(densityPods) / (1 << 20)
 	var wgr sync.WaitGroup
 	for _, p := range pods {
 		wgr.Add(1)

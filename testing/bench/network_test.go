@@ -53,14 +53,14 @@ func BenchmarkPodNetwork20(b *testing.B) {
 	var setup, teardown []time.Duration
 	b.ResetTimer()
 	for round := 1; round <= b.N; round++ {
-		for i := 0; i < 20; i++ {
+		for i := 0; i < networkPods; i++ {
 			start := time.Now()
 			if _, err := nw.Setup(ctx, req(round, i)); err != nil {
 				b.Fatal(err)
 			}
 			setup = append(setup, time.Since(start))
 		}
-		for i := 0; i < 20; i++ {
+		for i := 0; i < networkPods; i++ {
 			start := time.Now()
 			if err := nw.Teardown(ctx, req(round, i)); err != nil {
 				b.Fatal(err)
@@ -75,8 +75,8 @@ func BenchmarkPodNetwork20(b *testing.B) {
 		b.ReportMetric(float64(p99.Microseconds())/1000, prefix+"p99-ms")
 		record(Row{Figure: figure, Ours: fmt.Sprintf("%s (%s)", ms(p50), ms(p99)), Target: "none set"})
 	}
-	report("setup-", "pod network setup (RunPodSandbox: CNI bridge + host-local through the plugin), p50 (p99) of 20 pods", setup)
-	report("teardown-", "pod network teardown (StopPodSandbox), p50 (p99) of 20 pods", teardown)
+	report("setup-", fmt.Sprintf("pod network setup (RunPodSandbox: CNI bridge + host-local through the plugin), p50 (p99) of %d pods", networkPods), setup)
+	report("teardown-", fmt.Sprintf("pod network teardown (StopPodSandbox), p50 (p99) of %d pods", networkPods), teardown)
 	if held := tn.Allocated(); len(held) != 0 {
 		b.Fatalf("host-local still holds %v", held)
 	}

@@ -56,6 +56,10 @@ func WriteTable(w io.Writer, rows []Row) {
 	}
 }
 
+// Met tells whether a row's target was met: its met cell starts with
+// "met" (met writes it; a figure may follow it, as in "met (6.0 %)").
+func Met(r Row) bool { return strings.HasPrefix(r.Met, "met") }
+
 // met says whether a target is met.
 func met(ok bool) string {
 	if ok {
