@@ -160,6 +160,7 @@ func containerUsage(t *testing.T, c *harness.Crictl, ctr string) usage {
 // while it boots (the libvirt plugin's agentWait, 15 s here), then gets
 // the clear error at once.
 func TestReachTheVM(t *testing.T) {
+	parallel(t)
 	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 80, DualStack: true})
 	cloudTr := cloudTranslation(t)
 	const agentWait = 15 * time.Second

@@ -37,7 +37,7 @@ import (
 
 const (
 	chaosVMs     = 20
-	chaosWave    = 4 // VMs started at a time: 2 cores boot 4 tiny guests in ~15 s
+	chaosWave    = 4 // VMs booting at a time: 2 cores boot 4 tiny guests in ~15 s
 	chaosScratch = 10
 	// chaosKills bounds the kills of one plugin that may miss every call
 	// needing it (see the per-plugin subtest).
@@ -172,44 +172,57 @@ func TestPluginChaos(t *testing.T) {
 	}
 	t.Cleanup(func() { adm.Close() })
 
-	// The 20 VMs, started a wave at a time.
+	// The 20 VMs, chaosWave of them booting at a time: the next starts as
+	// soon as one is ready, so that both cores stay busy.
 	type vm struct{ sb, ctr, domain, pid string }
 	vms := make([]vm, chaosVMs)
-	for w := 0; w < chaosVMs; w += chaosWave {
-		var wg sync.WaitGroup
-		for i := w; i < min(w+chaosWave, chaosVMs); i++ {
-			wg.Add(1)
-			go func(i int) {
-				defer wg.Done()
-				name := fmt.Sprintf("chaos-vm-%02d", i)
-				pod := chaosPod(d, name, nil)
-				sb, err := rt.RunPodSandbox(bg, &runtimeapi.RunPodSandboxRequest{Config: pod})
-				if err != nil {
-					t.Errorf("RunPodSandbox %s: %v", name, err)
-					return
-				}
-				ctr, err := rt.CreateContainer(bg, &runtimeapi.CreateContainerRequest{PodSandboxId: sb.PodSandboxId,
-					Config: chaosContainer(name, 0, nil), SandboxConfig: pod})
-				if err != nil {
-					t.Errorf("CreateContainer %s: %v", name, err)
-					return
-				}
-				if _, err := rt.StartContainer(bg, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
-					t.Errorf("StartContainer %s: %v", name, err)
-					return
-				}
-				vms[i] = vm{sb: sb.PodSandboxId, ctr: ctr.ContainerId}
-			}(i)
+	bootErrs := make([]error, chaosVMs)
+	booting := make(chan struct{}, chaosWave)
+	var wg sync.WaitGroup
+	for i := range vms {
+		wg.Add(1)
+		booting <- struct{}{}
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-booting }()
+			name := fmt.Sprintf("chaos-vm-%02d", i)
+			pod := chaosPod(d, name, nil)
+			sb, err := rt.RunPodSandbox(bg, &runtimeapi.RunPodSandboxRequest{Config: pod})
+			if err != nil {
+				bootErrs[i] = fmt.Errorf("RunPodSandbox %s: %w", name, err)
+				return
+			}
+			ctr, err := rt.CreateContainer(bg, &runtimeapi.CreateContainerRequest{PodSandboxId: sb.PodSandboxId,
+				Config: chaosContainer(name, 0, nil), SandboxConfig: pod})
+			if err != nil {
+				bootErrs[i] = fmt.Errorf("CreateContainer %s: %w", name, err)
+				return
+			}
+			if _, err := rt.StartContainer(bg, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
+				bootErrs[i] = fmt.Errorf("StartContainer %s: %w", name, err)
+				return
+			}
+			vms[i] = vm{sb: sb.PodSandboxId, ctr: ctr.ContainerId}
+			if !harness.EventuallyOK(3*time.Minute, func() bool {
+				logs, _, _ := c.Run("logs", ctr.ContainerId)
+				return strings.Contains(logs, "@@TINY-READY")
+			}) {
+				bootErrs[i] = fmt.Errorf("%s: no @@TINY-READY on its console within 3 minutes", name)
+			}
+		}(i)
+	}
+	wg.Wait()
+	for _, err := range bootErrs {
+		if err != nil {
+			t.Error(err)
 		}
-		wg.Wait()
-		if t.Failed() {
-			t.FailNow()
-		}
-		for i := w; i < min(w+chaosWave, chaosVMs); i++ {
-			waitLog(t, c, vms[i].ctr, "@@TINY-READY", 3*time.Minute)
-			vms[i].domain = inspectCtr(t, c, vms[i].ctr).VM.Name
-			vms[i].pid = qemuPID(t, vms[i].domain)
-		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	for i := range vms {
+		vms[i].domain = inspectCtr(t, c, vms[i].ctr).VM.Name
+		vms[i].pid = qemuPID(t, vms[i].domain)
 	}
 	booted := time.Since(began)
 

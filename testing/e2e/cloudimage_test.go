@@ -62,6 +62,7 @@ echo "@@CI-REPORT-DONE"
 // their modes, the environment file and runcmd; with NoCloud and with
 // ConfigDrive.
 func TestCloudInitInRealGuest(t *testing.T) {
+	parallel(t)
 	tr := cloudTranslation(t)
 	d, c := startDaemon(t)
 	d.Translate("cloud.yaml", tr)

@@ -21,6 +21,7 @@ import (
 
 // The hypervisor contract, against the libvirt plugin as a process.
 func TestLibvirtHypervisorContract(t *testing.T) {
+	parallel(t)
 	dir := harness.VMDir(t)
 	h := libvirtPlugin(t, dir, "")
 	hypervisortest.Run(t, hypervisortest.Env{
@@ -34,13 +35,32 @@ func TestLibvirtHypervisorContract(t *testing.T) {
 		},
 		StopTimeout: 90 * time.Second,
 		GuestAgent:  true, // the tiny guest runs qemu-guest-agent
+		DomainXML:   domainXML(h.Hypervisor()),
 	})
+}
+
+// domainXML returns libvirt's definition of a VM of hv, for the contract's
+// spec round trip.
+func domainXML(hv ports.Hypervisor) func(t *testing.T, id string) string {
+	return func(t *testing.T, id string) string {
+		t.Helper()
+		st, err := hv.Status(context.Background(), id)
+		if err != nil || st.Name == "" {
+			t.Fatalf("the status of VM %s: %+v %v", id, st, err)
+		}
+		out, err := harness.Virsh("dumpxml", "--inactive", st.Name)
+		if err != nil {
+			t.Fatalf("virsh dumpxml %s: %v %s", st.Name, err, out)
+		}
+		return out
+	}
 }
 
 // The same contract for VMs claimed from the plugin's pool of pre-launched
 // domains: the shape is learnt from a first VM (cold), whose pool domain
 // the contract's VMs then claim, one after the other.
 func TestLibvirtHypervisorContractPooled(t *testing.T) {
+	parallel(t)
 	dir := harness.VMDir(t)
 	h, pluginLog := libvirtPluginLog(t, dir, "{pool: {size: 1}}")
 	hv := h.Hypervisor()
@@ -76,6 +96,7 @@ func TestLibvirtHypervisorContractPooled(t *testing.T) {
 		StopTimeout: 90 * time.Second,
 		GuestAgent:  true,
 		Pooled:      true,
+		DomainXML:   domainXML(hv),
 	})
 }
 
@@ -83,6 +104,7 @@ func TestLibvirtHypervisorContractPooled(t *testing.T) {
 // or a test's daemon beside a node's) see only their own domains: neither
 // lists the other's VM, takes it for an orphan or removes it.
 func TestLibvirtPluginsShareLibvirtd(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	dirA, dirB := harness.VMDir(t), harness.VMDir(t)
 	a, b := libvirtPlugin(t, dirA, "").Hypervisor(), libvirtPlugin(t, dirB, "").Hypervisor()

@@ -390,3 +390,14 @@ func procStatus(t *testing.T, pid, name string) []string {
 	}
 	return strings.Fields(m[1])
 }
+
+// withoutBridge is links but bridge.
+func withoutBridge(links []string, bridge string) []string {
+	var out []string
+	for _, l := range links {
+		if l != bridge {
+			out = append(out, l)
+		}
+	}
+	return out
+}

@@ -16,6 +16,7 @@ import (
 // with its serial) and the nocloud-vfat datasource (a FAT seed the guest
 // finds by its label), with a daemon that knows neither.
 func TestThirdPartyPluginsFromManifests(t *testing.T) {
+	parallel(t)
 	ps := append(plugins(),
 		harness.Plugin{Name: "scratch", Kind: "volume", Binary: filepath.Join(bins, "virtlet-example-scratch"), Config: "{defaultSize: 8388608}"},
 		harness.Plugin{Name: "vfat", Kind: "datasource", Binary: filepath.Join(bins, "virtlet-example-vfat")})
@@ -68,6 +69,7 @@ func TestThirdPartyPluginsFromManifests(t *testing.T) {
 // a block volume is linked at its devicePath, a share mounted at its
 // mountPath.
 func TestMountScriptsWithoutUdev(t *testing.T) {
+	parallel(t)
 	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), volumePlugins())
 	d.Translate("test-images.yaml", translation)
 	d.Start()

@@ -43,6 +43,7 @@ func containerPod(t *testing.T, d *harness.Daemon, name, image, script string) (
 // containerd (containerd 2.2 and runc 1.3, local images), lists merge both,
 // and the owner of an ID survives a daemon restart.
 func TestForwardToContainerd(t *testing.T) {
+	parallel(t)
 	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 84})
 	ctrd := harness.StartContainerd(t, tn, harness.ContainerdOptions{})
 	d, c := startForwarding(t, tn, ctrd)
@@ -155,6 +156,7 @@ func TestForwardToContainerd(t *testing.T) {
 // VM pod's sandbox and a VM image of Virtlet's (no VM runs). The images
 // are the local pause and busybox ones.
 func TestForwardToDebianContainerd(t *testing.T) {
+	parallel(t)
 	bin, err := harness.DebianContainerdBinDir()
 	if err != nil {
 		t.Fatal(err)

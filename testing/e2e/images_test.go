@@ -107,6 +107,7 @@ func storeFiles(d *harness.Daemon) []string {
 
 // A VM boots from each kind of image source, and crictl shows the images.
 func TestVMBootsFromEverySourceKind(t *testing.T) {
+	parallel(t)
 	src := startSources(t)
 	d, c := startDaemon(t)
 	d.Translate("sources.yaml", src.translation())
@@ -176,6 +177,7 @@ func TestVMBootsFromEverySourceKind(t *testing.T) {
 
 // Bad pulls fail with clear errors and leave nothing in the store.
 func TestBadPullsLeaveNothing(t *testing.T) {
+	parallel(t)
 	src := startSources(t)
 	d, c := startDaemon(t)
 	d.Translate("sources.yaml", src.translation())

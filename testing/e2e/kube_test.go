@@ -128,8 +128,8 @@ func (n *kubeNode) ipamLeases() []string {
 }
 
 // assertEmptyNode: no pod, container, domain, VM file, cloud-init medium,
-// address or pod link is left on the node.
-func (n *kubeNode) assertEmptyNode(t *testing.T, links []string) {
+// address or pod link (on the node's pod bridge) is left on the node.
+func (n *kubeNode) assertEmptyNode(t *testing.T) {
 	t.Helper()
 	assertNothingLeft(t, n.d, n.c)
 	if pods := n.c.Must(t, "pods", "-q"); pods != "" {
@@ -138,19 +138,9 @@ func (n *kubeNode) assertEmptyNode(t *testing.T, links []string) {
 	if leases := n.ipamLeases(); len(leases) != 0 {
 		t.Errorf("pod addresses left: %v", leases)
 	}
-	if now := withoutBridge(hostLinks(t), n.tn.Bridge); strings.Join(now, " ") != strings.Join(links, " ") {
-		t.Errorf("host links before: %v, after: %v", links, now)
+	if left := bridgePorts(t, n.tn.Bridge); len(left) != 0 {
+		t.Errorf("pod links left on the node's pod bridge: %v", left)
 	}
-}
-
-func withoutBridge(links []string, bridge string) []string {
-	var out []string
-	for _, l := range links {
-		if l != bridge {
-			out = append(out, l)
-		}
-	}
-	return out
 }
 
 // seed001 is the cirros-vm pod of the Virtlet docs' "Defining a VM Pod",
@@ -267,10 +257,8 @@ spec:
 // them by the node label, kubelet runs, logs, attaches to, restarts and
 // removes them, and its log shows no runtime error.
 func TestKubeNode(t *testing.T) {
-	n := startKubeNode(t, 83)
-	// The bridge appears with the first pod and stays: links are
-	// compared without it.
-	links := withoutBridge(hostLinks(t), n.tn.Bridge)
+	parallel(t, kubeProxy)
+	n := startKubeNode(t, 89)
 
 	t.Run("seed-001 cirros-vm", func(t *testing.T) {
 		applied := time.Now()
@@ -339,7 +327,7 @@ func TestKubeNode(t *testing.T) {
 		n.waitFor(t, "the VM pod removed from the node", 2*time.Minute, func() bool {
 			return n.c.Must(t, "pods", "-q") == ""
 		})
-		n.assertEmptyNode(t, links)
+		n.assertEmptyNode(t)
 	})
 
 	// Seed 004's ubuntu-vm on the cloud image (the seed's image name,
@@ -465,7 +453,7 @@ spec:
 		n.waitFor(t, "the VM pod removed from the node", 2*time.Minute, func() bool {
 			return n.c.Must(t, "pods", "-q") == ""
 		})
-		n.assertEmptyNode(t, links)
+		n.assertEmptyNode(t)
 	})
 
 	t.Run("a VM that fails is restarted by kubelet", func(t *testing.T) {
@@ -580,7 +568,7 @@ spec:
 			out, _ := n.k.Kubectl("get", "pods", "-l", "app=web", "-o", "name")
 			return out == "" && n.c.Must(t, "pods", "-q") == ""
 		})
-		n.assertEmptyNode(t, links)
+		n.assertEmptyNode(t)
 		n.kubectl(t, "delete", "deployment", "web")
 		n.kubectl(t, "delete", "service", "web")
 	})
@@ -626,7 +614,7 @@ spec:
 			out, _ := n.k.Kubectl("get", "pods", "-l", "app=inner-k8s", "-o", "name")
 			return out == "" && n.c.Must(t, "pods", "-q") == ""
 		})
-		n.assertEmptyNode(t, links)
+		n.assertEmptyNode(t)
 	})
 
 	t.Run("a mixed node: a container pod beside a VM pod", func(t *testing.T) {
@@ -654,7 +642,7 @@ spec:
 		t.Logf("kubectl get pods -o wide:\n%s", wide)
 		for _, name := range []string{"mixed-vm", "mixed-box"} {
 			ip := n.kubectl(t, "get", "pod", name, "-o", "jsonpath={.status.podIP}")
-			if !strings.HasPrefix(ip, "198.18.83.") || !regexp.MustCompile(name+`\s+1/1\s+Running\s+0\s+\S+\s+`+regexp.QuoteMeta(ip)+`\s+`+n.k.Node).MatchString(wide) {
+			if !strings.HasPrefix(ip, strings.TrimSuffix(n.tn.Gateway, "1")) || !regexp.MustCompile(name+`\s+1/1\s+Running\s+0\s+\S+\s+`+regexp.QuoteMeta(ip)+`\s+`+n.k.Node).MatchString(wide) {
 				t.Errorf("pod %s (IP %q) not Running on %s in the test network:\n%s", name, ip, n.k.Node, wide)
 			}
 		}
@@ -679,7 +667,7 @@ spec:
 		if ctrs, _ := n.ctrd.Ctr("containers", "ls", "-q"); strings.TrimSpace(ctrs) != "" {
 			t.Errorf("containerd keeps containers: %s", ctrs)
 		}
-		n.assertEmptyNode(t, links)
+		n.assertEmptyNode(t)
 	})
 
 	// Last: everything above ran through kubelet; its log must show no
@@ -782,6 +770,7 @@ func indent(s, prefix string) string {
 // The log check catches what kubelet logged against the runtime before
 // RuntimeConfig and the stats calls existed, and passes its own noise.
 func TestKubeletLogCheck(t *testing.T) {
+	parallel(t)
 	for _, tc := range []struct {
 		line string
 		bad  bool

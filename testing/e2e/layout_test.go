@@ -22,6 +22,7 @@ import (
 // virtio-serial controller taken out (as it was before), is defined in the
 // real libvirtd, and libvirt's placement is compared with the plugin's.
 func TestColdPCILayoutIsLibvirts(t *testing.T) {
+	parallel(t)
 	goldens, err := filepath.Glob(filepath.Join(harness.RepoRoot(), "adapters", "libvirt", "testdata", "*.xml"))
 	if err != nil || len(goldens) == 0 {
 		t.Fatalf("no golden domains: %v", err)

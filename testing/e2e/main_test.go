@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/virtlet/virtlet/adapters/cni"
@@ -49,10 +50,13 @@ func run(m *testing.M) int {
 	if tiny, err = harness.GuestImage("tiny"); err != nil {
 		return fail(err)
 	}
-	if bins, err = os.MkdirTemp("", "virtlet-e2e-bin-"); err != nil {
+	// One directory for every run of the suites in this checkout: go
+	// build leaves a binary that is up to date as it is, so the phases
+	// after the first (e2e-k8s, critest) link nothing.
+	bins = filepath.Join(harness.RepoRoot(), ".cache", "e2e-bin")
+	if err := os.MkdirAll(bins, 0o755); err != nil {
 		return fail(err)
 	}
-	defer os.RemoveAll(bins)
 	build := map[string]string{
 		"virtlet-failpoints":        "github.com/virtlet/virtlet/cmd/virtlet", // the crash matrix's daemon
 		"virtlet-flexvolume-driver": "github.com/virtlet/virtlet/cmd/virtlet-flexvolume-driver",
@@ -95,6 +99,46 @@ func run(m *testing.M) int {
 		}
 	}
 	return code
+}
+
+// parallel runs a test beside the suite's other parallel tests (go test
+// -parallel; make check runs two at a time: a TCG guest keeps one core
+// busy, and most of a test's time is a guest booting). Every test calls it
+// but those that must have the node to themselves: TestCrashMatrix kills
+// libvirtd, TestPluginChaos and TestConcurrentVMPods load both cores with
+// 20 VMs; go runs those first, alone. A test that shares something of the
+// host with others names it as a group: it waits until no other test of
+// the group runs.
+func parallel(t *testing.T, groups ...string) {
+	t.Helper()
+	t.Parallel()
+	for _, g := range groups {
+		mu := exclusive(g)
+		mu.Lock()
+		t.Cleanup(mu.Unlock)
+	}
+}
+
+// Groups of tests that share something of the host (parallel).
+const (
+	// makeBuild: `make demo` and `make install` build bin/.
+	makeBuild = "make build"
+	// kubeProxy: kube-proxy's nftables tables are the host's, one set.
+	kubeProxy = "kube-proxy"
+)
+
+var (
+	groupsMu sync.Mutex
+	groups   = map[string]*sync.Mutex{}
+)
+
+func exclusive(group string) *sync.Mutex {
+	groupsMu.Lock()
+	defer groupsMu.Unlock()
+	if groups[group] == nil {
+		groups[group] = &sync.Mutex{}
+	}
+	return groups[group]
 }
 
 // plugins returns the manifests of the shipped plugins.

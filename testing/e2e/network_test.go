@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -117,22 +118,62 @@ func sshTo(key, ip, command string) (string, error) {
 // cloudTranslation serves the cloud test image as virtlet.cloud/debian-cloud.
 func cloudTranslation(t *testing.T) string {
 	t.Helper()
-	cloud, err := harness.GuestImage("cloud")
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(cloud)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(imgDir, "cloud.qcow2"), data, 0o644); err != nil {
-		t.Fatal(err)
+	// Put in place once, for the tests that run side by side: a second
+	// write while the first test's daemon downloads it would change it
+	// under the download.
+	cloudServed.Do(func() { cloudServedErr = serveCloud() })
+	if cloudServedErr != nil {
+		t.Fatal(cloudServedErr)
 	}
 	tr, err := images.Translation(map[string]string{"debian-cloud": "cloud.qcow2"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return tr
+}
+
+var (
+	cloudServed    sync.Once
+	cloudServedErr error
+)
+
+// serveCloud copies the cloud test image where the image server serves it.
+func serveCloud() error {
+	cloud, err := harness.GuestImage("cloud")
+	if err != nil {
+		return err
+	}
+	data, err := os.ReadFile(cloud)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(imgDir, ".cloud.qcow2.tmp")
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(imgDir, "cloud.qcow2"))
+}
+
+// bridgePorts lists the links enslaved to a test network's bridge: the
+// host ends of its pods' veths. Once its pods are gone, none is left;
+// unlike the host's whole link list, it is the test's own, whatever
+// tests run beside it.
+func bridgePorts(t *testing.T, bridge string) []string {
+	t.Helper()
+	out, err := exec.Command("ip", "-o", "link", "show", "master", bridge).CombinedOutput()
+	if err != nil {
+		if strings.Contains(string(out), "does not exist") {
+			return nil // the bridge goes with its last pod's... or was never made
+		}
+		t.Fatalf("ip link show master %s: %v %s", bridge, err, out)
+	}
+	var names []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Fields(line); len(f) > 1 {
+			names = append(names, strings.SplitN(strings.TrimSuffix(f[1], ":"), "@", 2)[0])
+		}
+	}
+	return names
 }
 
 // VM pods are members of a dual-stack pod network made by Debian's CNI
@@ -145,10 +186,9 @@ func cloudTranslation(t *testing.T) string {
 // other; a daemon crash disturbs none of it; and stopping and removing the
 // pods leaves no namespace, link, tap, DHCP listener or address behind.
 func TestVMPodsOnThePodNetwork(t *testing.T) {
+	parallel(t)
 	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 40, DualStack: true})
 	cloudTr := cloudTranslation(t)
-	before := hostLinks(t)
-
 	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), tn.Plugin(bins)))
 	d.Translate("test-images.yaml", translation)
 	d.Translate("cloud.yaml", cloudTr)
@@ -315,15 +355,8 @@ func TestVMPodsOnThePodNetwork(t *testing.T) {
 			t.Errorf("netns of %s left: %v", sb[:12], err)
 		}
 	}
-	after := hostLinks(t)
-	var extra []string
-	for _, l := range after {
-		if l != tn.Bridge && !contains(before, l) {
-			extra = append(extra, l)
-		}
-	}
-	if len(extra) != 0 {
-		t.Errorf("links left on the host after stopp (veths, taps or bridges): %v", extra)
+	if left := bridgePorts(t, tn.Bridge); len(left) != 0 {
+		t.Errorf("pod links left on the test network's bridge after stopp: %v", left)
 	}
 	if held := tn.Allocated(); len(held) != 0 {
 		t.Errorf("host-local still holds %v", held)
@@ -351,6 +384,7 @@ func contains(list []string, s string) bool {
 // networks): the VM gets two NICs, each takes its pod interface's address
 // by DHCP, inspectp lists both, and the host reaches the VM on both.
 func TestVMWithTwoPodInterfaces(t *testing.T) {
+	parallel(t)
 	first := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 41})
 	second := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 42})
 	metaBin := t.TempDir()

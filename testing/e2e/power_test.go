@@ -25,6 +25,7 @@ const (
 // place. The container's ID never changes and kubelet has nothing to
 // restart.
 func TestRunStrategiesKeepTheVM(t *testing.T) {
+	parallel(t)
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	podJSON, ctrJSON := vmPod(t, d, "power", nil, 256<<20)

@@ -18,6 +18,7 @@ import (
 // annotations win over both; a name the node lacks is refused, listing
 // the node's presets.
 func TestPresets(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	for name, content := range map[string]string{
 		"q35-pair.yaml": "name: q35-pair\nvcpus: 2\nmemory: 192Mi\nannotations:\n  VirtletMachineType: q35\n  VirtletCPUTopology: sockets=1,cores=2\n",

@@ -17,6 +17,7 @@ import (
 // sees it within seconds; it shrinks back; beyond the maximum is refused
 // naming the annotation.
 func TestInPlaceMemoryResize(t *testing.T) {
+	parallel(t)
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	podJSON, ctrJSON := vmPod(t, d, "resize", map[string]string{"VirtletMaxMemory": "320Mi"}, 128<<20)
@@ -56,6 +57,7 @@ func TestInPlaceMemoryResize(t *testing.T) {
 // and go offline (through its agent; unplugged at the next boot) as the
 // limit changes; beyond the maximum is refused naming the field.
 func TestInPlaceVCPUResize(t *testing.T) {
+	parallel(t)
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	podJSON, ctrJSON := vmPod(t, d, "vcpus", map[string]string{"VirtletMaxVCPUCount": "3"}, 256<<20)

@@ -18,6 +18,7 @@ import (
 // with another image is refused naming both images; asking to
 // reinitialise writes the other image, which then boots.
 func TestPersistentRootfs(t *testing.T) {
+	parallel(t)
 	tr := cloudTranslation(t)
 	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), volumePlugins())
 	d.Translate("test-images.yaml", translation)

@@ -55,6 +55,7 @@ stringData:
 //     ownership); a second VM runs as another user, which cannot open the
 //     first one's disks.
 func TestSecretsAndConfinement(t *testing.T) {
+	parallel(t)
 	reg, err := containerdisk.StartRegistry(containerdisk.RegistryOptions{TLS: true, User: "puller", Password: pullPassword})
 	if err != nil {
 		t.Fatal(err)
@@ -196,112 +197,14 @@ transports:
 	})
 
 	t.Run("QEMU", func(t *testing.T) {
-		pid := qemuPID(t, domain)
-		field := func(name string) []string { return procStatus(t, pid, name) }
-		uid, gid := field("Uid"), field("Gid")
-		for _, id := range append(uid, gid...) {
-			if id == "0" {
-				t.Errorf("QEMU runs with uid %v gid %v: root", uid, gid)
-			}
-		}
-		if s := field("Seccomp")[0]; s != "2" {
-			t.Errorf("QEMU's Seccomp mode is %s, want 2 (filtered)", s)
-		}
-		cmdline := strings.Split(string(mustRead(t, "/proc/"+pid+"/cmdline")), "\x00")
-		sandbox := ""
-		for i, a := range cmdline {
-			if a == "-sandbox" && i+1 < len(cmdline) {
-				sandbox = cmdline[i+1]
-			}
-		}
-		for _, want := range []string{"on", "obsolete=deny", "elevateprivileges=deny", "spawn=deny", "resourcecontrol=deny"} {
-			if !strings.Contains(","+sandbox+",", ","+want+",") {
-				t.Errorf("QEMU's -sandbox %q lacks %s", sandbox, want)
-			}
-		}
-		// The domain asks for its own user, from the daemon's default
-		// range, in a static DAC label (a host whose qemu.conf turns
-		// default confinement off does not run it unconfined), and QEMU
-		// runs as that user.
-		inactive, _ := harness.Virsh("dumpxml", "--inactive", domain)
-		want := fmt.Sprintf("<label>+%s:+%s</label>", uid[0], gid[0])
-		if !regexp.MustCompile(`<seclabel type='static' model='dac' relabel='yes'>`).MatchString(inactive) || !strings.Contains(inactive, want) {
-			t.Errorf("the defined domain asks for no static DAC label of QEMU's %s:\n%s", want, seclabels(inactive))
-		}
-		// A VM claimed from the libvirt plugin's pool (VIRTLET_E2E_POOL)
-		// runs as the pool domain's user, of the pool's own range, and
-		// its root disk is the pool domain's overlay.
-		first, last := 2000000000, 2000065535
-		overlay := filepath.Join(d.StateDir, "plugins", "libvirt", "vms", ctr+"-root.qcow2")
-		if strings.HasPrefix(domain, "virtlet-pool-") {
-			first, last = 2000065536, 2000131071
-			overlay = filepath.Join(d.StateDir, "plugins", "libvirt", "pool", domain+"-root.qcow2")
-		}
-		if n, _ := strconv.Atoi(uid[0]); n < first || n > last {
-			t.Errorf("QEMU runs as uid %d, not one of the VM users (%d-%d)", n, first, last)
-		}
-		// Dynamic ownership: QEMU's user owns the root disk while the VM
-		// runs (libvirt gave it), root again once the VM is gone.
-		var st syscall.Stat_t
-		if err := syscall.Stat(overlay, &st); err != nil || fmt.Sprint(st.Uid) != uid[0] {
-			t.Errorf("the running VM's root disk %s is owned by uid %d (%v), want QEMU's %s", overlay, st.Uid, err, uid[0])
-		}
-		if mode := os.FileMode(st.Mode).Perm(); mode&0o077 != 0 {
-			t.Errorf("the root disk %s is open to others than its VM's user (%04o)", overlay, mode)
-		}
-
-		// A second VM runs as another user, which cannot open the first
-		// VM's root disk.
+		// A second VM, whose user must not reach the first's disk and
+		// guest agent.
 		pod2, ctr2JSON := vmPod(t, d, "neighbour", nil, 160<<20)
 		sb2 := c.Must(t, "runp", pod2)
 		ctr2 := c.Must(t, "create", sb2, withImage(t, ctr2JSON, image), pod2)
 		c.Must(t, "start", ctr2)
 		defer c.Run("rmp", "-f", sb2)
-		domain2 := inspectCtr(t, c, ctr2).VM.Name
-		uid2 := qemuUID(t, domain2)
-		if uid2 == uid[0] {
-			t.Fatalf("both VMs' QEMUs run as uid %s", uid2)
-		}
-		gid2 := qemuGID(t, domain2)
-		if gid2 == gid[0] {
-			t.Errorf("both VMs' QEMUs run in group %s, want a group each", gid2)
-		}
-		n2, _ := strconv.Atoi(uid2)
-		g2, _ := strconv.Atoi(gid2)
-		as2 := &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(n2), Gid: uint32(g2), Groups: []uint32{}}}
-		peek := exec.Command("head", "-c", "1", overlay)
-		peek.SysProcAttr = as2
-		if out, err := peek.CombinedOutput(); err == nil {
-			t.Errorf("the second VM's user (uid %d) read the first VM's root disk: %q", n2, out)
-		}
-		// Nor can it talk to the first VM's guest agent (which runs
-		// commands as root in that guest), while the first VM's own user
-		// can: the check can tell.
-		xml, err := harness.Virsh("dumpxml", domain)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := regexp.MustCompile(`path=['"]([^'"]*org\.qemu\.guest_agent\.0)['"]`).FindStringSubmatch(xml)
-		if m == nil {
-			t.Fatalf("no guest agent socket in %s's XML", domain)
-		}
-		dial := func(uid, gid int) error {
-			cmd := exec.Command("socat", "-u", "OPEN:/dev/null", "UNIX-CONNECT:"+m[1])
-			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}}
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				return fmt.Errorf("%w: %s", err, out)
-			}
-			return nil
-		}
-		n1, _ := strconv.Atoi(uid[0])
-		g1, _ := strconv.Atoi(gid[0])
-		if err := dial(n1, g1); err != nil {
-			t.Errorf("the first VM's own user cannot reach its guest agent socket %s: %v", m[1], err)
-		}
-		if err := dial(n2, g2); err == nil {
-			t.Errorf("the second VM's user (uid %d gid %d) reached the first VM's guest agent socket %s", n2, g2, m[1])
-		}
+		checkConfinement(t, d, domain, ctr, inspectCtr(t, c, ctr2).VM.Name)
 	})
 
 	c.Must(t, "stop", "--timeout", "0", ctr)
@@ -312,4 +215,115 @@ transports:
 // seclabels returns the <seclabel> elements of a domain's XML, for errors.
 func seclabels(xml string) string {
 	return strings.Join(regexp.MustCompile(`(?s)<seclabel.*?(?:/>|</seclabel>)`).FindAllString(xml, -1), "\n")
+}
+
+// checkConfinement checks a running VM's QEMU (domain, of container ctr):
+// it runs as an unprivileged user of the VM's own (from the pool's range
+// for a VM claimed from the libvirt plugin's pool) under libvirt's seccomp
+// sandbox, confined by the static DAC label its domain asks for, owns the
+// VM's root disk only while it runs; the QEMU of another running VM of the
+// daemon (neighbour) runs as another user and group, which can open
+// neither the first VM's root disk nor its guest agent socket.
+func checkConfinement(t *testing.T, d *harness.Daemon, domain, ctr, neighbour string) {
+	t.Helper()
+	pid := qemuPID(t, domain)
+	field := func(name string) []string { return procStatus(t, pid, name) }
+	uid, gid := field("Uid"), field("Gid")
+	for _, id := range append(uid, gid...) {
+		if id == "0" {
+			t.Errorf("QEMU runs with uid %v gid %v: root", uid, gid)
+		}
+	}
+	if s := field("Seccomp")[0]; s != "2" {
+		t.Errorf("QEMU's Seccomp mode is %s, want 2 (filtered)", s)
+	}
+	cmdline := strings.Split(string(mustRead(t, "/proc/"+pid+"/cmdline")), "\x00")
+	sandbox := ""
+	for i, a := range cmdline {
+		if a == "-sandbox" && i+1 < len(cmdline) {
+			sandbox = cmdline[i+1]
+		}
+	}
+	for _, want := range []string{"on", "obsolete=deny", "elevateprivileges=deny", "spawn=deny", "resourcecontrol=deny"} {
+		if !strings.Contains(","+sandbox+",", ","+want+",") {
+			t.Errorf("QEMU's -sandbox %q lacks %s", sandbox, want)
+		}
+	}
+	// The domain asks for its own user, from the daemon's default
+	// range, in a static DAC label (a host whose qemu.conf turns
+	// default confinement off does not run it unconfined), and QEMU
+	// runs as that user.
+	inactive, _ := harness.Virsh("dumpxml", "--inactive", domain)
+	want := fmt.Sprintf("<label>+%s:+%s</label>", uid[0], gid[0])
+	if !regexp.MustCompile(`<seclabel type='static' model='dac' relabel='yes'>`).MatchString(inactive) || !strings.Contains(inactive, want) {
+		t.Errorf("the defined domain asks for no static DAC label of QEMU's %s:\n%s", want, seclabels(inactive))
+	}
+	// A VM claimed from the libvirt plugin's pool (TestPoolSurvivesCrashes)
+	// runs as the pool domain's user, of the pool's own range, and
+	// its root disk is the pool domain's overlay.
+	first, last := 2000000000, 2000065535
+	overlay := filepath.Join(d.StateDir, "plugins", "libvirt", "vms", ctr+"-root.qcow2")
+	if strings.HasPrefix(domain, "virtlet-pool-") {
+		first, last = 2000065536, 2000131071
+		overlay = filepath.Join(d.StateDir, "plugins", "libvirt", "pool", domain+"-root.qcow2")
+	}
+	if n, _ := strconv.Atoi(uid[0]); n < first || n > last {
+		t.Errorf("QEMU runs as uid %d, not one of the VM users (%d-%d)", n, first, last)
+	}
+	// Dynamic ownership: QEMU's user owns the root disk while the VM
+	// runs (libvirt gave it), root again once the VM is gone.
+	var st syscall.Stat_t
+	if err := syscall.Stat(overlay, &st); err != nil || fmt.Sprint(st.Uid) != uid[0] {
+		t.Errorf("the running VM's root disk %s is owned by uid %d (%v), want QEMU's %s", overlay, st.Uid, err, uid[0])
+	}
+	if mode := os.FileMode(st.Mode).Perm(); mode&0o077 != 0 {
+		t.Errorf("the root disk %s is open to others than its VM's user (%04o)", overlay, mode)
+	}
+
+	// Its neighbour runs as another user.
+	domain2 := neighbour
+	uid2 := qemuUID(t, domain2)
+	if uid2 == uid[0] {
+		t.Fatalf("both VMs' QEMUs run as uid %s", uid2)
+	}
+	gid2 := qemuGID(t, domain2)
+	if gid2 == gid[0] {
+		t.Errorf("both VMs' QEMUs run in group %s, want a group each", gid2)
+	}
+	n2, _ := strconv.Atoi(uid2)
+	g2, _ := strconv.Atoi(gid2)
+	as2 := &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(n2), Gid: uint32(g2), Groups: []uint32{}}}
+	peek := exec.Command("head", "-c", "1", overlay)
+	peek.SysProcAttr = as2
+	if out, err := peek.CombinedOutput(); err == nil {
+		t.Errorf("the second VM's user (uid %d) read the first VM's root disk: %q", n2, out)
+	}
+	// Nor can it talk to the first VM's guest agent (which runs
+	// commands as root in that guest), while the first VM's own user
+	// can: the check can tell.
+	xml, err := harness.Virsh("dumpxml", domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`path=['"]([^'"]*org\.qemu\.guest_agent\.0)['"]`).FindStringSubmatch(xml)
+	if m == nil {
+		t.Fatalf("no guest agent socket in %s's XML", domain)
+	}
+	dial := func(uid, gid int) error {
+		cmd := exec.Command("socat", "-u", "OPEN:/dev/null", "UNIX-CONNECT:"+m[1])
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		return nil
+	}
+	n1, _ := strconv.Atoi(uid[0])
+	g1, _ := strconv.Atoi(gid[0])
+	if err := dial(n1, g1); err != nil {
+		t.Errorf("the first VM's own user cannot reach its guest agent socket %s: %v", m[1], err)
+	}
+	if err := dial(n2, g2); err == nil {
+		t.Errorf("the second VM's user (uid %d gid %d) reached the first VM's guest agent socket %s", n2, g2, m[1])
+	}
 }

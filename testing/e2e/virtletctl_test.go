@@ -26,6 +26,7 @@ import (
 // through the pod's exec subresource; kubectl exec runs through the guest
 // agent; kubelet's summary API shows the VM's usage.
 func TestKubeVirtletctlThroughTheAPIServer(t *testing.T) {
+	parallel(t)
 	kubeBin, err := harness.KubeBinaries()
 	if err != nil {
 		t.Fatal(err)

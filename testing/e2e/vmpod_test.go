@@ -155,6 +155,7 @@ func assertNothingLeft(t *testing.T, d *harness.Daemon, c *harness.Crictl) {
 // shows its console in crictl logs, shuts down through ACPI when stopped,
 // and leaves nothing behind when removed.
 func TestVMPodLifecycle(t *testing.T) {
+	parallel(t)
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	podJSON, ctrJSON := vmPod(t, d, "cirros-vm", map[string]string{
@@ -189,6 +190,7 @@ func TestVMPodLifecycle(t *testing.T) {
 
 // The guest sees what the annotations ask for.
 func TestGuestSeesItsSpec(t *testing.T) {
+	parallel(t)
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	const uuid = "4a9c4d3e-0b1f-4a57-9e3c-6f7f2f6f1c2d"
@@ -316,6 +318,7 @@ func checkNVRAM(t *testing.T, c *harness.Crictl, ctr string) {
 // A guest that stops petting its watchdog is powered off by it, and the
 // container says why.
 func TestWatchdogStopsAStuckGuest(t *testing.T) {
+	parallel(t)
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	podJSON, ctrJSON := vmPod(t, d, "stuck", map[string]string{
@@ -347,6 +350,7 @@ func TestWatchdogStopsAStuckGuest(t *testing.T) {
 // them into cpuset_cpus) gets its vCPU pinned to them and QEMU's emulator
 // threads kept on the other CPUs; a CPU the node lacks is refused.
 func TestVMPinnedToItsCPUs(t *testing.T) {
+	parallel(t)
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	podJSON, ctrJSON := vmPod(t, d, "pinned", nil, 128<<20)
@@ -375,6 +379,7 @@ func TestVMPinnedToItsCPUs(t *testing.T) {
 // host's 2 MiB pages, and gives them back when it goes; a VM the node has
 // too few free pages for is refused, naming them.
 func TestVMBackedByHugepages(t *testing.T) {
+	parallel(t)
 	if !mounted(t, "/dev/hugepages", "hugetlbfs") {
 		t.Fatal("hugetlbfs is not mounted at /dev/hugepages (testing/setup.sh mounts it; libvirtd must start after)")
 	}
@@ -511,6 +516,7 @@ func editJSON[T any](t *testing.T, path string, edit func(*T)) string {
 // Two VMs from one image share its file: each root disk is a small overlay
 // made in milliseconds.
 func TestTwoVMsShareTheBase(t *testing.T) {
+	parallel(t)
 	d, c := startDaemon(t)
 	imageID := strings.TrimPrefix(c.Must(t, "pull", tinyRef), "Image is up to date for ")
 	base := filepath.Join(d.StateDir, "images", "sha256", strings.TrimPrefix(imageID, "sha256:"))
@@ -552,6 +558,7 @@ func TestTwoVMsShareTheBase(t *testing.T) {
 
 // Bad input fails CreateContainer with a clear error and leaves nothing.
 func TestBadInputLeavesNothing(t *testing.T) {
+	parallel(t)
 	d, c := startDaemon(t)
 	imageID := strings.TrimPrefix(c.Must(t, "pull", tinyRef), "Image is up to date for ")
 	data := filepath.Join(d.StateDir, "images", "sha256", strings.TrimPrefix(imageID, "sha256:"))
@@ -612,6 +619,7 @@ func TestBadInputLeavesNothing(t *testing.T) {
 // A running VM survives a daemon restart and a crash of the hypervisor
 // plugin; its console keeps reaching crictl logs.
 func TestVMSurvivesDaemonRestartAndPluginCrash(t *testing.T) {
+	parallel(t)
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	podJSON, ctrJSON := vmPod(t, d, "survivor", nil, 128<<20)

@@ -72,6 +72,7 @@ func cloudPod(t *testing.T, d *harness.Daemon, name string, ann map[string]strin
 // file system from a ConfigMap. The cephx key shows up nowhere, and
 // removal leaves nothing.
 func TestVolumesInRealGuest(t *testing.T) {
+	parallel(t)
 	ceph := cephcluster.Start(t)
 	ceph.Run(t, "ceph", "auth", "get-or-create", "client.libvirt", "mon", "profile rbd", "osd", "profile rbd pool=rbd")
 	key := strings.TrimSpace(ceph.Run(t, "ceph", "auth", "print-key", "client.libvirt"))

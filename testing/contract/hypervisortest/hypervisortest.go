@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
+
+	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtlet/virtlet/ports"
 )
@@ -28,6 +31,11 @@ type Env struct {
 	// (prelaunched once defined, under the pool's name), after a first
 	// VM of their shape.
 	Pooled bool
+	// DomainXML returns libvirt's definition of a defined VM, for an
+	// implementation that keeps no spec to read back (the libvirt
+	// plugin): the spec round trip then finds each of the spec's settings
+	// in it. An implementation with neither fails the round trip.
+	DomainXML func(t *testing.T, id string) string
 }
 
 // Run checks the contract.
@@ -161,26 +169,95 @@ func Run(t *testing.T, env Env) {
 		r, ok := hv.(interface {
 			Spec(string) (ports.VMSpec, bool)
 		})
-		if !ok {
-			t.Skip("implementation does not expose defined specs")
+		if !ok && env.DomainXML == nil {
+			t.Fatal("the contract cannot see what was defined: the implementation keeps no spec and Env has no DomainXML")
 		}
 		vmID := id(3)
 		spec := env.NewSpec(t, vmID)
-		one := 1
+		zero := 0 // libvirt numbers a guest's NUMA cells from 0
 		spec.CPU = ports.CPUSpec{Model: "host-model", Setting: &ports.CPUSetting{Match: "exact",
 			Model: &ports.CPUSettingModel{Fallback: "allow", Value: "core2duo"}, Topology: &ports.CPUTopology{Sockets: 1, Cores: 1, Threads: 1},
-			Features: []ports.CPUFeature{{Policy: "require", Name: "vmx"}}, Numa: &ports.CPUNuma{Cells: []ports.CPUNumaCell{{ID: &one, CPUs: "0", Memory: 128, Unit: "MiB"}}}}}
+			Features: []ports.CPUFeature{{Policy: "require", Name: "vmx"}}, Numa: &ports.CPUNuma{Cells: []ports.CPUNumaCell{{ID: &zero, CPUs: "0", Memory: 128, Unit: "MiB"}}}}}
 		spec.Filesystems = []ports.Filesystem{{Source: "/srv", Tag: "srv", AccessMode: "squash"}}
-		spec.NICs = []ports.NIC{{Name: "eth0", MAC: "52:54:00:00:00:01", MTU: 1500}}
+		spec.NICs = []ports.NIC{{Name: "eth0", MAC: "52:54:00:00:00:01", MTU: 1500, Bridge: "vtcontract0"}}
 		if err := hv.Define(ctx, spec); err != nil {
 			t.Fatal(err)
 		}
 		defer hv.Undefine(ctx, vmID)
-		got, _ := r.Spec(vmID)
-		if !reflect.DeepEqual(got, spec) {
-			t.Fatalf("spec changed in transit:\n got %#v\nwant %#v", got, spec)
+		if ok {
+			got, _ := r.Spec(vmID)
+			if !reflect.DeepEqual(got, spec) {
+				t.Fatalf("spec changed in transit:\n got %#v\nwant %#v", got, spec)
+			}
+		}
+		if env.DomainXML != nil {
+			checkDomain(t, env.DomainXML(t, vmID), spec)
 		}
 	})
+}
+
+// checkDomain finds the round trip's settings in libvirt's definition of
+// the VM: the CPU definition whole, the 9p share and the NIC's address
+// and MTU, in the units libvirt keeps them.
+func checkDomain(t *testing.T, domainXML string, spec ports.VMSpec) {
+	t.Helper()
+	var d libvirtxml.Domain
+	if err := d.Unmarshal(domainXML); err != nil {
+		t.Fatalf("the domain's XML: %v", err)
+	}
+	want := spec.CPU.Setting
+	cpu := d.CPU
+	if cpu == nil || cpu.Match != want.Match || cpu.Model == nil || cpu.Model.Value != want.Model.Value || cpu.Model.Fallback != want.Model.Fallback {
+		t.Errorf("the domain's CPU %+v, want match %s, model %s with fallback %s", cpu, want.Match, want.Model.Value, want.Model.Fallback)
+	} else {
+		if top := cpu.Topology; top == nil || top.Sockets != want.Topology.Sockets || top.Cores != want.Topology.Cores || top.Threads != want.Topology.Threads {
+			t.Errorf("the domain's CPU topology %+v, want %+v", top, want.Topology)
+		}
+		if len(cpu.Features) != len(want.Features) || cpu.Features[0].Name != want.Features[0].Name || cpu.Features[0].Policy != want.Features[0].Policy {
+			t.Errorf("the domain's CPU features %+v, want %+v", cpu.Features, want.Features)
+		}
+		cell := want.Numa.Cells[0]
+		if cpu.Numa == nil || len(cpu.Numa.Cell) != 1 || cpu.Numa.Cell[0].ID == nil || int(*cpu.Numa.Cell[0].ID) != *cell.ID ||
+			cpu.Numa.Cell[0].CPUs != cell.CPUs || kib(cpu.Numa.Cell[0].Memory, cpu.Numa.Cell[0].Unit) != kib(uint(cell.Memory), cell.Unit) {
+			t.Errorf("the domain's NUMA cells %+v, want %+v", cpu.Numa, want.Numa)
+		}
+	}
+	fs := spec.Filesystems[0]
+	var shared bool
+	for _, f := range d.Devices.Filesystems {
+		if f.Source != nil && f.Source.Mount != nil && f.Source.Mount.Dir == fs.Source && f.Target != nil && f.Target.Dir == fs.Tag && f.AccessMode == fs.AccessMode {
+			shared = true
+		}
+	}
+	if !shared {
+		t.Errorf("no filesystem %s tagged %s (%s) in the domain: %+v", fs.Source, fs.Tag, fs.AccessMode, d.Devices.Filesystems)
+	}
+	nic := spec.NICs[0]
+	var found bool
+	for _, i := range d.Devices.Interfaces {
+		if i.MAC != nil && strings.EqualFold(i.MAC.Address, nic.MAC) && i.MTU != nil && int(i.MTU.Size) == nic.MTU &&
+			i.Source != nil && i.Source.Bridge != nil && i.Source.Bridge.Bridge == nic.Bridge {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no NIC %s with MTU %d on bridge %s in the domain", nic.MAC, nic.MTU, nic.Bridge)
+	}
+}
+
+// kib converts a libvirt memory figure to KiB.
+func kib(n uint, unit string) uint {
+	switch strings.ToLower(unit) {
+	case "b", "bytes":
+		return n / 1024
+	case "", "k", "kib":
+		return n
+	case "m", "mib":
+		return n << 10
+	case "g", "gib":
+		return n << 20
+	}
+	return 0 // a unit the check does not know never matches
 }
 
 func contains(list []ports.VMStatus, id string) bool {
