@@ -22,7 +22,16 @@ func EnsureLibvirt() error {
 	}
 	for _, d := range []string{"virtlogd", "libvirtd"} {
 		if !running(d) {
-			if out, err := exec.Command(d, "-d").CombinedOutput(); err != nil {
+			// The machine's daemons outlive the run that starts them: none
+			// of its directory, its TMPDIR (a run's, removed at its end).
+			cmd := exec.Command(d, "-d")
+			cmd.Dir = "/"
+			for _, kv := range os.Environ() {
+				if !strings.HasPrefix(kv, "TMPDIR=") {
+					cmd.Env = append(cmd.Env, kv)
+				}
+			}
+			if out, err := cmd.CombinedOutput(); err != nil {
 				return fmt.Errorf("start %s: %v: %s", d, err, out)
 			}
 		}

@@ -51,6 +51,11 @@ func main() {
 
 // begin removes every earlier run's leftovers and records the modes.
 func begin(id, file string) error {
+	// Domains outlive libvirtd in its persistent configuration: they are
+	// listed only with libvirtd up (as the suites run it).
+	if err := harness.EnsureLibvirt(); err != nil {
+		return fmt.Errorf("libvirtd, to list the domains runs left: %w", err)
+	}
 	runs, err := filepath.Glob(harness.RunDir("*"))
 	if err != nil {
 		return err
@@ -87,6 +92,9 @@ func begin(id, file string) error {
 
 // end checks that run id left nothing and the modes are as recorded.
 func end(id, file string) error {
+	if err := harness.EnsureLibvirt(); err != nil {
+		return fmt.Errorf("libvirtd, to list the domains the run left: %w", err)
+	}
 	var problems []string
 	if left := leftBy(id, false); len(left) > 0 {
 		problems = append(problems, "the run left on the host: "+strings.Join(left, "; "))
