@@ -21,7 +21,10 @@ import (
 
 // The hypervisor contract, against the libvirt plugin as a process.
 func TestLibvirtHypervisorContract(t *testing.T) {
-	parallel(t)
+	// Alone (not parallel): under a second test's load, a console viewer
+	// attaching while the VM stops once cost the plugin its libvirtd
+	// connection (reason "error") and the calls in flight failed; until
+	// that is understood the contract runs as it always did.
 	dir := harness.VMDir(t)
 	h := libvirtPlugin(t, dir, "")
 	hypervisortest.Run(t, hypervisortest.Env{
@@ -60,7 +63,7 @@ func domainXML(hv ports.Hypervisor) func(t *testing.T, id string) string {
 // domains: the shape is learnt from a first VM (cold), whose pool domain
 // the contract's VMs then claim, one after the other.
 func TestLibvirtHypervisorContractPooled(t *testing.T) {
-	parallel(t)
+	// Alone, as TestLibvirtHypervisorContract.
 	dir := harness.VMDir(t)
 	h, pluginLog := libvirtPluginLog(t, dir, "{pool: {size: 1}}")
 	hv := h.Hypervisor()

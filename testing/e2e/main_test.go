@@ -106,7 +106,8 @@ func run(m *testing.M) int {
 // busy, and most of a test's time is a guest booting). Every test calls it
 // but those that must have the node to themselves: TestCrashMatrix kills
 // libvirtd, TestPluginChaos and TestConcurrentVMPods load both cores with
-// 20 VMs; go runs those first, alone. A test that shares something of the
+// 20 VMs, and the hypervisor contracts (see TestLibvirtHypervisorContract);
+// go runs those first, alone. A test that shares something of the
 // host with others names it as a group: it waits until no other test of
 // the group runs.
 func parallel(t *testing.T, groups ...string) {
