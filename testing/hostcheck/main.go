@@ -151,7 +151,9 @@ func leftBy(id string, withDir bool) []string {
 	add("processes", processesMentioning(dir))
 	add("mounts", mountsBelow(dir))
 	add("loop devices", loopsBelow(dir))
-	add("network namespaces", netnsOf(dir))
+	netns, podLinks := podNetworkOf(dir)
+	add("network namespaces", netns)
+	add("pod links", podLinks)
 	var brs []string
 	for _, b := range bridges() {
 		if runOfBridge(b) == id {
@@ -167,8 +169,8 @@ func leftBy(id string, withDir bool) []string {
 }
 
 // remove removes what run id left, in the order that lets each go:
-// domains (their QEMUs), processes, network namespaces, loop devices,
-// mounts, bridges and their rules, the directory.
+// domains (their QEMUs), processes, network namespaces and pod links,
+// loop devices, mounts, bridges and their rules, the directory.
 func remove(id string) {
 	dir := harness.RunDir(id)
 	for _, name := range harness.DomainsMentioning(dir) {
@@ -180,8 +182,12 @@ func remove(id string) {
 		fmt.Sscan(pid, &n)
 		syscall.Kill(n, syscall.SIGKILL)
 	}
-	for _, ns := range netnsOf(dir) {
+	netns, podLinks := podNetworkOf(dir)
+	for _, ns := range netns {
 		exec.Command("ip", "netns", "delete", ns).Run()
+	}
+	for _, l := range podLinks {
+		exec.Command("ip", "link", "del", l).Run()
 	}
 	for _, dev := range loopsBelow(dir) {
 		exec.Command("losetup", "-d", dev).Run()
@@ -248,10 +254,10 @@ func loopsBelow(dir string) []string {
 	return devs
 }
 
-// netnsOf lists the network namespaces that the CNI plugins of the run's
-// daemons recorded for their pods and that still exist.
-func netnsOf(dir string) []string {
-	var out []string
+// podNetworkOf lists the network namespaces and the host links (each
+// interface's bridge and veth) that the CNI plugins of the run's daemons
+// recorded for their pods and that still exist.
+func podNetworkOf(dir string) (netns, links []string) {
 	filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
 		if err != nil || e.IsDir() || !strings.Contains(p, "/plugins/cni/") || !strings.HasSuffix(p, ".json") {
 			return nil
@@ -260,15 +266,31 @@ func netnsOf(dir string) []string {
 		if err != nil {
 			return nil
 		}
-		var rec struct{ NetNS string }
-		if json.Unmarshal(data, &rec) == nil && rec.NetNS != "" {
+		var rec struct {
+			NetNS string `json:"netns"`
+			Links []struct {
+				HostBridge string `json:"hostBridge"`
+				HostVeth   string `json:"hostVeth"`
+			} `json:"links"`
+		}
+		if json.Unmarshal(data, &rec) != nil {
+			return nil
+		}
+		if rec.NetNS != "" {
 			if _, err := os.Stat(rec.NetNS); err == nil {
-				out = append(out, filepath.Base(rec.NetNS))
+				netns = append(netns, filepath.Base(rec.NetNS))
+			}
+		}
+		for _, l := range rec.Links {
+			for _, name := range []string{l.HostBridge, l.HostVeth} {
+				if name != "" && exec.Command("ip", "link", "show", "dev", name).Run() == nil {
+					links = append(links, name)
+				}
 			}
 		}
 		return nil
 	})
-	return out
+	return netns, links
 }
 
 func bridges() []string {
