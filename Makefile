@@ -113,7 +113,7 @@ critest: deps
 # kubelet-driven tests and critest pack beside the VM tests.
 e2e-all: deps
 	testing/k8s/build.sh >/dev/null
-	CRITEST_REPORT=$(CURDIR)/docs/critest.md $(GOTEST) -count=1 -parallel $(E2E_PARALLEL) -timeout 45m ./testing/e2e/...
+	CRITEST_REPORT=$(CURDIR)/docs/critest.md $(GOTEST) -count=1 -parallel $(E2E_PARALLEL) -timeout 50m ./testing/e2e/...
 
 check:
 	testing/check.sh
@@ -144,7 +144,7 @@ bench: deps
 # that none rots: make check runs it; its figures judge nothing.
 bench-smoke: deps
 	testing/k8s/build.sh >/dev/null
-	VIRTLET_BENCH_SMOKE=1 $(GOTEST) -count=1 -run '^$$' -bench . -benchtime 1x -timeout 15m ./testing/bench/
+	VIRTLET_BENCH_SMOKE=1 $(GOTEST) -count=1 -run '^$$' -bench . -benchtime 1x -timeout 10m ./testing/bench/
 
 # make bench, then fail when a target was missed (naming each).
 bench-check: bench

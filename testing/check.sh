@@ -28,7 +28,7 @@ echo "make check: run $VIRTLET_RUN (TMPDIR $TMPDIR)"
 
 # e2e-all: make e2e, e2e-k8s and critest in one run. The go test timeouts
 # of the phases add up to 80 minutes (unit 10, integration 10, e2e-all
-# 45, bench-smoke 15).
+# 50, bench-smoke 10).
 all=(setup images k8s lint unit integration e2e-all bench-smoke host)
 phases=("$@")
 [ ${#phases[@]} -gt 0 ] || phases=("${all[@]}")
