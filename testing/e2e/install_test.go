@@ -18,7 +18,8 @@ import (
 // the installed daemon starts from the installed config and manifests
 // alone and reports every plugin running.
 func TestNodeInstall(t *testing.T) {
-	parallel(t, makeBuild)
+	parallel(t)
+	holdBuildingBin(t)
 	// Every path under the test's root: the installed manifests and
 	// config name absolute paths, which must be the installed ones.
 	root := harness.VMDir(t)

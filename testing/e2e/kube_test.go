@@ -257,7 +257,7 @@ spec:
 // them by the node label, kubelet runs, logs, attaches to, restarts and
 // removes them, and its log shows no runtime error.
 func TestKubeNode(t *testing.T) {
-	parallel(t, kubeProxy)
+	parallel(t) // the only test that runs kube-proxy (the host's nftables tables)
 	n := startKubeNode(t, 89)
 
 	t.Run("seed-001 cirros-vm", func(t *testing.T) {

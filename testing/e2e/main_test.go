@@ -107,39 +107,21 @@ func run(m *testing.M) int {
 // but those that must have the node to themselves: TestCrashMatrix kills
 // libvirtd, TestPluginChaos and TestConcurrentVMPods load both cores with
 // 20 VMs, and the hypervisor contracts (see TestLibvirtHypervisorContract);
-// go runs those first, alone. A test that shares something of the
-// host with others names it as a group: it waits until no other test of
-// the group runs.
-func parallel(t *testing.T, groups ...string) {
+// go runs those first, alone.
+func parallel(t *testing.T) {
 	t.Helper()
 	t.Parallel()
-	for _, g := range groups {
-		mu := exclusive(g)
-		mu.Lock()
-		t.Cleanup(mu.Unlock)
-	}
 }
 
-// Groups of tests that share something of the host (parallel).
-const (
-	// makeBuild: `make demo` and `make install` build bin/.
-	makeBuild = "make build"
-	// kubeProxy: kube-proxy's nftables tables are the host's, one set.
-	kubeProxy = "kube-proxy"
-)
+// buildingBin is held by the parallel tests that run a make target
+// building bin/ (make demo, make install): two at once would write the
+// same files.
+var buildingBin sync.Mutex
 
-var (
-	groupsMu sync.Mutex
-	groups   = map[string]*sync.Mutex{}
-)
-
-func exclusive(group string) *sync.Mutex {
-	groupsMu.Lock()
-	defer groupsMu.Unlock()
-	if groups[group] == nil {
-		groups[group] = &sync.Mutex{}
-	}
-	return groups[group]
+// holdBuildingBin holds buildingBin until the test ends.
+func holdBuildingBin(t *testing.T) {
+	buildingBin.Lock()
+	t.Cleanup(buildingBin.Unlock)
 }
 
 // plugins returns the manifests of the shipped plugins.
