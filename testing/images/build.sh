@@ -7,7 +7,6 @@
 #   testing/images/build.sh tiny|cloud
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
 kind=${1:?usage: build.sh tiny|cloud}
 . "$here/../cache.sh"
 cache=${VIRTLET_IMAGE_CACHE:-$cache_root/images}

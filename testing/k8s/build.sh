@@ -10,7 +10,6 @@
 set -euo pipefail
 V=1.36.3
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
 . "$here/../cache.sh"
 cache=${VIRTLET_K8S_CACHE:-$cache_root/k8s}
 key=$( (echo "$V"; cat "$here/build.sh") | sha256sum | cut -c1-16)

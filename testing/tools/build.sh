@@ -27,7 +27,11 @@ tools() {
     mkdir -p "$cache"
     tmp=$(mktemp -d "$dir.XXXXXX")
     (cd "$module" && "$build" "$tmp")
-    rm -rf "$dir" && mv "$tmp" "$dir"
+    # A run beside this one may have put the same build in place
+    # meanwhile, and link to it: keep that one if it is whole.
+    missing=0
+    for bin in "$@"; do [ -x "$dir/$bin" ] || missing=1; done
+    if [ $missing = 0 ]; then rm -rf "$tmp"; else rm -rf "$dir" && mv "$tmp" "$dir"; fi
     "$dir/$1" --version
   fi
   mkdir -p "$dest"
