@@ -281,12 +281,11 @@ func checkConfinement(t *testing.T, d *harness.Daemon, domain, ctr, neighbour st
 	}
 
 	// Its neighbour runs as another user.
-	domain2 := neighbour
-	uid2 := qemuUID(t, domain2)
+	uid2 := qemuUID(t, neighbour)
 	if uid2 == uid[0] {
 		t.Fatalf("both VMs' QEMUs run as uid %s", uid2)
 	}
-	gid2 := qemuGID(t, domain2)
+	gid2 := qemuGID(t, neighbour)
 	if gid2 == gid[0] {
 		t.Errorf("both VMs' QEMUs run in group %s, want a group each", gid2)
 	}
