@@ -21,12 +21,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strings"
 	"syscall"
 
 	"github.com/moby/sys/mountinfo"
-	"golang.org/x/sys/unix"
 
 	"github.com/virtlet/virtlet/testing/harness"
 )
@@ -192,11 +190,7 @@ func remove(id string) {
 	for _, dev := range loopsBelow(dir) {
 		exec.Command("losetup", "-d", dev).Run()
 	}
-	mounts := mountsBelow(dir)
-	sort.Sort(sort.Reverse(sort.StringSlice(mounts)))
-	for _, m := range mounts {
-		unix.Unmount(m, unix.MNT_DETACH)
-	}
+	harness.UnmountBelow(dir)
 	for _, b := range bridges() {
 		if runOfBridge(b) == id {
 			exec.Command("ip", "link", "del", b).Run()
