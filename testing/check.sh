@@ -7,9 +7,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-export CHECK_DIR=${CHECK_DIR:-$PWD/.cache/check}
-rm -rf "$CHECK_DIR" && mkdir -p "$CHECK_DIR"
-
 # One check at a time on a machine: a second waits for the first. Each
 # run has an id, which every name it makes on the host carries (its
 # TMPDIR, below which are all its tests' directories; its bridges): the
@@ -25,6 +22,10 @@ TMPDIR=/tmp/vt-$VIRTLET_RUN
 export VIRTLET_RUN TMPDIR
 mkdir -p -m 0711 "$TMPDIR"
 echo "make check: run $VIRTLET_RUN (TMPDIR $TMPDIR)"
+# Only once the lock is held: a check waiting for another must not empty
+# its directory.
+export CHECK_DIR=${CHECK_DIR:-$PWD/.cache/check}
+rm -rf "$CHECK_DIR" && mkdir -p "$CHECK_DIR"
 
 # e2e-all: make e2e, e2e-k8s and critest in one run. The go test timeouts
 # of the phases add up to 80 minutes (unit 10, integration 10, e2e-all
