@@ -23,12 +23,24 @@ import (
 
 	"github.com/virtlet/virtlet/adapters/atomicfile"
 	"github.com/virtlet/virtlet/ports"
+	"github.com/virtlet/virtlet/testing/harness"
 )
 
 // These tests run the real CNI plugins of Debian's
 // containernetworking-plugins (bridge + host-local) in namespaces they
 // create, on a test bridge with 198.18.5.0/24 that iptables keeps off the
 // machine's routes.
+
+// runName is a name for a host link or namespace a test makes: the run's
+// tag (harness.RunBridgePrefix), kind, a random number, so that
+// testing/hostcheck finds it when a killed run leaves it.
+func runName(kind string) string {
+	var b [2]byte
+	rand.Read(b[:])
+	// 256..999: no index of the harness's test networks.
+	n := (int(b[0])<<8 | int(b[1])) % 744
+	return fmt.Sprintf("%s%s%d", harness.RunBridgePrefix(harness.RunID()), kind, 256+n)
+}
 
 func randHex(n int) string {
 	b := make([]byte, n/2)
@@ -81,7 +93,7 @@ func newTestNetWith(t *testing.T, pluginType, chained string) *testNet {
 	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
 		t.Fatal("Debian's containernetworking-plugins are missing: testing/setup.sh installs them")
 	}
-	tn := &testNet{state: t.TempDir(), ipam: t.TempDir(), bridge: "vlt-" + randHex(8), conf: t.TempDir()}
+	tn := &testNet{state: t.TempDir(), ipam: t.TempDir(), bridge: runName(""), conf: t.TempDir()}
 	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "virtlet-test", "plugins": [{
 	  "type": %q, "bridge": %q, "isGateway": true, "ipMasq": false,
 	  "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": "198.18.5.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}}%s]}`,
@@ -126,7 +138,7 @@ func dhcpAsVM(t *testing.T, att ports.NetworkAttachment) *nclient4.Lease {
 
 func dhcpAsVMOn(t *testing.T, iface ports.NetworkInterface) *nclient4.Lease {
 	t.Helper()
-	name := "virtlet-test-" + randHex(8)
+	name := runName("n")
 	nsPath, err := createNetNS(name)
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +150,7 @@ func dhcpAsVMOn(t *testing.T, iface ports.NetworkInterface) *nclient4.Lease {
 	}
 	defer ns.Close()
 	mac, _ := net.ParseMAC(iface.MAC)
-	hostEnd := "vlc-" + randHex(8)
+	hostEnd := runName("c")
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostEnd}, PeerName: "vmnic", PeerHardwareAddr: mac, PeerNamespace: netlink.NsFd(int(ns))}
 	if err := netlink.LinkAdd(veth); err != nil {
 		t.Fatal(err)
@@ -349,8 +361,8 @@ func TestSeveralPodInterfaces(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "virtlet-test-cni-multi"), "github.com/virtlet/virtlet/testing/cnimulti").CombinedOutput(); err != nil {
 		t.Fatalf("build the meta plugin: %v\n%s", err, out)
 	}
-	tn := &testNet{state: t.TempDir(), ipam: t.TempDir(), bridge: "vlt-" + randHex(8), conf: t.TempDir(), extraBin: bin}
-	second := "vlt-" + randHex(8)
+	tn := &testNet{state: t.TempDir(), ipam: t.TempDir(), bridge: runName(""), conf: t.TempDir(), extraBin: bin}
+	second := runName("")
 	isolate(t, tn.bridge)
 	isolate(t, second)
 	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "virtlet-multi", "type": "virtlet-test-cni-multi", "delegates": [

@@ -226,6 +226,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   # This machine lacks CAP_SYS_RESOURCE: runc cannot lower oom_score_adj
   # (kubelet asks -998 for sandboxes).
   restrict_oom_score_adj = true
+  # Pod network namespaces below the state directory, so that they carry
+  # the run's tag (testing/hostcheck finds them as its mounts).
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"

@@ -19,16 +19,16 @@ var iptablesTables = []string{"filter", "nat", "mangle", "raw"}
 func RemoveNewChains(t testing.TB, prefix string) {
 	t.Helper()
 	for _, ipt := range []string{"iptables", "ip6tables"} {
-		before := chainsWithPrefix(ipt, prefix)
+		before := ChainsWithPrefix(ipt, prefix)
 		t.Cleanup(func() {
-			for table, names := range chainsWithPrefix(ipt, prefix) {
+			for table, names := range ChainsWithPrefix(ipt, prefix) {
 				var made []string
 				for _, n := range names {
 					if !slices.Contains(before[table], n) {
 						made = append(made, n)
 					}
 				}
-				removeChains(ipt, table, made)
+				RemoveChains(ipt, table, made)
 			}
 		})
 	}
@@ -36,7 +36,7 @@ func RemoveNewChains(t testing.TB, prefix string) {
 
 // chainsWithPrefix lists, by table, the chains whose names start with
 // prefix.
-func chainsWithPrefix(ipt, prefix string) map[string][]string {
+func ChainsWithPrefix(ipt, prefix string) map[string][]string {
 	out := map[string][]string{}
 	for _, table := range iptablesTables {
 		b, err := exec.Command(ipt, "-t", table, "-S").Output()
@@ -54,7 +54,7 @@ func chainsWithPrefix(ipt, prefix string) map[string][]string {
 
 // removeChains deletes the rules of table that jump to chains, then the
 // chains.
-func removeChains(ipt, table string, chains []string) {
+func RemoveChains(ipt, table string, chains []string) {
 	if len(chains) == 0 {
 		return
 	}
@@ -77,5 +77,61 @@ func removeChains(ipt, table string, chains []string) {
 	}
 	for _, c := range chains {
 		exec.Command(ipt, "-t", table, "-X", c).Run()
+	}
+}
+
+// TaggedRule is a rule of an iptables table whose text holds a tag: a
+// run's bridge prefix, in an interface name or in the comment that CNI
+// plugins (portmap) write with the network's name.
+type TaggedRule struct {
+	Table, Chain string
+	// Spec is the rule as -S prints it, after "-A ".
+	Spec string
+}
+
+// RulesMentioning lists the rules of ipt (iptables or ip6tables), in every
+// table, whose text holds tag.
+func RulesMentioning(ipt, tag string) []TaggedRule {
+	var rules []TaggedRule
+	for _, table := range iptablesTables {
+		b, err := exec.Command(ipt, "-t", table, "-S").Output()
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			rest, ok := strings.CutPrefix(line, "-A ")
+			if !ok || !strings.Contains(rest, tag) {
+				continue
+			}
+			chain, _, _ := strings.Cut(rest, " ")
+			rules = append(rules, TaggedRule{Table: table, Chain: chain, Spec: rest})
+		}
+	}
+	return rules
+}
+
+// RemoveRules deletes rules of ipt, then every chain of its own that held
+// one of them and is left empty (portmap's per-container CNI-DN-*), with
+// the rules that jump to it.
+func RemoveRules(ipt string, rules []TaggedRule) {
+	held := map[string][]string{}
+	for _, r := range rules {
+		// The shell keeps -S's quoted comments together.
+		exec.Command("sh", "-c", ipt+" -t "+r.Table+" -D "+r.Spec).Run()
+		if !slices.Contains(held[r.Table], r.Chain) {
+			held[r.Table] = append(held[r.Table], r.Chain)
+		}
+	}
+	for table, chains := range held {
+		var empty []string
+		for _, c := range chains {
+			b, err := exec.Command(ipt, "-t", table, "-S", c).Output()
+			// A chain of its own lists as "-N c" alone once empty; a
+			// built-in one as its policy.
+			if err == nil && strings.TrimSpace(string(b)) == "-N "+c {
+				empty = append(empty, c)
+			}
+		}
+		RemoveChains(ipt, table, empty)
 	}
 }

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -33,5 +34,50 @@ func TestRemoveNewChains(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "-N VLTEST-KEEP") {
 		t.Errorf("the chain the host had is gone:\n%s", out)
+	}
+}
+
+// The rules that name a run's tag go, in any table, and so does a chain
+// of their own that they leave empty, with the jump to it; the host's
+// other rules and chains stay.
+func TestRemoveRulesMentioning(t *testing.T) {
+	ipt := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("iptables", args...).CombinedOutput(); err != nil {
+			t.Fatalf("iptables %v: %v\n%s", args, err, out)
+		}
+	}
+	tag := RunBridgePrefix(RunID())
+	for _, c := range []string{"VLTEST-TOP", "VLTEST-DN"} {
+		ipt("-t", "nat", "-N", c)
+		defer exec.Command("iptables", "-t", "nat", "-X", c).Run()
+		defer exec.Command("iptables", "-t", "nat", "-F", c).Run()
+	}
+	// As portmap writes them: the network's name in a quoted comment.
+	comment := fmt.Sprintf(`dnat name: "virtlet-%s-7" id: "abc"`, tag)
+	ipt("-t", "nat", "-A", "VLTEST-TOP", "-m", "comment", "--comment", comment, "-j", "VLTEST-DN")
+	ipt("-t", "nat", "-A", "VLTEST-DN", "-p", "tcp", "-m", "comment", "--comment", comment, "-j", "RETURN")
+	ipt("-t", "nat", "-A", "VLTEST-TOP", "-m", "comment", "--comment", "another run", "-j", "RETURN")
+	ipt("-A", "FORWARD", "-i", tag+"7", "-j", "DROP")
+	defer exec.Command("iptables", "-D", "FORWARD", "-i", tag+"7", "-j", "DROP").Run()
+
+	rules := RulesMentioning("iptables", tag)
+	if len(rules) != 3 {
+		t.Fatalf("rules mentioning %s: %+v, want the two nat rules and the FORWARD one", tag, rules)
+	}
+	RemoveRules("iptables", rules)
+	if left := RulesMentioning("iptables", tag); len(left) > 0 {
+		t.Errorf("left: %+v", left)
+	}
+	nat, _ := exec.Command("iptables", "-t", "nat", "-S").Output()
+	if strings.Contains(string(nat), "VLTEST-DN") {
+		t.Errorf("the emptied chain of its own is left:\n%s", nat)
+	}
+	if !strings.Contains(string(nat), "-N VLTEST-TOP") || !strings.Contains(string(nat), "another run") {
+		t.Errorf("the chain that keeps another rule, or that rule, is gone:\n%s", nat)
+	}
+	filter, _ := exec.Command("iptables", "-S", "FORWARD").Output()
+	if !strings.Contains(string(filter), "-P FORWARD") {
+		t.Errorf("the built-in chain is gone:\n%s", filter)
 	}
 }

@@ -135,8 +135,9 @@ func StartControlPlane(t testing.TB, bin string) *Kube {
 // packet to a ClusterIP that kube-proxy does not rewrite ends on the node.
 const ServiceCIDR = "198.19.96.0/24"
 
-// serviceLink is the portless bridge the service range is routed into.
-const serviceLink = "vlsvc0"
+// serviceLink is the portless bridge the service range is routed into:
+// the run's bridge prefix and 0, an index no test network has.
+func serviceLink() string { return RunBridgePrefix(RunID()) + "0" }
 
 // StartKubeProxy runs kube-proxy in nftables mode, so the node reaches
 // ClusterIPs as a real node does. Its rules live in nftables tables of
@@ -146,6 +147,7 @@ const serviceLink = "vlsvc0"
 func (k *Kube) StartKubeProxy() {
 	t := k.t
 	t.Helper()
+	serviceLink := serviceLink()
 	for _, args := range [][]string{
 		{"link", "add", serviceLink, "type", "bridge"}, // no ports: what reaches it goes nowhere
 		{"link", "set", serviceLink, "up"},

@@ -3,8 +3,16 @@
 // Everything a run makes on the host carries its id (harness.RunEnv): its
 // temporary directory harness.RunDir(id), below which are the VMs' disks,
 // the daemons' state, the kubelets' directories and every mount of theirs;
-// its bridges (harness.RunBridgePrefix) and the firewall rules naming
-// them.
+// its links (bridges, veths: harness.RunBridgePrefix), the firewall rules
+// naming them or its CNI networks, kubelet's /var/log/containers links
+// into its pod log directory.
+//
+// kubelet and kube-proxy hard-code the names of their host objects
+// (KUBE-* chains, the nftables tables "kube-proxy"), so no run's id can be
+// in them: the suites remove what they made, begin removes such objects
+// only when no kubelet or kube-proxy runs on the host (then an earlier
+// run left them), and end fails on any that were not there at its begin.
+// Runs are kept apart there by the machine's check lock alone.
 //
 //	hostcheck begin ID FILE   remove what earlier runs left (found by their
 //	                          tags, nothing else), record the host's modes
@@ -21,6 +29,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -64,8 +73,8 @@ func begin(id, file string) error {
 			earlier[other] = true
 		}
 	}
-	for _, b := range bridges() {
-		if other := runOfBridge(b); other != "" && other != id {
+	for _, l := range links() {
+		if other := runOfLink(l); other != "" && other != id {
 			earlier[other] = true
 		}
 	}
@@ -80,12 +89,26 @@ func begin(id, file string) error {
 			return fmt.Errorf("run %s left what cannot be removed: %s", other, strings.Join(still, "; "))
 		}
 	}
+	kube := kubeObjects()
+	if len(kube) > 0 && !kubeRunning() {
+		fmt.Printf("hostcheck: removing what an earlier run's kubelet or kube-proxy left (none runs now): %s\n", strings.Join(kube, "; "))
+		removeKubeObjects()
+		kube = kubeObjects()
+	}
 	modes, err := hostModes()
 	if err != nil {
 		return err
 	}
-	data, _ := json.MarshalIndent(modes, "", "  ")
+	data, _ := json.MarshalIndent(hostState{Modes: modes, Kube: kube}, "", "  ")
 	return os.WriteFile(file, data, 0o644)
+}
+
+// hostState is what begin records for end.
+type hostState struct {
+	Modes map[string]pathMode
+	// Kube are the host's objects of kubelet's and kube-proxy's fixed
+	// names (kubeObjects).
+	Kube []string
 }
 
 // end checks that run id left nothing and the modes are as recorded.
@@ -101,9 +124,15 @@ func end(id, file string) error {
 	if err != nil {
 		return fmt.Errorf("the host's modes at the start: %w", err)
 	}
-	var before map[string]pathMode
-	if err := json.Unmarshal(data, &before); err != nil {
+	var state hostState
+	if err := json.Unmarshal(data, &state); err != nil {
 		return fmt.Errorf("%s: %w", file, err)
+	}
+	before := state.Modes
+	for _, o := range kubeObjects() {
+		if !slices.Contains(state.Kube, o) {
+			problems = append(problems, "kubelet's or kube-proxy's "+o+", made during the run")
+		}
 	}
 	now, err := hostModes()
 	if err != nil {
@@ -152,14 +181,16 @@ func leftBy(id string, withDir bool) []string {
 	netns, podLinks := podNetworkOf(dir)
 	add("network namespaces", netns)
 	add("pod links", podLinks)
-	var brs []string
-	for _, b := range bridges() {
-		if runOfBridge(b) == id {
-			brs = append(brs, b)
+	var own []string
+	for _, l := range links() {
+		if runOfLink(l) == id {
+			own = append(own, l)
 		}
 	}
-	add("bridges", brs)
+	add("links", own)
+	add("network namespaces", namespacesOf(id))
 	add("firewall rules", rulesNaming(harness.RunBridgePrefix(id)))
+	add("container log links", logLinksInto(dir))
 	if _, err := os.Stat(dir); err == nil && withDir {
 		left = append(left, "directory "+dir)
 	}
@@ -168,7 +199,8 @@ func leftBy(id string, withDir bool) []string {
 
 // remove removes what run id left, in the order that lets each go:
 // domains (their QEMUs), processes, network namespaces and pod links,
-// loop devices, mounts, bridges and their rules, the directory.
+// loop devices, mounts, links and the rules naming the run, kubelet's log
+// links, the directory.
 func remove(id string) {
 	dir := harness.RunDir(id)
 	for _, name := range harness.DomainsMentioning(dir) {
@@ -191,16 +223,19 @@ func remove(id string) {
 		exec.Command("losetup", "-d", dev).Run()
 	}
 	harness.UnmountBelow(dir)
-	for _, b := range bridges() {
-		if runOfBridge(b) == id {
-			exec.Command("ip", "link", "del", b).Run()
+	for _, l := range links() {
+		if runOfLink(l) == id {
+			exec.Command("ip", "link", "del", l).Run()
 		}
 	}
-	prefix := harness.RunBridgePrefix(id)
 	for _, ipt := range []string{"iptables", "ip6tables"} {
-		for _, rule := range rulesOf(ipt, prefix) {
-			exec.Command(ipt, append([]string{"-D"}, rule...)...).Run()
-		}
+		harness.RemoveRules(ipt, harness.RulesMentioning(ipt, harness.RunBridgePrefix(id)))
+	}
+	for _, ns := range namespacesOf(id) {
+		exec.Command("ip", "netns", "delete", ns).Run()
+	}
+	for _, l := range logLinksInto(dir) {
+		os.Remove(l)
 	}
 	os.RemoveAll(dir)
 }
@@ -253,7 +288,9 @@ func loopsBelow(dir string) []string {
 // recorded for their pods and that still exist.
 func podNetworkOf(dir string) (netns, links []string) {
 	filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
-		if err != nil || e.IsDir() || !strings.Contains(p, "/plugins/cni/") || !strings.HasSuffix(p, ".json") {
+		// The daemons' CNI records (plugins/cni/) and those of the CNI
+		// adapter's own tests.
+		if err != nil || e.IsDir() || !strings.HasSuffix(p, ".json") {
 			return nil
 		}
 		data, err := os.ReadFile(p)
@@ -270,7 +307,7 @@ func podNetworkOf(dir string) (netns, links []string) {
 		if json.Unmarshal(data, &rec) != nil {
 			return nil
 		}
-		if rec.NetNS != "" {
+		if strings.HasPrefix(rec.NetNS, "/var/run/netns/") || strings.HasPrefix(rec.NetNS, "/run/netns/") {
 			if _, err := os.Stat(rec.NetNS); err == nil {
 				netns = append(netns, filepath.Base(rec.NetNS))
 			}
@@ -287,63 +324,119 @@ func podNetworkOf(dir string) (netns, links []string) {
 	return netns, links
 }
 
-func bridges() []string {
-	out, err := exec.Command("ip", "-o", "link", "show", "type", "bridge").Output()
+// links lists the host's network links (bridges, veths...).
+func links() []string {
+	out, err := exec.Command("ip", "-o", "link", "show").Output()
 	if err != nil {
 		return nil
 	}
 	var names []string
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		if f := strings.Fields(line); len(f) > 1 {
-			names = append(names, strings.TrimSuffix(f[1], ":"))
+			name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+			names = append(names, name)
 		}
 	}
 	return names
 }
 
-// runOfBridge is the run id in a test bridge's name, or "".
-var bridgeName = regexp.MustCompile(`^vt([0-9a-f]{6})[0-9]{1,3}$`)
+// runOfLink is the run id in the name of a link the suites made
+// (harness.RunBridgePrefix, then up to five lower-case letters or
+// digits), or "".
+var linkName = regexp.MustCompile(`^vt([0-9a-f]{6})[0-9a-z]{1,5}$`)
 
-func runOfBridge(name string) string {
-	if m := bridgeName.FindStringSubmatch(name); m != nil {
+func runOfLink(name string) string {
+	if m := linkName.FindStringSubmatch(name); m != nil {
 		return m[1]
 	}
 	return ""
 }
 
-// rulesNaming lists the firewall rules that name one of the run's
-// bridges.
-func rulesNaming(prefix string) []string {
+// namespacesOf lists the named network namespaces of the run's own tests
+// (named as its links are).
+func namespacesOf(id string) []string {
+	entries, _ := os.ReadDir("/var/run/netns")
 	var out []string
-	for _, ipt := range []string{"iptables", "ip6tables"} {
-		for _, r := range rulesOf(ipt, prefix) {
-			out = append(out, ipt+" "+strings.Join(r, " "))
+	for _, e := range entries {
+		if runOfLink(e.Name()) == id {
+			out = append(out, e.Name())
 		}
 	}
 	return out
 }
 
-// rulesOf returns the FORWARD rules of ipt naming an interface that
-// starts with prefix, as arguments for -D.
-func rulesOf(ipt, prefix string) [][]string {
-	out, err := exec.Command(ipt, "-S", "FORWARD").Output()
-	if err != nil {
-		return nil
-	}
-	var rules [][]string
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 || f[0] != "-A" {
-			continue
+// rulesNaming lists the firewall rules, in every table, that name one of
+// the run's links or CNI networks.
+func rulesNaming(prefix string) []string {
+	var out []string
+	for _, ipt := range []string{"iptables", "ip6tables"} {
+		for _, r := range harness.RulesMentioning(ipt, prefix) {
+			out = append(out, fmt.Sprintf("%s -t %s -A %s", ipt, r.Table, r.Spec))
 		}
-		for i, a := range f {
-			if (a == "-i" || a == "-o") && i+1 < len(f) && strings.HasPrefix(f[i+1], prefix) {
-				rules = append(rules, f[1:])
-				break
+	}
+	return out
+}
+
+// containerLogDir is where kubelet links each container's log (a path it
+// hard-codes); the links of a run's kubelets point into its pod log
+// directory, below the run's directory.
+const containerLogDir = "/var/log/containers"
+
+func logLinksInto(dir string) []string {
+	entries, _ := os.ReadDir(containerLogDir)
+	var out []string
+	for _, e := range entries {
+		p := filepath.Join(containerLogDir, e.Name())
+		if target, err := os.Readlink(p); err == nil && strings.HasPrefix(target, dir+"/") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// kubeObjects lists the host objects of the names kubelet and kube-proxy
+// hard-code: KUBE-* chains, the nftables tables "kube-proxy".
+func kubeObjects() []string {
+	var out []string
+	for _, ipt := range []string{"iptables", "ip6tables"} {
+		for table, chains := range harness.ChainsWithPrefix(ipt, "KUBE-") {
+			for _, c := range chains {
+				out = append(out, fmt.Sprintf("%s -t %s chain %s", ipt, table, c))
 			}
 		}
 	}
-	return rules
+	for _, t := range harness.KubeProxyTables() {
+		out = append(out, "nftables table "+t)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func removeKubeObjects() {
+	for _, ipt := range []string{"iptables", "ip6tables"} {
+		for table, chains := range harness.ChainsWithPrefix(ipt, "KUBE-") {
+			harness.RemoveChains(ipt, table, chains)
+		}
+	}
+	for _, t := range harness.KubeProxyTables() {
+		family, name, _ := strings.Cut(t, " ")
+		exec.Command("nft", "delete", "table", family, name).Run()
+	}
+}
+
+// kubeRunning tells whether a kubelet or kube-proxy runs on the host.
+func kubeRunning() bool {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if err != nil {
+			continue
+		}
+		if c := strings.TrimSpace(string(comm)); c == "kubelet" || c == "kube-proxy" {
+			return true
+		}
+	}
+	return false
 }
 
 // modePaths are the host paths whose mode and owner the suites must leave
