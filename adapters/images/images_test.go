@@ -2,6 +2,7 @@ package images_test
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"github.com/virtlet/virtlet/plugins/sdk/sdktest"
 	"github.com/virtlet/virtlet/ports"
 	"github.com/virtlet/virtlet/testing/contract/imagesourcetest"
+	"github.com/virtlet/virtlet/testing/harness"
 	"github.com/virtlet/virtlet/testing/imageserver"
 )
 
@@ -37,6 +39,24 @@ func serve(t *testing.T) (*imageserver.Server, *images.Source) {
 	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", filepath.Join(dir, "disk.qcow2"), "48M").CombinedOutput(); err != nil {
 		t.Fatalf("qemu-img: %v %s", err, out)
 	}
+	// An image whose data is a host file (refused by diskimage before any
+	// tool reads it) and one whose refcounts are zeroed (refused by
+	// qemu-img check).
+	// (qemu-img create makes the data file it is given, truncating it: it
+	// must be the test's own.)
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-o", "data_file="+filepath.Join(t.TempDir(), "host-file")+",data_file_raw=on",
+		filepath.Join(dir, "datafile.qcow2"), "1M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img: %v %s", err, out)
+	}
+	corrupt := filepath.Join(dir, "corrupt.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=512", corrupt, "1M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img: %v %s", err, out)
+	}
+	data, _ := os.ReadFile(corrupt)
+	table := binary.BigEndian.Uint64(data[48:56])
+	block := binary.BigEndian.Uint64(data[table : table+8])
+	copy(data[block:block+8], make([]byte, 8))
+	os.WriteFile(corrupt, data, 0o644)
 	os.WriteFile(filepath.Join(dir, "index.html"), []byte("<html>hello</html>"), 0o644)
 	os.WriteFile(filepath.Join(dir, "page.html"), []byte("<html>not a disk</html>"), 0o644)
 	srv, err := imageserver.Start(dir, "127.0.0.1:0", t.TempDir())
@@ -67,7 +87,7 @@ func TestContract(t *testing.T) {
 
 func TestFetchReportsFormatAndVirtualSize(t *testing.T) {
 	srv, s := serve(t)
-	res, err := s.Fetch(context.Background(), ports.FetchRequest{Name: "x", Location: "https://" + srv.Host + "/disk.qcow2", Dest: filepath.Join(t.TempDir(), "d")})
+	res, err := s.Fetch(context.Background(), ports.FetchRequest{Name: "x", Location: "https://" + srv.Host + "/disk.qcow2", Dest: filepath.Join(harness.SearchableTempDir(t), "d")})
 	if err != nil || res.Format != "qcow2" || res.VirtualSize != 48<<20 {
 		t.Fatalf("%+v %v", res, err)
 	}
@@ -96,6 +116,8 @@ func TestFetchErrors(t *testing.T) {
 	}{
 		{"404", s, base + "/absent.qcow2", "", ports.ErrNotFound, "404 Not Found"},
 		{"html page", s, base + "/page.html", "", ports.ErrInvalidArgument, "not a VM disk image: neither a qcow2 header nor a partition table"},
+		{"data in a host file", s, base + "/datafile.qcow2", "", ports.ErrInvalidArgument, "not a VM disk image: the qcow2 image keeps its data in an external data file"},
+		{"corrupt qcow2", s, base + "/corrupt.qcow2", "", ports.ErrInvalidArgument, "not a VM disk image: qemu-img check found"},
 		{"untrusted certificate", untrusted, base + "/disk.qcow2", "", nil, "certificate signed by unknown authority"},
 		{"ftp", s, "ftp://" + srv.Host + "/disk.qcow2", "", ports.ErrInvalidArgument, "an https://, http://, file://, docker:// or oci: location"},
 		{"digest mismatch", s, base + "/disk.qcow2", "sha256:" + strings.Repeat("1", 64), ports.ErrInvalidArgument, "digest mismatch"},
@@ -104,7 +126,7 @@ func TestFetchErrors(t *testing.T) {
 		{"truncated", trusting(t, truncated), truncated.URL + "/x", "", nil, "truncated: got 12 of 100000 bytes"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := tt.src.Fetch(context.Background(), ports.FetchRequest{Name: "x", Location: tt.location, Dest: filepath.Join(t.TempDir(), "d"), ExpectedDigest: tt.digest})
+			_, err := tt.src.Fetch(context.Background(), ports.FetchRequest{Name: "x", Location: tt.location, Dest: filepath.Join(harness.SearchableTempDir(t), "d"), ExpectedDigest: tt.digest})
 			if err == nil || !strings.Contains(err.Error(), tt.want) || (tt.kind != nil && !errors.Is(err, tt.kind)) {
 				t.Fatalf("err %v, want %v containing %q", err, tt.kind, tt.want)
 			}

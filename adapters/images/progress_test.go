@@ -17,6 +17,7 @@ import (
 
 	"github.com/virtlet/virtlet/adapters/images"
 	"github.com/virtlet/virtlet/ports"
+	"github.com/virtlet/virtlet/testing/harness"
 )
 
 // A slow download logs its progress (bytes so far, rates, share of the
@@ -60,7 +61,7 @@ func TestSlowDownloadLogsProgress(t *testing.T) {
 	fetch := func(url string) time.Duration {
 		t.Helper()
 		start := time.Now()
-		res, err := s.Fetch(context.Background(), ports.FetchRequest{Name: "virtlet.cloud/disk", Location: url, Dest: filepath.Join(t.TempDir(), "dl")})
+		res, err := s.Fetch(context.Background(), ports.FetchRequest{Name: "virtlet.cloud/disk", Location: url, Dest: filepath.Join(harness.SearchableTempDir(t), "dl")})
 		if err != nil || res.Size != int64(len(data)) {
 			t.Fatalf("fetch %s: %+v %v", url, res, err)
 		}

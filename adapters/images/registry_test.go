@@ -15,6 +15,7 @@ import (
 	"github.com/virtlet/virtlet/adapters/images"
 	"github.com/virtlet/virtlet/ports"
 	"github.com/virtlet/virtlet/testing/containerdisk"
+	"github.com/virtlet/virtlet/testing/harness"
 )
 
 func TestRegistryAndOCILayoutPulls(t *testing.T) {
@@ -51,7 +52,7 @@ func TestRegistryAndOCILayoutPulls(t *testing.T) {
 		{"plain http registry without the insecure transport", "docker://" + reg.Addr + "/disks/tiny:v1", nil, "http", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dest := filepath.Join(t.TempDir(), "d")
+			dest := filepath.Join(harness.SearchableTempDir(t), "d")
 			res, err := s.Fetch(ctx, ports.FetchRequest{Name: "virtlet.cloud/x", Location: tc.location, TransportConfig: tc.transport, Dest: dest})
 			if strings.HasPrefix(tc.want, "sha256:") {
 				if err != nil || res.Digest != tc.want {
@@ -98,7 +99,7 @@ func TestPullSecretsAndRegistryTLS(t *testing.T) {
 	s := images.New(quiet())
 	fetch := func(auth *ports.RegistryAuth, transport []byte) error {
 		_, err := s.Fetch(ctx, ports.FetchRequest{Name: "x", Location: "docker://" + reg.Addr + "/private/disk:v1",
-			TransportConfig: transport, Auth: auth, Dest: filepath.Join(t.TempDir(), "d")})
+			TransportConfig: transport, Auth: auth, Dest: filepath.Join(harness.SearchableTempDir(t), "d")})
 		return err
 	}
 	if err := fetch(nil, trust); !errors.Is(err, ports.ErrFailedPrecondition) || !strings.Contains(err.Error(), "pull secret") {

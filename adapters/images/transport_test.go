@@ -15,6 +15,7 @@ import (
 
 	"github.com/virtlet/virtlet/adapters/images"
 	"github.com/virtlet/virtlet/ports"
+	"github.com/virtlet/virtlet/testing/harness"
 )
 
 func qcow2(t *testing.T) (string, []byte) {
@@ -68,7 +69,7 @@ func TestTransports(t *testing.T) {
 		{"missing file", "file://" + path + ".absent", nil, "not found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := s.Fetch(ctx, ports.FetchRequest{Name: "x", Location: tc.location, TransportConfig: tc.transport, Dest: filepath.Join(t.TempDir(), "d")})
+			res, err := s.Fetch(ctx, ports.FetchRequest{Name: "x", Location: tc.location, TransportConfig: tc.transport, Dest: filepath.Join(harness.SearchableTempDir(t), "d")})
 			if tc.want == "" {
 				if err != nil || res.Format != "qcow2" || res.Size != int64(len(data)) {
 					t.Fatalf("%+v %v", res, err)
@@ -81,7 +82,7 @@ func TestTransports(t *testing.T) {
 		})
 	}
 	_, err := s.Fetch(ctx, ports.FetchRequest{Name: "x", Location: secure.URL + "/disk.qcow2",
-		TransportConfig: transport(t, ports.TransportConfig{TLS: &ports.TransportTLS{Certificates: []ports.TLSCertificate{{Cert: "junk"}}}}), Dest: filepath.Join(t.TempDir(), "d")})
+		TransportConfig: transport(t, ports.TransportConfig{TLS: &ports.TransportTLS{Certificates: []ports.TLSCertificate{{Cert: "junk"}}}}), Dest: filepath.Join(harness.SearchableTempDir(t), "d")})
 	if !errors.Is(err, ports.ErrInvalidArgument) {
 		t.Fatalf("bad transport certificate: %v", err)
 	}

@@ -20,7 +20,8 @@ import (
 // createOverlay makes the copy-on-write root disk of a VM: a qcow2 file
 // whose backing file is the image in the image store (never written, never
 // copied), grown to the requested size. The base's format is given
-// explicitly, so QEMU never probes it.
+// explicitly, so QEMU never probes it, and only diskimage's own parser
+// reads it here.
 func createOverlay(ctx context.Context, path string, o ports.DiskOverlay, disk string) (time.Duration, error) {
 	info, err := diskimage.Inspect(o.BasePath)
 	switch {
@@ -37,7 +38,9 @@ func createOverlay(ctx context.Context, path string, o ports.DiskOverlay, disk s
 	}
 	size := max(o.SizeBytes, info.VirtualSize)
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", info.Format, "-b", o.BasePath, path, strconv.FormatInt(size, 10))
+	// -u: qemu-img (root's) does not open the base, an untrusted image;
+	// Inspect has read its header, and the size is given.
+	cmd := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-u", "-F", info.Format, "-b", o.BasePath, path, strconv.FormatInt(size, 10))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		os.Remove(path)
 		return 0, fmt.Errorf("disk %s: qemu-img create: %v: %s", disk, err, strings.TrimSpace(string(out)))

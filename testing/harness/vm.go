@@ -114,6 +114,21 @@ func domainsUsing(path, prefix string, flags ...string) []string {
 	return out
 }
 
+// SearchableTempDir is a temporary directory that every user may search
+// (0711, its parent too), as the image store's and a node's device
+// directories are: the image tools run as a user of no account
+// (diskimage.Tool), QEMU as the VM's own.
+func SearchableTempDir(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 // VMDir returns a fresh directory QEMU can reach (its whole path is
 // traversable), removed after the test together with any domain using it.
 func VMDir(t testing.TB) string {

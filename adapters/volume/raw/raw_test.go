@@ -138,7 +138,7 @@ func majorMinor(t *testing.T, dev string) [2]string {
 // and its raw content.
 func image(t *testing.T, fill string, size int64) (string, []byte) {
 	t.Helper()
-	dir := t.TempDir()
+	dir := harness.SearchableTempDir(t)
 	raw := bytes.Repeat([]byte(fill), int(size)/len(fill))
 	rawPath := filepath.Join(dir, "img.raw")
 	if err := os.WriteFile(rawPath, raw, 0o600); err != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/virtlet/virtlet/ports"
+	"github.com/virtlet/virtlet/testing/harness"
 )
 
 // Env is an image source under test.
@@ -23,7 +24,7 @@ type Env struct {
 // Run checks the contract.
 func Run(t *testing.T, env Env) {
 	ctx := context.Background()
-	dir := t.TempDir()
+	dir := harness.SearchableTempDir(t)
 	t.Run("fetch writes the data and reports its digest and size", func(t *testing.T) {
 		dest := filepath.Join(dir, "image")
 		res, err := env.Source.Fetch(ctx, ports.FetchRequest{Name: "test", Location: env.Location, Dest: dest})

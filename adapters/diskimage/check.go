@@ -1,0 +1,243 @@
+package diskimage
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Tool runs QEMU's image tools (qemu-img) on an untrusted image as a user
+// of no account, bounded in time and address space: the tools parse the
+// image's metadata, and an image crafted against them reaches no more
+// than that user may (nothing of the host's but world-readable files).
+// Inspect must pass first, so that no tool is pointed at another file by
+// the image.
+type Tool struct {
+	// UID is the user (and group) the tools run as when this process is
+	// root; DefaultToolUID when 0.
+	UID uint32
+	// Timeout bounds each run; 2 minutes when 0.
+	Timeout time.Duration
+	// MaxMemory bounds each run's address space; 2 GiB when 0.
+	MaxMemory uint64
+}
+
+// DefaultToolUID is a user and group id no account has, below the VMs'
+// users (2000000000 and up, adapters/libvirt).
+const DefaultToolUID = 1999999999
+
+func (t Tool) uid() uint32 {
+	if t.UID == 0 {
+		return DefaultToolUID
+	}
+	return t.UID
+}
+
+// run runs qemu-img with args, bounded by timeout when it is not 0. The
+// tool's user may read (perm 4) or read and write (6) each of grants only
+// while it runs (an ACL entry, removed after); the directories above them
+// must let every user search them (the image store's do). Its standard
+// output is returned; a failure carries its standard error.
+func (t Tool) run(ctx context.Context, timeout time.Duration, grants map[string]uint16, args ...string) ([]byte, int, error) {
+	mem := t.MaxMemory
+	if mem == 0 {
+		mem = 2 << 30
+	}
+	for p := range grants {
+		if !strings.HasPrefix(p, "/") {
+			// QEMU reads "proto:..." and "json:{...}" names as protocols.
+			return nil, 0, fmt.Errorf("image path %q is not absolute", p)
+		}
+	}
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	argv := append([]string{"--as=" + strconv.FormatUint(mem, 10), "--core=0", "--", "qemu-img"}, args...)
+	cmd := exec.CommandContext(ctx, "prlimit", argv...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if os.Geteuid() == 0 {
+		uid := t.uid()
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}
+		for p, perm := range grants {
+			revoke, err := grant(p, uid, perm)
+			if err != nil {
+				return nil, 0, fmt.Errorf("let the image tools' user %d open %s: %w", uid, p, err)
+			}
+			defer revoke()
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
+	cmd.Dir = "/"
+	err := cmd.Run()
+	if ctx.Err() == context.DeadlineExceeded {
+		return nil, 0, fmt.Errorf("qemu-img %s took longer than %s", args[0], timeout)
+	}
+	var exit *exec.ExitError
+	if errors.As(err, &exit) && cmd.SysProcAttr.Credential != nil {
+		for p := range grants {
+			if dir := unsearchable(p); dir != "" {
+				return nil, 0, fmt.Errorf("qemu-img %s runs as user %d, which cannot search %s (the image's directories need o+x)", args[0], t.uid(), dir)
+			}
+		}
+	}
+	if errors.As(err, &exit) {
+		return stdout.Bytes(), exit.ExitCode(), fmt.Errorf("qemu-img %s: %v: %s", args[0], err, strings.TrimSpace(stderr.String()))
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("qemu-img %s: %w", args[0], err)
+	}
+	return stdout.Bytes(), 0, nil
+}
+
+func (t Tool) timeout() time.Duration {
+	if t.Timeout == 0 {
+		return 2 * time.Minute
+	}
+	return t.Timeout
+}
+
+// Check runs qemu-img check on an image Inspect accepted: a corrupt image
+// is refused (wrapping ErrNotADisk) when it is pulled, not at each start.
+// Leaked clusters are harmless and pass. Raw images have no metadata to
+// check.
+func (t Tool) Check(ctx context.Context, path string, info Info) error {
+	if info.Format != QCOW2 {
+		return nil
+	}
+	out, code, err := t.run(ctx, t.timeout(), map[string]uint16{path: 4}, "check", "-f", "qcow2", "--output=json", path)
+	var res struct {
+		Corruptions int `json:"corruptions"`
+		CheckErrors int `json:"check-errors"`
+	}
+	switch {
+	// 0: clean; 3: leaks only.
+	case code == 0 && err == nil, code == 3:
+		return nil
+	case code == 2 && json.Unmarshal(out, &res) == nil:
+		return fmt.Errorf("%w: qemu-img check found %d corruptions in the qcow2 image", ErrNotADisk, res.Corruptions)
+	case code == 1 || code == 2:
+		return fmt.Errorf("%w: qemu-img check could not read the qcow2 image: %v", ErrNotADisk, err)
+	}
+	return err
+}
+
+// QemuInfo is what qemu-img info reports of an image.
+type QemuInfo struct {
+	Format          string `json:"format"`
+	VirtualSize     int64  `json:"virtual-size"`
+	BackingFilename string `json:"backing-filename"`
+	Encrypted       bool   `json:"encrypted"`
+	FormatSpecific  struct {
+		Data struct {
+			DataFile string `json:"data-file"`
+		} `json:"data"`
+	} `json:"format-specific"`
+}
+
+// Info runs qemu-img info on the image, in the given format ("" lets
+// QEMU probe it).
+func (t Tool) Info(ctx context.Context, path, format string) (QemuInfo, error) {
+	args := []string{"info", "--output=json"}
+	if format != "" {
+		args = append(args, "-f", format)
+	}
+	out, _, err := t.run(ctx, t.timeout(), map[string]uint16{path: 4}, append(args, path)...)
+	if err != nil {
+		return QemuInfo{}, err
+	}
+	var info QemuInfo
+	if err := json.Unmarshal(out, &info); err != nil {
+		return QemuInfo{}, fmt.Errorf("qemu-img info: %w", err)
+	}
+	return info, nil
+}
+
+// unsearchable is the first directory above path that others may not
+// search, or "".
+func unsearchable(path string) string {
+	for dir := filepath.Dir(path); ; dir = filepath.Dir(dir) {
+		if st, err := os.Stat(dir); err == nil && st.Mode().Perm()&0o001 == 0 {
+			return dir
+		}
+		if dir == "/" {
+			return ""
+		}
+	}
+}
+
+// Convert writes the image (of format, which Inspect found) as raw data
+// to the block device dev, through qemu-img convert's target options
+// (which name dev), bounded by ctx alone: a copy takes as long as the
+// image is large.
+func (t Tool) Convert(ctx context.Context, image, format, dev, targetOpts string) error {
+	_, _, err := t.run(ctx, 0, map[string]uint16{image: 4, dev: 6},
+		"convert", "-n", "-f", format, "--target-image-opts", image, targetOpts)
+	return err
+}
+
+// grant adds an ACL entry letting uid open the file at path with perm
+// (4 read, 6 read and write), and returns what removes it again (and
+// restores the mode, whose group bits an ACL's mask takes over, or the
+// ACL the file had).
+func grant(path string, uid uint32, perm uint16) (func(), error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	mode := st.Mode().Perm()
+	const (
+		userObj, user, groupObj, mask, other = 0x01, 0x02, 0x04, 0x10, 0x20
+		undefinedID                          = 0xffffffff
+	)
+	// The kernel's posix_acl_xattr format: version 2, then (tag, perm,
+	// id) entries, little-endian, ordered by tag.
+	acl := binary.LittleEndian.AppendUint32(nil, 2)
+	entry := func(tag, perm uint16, id uint32) {
+		acl = binary.LittleEndian.AppendUint16(acl, tag)
+		acl = binary.LittleEndian.AppendUint16(acl, perm)
+		acl = binary.LittleEndian.AppendUint32(acl, id)
+	}
+	entry(userObj, uint16(mode>>6&7), undefinedID)
+	entry(user, perm, uid)
+	entry(groupObj, uint16(mode>>3&7), undefinedID)
+	entry(mask, uint16(mode>>3&7)|perm, undefinedID)
+	entry(other, uint16(mode&7), undefinedID)
+	const name = "system.posix_acl_access"
+	old := make([]byte, 4096)
+	n, err := unix.Getxattr(path, name, old)
+	switch {
+	case errors.Is(err, unix.ENODATA):
+		old = nil
+	case err != nil:
+		return nil, fmt.Errorf("read its ACL: %w", err)
+	default:
+		old = old[:n]
+	}
+	if err := unix.Setxattr(path, name, acl, 0); err != nil {
+		return nil, err
+	}
+	return func() {
+		if old != nil {
+			unix.Setxattr(path, name, old, 0)
+			return
+		}
+		unix.Removexattr(path, name)
+		os.Chmod(path, mode)
+	}, nil
+}
