@@ -13,11 +13,13 @@ import (
 	"strings"
 
 	"github.com/containers/image/v5/docker"
+	"github.com/containers/image/v5/docker/reference"
 	"github.com/containers/image/v5/manifest"
 	"github.com/containers/image/v5/oci/layout"
 	"github.com/containers/image/v5/pkg/blobinfocache/none"
 	"github.com/containers/image/v5/pkg/compression"
 	"github.com/containers/image/v5/types"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/virtlet/virtlet/ports"
 )
@@ -27,6 +29,14 @@ import (
 // disk is KubeVirt's containerDisk convention, a regular file
 // disk/<name>.qcow2 or disk/<name>.img in a layer (the last layer holding
 // one wins). The caller reads the returned stream once and closes it.
+//
+// Nothing the registry sends is trusted: the manifest must have the digest
+// the name pins, a platform's manifest the digest its index gives, and the
+// config and every layer read the digest and size their descriptors give,
+// checked as they stream; the disk's stream ends in an error, not io.EOF,
+// when its layer does not match (its rest is read first), so the image
+// never enters the store. The returned digest is the manifest's the name
+// resolved to (the list's, for a multi-platform image).
 func (s *Source) registryDisk(ctx context.Context, req ports.FetchRequest, tc ports.TransportConfig) (io.ReadCloser, int64, string, error) {
 	var ref types.ImageReference
 	var err error
@@ -60,6 +70,13 @@ func (s *Source) registryDisk(ctx context.Context, req ports.FetchRequest, tc po
 	if err != nil {
 		return fail(registryError(req.Location, err))
 	}
+	if named := ref.DockerReference(); named != nil {
+		if pinned, ok := named.(reference.Canonical); ok {
+			if err := matchManifest(raw, pinned.Digest(), "the digest the name pins"); err != nil {
+				return fail(fmt.Errorf("%s: %w", req.Location, err))
+			}
+		}
+	}
 	if manifest.MIMETypeIsMultiImage(mime) {
 		list, err := manifest.ListFromBlob(raw, mime)
 		if err != nil {
@@ -72,10 +89,16 @@ func (s *Source) registryDisk(ctx context.Context, req ports.FetchRequest, tc po
 		if raw, mime, err = src.GetManifest(ctx, &instance); err != nil {
 			return fail(registryError(req.Location, err))
 		}
+		if err := matchManifest(raw, instance, "its entry in the image index"); err != nil {
+			return fail(fmt.Errorf("%s: linux/amd64 %w", req.Location, err))
+		}
 	}
 	m, err := manifest.FromBlob(raw, mime)
 	if err != nil {
 		return fail(fmt.Errorf("%s: manifest: %v: %w", req.Location, err, ports.ErrInvalidArgument))
+	}
+	if err := checkConfig(ctx, src, m.ConfigInfo()); err != nil {
+		return fail(fmt.Errorf("%s: config %s: %w", req.Location, m.ConfigInfo().Digest, err))
 	}
 	layers := m.LayerInfos()
 	for i := len(layers) - 1; i >= 0; i-- {
@@ -93,35 +116,179 @@ func (s *Source) registryDisk(ctx context.Context, req ports.FetchRequest, tc po
 		Allowed: "a containerDisk image: a layer with disk/<name>.qcow2 or disk/<name>.img"})
 }
 
-// diskInLayer streams a layer (decompressing it) and stops at its disk file.
-func diskInLayer(ctx context.Context, src types.ImageSource, blob types.BlobInfo) (io.ReadCloser, int64, string, error) {
+// matchManifest fails unless raw has digest want (what named it).
+func matchManifest(raw []byte, want digest.Digest, what string) error {
+	ok, err := manifest.MatchesDigest(raw, want)
+	if err != nil {
+		return fmt.Errorf("manifest digest %s: %v: %w", want, err, ports.ErrInvalidArgument)
+	}
+	if !ok {
+		got, _ := manifest.Digest(raw)
+		return fmt.Errorf("the registry sent a manifest of digest %s, not %s, %s: %w", got, want, what, ports.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// maxConfigSize bounds an image config read to check it.
+const maxConfigSize = 4 << 20
+
+// checkConfig reads the image's config blob and checks it against its
+// descriptor. The config itself is not used.
+func checkConfig(ctx context.Context, src types.ImageSource, blob types.BlobInfo) error {
+	if blob.Digest == "" {
+		return nil // a schema 1 manifest has no config blob
+	}
+	if blob.Size > maxConfigSize {
+		return fmt.Errorf("%d bytes, more than the %d a config may have: %w", blob.Size, maxConfigSize, ports.ErrInvalidArgument)
+	}
+	v, err := openVerified(ctx, src, blob)
+	if err != nil {
+		return err
+	}
+	defer v.Close()
+	if _, err := io.Copy(io.Discard, io.LimitReader(v, maxConfigSize+1)); err != nil {
+		return err
+	}
+	return v.check()
+}
+
+// verifiedBlob reads a blob, hashing it, and checks it against its
+// descriptor: a read past the descriptor's size fails, and so does its
+// end when the length or the digest differ.
+type verifiedBlob struct {
+	rc       io.ReadCloser
+	want     types.BlobInfo
+	verifier digest.Verifier
+	n        int64
+	err      error // the first mismatch
+}
+
+func openVerified(ctx context.Context, src types.ImageSource, blob types.BlobInfo) (*verifiedBlob, error) {
+	if err := blob.Digest.Validate(); err != nil {
+		return nil, fmt.Errorf("descriptor digest %q: %v: %w", blob.Digest, err, ports.ErrInvalidArgument)
+	}
 	rc, _, err := src.GetBlob(ctx, blob, none.NoCache)
+	if err != nil {
+		return nil, err
+	}
+	return &verifiedBlob{rc: rc, want: blob, verifier: blob.Digest.Verifier()}, nil
+}
+
+func (v *verifiedBlob) Read(p []byte) (int, error) {
+	if v.err != nil {
+		return 0, v.err
+	}
+	n, err := v.rc.Read(p)
+	v.verifier.Write(p[:n])
+	v.n += int64(n)
+	if v.want.Size >= 0 && v.n > v.want.Size {
+		v.err = fmt.Errorf("blob %s is longer than the %d bytes its descriptor gives: %w", v.want.Digest, v.want.Size, ports.ErrInvalidArgument)
+		return n, v.err
+	}
+	if err == io.EOF {
+		if cerr := v.check(); cerr != nil {
+			return n, cerr
+		}
+	}
+	return n, err
+}
+
+// check tells whether what was read so far is the whole blob, as its
+// descriptor gives it.
+func (v *verifiedBlob) check() error {
+	switch {
+	case v.err != nil:
+	case v.want.Size >= 0 && v.n != v.want.Size:
+		v.err = fmt.Errorf("blob %s is %d bytes, its descriptor gives %d: %w", v.want.Digest, v.n, v.want.Size, ports.ErrInvalidArgument)
+	case !v.verifier.Verified():
+		v.err = fmt.Errorf("blob %s: the registry sent data of another digest: %w", v.want.Digest, ports.ErrInvalidArgument)
+	}
+	return v.err
+}
+
+func (v *verifiedBlob) Close() error { return v.rc.Close() }
+
+// explain returns, for an error met decompressing or unpacking the blob,
+// the blob's mismatch with its descriptor if it has one (the rest of the
+// raw blob is read to know): a changed or cut stream's first symptom may
+// be the decompressor's. Otherwise err.
+func (v *verifiedBlob) explain(err error) error {
+	io.Copy(io.Discard, v)
+	if merr := v.check(); merr != nil {
+		return merr
+	}
+	return err
+}
+
+// drain reads the rest of the blob, through the decompressed stream and
+// then the raw one, and checks it.
+func (v *verifiedBlob) drain(plain io.Reader) error {
+	// Read, not WriteTo: pgzip's WriteTo panics once the stream has
+	// ended.
+	if _, err := io.Copy(io.Discard, struct{ io.Reader }{plain}); err != nil {
+		return err
+	}
+	if _, err := io.Copy(io.Discard, v); err != nil {
+		return err
+	}
+	return v.check()
+}
+
+// diskInLayer streams a layer (decompressing it, checking it against its
+// descriptor) and stops at its disk file. A layer without one is read to
+// its end and checked all the same.
+func diskInLayer(ctx context.Context, src types.ImageSource, blob types.BlobInfo) (io.ReadCloser, int64, string, error) {
+	v, err := openVerified(ctx, src, blob)
 	if err != nil {
 		return nil, 0, "", err
 	}
-	plain, _, err := compression.AutoDecompress(rc)
+	plain, _, err := compression.AutoDecompress(v)
 	if err != nil {
-		rc.Close()
+		v.Close()
 		return nil, 0, "", err
 	}
 	tr := tar.NewReader(plain)
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
+			err = v.drain(plain)
 			plain.Close()
-			rc.Close()
-			return nil, 0, "", nil
+			v.Close()
+			return nil, 0, "", err
 		}
 		if err != nil {
+			err = v.explain(fmt.Errorf("read layer: %w", err))
 			plain.Close()
-			rc.Close()
-			return nil, 0, "", fmt.Errorf("read layer: %w", err)
+			v.Close()
+			return nil, 0, "", err
 		}
 		name := path.Clean(strings.TrimPrefix(h.Name, "./"))
 		if h.Typeflag == tar.TypeReg && path.Dir(name) == "disk" && (strings.HasSuffix(name, ".qcow2") || strings.HasSuffix(name, ".img")) {
-			return &closers{ReadCloser: io.NopCloser(tr), after: func() { plain.Close(); rc.Close() }}, h.Size, name, nil
+			disk := &checkedEnd{r: tr, end: func() error { return v.drain(plain) }, explain: v.explain}
+			return &closers{ReadCloser: io.NopCloser(disk), after: func() { plain.Close(); v.Close() }}, h.Size, name, nil
 		}
 	}
+}
+
+// checkedEnd is a stream whose end is io.EOF only once end() passes;
+// its other errors go through explain.
+type checkedEnd struct {
+	r       io.Reader
+	end     func() error
+	explain func(error) error
+}
+
+func (c *checkedEnd) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	switch {
+	case err == io.EOF:
+		if eerr := c.end(); eerr != nil {
+			return n, eerr
+		}
+	case err != nil:
+		return n, c.explain(err)
+	}
+	return n, err
 }
 
 type closers struct {

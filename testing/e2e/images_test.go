@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -38,6 +39,20 @@ func startSources(t *testing.T) *sources {
 		w.Write(data[:len(data)/2])
 	})
 	mux.HandleFunc("/empty.img", func(w http.ResponseWriter, r *http.Request) {})
+	// Images that would make QEMU open a host file: a backing file naming
+	// /etc/shadow (-u: qemu-img does not open it), an external data file
+	// (qemu-img makes the one it is given: the test's own).
+	dir := t.TempDir()
+	for name, args := range map[string][]string{
+		"backing.qcow2":  {"-u", "-F", "raw", "-b", "/etc/shadow"},
+		"datafile.qcow2": {"-o", "data_file=" + filepath.Join(dir, "host-file") + ",data_file_raw=on"},
+	} {
+		img := filepath.Join(dir, name)
+		if out, err := exec.Command("qemu-img", append(append([]string{"create", "-q", "-f", "qcow2"}, args...), img, "1M")...).CombinedOutput(); err != nil {
+			t.Fatalf("qemu-img: %v %s", err, out)
+		}
+		mux.HandleFunc("/"+name, func(w http.ResponseWriter, r *http.Request) { http.ServeFile(w, r, img) })
+	}
 	mux.HandleFunc("/corrupt.qcow2", func(w http.ResponseWriter, r *http.Request) {
 		bad := append([]byte(nil), data[:4096]...)
 		bad[7] = 42 // qcow2 version 42
@@ -85,6 +100,10 @@ func (s *sources) translation() string {
   url: %[1]s/empty.img
 - name: corrupt
   url: %[1]s/corrupt.qcow2
+- name: backing
+  url: %[1]s/backing.qcow2
+- name: datafile
+  url: %[1]s/datafile.qcow2
 - name: refused
   url: http://127.0.0.1:1/x.qcow2
 - name: untrusted
@@ -182,6 +201,17 @@ func TestBadPullsLeaveNothing(t *testing.T) {
 	d, c := startDaemon(t)
 	d.Translate("sources.yaml", src.translation())
 	d.Translate("zz-broken.yaml", "translations:\n- name: x\n  url: https://example.com/x\n  transport: nowhere\n")
+	// A registry that lies, in front of the honest one (containerdisk.Liar).
+	liar := containerdisk.NewLiar(src.registry.Addr)
+	t.Cleanup(liar.Close)
+	tiny, err := liar.Manifest("disks/tiny", "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if liar.Swap, err = liar.Manifest("disks/not-a-disk", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	d.Translate("lying.yaml", fmt.Sprintf("translations:\n- regexp: 'lying/(.*)'\n  url: docker://%s/$1\n  transport: plain\ntransports:\n  plain: {tls: {insecure: true}}\n", liar.Addr))
 	for _, tc := range []struct{ image, want string }{
 		{"virtlet.cloud/missing", "404 Not Found"},
 		{"virtlet.cloud/refused", "connection refused"},
@@ -191,6 +221,11 @@ func TestBadPullsLeaveNothing(t *testing.T) {
 		{"virtlet.cloud/not-a-disk", "neither a qcow2 header nor a partition table"},
 		{"virtlet.cloud/empty", "the file is empty"},
 		{"virtlet.cloud/corrupt", "qcow2 version 42"},
+		{"virtlet.cloud/backing", "the qcow2 image names a backing file"},
+		{"virtlet.cloud/datafile", "the qcow2 image keeps its data in an external data file"},
+		{"virtlet.cloud/lying/swapped/disks/tiny@" + containerdisk.Sum(tiny), "the registry sent a manifest of digest " + containerdisk.Sum(liar.Swap)},
+		{"virtlet.cloud/lying/flipped/disks/tiny@" + containerdisk.Sum(tiny), "the registry sent data of another digest"},
+		{"virtlet.cloud/lying/longer/disks/tiny@" + containerdisk.Sum(tiny), "is longer than the"},
 		{"virtlet.cloud/disks/not-a-disk:v1", "has no VM disk in its 1 layer(s)"},
 		{"virtlet.cloud/disks/tiny:v9", "v9"},
 		{"virtlet.cloud/example.com/../etc/passwd", "invalid reference format"},
@@ -209,6 +244,8 @@ func TestBadPullsLeaveNothing(t *testing.T) {
 	if out := c.Must(t, "images", "-q"); out != "" {
 		t.Fatalf("images: %q", out)
 	}
+	// The same registry, honest, serves the same pull by digest.
+	c.Must(t, "pull", "virtlet.cloud/lying/honest/disks/tiny@"+containerdisk.Sum(tiny))
 	// The broken translation file is named in the log; the others still work.
 	found := false
 	for _, e := range d.LogEntries() {
