@@ -91,7 +91,7 @@ func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports
 	registry := isRegistry(location)
 	expected := n.Digest
 	if registry {
-		expected = "" // the digest pins the manifest, which the source verifies
+		expected = "" // the digest pins the manifest, which the source verifies and reports
 	}
 	res, err := src.Fetch(ctx, ports.FetchRequest{
 		Name: n.Raw, Location: location, Transport: loc.Transport, TransportConfig: loc.TransportConfig,
@@ -109,6 +109,11 @@ func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports
 	if !fullDigest.MatchString(res.Digest) {
 		discard()
 		return ports.FetchResult{}, ports.PullOther, fmt.Errorf("pull image %s: image plugin returned a malformed digest %q: %w", n.Raw, res.Digest, ports.ErrUnavailable)
+	}
+	if registry && n.Digest != "" && res.ManifestDigest != n.Digest {
+		discard()
+		return ports.FetchResult{}, ports.PullInvalidImage, fmt.Errorf("pull image %s: the image plugin reports manifest digest %q, not the %s the name pins: %w",
+			n.Raw, res.ManifestDigest, n.Digest, ports.ErrInvalidArgument)
 	}
 	if expected != "" && res.Digest != expected {
 		discard()
@@ -150,6 +155,13 @@ func (r *Runtime) indexImage(ctx context.Context, n ImageName, res ports.FetchRe
 		Location: location, Registry: registry, PulledAt: r.opts.Now()}
 	if old, ok := r.images[res.Digest]; ok {
 		img.Names = old.withoutName(n)
+		img.ManifestDigests = maps.Clone(old.ManifestDigests)
+	}
+	if res.ManifestDigest != "" {
+		if img.ManifestDigests == nil {
+			img.ManifestDigests = map[string]string{}
+		}
+		img.ManifestDigests[n.Repository()] = res.ManifestDigest
 	}
 	for _, other := range r.images {
 		if other.ID == res.Digest || !other.HasName(n) {

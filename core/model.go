@@ -171,8 +171,11 @@ type Image struct {
 	Location    string   `json:"location,omitempty"`    // where it was fetched from (no credentials)
 	// Registry images (docker://, oci:) are named by tag; URL images ignore
 	// tags, as Virtlet did.
-	Registry bool      `json:"registry,omitempty"`
-	PulledAt time.Time `json:"pulledAt"`
+	Registry bool `json:"registry,omitempty"`
+	// ManifestDigests are, by repository, the digests of the registry
+	// manifests its names resolved to: its repo digests.
+	ManifestDigests map[string]string `json:"manifestDigests,omitempty"`
+	PulledAt        time.Time         `json:"pulledAt"`
 }
 
 // HasName reports whether the image is the one n names: by repository and
@@ -202,13 +205,18 @@ func (i *Image) withoutName(n ImageName) []string {
 	return out
 }
 
-// RepoDigests returns the digest-pinned names of the image.
+// RepoDigests returns the digest-pinned names of the image: by the
+// manifest's digest for a registry image, by the disk's for others.
 func (i *Image) RepoDigests() []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, n := range i.Names {
 		if parsed, err := ParseImageName(n); err == nil {
-			d := parsed.Repository() + "@" + i.ID
+			digest := i.ID
+			if m, ok := i.ManifestDigests[parsed.Repository()]; ok {
+				digest = m
+			}
+			d := parsed.Repository() + "@" + digest
 			if !seen[d] {
 				seen[d] = true
 				out = append(out, d)

@@ -134,6 +134,58 @@ func TestRegistryImagesAreNamedByTag(t *testing.T) {
 	}
 }
 
+// A registry image's repo digests are the manifests' its names resolved
+// to; a pull by digest that the image plugin does not confirm is refused
+// and stores nothing.
+func TestRegistryRepoDigestsAreTheManifests(t *testing.T) {
+	images := fakes.NewImageSource()
+	files := fakes.NewImageFiles(t.TempDir())
+	cfgs := []ports.TranslationConfig{{Source: "reg.yaml", Translations: []ports.Translation{
+		{Regexp: `disks/(.*)`, URL: "docker://127.0.0.1:5055/disks/$1"},
+		{Regexp: `mirror/(.*)`, URL: "docker://127.0.0.1:5056/disks/$1"},
+	}}}
+	rt, err := core.New(core.Deps{Hypervisor: fakehypervisor.New(), Store: fakes.NewStore(), ImageFiles: files,
+		ImageSources: map[string]ports.ImageSource{"docker": images}, Translations: staticTranslations{cfgs: cfgs}},
+		core.Options{Log: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	tagged, pinned := "sha256:"+strings.Repeat("1", 64), "sha256:"+strings.Repeat("2", 64)
+	images.ManifestDigests["docker://127.0.0.1:5055/disks/tiny:v1"] = tagged
+	images.Content["docker://127.0.0.1:5056/disks/tiny@"+pinned] = images.ContentFor("docker://127.0.0.1:5055/disks/tiny:v1")
+	id, err := rt.PullImage(ctx, "virtlet.cloud/disks/tiny:v1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same disk through another repository, by digest: one image.
+	if other, err := rt.PullImage(ctx, "virtlet.cloud/mirror/tiny@"+pinned, nil); err != nil || other != id {
+		t.Fatalf("pull by digest: %s %v (want %s)", other, err, id)
+	}
+	img, err := rt.ImageStatus(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"virtlet.cloud/disks/tiny@" + tagged, "virtlet.cloud/mirror/tiny@" + pinned}
+	if got := img.RepoDigests(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("repo digests %q, want %q", got, want)
+	}
+
+	lied := "sha256:" + strings.Repeat("3", 64)
+	images.ManifestDigests["docker://127.0.0.1:5055/disks/tiny@"+lied] = pinned
+	images.Content["docker://127.0.0.1:5055/disks/tiny@"+lied] = []byte("another disk")
+	_, err = rt.PullImage(ctx, "virtlet.cloud/disks/tiny@"+lied, nil)
+	if !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), "reports manifest digest \""+pinned+"\", not the "+lied) {
+		t.Fatalf("a pull the plugin does not confirm: %v", err)
+	}
+	if imgs, _ := rt.ListImages(ctx, ""); len(imgs) != 1 {
+		t.Errorf("images after the refused pull: %+v", imgs)
+	}
+	if entries, _ := os.ReadDir(files.Dir); len(entries) != 1 {
+		t.Errorf("image files after the refused pull: %v", entries)
+	}
+}
+
 func TestUnreferencedImageDataIsCollectedAtStart(t *testing.T) {
 	files := fakes.NewImageFiles(t.TempDir())
 	ctx := context.Background()

@@ -45,6 +45,10 @@ type FetchResult struct {
 	Size        int64
 	Format      string // "qcow2" or "raw"
 	VirtualSize int64  // bytes the guest sees
+	// ManifestDigest is, for a registry image, the digest of the manifest
+	// the name resolved to (checked against the name's digest when it
+	// has one): the image's repo digest. Empty for other sources.
+	ManifestDigest string
 }
 
 // ImageFiles stores image data content-addressed on the local disk.

@@ -191,13 +191,17 @@ func (s *Source) Fetch(ctx context.Context, req ports.FetchRequest) (ports.Fetch
 	size := int64(-1)
 	where := req.Location
 	if strings.HasPrefix(req.Location, "docker://") || strings.HasPrefix(req.Location, "oci:") {
-		rc, n, _, err := s.registryDisk(ctx, req, tc)
+		rc, n, manifestDigest, err := s.registryDisk(ctx, req, tc)
 		if err != nil {
 			return ports.FetchResult{}, err
 		}
 		defer rc.Close()
-		body, size = rc, n
-		return s.store(ctx, req, where, body, size)
+		res, err := s.store(ctx, req, where, rc, n)
+		if err != nil {
+			return ports.FetchResult{}, err
+		}
+		res.ManifestDigest = manifestDigest
+		return res, nil
 	}
 	u, err := url.Parse(req.Location)
 	if err != nil || !(u.Scheme == "https" || u.Scheme == "http" || u.Scheme == "file") {

@@ -51,29 +51,35 @@ func TestLyingRegistryIsRefused(t *testing.T) {
 		t.Fatalf("tiny's manifest: %v %s", err, tiny)
 	}
 	layer, tinyDigest, otherDigest := m.Layers[0].Digest, containerdisk.Sum(tiny), containerdisk.Sum(liar.Swap)
+	index, err := liar.Index("disks/tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
 	pinned := func(lie string) string { return "docker://" + liar.Addr + "/" + lie + "/disks/tiny@" + tinyDigest }
 	insecure, _ := json.Marshal(ports.TransportConfig{TLS: &ports.TransportTLS{Insecure: true}})
 	s := images.New(quiet())
 	for _, tc := range []struct {
 		name, location string
 		want           string // an error fragment, or "" for an honest pull
+		manifest       string // the honest pull's repo digest
 	}{
-		{"honest by digest", pinned("honest"), ""},
-		{"honest index", "docker://" + liar.Addr + "/honest/disks/tiny:multi", ""},
+		{"honest by digest", pinned("honest"), "", tinyDigest},
+		// The index's digest: what the tag resolved to.
+		{"honest index", "docker://" + liar.Addr + "/honest/disks/tiny:multi", "", containerdisk.Sum(index)},
 		{"another manifest for the pinned digest", pinned("swapped"),
-			fmt.Sprintf("the registry sent a manifest of digest %s, not %s, the digest the name pins", otherDigest, tinyDigest)},
+			fmt.Sprintf("the registry sent a manifest of digest %s, not %s, the digest the name pins", otherDigest, tinyDigest), ""},
 		{"another platform manifest than the index names", "docker://" + liar.Addr + "/swapped/disks/tiny:multi",
-			fmt.Sprintf("linux/amd64 the registry sent a manifest of digest %s, not %s, its entry in the image index", otherDigest, tinyDigest)},
-		{"a layer byte changed", pinned("flipped"), "blob " + layer + ": the registry sent data of another digest"},
-		{"a layer one byte longer", pinned("longer"), "blob " + layer + " is longer than the"},
-		{"a layer one byte shorter", pinned("shorter"), "blob " + layer + " is "},
+			fmt.Sprintf("linux/amd64 the registry sent a manifest of digest %s, not %s, its entry in the image index", otherDigest, tinyDigest), ""},
+		{"a layer byte changed", pinned("flipped"), "blob " + layer + ": the registry sent data of another digest", ""},
+		{"a layer one byte longer", pinned("longer"), "blob " + layer + " is longer than the", ""},
+		{"a layer one byte shorter", pinned("shorter"), "blob " + layer + " is ", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dest := filepath.Join(harness.SearchableTempDir(t), "d")
 			res, err := s.Fetch(ctx, ports.FetchRequest{Name: "virtlet.cloud/x", Location: tc.location, TransportConfig: insecure, Dest: dest})
 			if tc.want == "" {
-				if err != nil || res.Digest != containerdisk.Sum(disk) {
-					t.Fatalf("%+v %v, want the disk's digest %s", res, err, containerdisk.Sum(disk))
+				if err != nil || res.Digest != containerdisk.Sum(disk) || res.ManifestDigest != tc.manifest {
+					t.Fatalf("%+v %v, want the disk's digest %s and the manifest's %s", res, err, containerdisk.Sum(disk), tc.manifest)
 				}
 				return
 			}

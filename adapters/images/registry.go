@@ -70,6 +70,10 @@ func (s *Source) registryDisk(ctx context.Context, req ports.FetchRequest, tc po
 	if err != nil {
 		return fail(registryError(req.Location, err))
 	}
+	resolved, err := manifest.Digest(raw)
+	if err != nil {
+		return fail(fmt.Errorf("%s: manifest digest: %w", req.Location, err))
+	}
 	if named := ref.DockerReference(); named != nil {
 		if pinned, ok := named.(reference.Canonical); ok {
 			if err := matchManifest(raw, pinned.Digest(), "the digest the name pins"); err != nil {
@@ -108,7 +112,7 @@ func (s *Source) registryDisk(ctx context.Context, req ports.FetchRequest, tc po
 		}
 		if rc != nil {
 			s.log.WithField("image", req.Name).WithField("file", name).Info("disk found in the image's layers")
-			return &closers{ReadCloser: rc, after: func() { src.Close(); cleanup() }}, size, name, nil
+			return &closers{ReadCloser: rc, after: func() { src.Close(); cleanup() }}, size, resolved.String(), nil
 		}
 	}
 	return fail(&ports.InvalidError{Field: "image", Value: req.Name,

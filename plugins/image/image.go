@@ -51,7 +51,8 @@ func (c *Client) Fetch(ctx context.Context, req ports.FetchRequest) (ports.Fetch
 	if err != nil {
 		return ports.FetchResult{}, c.conn.Error(err)
 	}
-	return ports.FetchResult{Digest: resp.Digest, Size: resp.Size, Format: resp.Format, VirtualSize: resp.VirtualSize}, nil
+	return ports.FetchResult{Digest: resp.Digest, Size: resp.Size, Format: resp.Format, VirtualSize: resp.VirtualSize,
+		ManifestDigest: resp.ManifestDigest}, nil
 }
 
 // Server serves a ports.ImageSource over gRPC.
@@ -73,7 +74,8 @@ func (s *Server) Fetch(ctx context.Context, p *imagev1.FetchRequest) (*imagev1.F
 	if err != nil {
 		return nil, base.ToRPC(err)
 	}
-	return &imagev1.FetchResponse{Digest: res.Digest, Size: res.Size, Format: res.Format, VirtualSize: res.VirtualSize}, nil
+	return &imagev1.FetchResponse{Digest: res.Digest, Size: res.Size, Format: res.Format, VirtualSize: res.VirtualSize,
+		ManifestDigest: res.ManifestDigest}, nil
 }
 
 var _ ports.ImageSource = (*Client)(nil)

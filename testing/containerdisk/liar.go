@@ -63,6 +63,17 @@ func (l *Liar) Manifest(repo, reference string) ([]byte, error) {
 	return body, err
 }
 
+// Index is the OCI index the tag "multi" of repo is: one linux/amd64
+// entry, repo's manifest of tag "v1".
+func (l *Liar) Index(repo string) ([]byte, error) {
+	m, err := l.Manifest(repo, "v1")
+	if err != nil {
+		return nil, err
+	}
+	return []byte(fmt.Sprintf(`{"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [`+
+		`{"mediaType": %q, "digest": %q, "size": %d, "platform": {"architecture": "amd64", "os": "linux"}}]}`, ociManifest, Sum(m), len(m))), nil
+}
+
 func (l *Liar) serve(w http.ResponseWriter, r *http.Request) {
 	rest, ok := strings.CutPrefix(r.URL.Path, "/v2/")
 	if !ok || rest == "" {
@@ -73,14 +84,12 @@ func (l *Liar) serve(w http.ResponseWriter, r *http.Request) {
 	repo, ref, isManifest := strings.Cut(rest, "/manifests/")
 	switch {
 	case isManifest && ref == "multi":
-		m, err := l.Manifest(repo, "v1")
+		index, err := l.Index(repo)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
-		index := fmt.Sprintf(`{"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [`+
-			`{"mediaType": %q, "digest": %q, "size": %d, "platform": {"architecture": "amd64", "os": "linux"}}]}`, ociManifest, Sum(m), len(m))
-		send(w, []byte(index), "application/vnd.oci.image.index.v1+json")
+		send(w, index, "application/vnd.oci.image.index.v1+json")
 	case isManifest && lie == "swapped" && strings.HasPrefix(ref, "sha256:"):
 		send(w, l.Swap, ociManifest)
 	default:

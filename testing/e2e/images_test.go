@@ -244,8 +244,19 @@ func TestBadPullsLeaveNothing(t *testing.T) {
 	if out := c.Must(t, "images", "-q"); out != "" {
 		t.Fatalf("images: %q", out)
 	}
-	// The same registry, honest, serves the same pull by digest.
-	c.Must(t, "pull", "virtlet.cloud/lying/honest/disks/tiny@"+containerdisk.Sum(tiny))
+	// The same registry, honest, serves the same pull by digest; the
+	// image's repo digest is the manifest's.
+	honest := "virtlet.cloud/lying/honest/disks/tiny@" + containerdisk.Sum(tiny)
+	c.Must(t, "pull", honest)
+	var st struct {
+		Status struct {
+			RepoDigests []string `json:"repoDigests"`
+		} `json:"status"`
+	}
+	c.JSON(t, &st, "inspecti", honest)
+	if fmt.Sprint(st.Status.RepoDigests) != fmt.Sprint([]string{honest}) {
+		t.Errorf("repo digests %q, want %q", st.Status.RepoDigests, honest)
+	}
 	// The broken translation file is named in the log; the others still work.
 	found := false
 	for _, e := range d.LogEntries() {

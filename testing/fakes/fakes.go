@@ -117,11 +117,15 @@ type ImageSource struct {
 	Requests []ports.FetchRequest
 	// Delay makes every fetch take this long.
 	Delay time.Duration
+	// ManifestDigests override the manifest digest reported for a
+	// registry location (docker://, oci:): by default the digest the
+	// location pins, or the sha256 of the location.
+	ManifestDigests map[string]string
 }
 
 // NewImageSource returns a source serving every location.
 func NewImageSource() *ImageSource {
-	return &ImageSource{Content: map[string][]byte{}, Fail: map[string]error{}, Fetches: map[string]int{}}
+	return &ImageSource{Content: map[string][]byte{}, Fail: map[string]error{}, Fetches: map[string]int{}, ManifestDigests: map[string]string{}}
 }
 
 // PluginInfo describes the fake when served as a plugin.
@@ -151,6 +155,7 @@ func (s *ImageSource) Fetch(ctx context.Context, req ports.FetchRequest) (ports.
 	s.Requests = append(s.Requests, req)
 	err := s.Fail[req.Location]
 	delay := s.Delay
+	manifest, overridden := s.ManifestDigests[req.Location]
 	s.mu.Unlock()
 	if delay > 0 {
 		select {
@@ -167,7 +172,19 @@ func (s *ImageSource) Fetch(ctx context.Context, req ports.FetchRequest) (ports.
 		return ports.FetchResult{}, err
 	}
 	sum := sha256.Sum256(data)
-	return ports.FetchResult{Digest: "sha256:" + hex.EncodeToString(sum[:]), Size: int64(len(data)), Format: "qcow2", VirtualSize: FakeVirtualSize}, nil
+	res := ports.FetchResult{Digest: "sha256:" + hex.EncodeToString(sum[:]), Size: int64(len(data)), Format: "qcow2", VirtualSize: FakeVirtualSize}
+	if strings.HasPrefix(req.Location, "docker://") || strings.HasPrefix(req.Location, "oci:") {
+		switch _, pinned, ok := strings.Cut(req.Location, "@"); {
+		case overridden:
+			res.ManifestDigest = manifest
+		case ok:
+			res.ManifestDigest = pinned
+		default:
+			loc := sha256.Sum256([]byte(req.Location))
+			res.ManifestDigest = "sha256:" + hex.EncodeToString(loc[:])
+		}
+	}
+	return res, nil
 }
 
 // ImageFiles is a ports.ImageFiles over a temporary directory.

@@ -198,13 +198,16 @@ func (x *RegistryAuth) GetRegistryToken() string {
 }
 
 type FetchResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Digest        string                 `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
-	Size          int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
-	Format        string                 `protobuf:"bytes,3,opt,name=format,proto3" json:"format,omitempty"`
-	VirtualSize   int64                  `protobuf:"varint,4,opt,name=virtual_size,json=virtualSize,proto3" json:"virtual_size,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Digest      string                 `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	Size        int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Format      string                 `protobuf:"bytes,3,opt,name=format,proto3" json:"format,omitempty"`
+	VirtualSize int64                  `protobuf:"varint,4,opt,name=virtual_size,json=virtualSize,proto3" json:"virtual_size,omitempty"`
+	// For a registry image: the digest of the manifest its name resolved
+	// to (its repo digest).
+	ManifestDigest string `protobuf:"bytes,5,opt,name=manifest_digest,json=manifestDigest,proto3" json:"manifest_digest,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *FetchResponse) Reset() {
@@ -265,6 +268,13 @@ func (x *FetchResponse) GetVirtualSize() int64 {
 	return 0
 }
 
+func (x *FetchResponse) GetManifestDigest() string {
+	if x != nil {
+		return x.ManifestDigest
+	}
+	return ""
+}
+
 var File_image_v1_image_proto protoreflect.FileDescriptor
 
 const file_image_v1_image_proto_rawDesc = "" +
@@ -284,12 +294,13 @@ const file_image_v1_image_proto_rawDesc = "" +
 	"\x04auth\x18\x03 \x01(\tR\x04auth\x12%\n" +
 	"\x0eserver_address\x18\x04 \x01(\tR\rserverAddress\x12%\n" +
 	"\x0eidentity_token\x18\x05 \x01(\tR\ridentityToken\x12%\n" +
-	"\x0eregistry_token\x18\x06 \x01(\tR\rregistryToken\"v\n" +
+	"\x0eregistry_token\x18\x06 \x01(\tR\rregistryToken\"\x9f\x01\n" +
 	"\rFetchResponse\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
 	"\x06format\x18\x03 \x01(\tR\x06format\x12!\n" +
-	"\fvirtual_size\x18\x04 \x01(\x03R\vvirtualSize2W\n" +
+	"\fvirtual_size\x18\x04 \x01(\x03R\vvirtualSize\x12'\n" +
+	"\x0fmanifest_digest\x18\x05 \x01(\tR\x0emanifestDigest2W\n" +
 	"\vImageSource\x12H\n" +
 	"\x05Fetch\x12\x1e.virtlet.image.v1.FetchRequest\x1a\x1f.virtlet.image.v1.FetchResponseB3Z1github.com/virtlet/virtlet/proto/image/v1;imagev1b\x06proto3"
 
