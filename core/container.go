@@ -160,6 +160,11 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 			Field: "annotation " + annotations.PersistentRootfsReinit, Value: ann[annotations.PersistentRootfsReinit],
 			Reason:  "the pod has no persistent root filesystem",
 			Allowed: "only with a block volume at devicePath \"/\""})
+	case opts.Watchdog != nil && opts.Watchdog.Action == "dump" && !r.opts.AllowWatchdogDump:
+		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
+			Field: "annotation " + annotations.WatchdogAction, Value: "dump",
+			Reason:  "this node's operator has not enabled memory dumps (the daemon's allowWatchdogDump): a dump writes the guest's memory to the node's disk",
+			Allowed: "reset, poweroff or shutdown"})
 	case opts.RootVolumeSize > 0 && opts.RootVolumeSize < img.VirtualSize:
 		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
 			Field: "annotation " + annotations.RootVolumeSize, Value: ann[annotations.RootVolumeSize],

@@ -54,6 +54,11 @@ type Options struct {
 	VMUsers *VMUsers
 	// Presets are the operator's VM presets (nil: none).
 	Presets *presets.Set
+	// AllowWatchdogDump lets a pod's watchdog action be "dump": libvirtd
+	// then writes the guest's whole memory to the node's disk, as root,
+	// each time the guest stops petting its watchdog. Off, such a pod is
+	// refused.
+	AllowWatchdogDump bool
 }
 
 const (

@@ -449,6 +449,8 @@ func TestCreateContainerRefusals(t *testing.T) {
 			[]string{"annotation VirtletRootVolumeSize", `"big"`}},
 		{"root volume smaller than the image", map[string]string{annotations.RootVolumeSize: "1Mi"}, nil, ports.ErrInvalidArgument,
 			[]string{"annotation VirtletRootVolumeSize", `"1Mi"`, "smaller than the image's virtual size (33554432 bytes)"}},
+		{"memory dumps not enabled by the operator", map[string]string{annotations.Watchdog: "i6300esb", annotations.WatchdogAction: "dump"}, nil, ports.ErrInvalidArgument,
+			[]string{"annotation VirtletWatchdogAction", `"dump"`, "has not enabled memory dumps (the daemon's allowWatchdogDump)"}},
 		{"bad user-data", map[string]string{annotations.CloudInitUserData: "users: [\n"}, nil, ports.ErrInvalidArgument,
 			[]string{"annotation VirtletCloudInitUserData", "cannot parse"}},
 		{"bad ssh key source", map[string]string{annotations.SSHKeySource: "mysecret"}, nil, ports.ErrInvalidArgument,

@@ -52,6 +52,10 @@ type Config struct {
 	// Pool keeps domains launched paused ahead of the VMs that claim
 	// them (see PoolConfig); off unless pool.size is set.
 	Pool PoolConfig `json:"pool,omitempty"`
+	// AutoDumpDir is libvirtd's auto_dump_path (default
+	// DefaultAutoDumpDir): a VM's watchdog dumps there are pruned to its
+	// newest, and removed with the VM.
+	AutoDumpDir string `json:"autoDumpDir,omitempty"`
 }
 
 // Hypervisor is the libvirt hypervisor adapter.
@@ -118,6 +122,7 @@ type event struct {
 	kind     libvirt.DomainEventType
 	detail   int
 	watchdog string
+	domain   string // the domain's name, for a watchdog's firing
 }
 
 // New returns an unconfigured adapter; the plugin host configures it.
@@ -374,7 +379,8 @@ func (h *Hypervisor) onWatchdog(c *libvirt.Connect, d *libvirt.Domain, e *libvir
 	if action == "" {
 		action = fmt.Sprintf("action %d", e.Action)
 	}
-	h.queue(event{uuid: uuid, watchdog: action})
+	name, _ := d.GetName()
+	h.queue(event{uuid: uuid, watchdog: action, domain: name})
 }
 
 func (h *Hypervisor) queue(e event) {
@@ -447,6 +453,9 @@ func (h *Hypervisor) apply(e event) {
 		// shutdown) ends with reason Watchdog; a reset or a dump leaves it
 		// running, and is logged.
 		h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "action": e.watchdog}).Warn("the guest's watchdog fired")
+		if e.watchdog == "dump" && e.domain != "" {
+			h.pruneDumps(r.Spec.Name, e.domain, 1)
+		}
 		if e.watchdog == "poweroff" || e.watchdog == "shutdown" {
 			r.Watchdog = e.watchdog
 			if err := h.saveRecord(r); err != nil {
@@ -1131,6 +1140,11 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	}
 	if dom != nil {
 		defer dom.Free()
+		// Its watchdog's memory dumps, named by the domain (a pooled VM's
+		// by its pool name).
+		if name, err := dom.GetName(); err == nil {
+			h.pruneDumps(id, name, 0)
+		}
 		persistent, err := dom.IsPersistent()
 		if err != nil {
 			return libvirtError("look up domain of VM "+id, err)

@@ -69,6 +69,11 @@ type config struct {
 	// PresetsDir holds the operator's VM presets, one YAML file each
 	// (*.yaml, *.yml); empty: none.
 	PresetsDir string `json:"presetsDir"`
+	// AllowWatchdogDump lets pods set VirtletWatchdogAction: dump, which
+	// makes libvirtd write a guest's memory to the node's disk (its
+	// auto_dump_path) as root when the guest's watchdog fires. The libvirt
+	// plugin keeps a VM's newest dump only and removes it with the VM.
+	AllowWatchdogDump bool `json:"allowWatchdogDump"`
 }
 
 // DefaultVMUsers lies above every user a node's system and its people
@@ -122,6 +127,7 @@ func parseConfig(args []string) (config, bool, error) {
 	vmUsers := fs.String("vm-users", cfg.VMUsers, "host user IDs the VMs run as, one each, FIRST-LAST, so that one VM's QEMU cannot open another's disks; off: every VM runs as qemu.conf's user")
 	presetsDir := fs.String("presets-dir", cfg.PresetsDir, "directory of VM presets (one YAML file each) that pods select by name (VirtletPreset) or that select pods by label; read at start")
 	vmGroup := fs.String("vm-group", cfg.VMGroup, "with --vm-users: own (each VM a group of its own, the default) or a group (name or ID) every VM runs in")
+	allowDump := fs.Bool("allow-watchdog-dump", cfg.AllowWatchdogDump, "let pods set VirtletWatchdogAction: dump (libvirtd writes the guest's memory to the node's disk, as root, when its watchdog fires)")
 	metricsRemote := fs.Bool("metrics-allow-remote", cfg.MetricsAllowRemote, "let --metrics-address be a non-loopback address (the endpoint has no authentication or TLS: put it on a network only Prometheus reaches)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, false, err
@@ -168,6 +174,9 @@ func parseConfig(args []string) (config, bool, error) {
 	override("presets-dir", &cfg.PresetsDir, *presetsDir)
 	if _, err := cfg.vmUsers(); err != nil {
 		return cfg, false, err
+	}
+	if set["allow-watchdog-dump"] {
+		cfg.AllowWatchdogDump = *allowDump
 	}
 	if set["metrics-allow-remote"] {
 		cfg.MetricsAllowRemote = *metricsRemote

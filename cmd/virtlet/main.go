@@ -140,7 +140,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
 		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.TCP{}, Observer: observer,
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core"),
-		Failpoint: failpointHook(log), VMUsers: vmUsers, Presets: vmPresets})
+		Failpoint: failpointHook(log), VMUsers: vmUsers, Presets: vmPresets, AllowWatchdogDump: cfg.AllowWatchdogDump})
 	if err != nil {
 		return err
 	}

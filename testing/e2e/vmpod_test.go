@@ -343,6 +343,44 @@ func TestWatchdogStopsAStuckGuest(t *testing.T) {
 		t.Errorf("container after the watchdog fired: exit %d, reason %q, message %q", i.Status.ExitCode, i.Status.Reason, i.Status.Message)
 	}
 	c.Must(t, "rmp", "-f", sb)
+
+	// The dump action, once the operator allows it: libvirtd writes the
+	// guest's memory to its dump directory and the VM runs on; the VM
+	// keeps its newest dump only and takes it along when it goes.
+	d.Stop()
+	d.Start("--allow-watchdog-dump")
+	podJSON, ctrJSON = vmPod(t, d, "dumped", map[string]string{
+		"VirtletWatchdog": "i6300esb", "VirtletWatchdogAction": "dump",
+		"VirtletCloudInitUserDataScript": "#!/bin/sh\nwatchdog -T 2 -t 600 /dev/watchdog && echo @@WATCHDOG-ARMED\n",
+	}, 128<<20)
+	sb = c.Must(t, "runp", podJSON)
+	ctr = c.Must(t, "create", sb, ctrJSON, podJSON)
+	c.Must(t, "start", ctr)
+	waitLog(t, c, ctr, "@@WATCHDOG-ARMED", 3*time.Minute)
+	domain := inspectCtr(t, c, ctr).VM.Name
+	dumps := func() []string {
+		// libvirt.DefaultAutoDumpDir, libvirtd's auto_dump_path.
+		// "<domain id>-<domain[:20]>-<time>".
+		m, _ := filepath.Glob(filepath.Join("/var/lib/libvirt/qemu/dump", "*-"+domain[:min(20, len(domain))]+"-*"))
+		return m
+	}
+	// Written while the guest is paused: most of its 128 MiB. Should the
+	// watchdog fire again, a dump made, the older ones go (TestPruneDumps).
+	harness.Eventually(t, 2*time.Minute, "the VM's memory dump, its newest alone", func() bool {
+		d := dumps()
+		if len(d) != 1 {
+			return false
+		}
+		st, err := os.Stat(d[0])
+		return err == nil && st.Size() >= 64<<20
+	})
+	if state := inspectCtr(t, c, ctr).Status.State; state != "CONTAINER_RUNNING" {
+		t.Errorf("the VM after its dumps: %s", state)
+	}
+	c.Must(t, "rmp", "-f", sb)
+	if left := dumps(); len(left) > 0 {
+		t.Errorf("the VM's dumps outlive it: %v", left)
+	}
 	assertNothingLeft(t, d, c)
 }
 
@@ -587,6 +625,8 @@ func TestBadInputLeavesNothing(t *testing.T) {
 		{"itco watchdog on libvirt 9.0", map[string]string{"VirtletMachineType": "q35", "VirtletWatchdog": "itco"}, 128 << 20, nil,
 			[]string{"annotation VirtletWatchdog", `invalid value \"itco\"`, "libvirt 9.0.0 has no iTCO watchdog", "allowed: i6300esb"}},
 		// This machine's VMs run under TCG (its nested KVM crawls).
+		{"memory dumps not enabled", map[string]string{"VirtletWatchdog": "i6300esb", "VirtletWatchdogAction": "dump"}, 128 << 20, nil,
+			[]string{"annotation VirtletWatchdogAction", "has not enabled memory dumps"}},
 		{"hyper-v on a TCG node", map[string]string{"VirtletHyperV": "true"}, 128 << 20, nil,
 			[]string{"annotation VirtletHyperV", "Hyper-V enlightenments need KVM", "under tcg"}},
 	} {
