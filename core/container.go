@@ -160,6 +160,11 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 			Field: "annotation " + annotations.PersistentRootfsReinit, Value: ann[annotations.PersistentRootfsReinit],
 			Reason:  "the pod has no persistent root filesystem",
 			Allowed: "only with a block volume at devicePath \"/\""})
+	case r.opts.MaxVirtualBytes > 0 && opts.RootVolumeSize > r.opts.MaxVirtualBytes:
+		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
+			Field: "annotation " + annotations.RootVolumeSize, Value: ann[annotations.RootVolumeSize],
+			Reason:  fmt.Sprintf("more than the %d bytes the node allows a disk (maxVirtualSize)", r.opts.MaxVirtualBytes),
+			Allowed: fmt.Sprintf("at most %d bytes", r.opts.MaxVirtualBytes)})
 	case opts.Watchdog != nil && opts.Watchdog.Action == "dump" && !r.opts.AllowWatchdogDump:
 		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
 			Field: "annotation " + annotations.WatchdogAction, Value: "dump",

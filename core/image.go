@@ -96,6 +96,7 @@ func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports
 	res, err := src.Fetch(ctx, ports.FetchRequest{
 		Name: n.Raw, Location: location, Transport: loc.Transport, TransportConfig: loc.TransportConfig,
 		Auth: auth, Dest: tmp, ExpectedDigest: expected,
+		MaxBytes: r.opts.MaxImageBytes, KeepFreeBytes: r.opts.KeepFreeBytes,
 	})
 	if err != nil {
 		discard()
@@ -109,6 +110,18 @@ func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports
 	if !fullDigest.MatchString(res.Digest) {
 		discard()
 		return ports.FetchResult{}, ports.PullOther, fmt.Errorf("pull image %s: image plugin returned a malformed digest %q: %w", n.Raw, res.Digest, ports.ErrUnavailable)
+	}
+	// The plugin bounds the download; this holds a plugin that does not to
+	// the same limits.
+	if max := r.opts.MaxImageBytes; max > 0 && res.Size > max {
+		discard()
+		return ports.FetchResult{}, ports.PullInvalidImage, fmt.Errorf("pull image %s: %d bytes, more than the %d the node allows an image (maxImageSize): %w",
+			n.Raw, res.Size, max, ports.ErrInvalidArgument)
+	}
+	if max := r.opts.MaxVirtualBytes; max > 0 && res.VirtualSize > max {
+		discard()
+		return ports.FetchResult{}, ports.PullInvalidImage, fmt.Errorf("pull image %s: its disk's virtual size is %d bytes, more than the %d the node allows (maxVirtualSize): %w",
+			n.Raw, res.VirtualSize, max, ports.ErrInvalidArgument)
 	}
 	if registry && n.Digest != "" && res.ManifestDigest != n.Digest {
 		discard()

@@ -59,6 +59,11 @@ type Options struct {
 	// each time the guest stops petting its watchdog. Off, such a pod is
 	// refused.
 	AllowWatchdogDump bool
+	// MaxImageBytes bounds an image's download, MaxVirtualBytes the disk
+	// its guest sees (the image's virtual size, a root volume's size);
+	// KeepFreeBytes is the space a pull leaves free on the image store's
+	// file system. 0: no bound.
+	MaxImageBytes, MaxVirtualBytes, KeepFreeBytes int64
 }
 
 const (

@@ -38,8 +38,10 @@ type env struct {
 	obs     *observed
 	users   *core.VMUsers
 	presets *presets.Set
-	logDir  string
-	cancel  context.CancelFunc
+	// limits are the node's limits the runtime starts with.
+	limits core.Options
+	logDir string
+	cancel context.CancelFunc
 	// sentBefore is what the fake hypervisor had sent before the runtime
 	// of the latest start subscribed (settled).
 	sentBefore uint64
@@ -81,7 +83,8 @@ func (e *env) start(t *testing.T) {
 		Datasources: map[string]ports.Datasource{"nocloud": e.nc, "configdrive": e.cd},
 		Kube:        e.kube, Files: e.vfiles, VolumeDirs: e.vdirs, Dialer: e.dialer, Observer: e.obs,
 		Volumes: map[string]ports.Volumes{ports.VolumeShare: e.vols, ports.VolumeBlock: e.vols, "qcow2": e.vols, "ceph": e.vols, "sized": e.vols},
-	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second, VMUsers: e.users, Presets: e.presets})
+	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second, VMUsers: e.users, Presets: e.presets,
+		MaxImageBytes: e.limits.MaxImageBytes, MaxVirtualBytes: e.limits.MaxVirtualBytes, KeepFreeBytes: e.limits.KeepFreeBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -946,4 +949,50 @@ func lacks(t *testing.T, what, text string, wants ...string) {
 			t.Errorf("%s lacks %q:\n%s", what, w, text)
 		}
 	}
+}
+
+// The node's limits reach the image plugin with each pull and hold a
+// plugin that ignores them: a larger image or a larger virtual disk is
+// refused and nothing stored; a root volume larger than maxVirtualSize is
+// refused at CreateContainer.
+func TestNodeLimits(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	image := "virtlet.cloud/example.com/disk.img"
+	for _, tt := range []struct {
+		name   string
+		limits core.Options
+		want   string
+	}{
+		{"image size", core.Options{MaxImageBytes: 3}, "more than the 3 the node allows an image (maxImageSize)"},
+		{"virtual size", core.Options{MaxVirtualBytes: fakes.FakeVirtualSize - 1}, fmt.Sprintf("its disk's virtual size is %d bytes, more than the %d the node allows (maxVirtualSize)", fakes.FakeVirtualSize, fakes.FakeVirtualSize-1)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e.limits = tt.limits
+			e.limits.KeepFreeBytes = 1 << 30
+			e.start(t)
+			_, err := e.rt.PullImage(ctx, image, nil)
+			if !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("pull: %v, want %q", err, tt.want)
+			}
+			req := e.images.Requests[len(e.images.Requests)-1]
+			if req.MaxBytes != tt.limits.MaxImageBytes || req.KeepFreeBytes != 1<<30 {
+				t.Errorf("the plugin was asked for %+v", req)
+			}
+			if imgs, _ := e.rt.ListImages(ctx, ""); len(imgs) != 0 {
+				t.Errorf("images after the refusal: %+v", imgs)
+			}
+			if entries, _ := os.ReadDir(e.files.Dir); len(entries) != 0 {
+				t.Errorf("image files after the refusal: %v", entries)
+			}
+		})
+	}
+	e.limits = core.Options{MaxVirtualBytes: 64 << 20}
+	e.start(t)
+	sb := e.runPod(t, "big", map[string]string{annotations.RootVolumeSize: "1Gi"})
+	_, err := e.rt.CreateContainer(ctx, sb, vmContainer(e.pull(t)))
+	if !errors.Is(err, ports.ErrInvalidArgument) {
+		t.Fatalf("a root volume above maxVirtualSize: %v", err)
+	}
+	lacks(t, "message", err.Error(), "annotation VirtletRootVolumeSize", `"1Gi"`, "more than the 67108864 bytes the node allows a disk (maxVirtualSize)")
 }

@@ -27,6 +27,13 @@ type FetchRequest struct {
 	Dest            string // file to create and write
 	// ExpectedDigest, when set ("sha256:<hex>"), must match the data.
 	ExpectedDigest string
+	// MaxBytes, when not 0, is the most a download may write: a larger
+	// image is refused (ErrInvalidArgument) as soon as that is known.
+	MaxBytes int64
+	// KeepFreeBytes, when not 0, is the space Dest's file system must keep
+	// free: a download that would take it fails (ErrUnavailable) before it
+	// starts when its size is known, else as it gets there.
+	KeepFreeBytes int64
 }
 
 // RegistryAuth carries image pull credentials. Never logged.

@@ -260,6 +260,9 @@ func (s *Source) store(ctx context.Context, req ports.FetchRequest, where string
 	s.mu.Lock()
 	progressEvery, tool := s.progress, s.tool
 	s.mu.Unlock()
+	if err := checkLimits(req, where, size); err != nil {
+		return ports.FetchResult{}, err
+	}
 	f, err := os.OpenFile(req.Dest, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return ports.FetchResult{}, fmt.Errorf("create %s: %w", req.Dest, err)
@@ -267,7 +270,7 @@ func (s *Source) store(ctx context.Context, req ports.FetchRequest, where string
 	defer f.Close()
 	hash := sha256.New()
 	start := time.Now()
-	counted := &progress{r: body}
+	counted := &progress{r: &limited{r: body, req: req}}
 	stop := counted.report(log, size, progressEvery)
 	n, err := hashingCopy(f, hash, counted)
 	stop()

@@ -145,3 +145,44 @@ func TestBadConfig(t *testing.T) {
 		}
 	}
 }
+
+// The node's limits: an image larger than maxImageSize is refused before
+// its download when its size is known, and as the download passes it when
+// not (a chunked answer); a download that would leave the store's file
+// system less than keepFreeSpace is refused.
+func TestFetchLimits(t *testing.T) {
+	srv, s := serve(t)
+	chunked := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for i := 0; i < 64; i++ {
+			w.Write(make([]byte, 1024))
+			w.(http.Flusher).Flush()
+		}
+	}))
+	defer chunked.Close()
+	for _, tt := range []struct {
+		name          string
+		src           *images.Source
+		location      string
+		maxBytes      int64
+		keepFreeBytes int64
+		kind          error
+		want          string
+	}{
+		{"size known", s, "https://" + srv.Host + "/disk.qcow2", 1000, 0, ports.ErrInvalidArgument, "more than the 1000 the node allows an image (maxImageSize)"},
+		{"size unknown", trusting(t, chunked), chunked.URL + "/x", 1000, 0, ports.ErrInvalidArgument, "more than the 1000 bytes the node allows an image (maxImageSize)"},
+		{"free space", s, "https://" + srv.Host + "/disk.qcow2", 0, 1 << 60, ports.ErrUnavailable, "(keepFreeSpace)"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := tt.src.Fetch(context.Background(), ports.FetchRequest{Name: "x", Location: tt.location,
+				Dest: filepath.Join(harness.SearchableTempDir(t), "d"), MaxBytes: tt.maxBytes, KeepFreeBytes: tt.keepFreeBytes})
+			if !errors.Is(err, tt.kind) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err %v, want %v containing %q", err, tt.kind, tt.want)
+			}
+		})
+	}
+	// Within the limits, the same download passes.
+	if _, err := s.Fetch(context.Background(), ports.FetchRequest{Name: "x", Location: "https://" + srv.Host + "/disk.qcow2",
+		Dest: filepath.Join(harness.SearchableTempDir(t), "d"), MaxBytes: 1 << 30, KeepFreeBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -74,6 +74,13 @@ type config struct {
 	// auto_dump_path) as root when the guest's watchdog fires. The libvirt
 	// plugin keeps a VM's newest dump only and removes it with the VM.
 	AllowWatchdogDump bool `json:"allowWatchdogDump"`
+	// MaxImageSize bounds an image's download, MaxVirtualSize the disk a
+	// guest sees (an image's virtual size, VirtletRootVolumeSize), and
+	// KeepFreeSpace is the space pulls leave free on the image store's
+	// file system: quantities such as 64Gi; "0" lifts the bound.
+	MaxImageSize   string `json:"maxImageSize"`
+	MaxVirtualSize string `json:"maxVirtualSize"`
+	KeepFreeSpace  string `json:"keepFreeSpace"`
 }
 
 // DefaultVMUsers lies above every user a node's system and its people
@@ -92,6 +99,7 @@ func defaults() config {
 		Listen: "unix:///run/virtlet.sock", AdminSocket: admin.DefaultSocket, StateDir: "/var/lib/virtlet", PluginsDir: manifest.DefaultDir,
 		PluginBinDir: bin, ImageTranslations: imagetranslations.DefaultDir, LogFormat: "text", LogLevel: "info", DefaultVMMemory: "1Gi", OperationTimeout: "15m",
 		StreamingAddress: streaming.DefaultAddress, VMUsers: DefaultVMUsers,
+		MaxImageSize: "64Gi", MaxVirtualSize: "1Ti", KeepFreeSpace: "1Gi",
 	}
 }
 
@@ -127,6 +135,9 @@ func parseConfig(args []string) (config, bool, error) {
 	vmUsers := fs.String("vm-users", cfg.VMUsers, "host user IDs the VMs run as, one each, FIRST-LAST, so that one VM's QEMU cannot open another's disks; off: every VM runs as qemu.conf's user")
 	presetsDir := fs.String("presets-dir", cfg.PresetsDir, "directory of VM presets (one YAML file each) that pods select by name (VirtletPreset) or that select pods by label; read at start")
 	vmGroup := fs.String("vm-group", cfg.VMGroup, "with --vm-users: own (each VM a group of its own, the default) or a group (name or ID) every VM runs in")
+	maxImage := fs.String("max-image-size", cfg.MaxImageSize, "the largest image a pull downloads (a quantity such as 64Gi; 0: no bound)")
+	maxVirtual := fs.String("max-virtual-size", cfg.MaxVirtualSize, "the largest disk a guest may see: an image's virtual size, VirtletRootVolumeSize (0: no bound)")
+	keepFree := fs.String("keep-free-space", cfg.KeepFreeSpace, "the space pulls leave free on the image store's file system (0: none)")
 	allowDump := fs.Bool("allow-watchdog-dump", cfg.AllowWatchdogDump, "let pods set VirtletWatchdogAction: dump (libvirtd writes the guest's memory to the node's disk, as root, when its watchdog fires)")
 	metricsRemote := fs.Bool("metrics-allow-remote", cfg.MetricsAllowRemote, "let --metrics-address be a non-loopback address (the endpoint has no authentication or TLS: put it on a network only Prometheus reaches)")
 	if err := fs.Parse(args); err != nil {
@@ -172,6 +183,12 @@ func parseConfig(args []string) (config, bool, error) {
 	override("vm-users", &cfg.VMUsers, *vmUsers)
 	override("vm-group", &cfg.VMGroup, *vmGroup)
 	override("presets-dir", &cfg.PresetsDir, *presetsDir)
+	override("max-image-size", &cfg.MaxImageSize, *maxImage)
+	override("max-virtual-size", &cfg.MaxVirtualSize, *maxVirtual)
+	override("keep-free-space", &cfg.KeepFreeSpace, *keepFree)
+	if _, err := cfg.limits(); err != nil {
+		return cfg, false, err
+	}
 	if _, err := cfg.vmUsers(); err != nil {
 		return cfg, false, err
 	}
@@ -250,6 +267,26 @@ func (c config) memoryBytes() (int64, error) {
 		return 0, fmt.Errorf("default VM memory %q: want a positive quantity such as 1Gi", c.DefaultVMMemory)
 	}
 	return q.Value(), nil
+}
+
+// limits reads the node's image and disk limits into core's options.
+func (c config) limits() (core.Options, error) {
+	var o core.Options
+	for _, l := range []struct {
+		key, flag, value string
+		into             *int64
+	}{
+		{"maxImageSize", "max-image-size", c.MaxImageSize, &o.MaxImageBytes},
+		{"maxVirtualSize", "max-virtual-size", c.MaxVirtualSize, &o.MaxVirtualBytes},
+		{"keepFreeSpace", "keep-free-space", c.KeepFreeSpace, &o.KeepFreeBytes},
+	} {
+		q, err := resource.ParseQuantity(l.value)
+		if err != nil || q.Sign() < 0 {
+			return o, fmt.Errorf("%s (--%s) %q: want a quantity such as 64Gi, or 0 for no bound", l.key, l.flag, l.value)
+		}
+		*l.into = q.Value()
+	}
+	return o, nil
 }
 
 // vmUsers reads the VMs' users: nil when off.

@@ -234,3 +234,30 @@ func TestPresetsDir(t *testing.T) {
 		t.Errorf("a missing presets directory: %v", err)
 	}
 }
+
+// The node's limits: defaults, flags, 0 for no bound, and a bad value
+// named with its key and flag.
+func TestLimits(t *testing.T) {
+	for _, tc := range []struct {
+		args                 []string
+		image, virtual, keep int64
+		err                  string
+	}{
+		{args: nil, image: 64 << 30, virtual: 1 << 40, keep: 1 << 30},
+		{args: []string{"--max-image-size", "2Gi", "--max-virtual-size", "0", "--keep-free-space", "500Mi"}, image: 2 << 30, keep: 500 << 20},
+		{args: []string{"--max-image-size", "huge"}, err: `maxImageSize (--max-image-size) "huge": want a quantity such as 64Gi, or 0 for no bound`},
+		{args: []string{"--keep-free-space", "-1Gi"}, err: `keepFreeSpace (--keep-free-space) "-1Gi"`},
+	} {
+		cfg, _, err := parseConfig(tc.args)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.err)
+			}
+			continue
+		}
+		l, err := cfg.limits()
+		if err != nil || l.MaxImageBytes != tc.image || l.MaxVirtualBytes != tc.virtual || l.KeepFreeBytes != tc.keep {
+			t.Errorf("%v: %+v %v", tc.args, l, err)
+		}
+	}
+}

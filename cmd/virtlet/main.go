@@ -119,6 +119,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		return err
 	}
 	memory, _ := cfg.memoryBytes()
+	limits, _ := cfg.limits() // checked as the config was read
 	opTimeout, _ := cfg.operationTimeout()
 	vmUsers, _ := cfg.vmUsers()
 	vmPresets, err := cfg.presets()
@@ -140,7 +141,8 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
 		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.TCP{}, Observer: observer,
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core"),
-		Failpoint: failpointHook(log), VMUsers: vmUsers, Presets: vmPresets, AllowWatchdogDump: cfg.AllowWatchdogDump})
+		Failpoint: failpointHook(log), VMUsers: vmUsers, Presets: vmPresets, AllowWatchdogDump: cfg.AllowWatchdogDump,
+		MaxImageBytes: limits.MaxImageBytes, MaxVirtualBytes: limits.MaxVirtualBytes, KeepFreeBytes: limits.KeepFreeBytes})
 	if err != nil {
 		return err
 	}

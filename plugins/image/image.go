@@ -41,7 +41,7 @@ func (c *Client) Fetch(ctx context.Context, req ports.FetchRequest) (ports.Fetch
 	defer cancel()
 	preq := &imagev1.FetchRequest{
 		Name: req.Name, Location: req.Location, Transport: req.Transport, TransportConfigJson: req.TransportConfig,
-		Dest: req.Dest, ExpectedDigest: req.ExpectedDigest,
+		Dest: req.Dest, ExpectedDigest: req.ExpectedDigest, MaxBytes: req.MaxBytes, KeepFreeBytes: req.KeepFreeBytes,
 	}
 	if a := req.Auth; a != nil {
 		preq.Auth = &imagev1.RegistryAuth{Username: a.Username, Password: a.Password, Auth: a.Auth,
@@ -64,7 +64,7 @@ type Server struct {
 func (s *Server) Fetch(ctx context.Context, p *imagev1.FetchRequest) (*imagev1.FetchResponse, error) {
 	req := ports.FetchRequest{
 		Name: p.Name, Location: p.Location, Transport: p.Transport, TransportConfig: p.TransportConfigJson,
-		Dest: p.Dest, ExpectedDigest: p.ExpectedDigest,
+		Dest: p.Dest, ExpectedDigest: p.ExpectedDigest, MaxBytes: p.MaxBytes, KeepFreeBytes: p.KeepFreeBytes,
 	}
 	if a := p.Auth; a != nil {
 		req.Auth = &ports.RegistryAuth{Username: a.Username, Password: a.Password, Auth: a.Auth,

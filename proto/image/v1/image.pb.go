@@ -30,6 +30,8 @@ type FetchRequest struct {
 	Auth                *RegistryAuth          `protobuf:"bytes,5,opt,name=auth,proto3" json:"auth,omitempty"`
 	Dest                string                 `protobuf:"bytes,6,opt,name=dest,proto3" json:"dest,omitempty"`
 	ExpectedDigest      string                 `protobuf:"bytes,7,opt,name=expected_digest,json=expectedDigest,proto3" json:"expected_digest,omitempty"`
+	MaxBytes            int64                  `protobuf:"varint,8,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	KeepFreeBytes       int64                  `protobuf:"varint,9,opt,name=keep_free_bytes,json=keepFreeBytes,proto3" json:"keep_free_bytes,omitempty"`
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -111,6 +113,20 @@ func (x *FetchRequest) GetExpectedDigest() string {
 		return x.ExpectedDigest
 	}
 	return ""
+}
+
+func (x *FetchRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *FetchRequest) GetKeepFreeBytes() int64 {
+	if x != nil {
+		return x.KeepFreeBytes
+	}
+	return 0
 }
 
 type RegistryAuth struct {
@@ -279,7 +295,7 @@ var File_image_v1_image_proto protoreflect.FileDescriptor
 
 const file_image_v1_image_proto_rawDesc = "" +
 	"\n" +
-	"\x14image/v1/image.proto\x12\x10virtlet.image.v1\"\x81\x02\n" +
+	"\x14image/v1/image.proto\x12\x10virtlet.image.v1\"\xc6\x02\n" +
 	"\fFetchRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x1c\n" +
@@ -287,7 +303,9 @@ const file_image_v1_image_proto_rawDesc = "" +
 	"\x15transport_config_json\x18\x04 \x01(\fR\x13transportConfigJson\x122\n" +
 	"\x04auth\x18\x05 \x01(\v2\x1e.virtlet.image.v1.RegistryAuthR\x04auth\x12\x12\n" +
 	"\x04dest\x18\x06 \x01(\tR\x04dest\x12'\n" +
-	"\x0fexpected_digest\x18\a \x01(\tR\x0eexpectedDigest\"\xcf\x01\n" +
+	"\x0fexpected_digest\x18\a \x01(\tR\x0eexpectedDigest\x12\x1b\n" +
+	"\tmax_bytes\x18\b \x01(\x03R\bmaxBytes\x12&\n" +
+	"\x0fkeep_free_bytes\x18\t \x01(\x03R\rkeepFreeBytes\"\xcf\x01\n" +
 	"\fRegistryAuth\x12\x1a\n" +
 	"\busername\x18\x01 \x01(\tR\busername\x12\x1a\n" +
 	"\bpassword\x18\x02 \x01(\tR\bpassword\x12\x12\n" +
