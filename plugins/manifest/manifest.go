@@ -19,6 +19,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"syscall"
 
 	"sigs.k8s.io/yaml"
 
@@ -132,6 +133,9 @@ func (m *Manifest) validate() error {
 	case info.IsDir() || info.Mode().Perm()&0o111 == 0:
 		return m.fail("command", "%s is not an executable file", m.Command)
 	}
+	if err := OnlyOperatorWritable(m.Command); err != nil {
+		return m.fail("command", "%v: the daemon runs it as root, so only root may change it", err)
+	}
 	switch {
 	case m.SHA256 == "":
 		return m.fail("sha256", "required: the checksum of %s (sha256sum %s); the daemon runs only binaries an operator pinned", m.Command, m.Command)
@@ -154,6 +158,45 @@ func kinds() string {
 		ks = append(ks, string(k))
 	}
 	return strings.Join(ks, ", ")
+}
+
+// OnlyOperatorWritable fails unless the file at p (its target, if a
+// symlink) and every directory above it can be changed by root, or the
+// daemon's own user, alone: owned by one of them, not writable by group or
+// others. A sticky directory higher up, such as /tmp, may be: nobody else
+// can rename or remove what root owns in it. The file's own directory may
+// not: others could add files to it (a manifest naming any binary).
+func OnlyOperatorWritable(p string) error {
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return err
+	}
+	real, err = filepath.Abs(real)
+	if err != nil {
+		return err
+	}
+	self := uint32(os.Geteuid())
+	for cur := real; ; cur = filepath.Dir(cur) {
+		info, err := os.Stat(cur)
+		if err != nil {
+			return err
+		}
+		st, ok := info.Sys().(*syscall.Stat_t)
+		if !ok {
+			return fmt.Errorf("%s: no owner to check", cur)
+		}
+		above := cur != real && cur != filepath.Dir(real)
+		sticky := info.IsDir() && info.Mode()&os.ModeSticky != 0
+		switch {
+		case st.Uid != 0 && st.Uid != self:
+			return fmt.Errorf("%s belongs to user %d", cur, st.Uid)
+		case info.Mode().Perm()&0o022 != 0 && !(sticky && above):
+			return fmt.Errorf("%s is writable by its group or others (%s)", cur, info.Mode().Perm())
+		}
+		if cur == filepath.Dir(cur) {
+			return nil
+		}
+	}
 }
 
 // FileSHA256 returns the hex sha256 of a file.
@@ -184,6 +227,9 @@ func LoadDir(dir string) ([]Manifest, error) {
 			continue
 		}
 		file := filepath.Join(dir, e.Name())
+		if err := OnlyOperatorWritable(file); err != nil {
+			return nil, &Error{File: file, Reason: err.Error() + ": a manifest says what the daemon runs as root, so only root may change it"}
+		}
 		data, err := os.ReadFile(file)
 		if err != nil {
 			return nil, &Error{File: file, Reason: err.Error()}

@@ -195,3 +195,52 @@ func TestDefaults(t *testing.T) {
 		}
 	}
 }
+
+// The daemon runs plugins as root: a binary or a manifest that anyone but
+// root can change, or that lies in a directory anyone but root can change,
+// is refused, naming the file or directory.
+func TestRefusesWhatOthersCanWrite(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("ownership checks need root")
+	}
+	setup := func(t *testing.T) (dir, sum string) {
+		dir = t.TempDir()
+		_, sum = binary(t, dir, "hv", "#!/bin/sh\n")
+		write(t, dir, "10-hv.yaml", "name: fake\nkind: hypervisor\ncommand: hv\nsha256: "+sum+"\n")
+		return dir, sum
+	}
+	for _, tc := range []struct {
+		name  string
+		spoil func(dir string) error
+		want  string
+	}{
+		{"binary writable by others", func(dir string) error { return os.Chmod(filepath.Join(dir, "hv"), 0o757) }, "hv is writable by its group or others (-rwxr-xrwx)"},
+		{"binary of another user", func(dir string) error { return os.Chown(filepath.Join(dir, "hv"), 1000, 0) }, "hv belongs to user 1000"},
+		{"manifest writable by its group", func(dir string) error { return os.Chmod(filepath.Join(dir, "10-hv.yaml"), 0o664) }, "10-hv.yaml is writable by its group or others"},
+		{"directory of another user", func(dir string) error { return os.Chown(dir, 1000, 1000) }, "belongs to user 1000"},
+		{"directory writable by others, sticky or not", func(dir string) error { return os.Chmod(dir, os.ModeSticky|0o777) }, "is writable by its group or others (-rwxrwxrwx)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, _ := setup(t)
+			if err := tc.spoil(dir); err != nil {
+				t.Fatal(err)
+			}
+			_, err := manifest.LoadDir(dir)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "only root may change it") {
+				t.Fatalf("err %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+	// A sticky directory higher up (as /tmp is) is fine: nobody can
+	// replace what root owns in it.
+	dir, _ := setup(t)
+	sub := filepath.Join(dir, "sub")
+	os.Mkdir(sub, 0o755)
+	binary(t, sub, "hv", "#!/bin/sh\n")
+	if err := os.Chmod(dir, os.ModeSticky|0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := manifest.OnlyOperatorWritable(filepath.Join(sub, "hv")); err != nil {
+		t.Fatalf("a root-owned binary below a sticky directory: %v", err)
+	}
+}
