@@ -38,6 +38,10 @@ type Config struct {
 	ConfDir string `json:"confDir"`
 	// BinDirs are searched for CNI plugin binaries.
 	BinDirs []string `json:"binDirs"`
+	// TeardownRetry is how often a pod network whose teardown failed (its
+	// CNI DEL, say) is torn down again, until it goes: a duration such as
+	// 1m (the default).
+	TeardownRetry string `json:"teardownRetry,omitempty"`
 }
 
 // Defaults: the CNI conventions, plus where Debian installs its plugins.
@@ -59,6 +63,17 @@ type Network struct {
 	mu       sync.Mutex
 	servers  map[string][]*dhcpServer // by sandbox ID
 	configOK bool
+	stop     chan struct{} // ends the teardown retries
+	pods     sync.Map      // sandbox ID → *sync.Mutex: one change of a pod's network at a time
+}
+
+// lockPod serialises the changes of one pod's network: the core's calls
+// and the teardown retries.
+func (n *Network) lockPod(id string) func() {
+	m, _ := n.pods.LoadOrStore(id, &sync.Mutex{})
+	mu := m.(*sync.Mutex)
+	mu.Lock()
+	return mu.Unlock
 }
 
 // New returns an unconfigured adapter.
@@ -95,8 +110,69 @@ func (n *Network) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if err := ensureHostBridgeRules(); err != nil {
 		return err
 	}
+	retry := time.Minute
+	if cfg.TeardownRetry != "" {
+		d, err := time.ParseDuration(cfg.TeardownRetry)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("cni config: teardownRetry %q: want a duration such as 1m: %w", cfg.TeardownRetry, ports.ErrInvalidArgument)
+		}
+		retry = d
+	}
 	n.configOK = true
-	return n.restore(ctx)
+	if err := n.restore(ctx); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	if n.stop == nil {
+		n.stop = make(chan struct{})
+		go n.retryTeardowns(retry, n.stop)
+	}
+	n.mu.Unlock()
+	return nil
+}
+
+// retryTeardowns tears down again, every interval, the pod networks whose
+// teardown failed: until CNI DEL succeeds the pod's address and namespace
+// stay taken, and the core may have forgotten the pod (a failed
+// RunPodSandbox) and never ask again.
+func (n *Network) retryTeardowns(interval time.Duration, stop chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		entries, err := os.ReadDir(n.records)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			id, ok := strings.CutSuffix(e.Name(), ".json")
+			if !ok {
+				continue
+			}
+			n.retryTeardown(id)
+		}
+	}
+}
+
+func (n *Network) retryTeardown(id string) {
+	unlock := n.lockPod(id)
+	defer unlock()
+	r, err := n.load(id)
+	if err != nil || !r.TeardownFailed {
+		return
+	}
+	log := n.Log.WithFields(logrus.Fields{"sandbox": id, "pod": r.Namespace + "/" + r.PodName})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := n.teardown(ctx, r, false); err != nil {
+		log.WithError(err).Warn("pod network teardown failed again; it will be retried")
+		return
+	}
+	log.Info("pod network torn down on retry")
 }
 
 // networkConfig loads the first network config of ConfDir.
@@ -151,6 +227,8 @@ type record struct {
 	Ready      bool                    `json:"ready"`    // set up completely, DHCP servers included
 	Attachment ports.NetworkAttachment `json:"attachment"`
 	Leases     []lease                 `json:"leases,omitempty"`
+	// TeardownFailed: a teardown failed; it is retried (retryTeardowns).
+	TeardownFailed bool `json:"teardownFailed,omitempty"`
 }
 
 func (n *Network) recordPath(id string) string { return filepath.Join(n.records, id+".json") }
@@ -220,6 +298,7 @@ func (n *Network) Setup(ctx context.Context, req ports.NetworkRequest) (ports.Ne
 	if err := validSandboxID(req.SandboxID); err != nil {
 		return ports.NetworkAttachment{}, err
 	}
+	defer n.lockPod(req.SandboxID)()
 	if r, err := n.load(req.SandboxID); err == nil && r.Ready {
 		return r.Attachment, nil // idempotent, even if the config changed since
 	}
@@ -541,6 +620,7 @@ func (n *Network) Teardown(ctx context.Context, req ports.NetworkRequest) error 
 	if err := validSandboxID(req.SandboxID); err != nil {
 		return err
 	}
+	defer n.lockPod(req.SandboxID)()
 	r, err := n.load(req.SandboxID)
 	if errors.Is(err, os.ErrNotExist) {
 		// Nothing recorded: Setup never started, or a teardown finished.
@@ -614,6 +694,12 @@ func (n *Network) teardown(ctx context.Context, r *record, forgiveDEL bool) erro
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
+		if !r.TeardownFailed {
+			r.TeardownFailed = true
+			if serr := n.save(r); serr != nil {
+				err = errors.Join(err, fmt.Errorf("record the failed teardown: %w", serr))
+			}
+		}
 		return fmt.Errorf("tear down network of pod %s/%s: %w", r.Namespace, r.PodName, err)
 	}
 	if err := os.Remove(n.recordPath(r.SandboxID)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -680,6 +766,10 @@ var (
 func (n *Network) Close() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.stop != nil {
+		close(n.stop)
+		n.stop = nil
+	}
 	for id, srvs := range n.servers {
 		for _, srv := range srvs {
 			srv.Close()

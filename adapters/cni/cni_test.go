@@ -113,7 +113,7 @@ func (tn *testNet) start(t *testing.T) *Network {
 	if tn.extraBin != "" {
 		bins = fmt.Sprintf("%q, %s", tn.extraBin, bins)
 	}
-	cfg := fmt.Sprintf(`{"confDir": %q, "binDirs": [%s]}`, tn.conf, bins)
+	cfg := fmt.Sprintf(`{"confDir": %q, "binDirs": [%s], "teardownRetry": "200ms"}`, tn.conf, bins)
 	if err := n.Configure(context.Background(), ports.PluginConfig{Config: []byte(cfg), StateDir: tn.state}); err != nil {
 		t.Fatal(err)
 	}
@@ -289,6 +289,54 @@ func assertGone(t *testing.T, tn *testNet, id string, ip net.IP) {
 	}
 	if _, err := os.Stat(filepath.Join(tn.state, "pods", id+".json")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("record left: %v", err)
+	}
+}
+
+// A teardown whose CNI DEL fails (host-local cannot reach its data: a file
+// stands where its directory was) keeps the pod's record and says so; the
+// plugin retries it until DEL passes, which releases the address, without
+// anybody asking again.
+func TestFailedTeardownIsRetried(t *testing.T) {
+	tn := newTestNet(t, "bridge")
+	ctx := context.Background()
+	id := randHex(64)
+	att, err := tn.n.Setup(ctx, request(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, _, _ := strings.Cut(att.Interfaces[0].IPs[0].Address, "/")
+	lease := filepath.Join(tn.ipam, "virtlet-test", ip)
+	away := tn.ipam + ".away"
+	if err := os.Rename(tn.ipam, away); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(tn.ipam, []byte("not a directory"), 0o600)
+	err = tn.n.Teardown(ctx, request(id))
+	if err == nil || !strings.Contains(err.Error(), "CNI DEL") {
+		t.Fatalf("teardown with DEL failing: %v", err)
+	}
+	data, _ := os.ReadFile(filepath.Join(tn.state, "pods", id+".json"))
+	if !strings.Contains(string(data), `"teardownFailed":true`) {
+		t.Fatalf("the record does not keep the failed teardown: %s", data)
+	}
+	os.Remove(tn.ipam)
+	if err := os.Rename(away, tn.ipam); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, recErr := os.Stat(filepath.Join(tn.state, "pods", id+".json"))
+		_, leaseErr := os.Stat(lease)
+		if errors.Is(recErr, os.ErrNotExist) && errors.Is(leaseErr, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the teardown was not retried: record %v, lease of %s %v", recErr, ip, leaseErr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if _, err := os.Stat(filepath.Join(NetNSDir, nsName(id))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the pod's namespace outlives the retried teardown: %v", err)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/sirupsen/logrus"
+	logrustest "github.com/sirupsen/logrus/hooks/test"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -227,5 +229,38 @@ func TestExecRefusals(t *testing.T) {
 				t.Fatalf("%v, want %v %q", st, tt.code, tt.want)
 			}
 		})
+	}
+}
+
+// A NotFound that the pod's author can mend (a ConfigMap its annotations
+// name, an image) is logged at info with the pod; kubelet's routine
+// status calls for what it removed stay at debug.
+func TestNotFoundLogLevels(t *testing.T) {
+	s := newServer(t)
+	log, hook := logrustest.NewNullLogger()
+	log.SetLevel(logrus.DebugLevel)
+	s.log = log
+	missing := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return nil, fmt.Errorf("configmap ns/absent: %w", ports.ErrNotFound)
+	}
+	for _, tc := range []struct {
+		method string
+		req    interface{}
+		level  logrus.Level
+	}{
+		{"CreateContainer", &runtimeapi.CreateContainerRequest{SandboxConfig: podConfig("p")}, logrus.InfoLevel},
+		{"PullImage", &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: "virtlet.cloud/absent"}, SandboxConfig: podConfig("p")}, logrus.InfoLevel},
+		{"ContainerStatus", &runtimeapi.ContainerStatusRequest{ContainerId: "gone"}, logrus.DebugLevel},
+	} {
+		hook.Reset()
+		s.instrument(context.Background(), tc.req, &grpc.UnaryServerInfo{FullMethod: "/runtime.v1.RuntimeService/" + tc.method}, missing)
+		e := hook.LastEntry()
+		if e == nil || e.Level != tc.level || e.Message != "CRI call failed" {
+			t.Errorf("%s: %+v, want %s", tc.method, e, tc.level)
+			continue
+		}
+		if tc.level == logrus.InfoLevel && e.Data["pod"] != "ns/p" {
+			t.Errorf("%s: the entry does not name the pod: %v", tc.method, e.Data)
+		}
 	}
 }

@@ -65,9 +65,16 @@ func (s *Server) instrument(ctx context.Context, req interface{}, info *grpc.Una
 	}
 	log := s.log.WithFields(fields)
 	if err != nil {
-		if status.Code(err) == codes.NotFound || status.Code(err) == codes.Unimplemented {
+		switch code := status.Code(err); {
+		case code == codes.Unimplemented, code == codes.NotFound && quiet[method]:
+			// kubelet asks after what it removed, and probes what the
+			// runtime lacks: routine.
 			log.WithError(err).Debug("CRI call failed")
-		} else {
+		case code == codes.NotFound:
+			// Something the pod names is missing (a ConfigMap, an image):
+			// the pod author's to mend, with the pod named.
+			log.WithError(err).Info("CRI call failed")
+		default:
 			log.WithError(err).Warn("CRI call failed")
 		}
 		return nil, err
@@ -88,6 +95,13 @@ func (s *Server) identify(req interface{}) logrus.Fields {
 		GetConfig() *runtimeapi.PodSandboxConfig
 	}); ok && r.GetConfig() != nil {
 		m := r.GetConfig().GetMetadata()
+		f["pod"] = m.GetNamespace() + "/" + m.GetName()
+	}
+	// CreateContainer and PullImage carry their pod's config.
+	if r, ok := req.(interface {
+		GetSandboxConfig() *runtimeapi.PodSandboxConfig
+	}); ok && r.GetSandboxConfig() != nil {
+		m := r.GetSandboxConfig().GetMetadata()
 		f["pod"] = m.GetNamespace() + "/" + m.GetName()
 	}
 	sandboxID := ""

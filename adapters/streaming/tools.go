@@ -173,7 +173,7 @@ func (t *Tools) diagnose(ctx context.Context, containerID string) (vmtools.Diagn
 	out := vmtools.Diagnostics{Node: node, Version: t.Version, Collected: time.Now().UTC(), VMs: map[string]vmtools.VMInfo{}, Problems: d.Problems}
 	out.Status = mustJSON(t.RT.Status(ctx))
 	if t.Plugins != nil {
-		out.Plugins = mustJSON(t.Plugins())
+		out.Plugins = withheldErrors(mustJSON(t.Plugins()))
 	}
 	out.Records = mustJSON(map[string]interface{}{"sandbox": d.Sandbox, "containers": d.Containers})
 	for id, vm := range d.VMs {
@@ -213,6 +213,26 @@ func aboutPod(lines []vmtools.LogLine, d core.Diagnosis) []vmtools.LogLine {
 		}
 	}
 	return out
+}
+
+// lastErrorWithheld replaces a plugin's last error in a pod's diagnostics:
+// the text is node-wide (a crash's output may quote any pod's data), as
+// the log lines that name no pod are.
+const lastErrorWithheld = "withheld: a plugin's error is the node's, not the pod's; the node's operator finds it in the daemon's log"
+
+// withheldErrors replaces the lastError of each plugin in a plugin list
+// (name → status).
+func withheldErrors(plugins json.RawMessage) json.RawMessage {
+	var byName map[string]map[string]json.RawMessage
+	if err := json.Unmarshal(plugins, &byName); err != nil {
+		return mustJSON(map[string]string{"error": "plugin list withheld: " + err.Error()})
+	}
+	for _, st := range byName {
+		if _, ok := st["lastError"]; ok {
+			st["lastError"] = mustJSON(lastErrorWithheld)
+		}
+	}
+	return mustJSON(byName)
 }
 
 func mustJSON(v interface{}) json.RawMessage {

@@ -1,6 +1,7 @@
 package streaming
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/virtlet/virtlet/adapters/vmtools"
@@ -42,5 +43,21 @@ func TestAboutPodKeepsOnlyThePodsLines(t *testing.T) {
 		if msgs[i] != want[i] {
 			t.Fatalf("kept %q, want %q", msgs, want)
 		}
+	}
+}
+
+// A pod's diagnostics list the plugins' health but not their last error,
+// which is node-wide and may quote another pod's data.
+func TestDiagnosticsWithholdPluginErrors(t *testing.T) {
+	in := mustJSON(map[string]map[string]interface{}{
+		"libvirt": {"state": "running", "restarts": 2, "lastError": `panic: define domain of pod other-tenant/secret-pod`},
+		"images":  {"state": "running"},
+	})
+	out := string(withheldErrors(in))
+	if strings.Contains(out, "other-tenant") || !strings.Contains(out, `"lastError":"withheld: `) {
+		t.Errorf("diagnostics' plugins: %s", out)
+	}
+	if !strings.Contains(out, `"restarts":2`) || !strings.Contains(out, `"images":{"state":"running"}`) {
+		t.Errorf("the plugins' health is lost: %s", out)
 	}
 }
