@@ -185,7 +185,7 @@ type pipeConn struct{ net.Conn }
 
 func (p pipeConn) CloseWrite() error { return nil }
 
-func (d *fakeDialer) Dial(ctx context.Context, address string) (ports.Conn, error) {
+func (d *fakeDialer) Dial(ctx context.Context, network, address string) (ports.Conn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.dialed = append(d.dialed, address)

@@ -100,7 +100,11 @@ func (r *Runtime) OpenDisplay(ctx context.Context, containerID string) (ports.Di
 	if err != nil {
 		return ports.Display{}, nil, fmt.Errorf("display of VM %s: %w", c.Spec.Name, err)
 	}
-	conn, err := r.deps.Dialer.Dial(ctx, d.Address)
+	network := d.Network
+	if network == "" {
+		network = "tcp"
+	}
+	conn, err := r.deps.Dialer.Dial(ctx, network, d.Address)
 	if err != nil {
 		return ports.Display{}, nil, fmt.Errorf("display of VM %s at %s: %w", c.Spec.Name, d.Address, err)
 	}

@@ -80,7 +80,7 @@ func (r *Runtime) PortForward(ctx context.Context, sandboxID string, port int32,
 		if strings.Contains(ip, ":") {
 			family = "IPv6"
 		}
-		c, err := r.deps.Dialer.Dial(ctx, net.JoinHostPort(ip, strconv.Itoa(int(port))))
+		c, err := r.deps.Dialer.Dial(ctx, "tcp", net.JoinHostPort(ip, strconv.Itoa(int(port))))
 		if err == nil {
 			conn = c
 			break

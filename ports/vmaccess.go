@@ -172,17 +172,22 @@ type CommandOutput struct {
 // Display is a VM's graphical console.
 type Display struct {
 	Protocol string // "vnc"
-	Address  string // host:port on this host
+	// Network is "unix" (Address is a socket's path on this host, which
+	// only the VM's QEMU and root may open) or "tcp" (host:port).
+	Network string
+	Address string
 }
 
-// Dialer opens TCP connections from the node's network namespace (the
-// node reaches its pods' addresses, as Kubernetes' network model requires).
+// Dialer opens connections from the node's network namespace (the node
+// reaches its pods' addresses, as Kubernetes' network model requires) and
+// to the host's unix sockets.
 type Dialer interface {
-	// Dial connects to address (host:port).
-	Dial(ctx context.Context, address string) (Conn, error)
+	// Dial connects to address on network: "tcp" (host:port) or "unix"
+	// (a socket's path).
+	Dial(ctx context.Context, network, address string) (Conn, error)
 }
 
-// Conn is a TCP connection that can close its sending half.
+// Conn is a stream connection that can close its sending half.
 type Conn interface {
 	io.ReadWriteCloser
 	CloseWrite() error

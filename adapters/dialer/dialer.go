@@ -1,7 +1,7 @@
-// Package dialer opens TCP connections from the daemon's (the node's)
-// network namespace: port-forward reaches VM pods at their pod addresses,
-// which the node reaches as Kubernetes' network model requires, and the
-// VNC display of a VM on the host's loopback.
+// Package dialer opens connections from the daemon's (the node's) network
+// namespace: port-forward reaches VM pods at their pod addresses, which the
+// node reaches as Kubernetes' network model requires; a VM's VNC display
+// is a unix socket of its own.
 //
 // Not from the pod's network namespace: there the VM carries the pod's
 // addresses and the namespace holds none, so it has no source address to
@@ -22,22 +22,25 @@ import (
 // seconds; this bounds the rest.
 const Timeout = 10 * time.Second
 
-// TCP dials TCP.
-type TCP struct{}
+// Host dials from the host.
+type Host struct{}
 
-// Dial connects to address (host:port).
-func (TCP) Dial(ctx context.Context, address string) (ports.Conn, error) {
+// Dial connects to address on network ("tcp" or "unix").
+func (Host) Dial(ctx context.Context, network, address string) (ports.Conn, error) {
+	if network != "tcp" && network != "unix" {
+		return nil, fmt.Errorf("dial %s: network %q: want tcp or unix", address, network)
+	}
 	d := net.Dialer{Timeout: Timeout}
-	c, err := d.DialContext(ctx, "tcp", address)
+	c, err := d.DialContext(ctx, network, address)
 	if err != nil {
 		return nil, err
 	}
-	tc, ok := c.(*net.TCPConn)
+	pc, ok := c.(ports.Conn)
 	if !ok {
 		c.Close()
-		return nil, fmt.Errorf("dial %s: not a TCP connection", address)
+		return nil, fmt.Errorf("dial %s: the connection cannot close its sending half", address)
 	}
-	return tc, nil
+	return pc, nil
 }
 
-var _ ports.Dialer = TCP{}
+var _ ports.Dialer = Host{}

@@ -137,9 +137,12 @@ func buildDomain(in domainInput) (*libvirtxml.Domain, error) {
 				Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
 				Target: &libvirtxml.DomainConsoleTarget{Type: "serial", Port: &zero},
 			}},
+			// VNC on a unix socket libvirt makes in the domain's private
+			// directory: only the VM's QEMU user and root (the daemon's
+			// `virtletctl vnc`) may open it; a TCP port, even on
+			// loopback, lets any local process drive any VM.
 			Graphics: []libvirtxml.DomainGraphic{{VNC: &libvirtxml.DomainGraphicVNC{
-				Port: -1, AutoPort: "yes",
-				Listeners: []libvirtxml.DomainGraphicListener{{Address: &libvirtxml.DomainGraphicListenerAddress{Address: "127.0.0.1"}}},
+				Listeners: []libvirtxml.DomainGraphicListener{{Socket: &libvirtxml.DomainGraphicListenerSocket{}}},
 			}}},
 			Videos: []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, Primary: "yes"}, Address: slots.at(slots.video)}},
 			// The guest reports its memory use every few seconds (stats).

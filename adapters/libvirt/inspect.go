@@ -215,12 +215,25 @@ func (h *Hypervisor) Display(ctx context.Context, id string) (ports.Display, err
 	}
 	if d.Devices != nil {
 		for _, g := range d.Devices.Graphics {
-			if v := g.VNC; v != nil && v.Port > 0 {
+			v := g.VNC
+			if v == nil {
+				continue
+			}
+			for _, l := range v.Listeners {
+				if l.Socket != nil && l.Socket.Socket != "" {
+					return ports.Display{Protocol: "vnc", Network: "unix", Address: l.Socket.Socket}, nil
+				}
+			}
+			if v.Socket != "" {
+				return ports.Display{Protocol: "vnc", Network: "unix", Address: v.Socket}, nil
+			}
+			// A domain defined before VNC moved to a socket.
+			if v.Port > 0 {
 				host := "127.0.0.1"
 				if len(v.Listeners) > 0 && v.Listeners[0].Address != nil && v.Listeners[0].Address.Address != "" {
 					host = v.Listeners[0].Address.Address
 				}
-				return ports.Display{Protocol: "vnc", Address: net.JoinHostPort(host, strconv.Itoa(v.Port))}, nil
+				return ports.Display{Protocol: "vnc", Network: "tcp", Address: net.JoinHostPort(host, strconv.Itoa(v.Port))}, nil
 			}
 		}
 	}

@@ -206,7 +206,7 @@ func (c *Client) Display(ctx context.Context, id string) (ports.Display, error) 
 	if err != nil {
 		return ports.Display{}, c.conn.Error(err)
 	}
-	return ports.Display{Protocol: resp.Protocol, Address: resp.Address}, nil
+	return ports.Display{Protocol: resp.Protocol, Network: resp.Network, Address: resp.Address}, nil
 }
 
 var (
@@ -380,7 +380,7 @@ func (s *Server) Display(ctx context.Context, req *hypervisorv1.VMRequest) (*hyp
 	if err != nil {
 		return nil, base.ToRPC(err)
 	}
-	return &hypervisorv1.DisplayResponse{Protocol: d.Protocol, Address: d.Address}, nil
+	return &hypervisorv1.DisplayResponse{Protocol: d.Protocol, Network: d.Network, Address: d.Address}, nil
 }
 
 func statsToProto(s ports.VMStats) *hypervisorv1.VMStats {

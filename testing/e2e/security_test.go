@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/containers/image/v5/types"
 
+	"github.com/virtlet/virtlet/adapters/vmtools"
 	"github.com/virtlet/virtlet/testing/containerdisk"
 	"github.com/virtlet/virtlet/testing/harness"
 )
@@ -194,6 +196,59 @@ transports:
 			return nil
 		})
 		t.Logf("%d world-readable files below %s hold no secret", readable, d.Dir)
+	})
+
+	t.Run("listeners", func(t *testing.T) {
+		// Every listening socket of the daemon, its plugins and the VM's
+		// QEMU: TCP only for the streaming server, on loopback (the
+		// metrics endpoint is off); the VNC display a unix socket in a
+		// directory only the VM's QEMU user (and root) may enter.
+		pids := map[string]string{fmt.Sprint(d.PID()): "the daemon", qemuPID(t, domain): "QEMU"}
+		for pid, cmdline := range d.Children() {
+			pids[fmt.Sprint(pid)] = "plugin " + strings.Fields(cmdline)[0]
+		}
+		out, err := exec.Command("ss", "-H", "-lnpt").Output()
+		if err != nil {
+			t.Fatalf("ss: %v", err)
+		}
+		var tcp []string
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			for pid, who := range pids {
+				if strings.Contains(line, "pid="+pid+",") {
+					tcp = append(tcp, who+": "+strings.Join(strings.Fields(line)[3:4], ""))
+				}
+			}
+		}
+		if len(tcp) != 1 || !strings.HasPrefix(tcp[0], "the daemon: 127.0.0.1:") {
+			t.Errorf("TCP listeners %q, want the daemon's streaming server on 127.0.0.1 alone", tcp)
+		}
+		out, _ = exec.Command("ss", "-H", "-lnpx").Output()
+		var vnc string
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && strings.Contains(line, "pid="+qemuPID(t, domain)+",") && strings.HasSuffix(f[4], "vnc.sock") {
+				vnc = f[4]
+			}
+		}
+		if vnc == "" {
+			t.Fatalf("QEMU listens on no vnc.sock:\n%s", out)
+		}
+		st, err := os.Stat(filepath.Dir(vnc))
+		if err != nil || st.Mode().Perm()&0o007 != 0 {
+			t.Errorf("the VNC socket's directory %s: %v %v, want no access for others", filepath.Dir(vnc), st.Mode(), err)
+		}
+		// virtletctl vnc's path: an exec of the display through the
+		// streaming server reaches the VM's VNC server.
+		cmd := exec.Command(crictl, "--config", "/dev/null", "--runtime-endpoint", "unix://"+d.Socket, "exec", "-i", ctr, vmtools.VNC)
+		stdin, _ := cmd.StdinPipe()
+		stdout, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
+		banner := make([]byte, 12)
+		if _, err := io.ReadFull(stdout, banner); err != nil || !strings.HasPrefix(string(banner), "RFB 003.") {
+			t.Errorf("the VM's display through the daemon: %q %v", banner, err)
+		}
 	})
 
 	t.Run("QEMU", func(t *testing.T) {

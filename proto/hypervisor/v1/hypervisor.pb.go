@@ -1083,9 +1083,11 @@ func (x *InspectResponse) GetExitCode() int32 {
 }
 
 type DisplayResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Protocol      string                 `protobuf:"bytes,1,opt,name=protocol,proto3" json:"protocol,omitempty"`
-	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Protocol string                 `protobuf:"bytes,1,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Address  string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// "unix" (address is a socket's path) or "tcp" (host:port).
+	Network       string `protobuf:"bytes,3,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1130,6 +1132,13 @@ func (x *DisplayResponse) GetProtocol() string {
 func (x *DisplayResponse) GetAddress() string {
 	if x != nil {
 		return x.Address
+	}
+	return ""
+}
+
+func (x *DisplayResponse) GetNetwork() string {
+	if x != nil {
+		return x.Network
 	}
 	return ""
 }
@@ -3095,10 +3104,11 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x0fInspectResponse\x12\x16\n" +
 	"\x06stdout\x18\x01 \x01(\fR\x06stdout\x12\x16\n" +
 	"\x06stderr\x18\x02 \x01(\fR\x06stderr\x12\x1b\n" +
-	"\texit_code\x18\x03 \x01(\x05R\bexitCode\"G\n" +
+	"\texit_code\x18\x03 \x01(\x05R\bexitCode\"a\n" +
 	"\x0fDisplayResponse\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\tR\bprotocol\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\x15\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +
+	"\anetwork\x18\x03 \x01(\tR\anetwork\"\x15\n" +
 	"\x13CapabilitiesRequest\"\xf6\x01\n" +
 	"\x14CapabilitiesResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
