@@ -234,13 +234,8 @@ func (r *Runtime) resolveImage(spec string) (*Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n.Digest != "" {
-		if img, ok := r.images[n.Digest]; ok {
-			return img, nil
-		}
-	}
 	for _, img := range r.images {
-		if img.HasName(n) {
+		if img.HasName(n) || img.PinnedBy(n) {
 			return img, nil
 		}
 	}

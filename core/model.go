@@ -193,6 +193,30 @@ func (i *Image) HasName(n ImageName) bool {
 	return false
 }
 
+// PinnedBy reports whether n, a digest-pinned name, names the image
+// though it was pulled under another name of the same repository: by the
+// manifest's digest for a registry image, the disk's for a URL image. A
+// digest alone, under another repository, names nothing: the image may be
+// another tenant's, pulled with credentials this name's user lacks.
+func (i *Image) PinnedBy(n ImageName) bool {
+	if n.Digest == "" {
+		return false
+	}
+	repo := n.Repository()
+	if i.Registry {
+		return i.ManifestDigests[repo] == n.Digest
+	}
+	if i.ID != n.Digest {
+		return false
+	}
+	for _, name := range i.Names {
+		if p, err := ParseImageName(name); err == nil && p.Repository() == repo {
+			return true
+		}
+	}
+	return false
+}
+
 // withoutName returns the image's names other than those n names.
 func (i *Image) withoutName(n ImageName) []string {
 	var out []string

@@ -996,3 +996,19 @@ func TestNodeLimits(t *testing.T) {
 	}
 	lacks(t, "message", err.Error(), "annotation VirtletRootVolumeSize", `"1Gi"`, "more than the 67108864 bytes the node allows a disk (maxVirtualSize)")
 }
+
+// A URL image's digest names it in its own repository only.
+func TestURLImageDigestNamesItsRepositoryOnly(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	id, err := e.rt.PullImage(ctx, "virtlet.cloud/example.com/disk.img", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rt.ImageStatus(ctx, "virtlet.cloud/example.com/disk.img@"+id); err != nil {
+		t.Errorf("its own repository, pinned: %v", err)
+	}
+	if _, err := e.rt.ImageStatus(ctx, "virtlet.cloud/other.example/x.img@"+id); !errors.Is(err, ports.ErrNotFound) {
+		t.Errorf("another repository with its digest: %v, want not found", err)
+	}
+}

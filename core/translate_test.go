@@ -170,6 +170,23 @@ func TestRegistryRepoDigestsAreTheManifests(t *testing.T) {
 	if got := img.RepoDigests(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("repo digests %q, want %q", got, want)
 	}
+	// A digest names the image in its repositories only, and for a
+	// registry image it is the manifest's: the disk's digest under
+	// another repository would hand one tenant's private image to
+	// anyone who learns its ID.
+	for spec, found := range map[string]bool{
+		"virtlet.cloud/disks/tiny@" + tagged:  true,
+		"virtlet.cloud/mirror/tiny@" + pinned: true,
+		"virtlet.cloud/disks/tiny@" + pinned:  false,
+		"virtlet.cloud/disks/tiny@" + id:      false,
+		"virtlet.cloud/other/tiny@" + tagged:  false,
+		"virtlet.cloud/other/tiny@" + id:      false,
+		id:                                    true,
+	} {
+		if _, err := rt.ImageStatus(ctx, spec); (err == nil) != found {
+			t.Errorf("ImageStatus(%s): %v, want found %v", spec, err, found)
+		}
+	}
 
 	lied := "sha256:" + strings.Repeat("3", 64)
 	images.ManifestDigests["docker://127.0.0.1:5055/disks/tiny@"+lied] = pinned
