@@ -14,6 +14,8 @@ import (
 	"net"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -30,8 +32,28 @@ func (Host) Dial(ctx context.Context, network, address string) (ports.Conn, erro
 	if network != "tcp" && network != "unix" {
 		return nil, fmt.Errorf("dial %s: network %q: want tcp or unix", address, network)
 	}
+	target := address
+	if network == "unix" {
+		// The socket lies in a directory its VM's QEMU user owns (a VM's
+		// VNC display): a guest that took QEMU over could put a symlink
+		// there to a socket of root's. The daemon connects to the socket
+		// file itself, never through a link.
+		fd, err := unix.Open(address, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("dial %s: %w", address, err)
+		}
+		defer unix.Close(fd)
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return nil, fmt.Errorf("dial %s: %w", address, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+			return nil, fmt.Errorf("dial %s: not a socket", address)
+		}
+		target = fmt.Sprintf("/proc/self/fd/%d", fd)
+	}
 	d := net.Dialer{Timeout: Timeout}
-	c, err := d.DialContext(ctx, network, address)
+	c, err := d.DialContext(ctx, network, target)
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -219,13 +220,19 @@ func (h *Hypervisor) Display(ctx context.Context, id string) (ports.Display, err
 			if v == nil {
 				continue
 			}
+			sock := v.Socket
 			for _, l := range v.Listeners {
 				if l.Socket != nil && l.Socket.Socket != "" {
-					return ports.Display{Protocol: "vnc", Network: "unix", Address: l.Socket.Socket}, nil
+					sock = l.Socket.Socket
 				}
 			}
-			if v.Socket != "" {
-				return ports.Display{Protocol: "vnc", Network: "unix", Address: v.Socket}, nil
+			if sock != "" {
+				// libvirt makes it in the domain's directory below its
+				// QEMU state directory; the daemon dials it as root.
+				if dir := filepath.Clean(h.cfg.QEMUStateDir); !strings.HasPrefix(filepath.Clean(sock), dir+"/") {
+					return ports.Display{}, fmt.Errorf("VM %s's VNC socket %s is not below libvirt's %s", r.Spec.Name, sock, dir)
+				}
+				return ports.Display{Protocol: "vnc", Network: "unix", Address: sock}, nil
 			}
 			// A domain defined before VNC moved to a socket.
 			if v.Port > 0 {
