@@ -10,8 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -33,6 +35,9 @@ type Tool struct {
 	// MaxMemory bounds each run's address space; 2 GiB when 0.
 	MaxMemory uint64
 }
+
+// qemuImg is the tool's binary (a test's stand-in replaces it).
+var qemuImg = "qemu-img"
 
 // DefaultToolUID is a user and group id no account has, below the VMs'
 // users (2000000000 and up, adapters/libvirt).
@@ -66,14 +71,28 @@ func (t Tool) run(ctx context.Context, timeout time.Duration, grants map[string]
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	argv := append([]string{"--as=" + strconv.FormatUint(mem, 10), "--core=0", "--", "qemu-img"}, args...)
+	argv := append([]string{"--as=" + strconv.FormatUint(mem, 10), "--core=0", "--", qemuImg}, args...)
 	cmd := exec.CommandContext(ctx, "prlimit", argv...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Output kept open by a child it left must not hold the run.
+	cmd.WaitDelay = 5 * time.Second
 	if os.Geteuid() == 0 {
 		uid := t.uid()
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}
-		for p, perm := range grants {
-			revoke, err := grant(p, uid, perm)
+		// Namespaces of its own: qemu-img is their first process, so
+		// whatever a crafted image made it start dies with it (the tool's
+		// user holds grants on other images in other runs), and it has
+		// no network.
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID | syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC
+		paths := make([]string, 0, len(grants))
+		for p := range grants {
+			paths = append(paths, p)
+		}
+		slices.Sort(paths)
+		for _, p := range paths {
+			unlock := granting.lock(p)
+			defer unlock()
+			revoke, err := grant(p, uid, grants[p])
 			if err != nil {
 				return nil, 0, fmt.Errorf("let the image tools' user %d open %s: %w", uid, p, err)
 			}
@@ -82,11 +101,16 @@ func (t Tool) run(ctx context.Context, timeout time.Duration, grants map[string]
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
+	// Few malloc arenas: the address space bound is for the image's
+	// doing, not glibc's per-thread reserves.
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", "MALLOC_ARENA_MAX=2"}
 	cmd.Dir = "/"
 	err := cmd.Run()
-	if ctx.Err() == context.DeadlineExceeded {
-		return nil, 0, fmt.Errorf("qemu-img %s took longer than %s", args[0], timeout)
+	if ctx.Err() != nil {
+		if timeout > 0 && ctx.Err() == context.DeadlineExceeded {
+			return nil, 0, fmt.Errorf("qemu-img %s took longer than %s", args[0], timeout)
+		}
+		return nil, 0, fmt.Errorf("qemu-img %s: %w", args[0], ctx.Err())
 	}
 	var exit *exec.ExitError
 	if errors.As(err, &exit) && cmd.SysProcAttr.Credential != nil {
@@ -189,6 +213,43 @@ func (t Tool) Convert(ctx context.Context, image, format, dev, targetOpts string
 	_, _, err := t.run(ctx, 0, map[string]uint16{image: 4, dev: 6},
 		"convert", "-n", "-f", format, "--target-image-opts", image, targetOpts)
 	return err
+}
+
+// granting serialises the grants of one file: two runs on one image (two
+// pods' persistent roots) must not each restore the ACL the other set.
+var granting keyedMutex
+
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*refMutex
+}
+
+type refMutex struct {
+	sync.Mutex
+	refs int
+}
+
+func (k *keyedMutex) lock(key string) func() {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*refMutex{}
+	}
+	m := k.locks[key]
+	if m == nil {
+		m = &refMutex{}
+		k.locks[key] = m
+	}
+	m.refs++
+	k.mu.Unlock()
+	m.Lock()
+	return func() {
+		m.Unlock()
+		k.mu.Lock()
+		if m.refs--; m.refs == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
 }
 
 // grant adds an ACL entry letting uid open the file at path with perm
