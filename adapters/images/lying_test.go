@@ -71,6 +71,8 @@ func TestLyingRegistryIsRefused(t *testing.T) {
 		{"another platform manifest than the index names", "docker://" + liar.Addr + "/swapped/disks/tiny:multi",
 			fmt.Sprintf("linux/amd64 the registry sent a manifest of digest %s, not %s, its entry in the image index", otherDigest, tinyDigest), ""},
 		{"a layer byte changed", pinned("flipped"), "blob " + layer + ": the registry sent data of another digest", ""},
+		// The decompressor's error comes first; the mismatch is named.
+		{"a layer byte changed mid-stream", pinned("garbled"), "blob " + layer + ": the registry sent data of another digest", ""},
 		{"a layer one byte longer", pinned("longer"), "blob " + layer + " is longer than the", ""},
 		{"a layer one byte shorter", pinned("shorter"), "blob " + layer + " is ", ""},
 	} {

@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/containers/image/v5/docker"
 	"github.com/containers/image/v5/docker/reference"
@@ -165,6 +166,9 @@ type verifiedBlob struct {
 	verifier digest.Verifier
 	n        int64
 	err      error // the first mismatch
+	// closePlain closes the decompressor reading the blob (once): its
+	// read-ahead must end before explain reads the blob itself.
+	closePlain func()
 }
 
 func openVerified(ctx context.Context, src types.ImageSource, blob types.BlobInfo) (*verifiedBlob, error) {
@@ -217,6 +221,9 @@ func (v *verifiedBlob) Close() error { return v.rc.Close() }
 // raw blob is read to know): a changed or cut stream's first symptom may
 // be the decompressor's. Otherwise err.
 func (v *verifiedBlob) explain(err error) error {
+	if v.closePlain != nil {
+		v.closePlain()
+	}
 	io.Copy(io.Discard, v)
 	if merr := v.check(); merr != nil {
 		return merr
@@ -230,7 +237,7 @@ func (v *verifiedBlob) drain(plain io.Reader) error {
 	// Read, not WriteTo: pgzip's WriteTo panics once the stream has
 	// ended.
 	if _, err := io.Copy(io.Discard, struct{ io.Reader }{plain}); err != nil {
-		return err
+		return v.explain(err)
 	}
 	if _, err := io.Copy(io.Discard, v); err != nil {
 		return err
@@ -251,25 +258,25 @@ func diskInLayer(ctx context.Context, src types.ImageSource, blob types.BlobInfo
 		v.Close()
 		return nil, 0, "", err
 	}
+	v.closePlain = sync.OnceFunc(func() { plain.Close() })
 	tr := tar.NewReader(plain)
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
 			err = v.drain(plain)
-			plain.Close()
+			v.closePlain()
 			v.Close()
 			return nil, 0, "", err
 		}
 		if err != nil {
 			err = v.explain(fmt.Errorf("read layer: %w", err))
-			plain.Close()
 			v.Close()
 			return nil, 0, "", err
 		}
 		name := path.Clean(strings.TrimPrefix(h.Name, "./"))
 		if h.Typeflag == tar.TypeReg && path.Dir(name) == "disk" && (strings.HasSuffix(name, ".qcow2") || strings.HasSuffix(name, ".img")) {
 			disk := &checkedEnd{r: tr, end: func() error { return v.drain(plain) }, explain: v.explain}
-			return &closers{ReadCloser: io.NopCloser(disk), after: func() { plain.Close(); v.Close() }}, h.Size, name, nil
+			return &closers{ReadCloser: io.NopCloser(disk), after: func() { v.closePlain(); v.Close() }}, h.Size, name, nil
 		}
 	}
 }

@@ -17,6 +17,8 @@ import (
 //	honest    nothing changed
 //	flipped   each layer (a gzip blob) with its 10th byte changed: gzip's
 //	          OS byte, which gzip itself does not check
+//	garbled   each layer with its middle byte changed: the decompressor
+//	          fails before the digest is known
 //	longer    each layer one byte longer
 //	shorter   each layer one byte shorter
 //	swapped   each manifest asked for by digest replaced by Swap, another
@@ -124,6 +126,8 @@ func (l *Liar) forward(w http.ResponseWriter, r *http.Request, path, lie string)
 		switch lie {
 		case "flipped":
 			body[9] ^= 0xff
+		case "garbled":
+			body[len(body)/2] ^= 0xff
 		case "longer":
 			body = append(body, 0)
 		case "shorter":
