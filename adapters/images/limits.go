@@ -17,7 +17,7 @@ func freeBytes(dir string) (int64, error) {
 	if err := unix.Statfs(dir, &st); err != nil {
 		return 0, fmt.Errorf("free space of %s: %w", dir, err)
 	}
-	return int64(st.Bavail) * st.Bsize, nil
+	return int64(st.Bavail) * int64(st.Bsize), nil
 }
 
 // checkLimits refuses a download of size bytes (-1: unknown) that the

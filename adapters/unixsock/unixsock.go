@@ -17,7 +17,7 @@ import (
 
 // Listen listens on the unix socket at path with the given file mode. The
 // socket is bound in a private directory beside path (0700: nobody else
-// can reach it there), given its mode, then renamed into place, so that it
+// can reach it there), given its mode, then linked into place, so that it
 // is never reachable with another mode; the process-wide umask, which
 // other goroutines' files depend on, is left alone.
 func Listen(path string, mode os.FileMode) (net.Listener, error) {
@@ -50,7 +50,9 @@ func Listen(path string, mode os.FileMode) (net.Listener, error) {
 		l.Close()
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	// A link, not a rename: it fails if another starter got there
+	// first, as bind would.
+	if err := os.Link(tmp, path); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}

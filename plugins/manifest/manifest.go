@@ -136,6 +136,13 @@ func (m *Manifest) validate() error {
 	if err := OnlyOperatorWritable(m.Command); err != nil {
 		return m.fail("command", "%v: the daemon runs it as root, so only root may change it", err)
 	}
+	// The file checked is the file run: a symlink on the way, changed
+	// later, cannot swap it.
+	resolved, err := filepath.EvalSymlinks(m.Command)
+	if err != nil {
+		return m.fail("command", "%v", err)
+	}
+	m.Command = resolved
 	switch {
 	case m.SHA256 == "":
 		return m.fail("sha256", "required: the checksum of %s (sha256sum %s); the daemon runs only binaries an operator pinned", m.Command, m.Command)
