@@ -66,8 +66,7 @@ func RemoveChains(ipt, table string, chains []string) {
 		}
 		for _, c := range chains {
 			if regexp.MustCompile(`-j ` + regexp.QuoteMeta(c) + `( |$)`).MatchString(rest) {
-				// The shell keeps -S's quoted comments together.
-				exec.Command("sh", "-c", ipt+" -t "+table+" -D "+rest).Run()
+				exec.Command(ipt, append([]string{"-t", table, "-D"}, splitRule(rest)...)...).Run()
 				break
 			}
 		}
@@ -116,8 +115,7 @@ func RulesMentioning(ipt, tag string) []TaggedRule {
 func RemoveRules(ipt string, rules []TaggedRule) {
 	held := map[string][]string{}
 	for _, r := range rules {
-		// The shell keeps -S's quoted comments together.
-		exec.Command("sh", "-c", ipt+" -t "+r.Table+" -D "+r.Spec).Run()
+		exec.Command(ipt, append([]string{"-t", r.Table, "-D"}, splitRule(r.Spec)...)...).Run()
 		if !slices.Contains(held[r.Table], r.Chain) {
 			held[r.Table] = append(held[r.Table], r.Chain)
 		}
@@ -134,4 +132,37 @@ func RemoveRules(ipt string, rules []TaggedRule) {
 		}
 		RemoveChains(ipt, table, empty)
 	}
+}
+
+// splitRule splits a rule as iptables -S prints it into arguments: words,
+// and double-quoted strings (comments) in which a backslash escapes the
+// next character. No shell sees it: a comment's $ or backquote is text.
+func splitRule(rule string) []string {
+	var args []string
+	var cur strings.Builder
+	inWord, quoted, escaped := false, false, false
+	for _, c := range rule {
+		switch {
+		case escaped:
+			cur.WriteRune(c)
+			escaped = false
+		case quoted && c == '\\':
+			escaped = true
+		case c == '"':
+			quoted, inWord = !quoted, true
+		case c == ' ' && !quoted:
+			if inWord {
+				args = append(args, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteRune(c)
+			inWord = true
+		}
+	}
+	if inWord {
+		args = append(args, cur.String())
+	}
+	return args
 }

@@ -81,3 +81,13 @@ func TestRemoveRulesMentioning(t *testing.T) {
 		t.Errorf("the built-in chain is gone:\n%s", filter)
 	}
 }
+
+// Rules split as iptables printed them: quoted comments whole, with their
+// escapes undone, and nothing a shell would read.
+func TestSplitRule(t *testing.T) {
+	got := splitRule(`CNI-DN-1 -p tcp -m comment --comment "dnat name: \"net\" id: \"$(id)\" it\'s" -j RETURN`)
+	want := []string{"CNI-DN-1", "-p", "tcp", "-m", "comment", "--comment", `dnat name: "net" id: "$(id)" it's`, "-j", "RETURN"}
+	if fmt.Sprint(got) != fmt.Sprint(want) || len(got) != len(want) {
+		t.Errorf("split %q, want %q", got, want)
+	}
+}

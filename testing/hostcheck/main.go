@@ -9,10 +9,11 @@
 //
 // kubelet and kube-proxy hard-code the names of their host objects
 // (KUBE-* chains, the nftables tables "kube-proxy"), so no run's id can be
-// in them: the suites remove what they made, begin removes such objects
-// only when no kubelet or kube-proxy runs on the host (then an earlier
-// run left them), and end fails on any that were not there at its begin.
-// Runs are kept apart there by the machine's check lock alone.
+// in them, and begin removes none (they may be the host's own cluster's):
+// the suites remove what they made, begin records what there is, and end
+// fails on any that were not there at its begin, unless a cluster of the
+// host's own runs (which makes such objects as it goes). Runs are kept
+// apart there by the machine's check lock alone.
 //
 //	hostcheck begin ID FILE   remove what earlier runs left (found by their
 //	                          tags, nothing else), record the host's modes
@@ -90,10 +91,8 @@ func begin(id, file string) error {
 		}
 	}
 	kube := kubeObjects()
-	if len(kube) > 0 && !kubeRunning() {
-		fmt.Printf("hostcheck: removing what an earlier run's kubelet or kube-proxy left (none runs now): %s\n", strings.Join(kube, "; "))
-		removeKubeObjects()
-		kube = kubeObjects()
+	if len(kube) > 0 {
+		fmt.Printf("hostcheck: the host has objects of kubelet's or kube-proxy's names, which carry no run's tag and stay: %s\n", strings.Join(kube, "; "))
 	}
 	modes, err := hostModes()
 	if err != nil {
@@ -129,9 +128,13 @@ func end(id, file string) error {
 		return fmt.Errorf("%s: %w", file, err)
 	}
 	before := state.Modes
-	for _, o := range kubeObjects() {
-		if !slices.Contains(state.Kube, o) {
-			problems = append(problems, "kubelet's or kube-proxy's "+o+", made during the run")
+	if host := hostCluster(); host != "" {
+		fmt.Printf("hostcheck: %s runs on the host: its KUBE-* chains are not checked\n", host)
+	} else {
+		for _, o := range kubeObjects() {
+			if !slices.Contains(state.Kube, o) {
+				problems = append(problems, "kubelet's or kube-proxy's "+o+", made during the run")
+			}
 		}
 	}
 	now, err := hostModes()
@@ -412,31 +415,21 @@ func kubeObjects() []string {
 	return out
 }
 
-func removeKubeObjects() {
-	for _, ipt := range []string{"iptables", "ip6tables"} {
-		for table, chains := range harness.ChainsWithPrefix(ipt, "KUBE-") {
-			harness.RemoveChains(ipt, table, chains)
-		}
-	}
-	for _, t := range harness.KubeProxyTables() {
-		family, name, _ := strings.Cut(t, " ")
-		exec.Command("nft", "delete", "table", family, name).Run()
-	}
-}
-
-// kubeRunning tells whether a kubelet or kube-proxy runs on the host.
-func kubeRunning() bool {
+// hostCluster names a process of a Kubernetes node running on the host
+// (the run's own have stopped by its end), or "".
+func hostCluster() string {
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
 		if err != nil {
 			continue
 		}
-		if c := strings.TrimSpace(string(comm)); c == "kubelet" || c == "kube-proxy" {
-			return true
+		switch c := strings.TrimSpace(string(comm)); c {
+		case "kubelet", "kube-proxy", "k3s-server", "k3s-agent", "kubelite", "k0s":
+			return c
 		}
 	}
-	return false
+	return ""
 }
 
 // modePaths are the host paths whose mode and owner the suites must leave
