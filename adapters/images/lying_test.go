@@ -45,7 +45,10 @@ func TestLyingRegistryIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	var m struct {
-		Layers []struct{ Digest string } `json:"layers"`
+		Layers []struct {
+			Digest string
+			Size   int64
+		} `json:"layers"`
 	}
 	if err := json.Unmarshal(tiny, &m); err != nil || len(m.Layers) != 1 {
 		t.Fatalf("tiny's manifest: %v %s", err, tiny)
@@ -58,6 +61,13 @@ func TestLyingRegistryIsRefused(t *testing.T) {
 	pinned := func(lie string) string { return "docker://" + liar.Addr + "/" + lie + "/disks/tiny@" + tinyDigest }
 	insecure, _ := json.Marshal(ports.TransportConfig{TLS: &ports.TransportTLS{Insecure: true}})
 	s := images.New(quiet())
+	// A layer larger than the node allows an image is refused before it
+	// is read.
+	_, err = s.Fetch(ctx, ports.FetchRequest{Name: "virtlet.cloud/x", Location: pinned("honest"), TransportConfig: insecure,
+		Dest: filepath.Join(harness.SearchableTempDir(t), "d"), MaxBytes: m.Layers[0].Size - 1})
+	if !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), "layer "+layer+" is ") || !strings.Contains(err.Error(), "(maxImageSize)") {
+		t.Errorf("a layer above maxImageSize: %v", err)
+	}
 	for _, tc := range []struct {
 		name, location string
 		want           string // an error fragment, or "" for an honest pull

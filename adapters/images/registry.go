@@ -106,6 +106,14 @@ func (s *Source) registryDisk(ctx context.Context, req ports.FetchRequest, tc po
 		return fail(fmt.Errorf("%s: config %s: %w", req.Location, m.ConfigInfo().Digest, err))
 	}
 	layers := m.LayerInfos()
+	// Every layer is read whole (to check it): none may be larger than
+	// the node allows an image, and the descriptors bound what is read.
+	for _, l := range layers {
+		if req.MaxBytes > 0 && (l.Size < 0 || l.Size > req.MaxBytes) {
+			return fail(fmt.Errorf("%s: layer %s is %d bytes, more than the %d the node allows an image (maxImageSize): %w",
+				req.Location, l.Digest, l.Size, req.MaxBytes, ports.ErrInvalidArgument))
+		}
+	}
 	for i := len(layers) - 1; i >= 0; i-- {
 		rc, size, name, err := diskInLayer(ctx, src, layers[i].BlobInfo)
 		if err != nil {
