@@ -20,7 +20,9 @@ import (
 // to the console. The stream reads the same pty whose output virtlogd
 // also writes to the raw log, so the CRI log keeps growing while viewers
 // are attached. The last viewer to leave closes the stream (QEMU then
-// discards output nobody reads, and the log still gets all of it).
+// discards output nobody reads, and the log still gets all of it). The
+// stream's libvirt calls never overlap (serialStream): an Abort racing a
+// blocked Recv made libvirt close the plugin's whole connection.
 //
 // Locks, always taken in this order and never h.mu with any of them:
 // h.consoleMu (the hubs of h.consoles) → hub.mu (its viewers, closed) →
@@ -39,8 +41,6 @@ type consoleStream interface {
 	Abort() error
 	Free() error
 }
-
-var _ consoleStream = (*libvirt.Stream)(nil)
 
 type consoleHub struct {
 	h   *Hypervisor
@@ -98,16 +98,19 @@ func (h *Hypervisor) OpenConsole(ctx context.Context, id string) (io.ReadWriteCl
 
 // openConsoleStream opens the VM's console stream; it takes no lock of h's.
 func openConsoleStream(conn *libvirt.Connect, r *record, dom *libvirt.Domain) (consoleStream, error) {
-	stream, err := conn.NewStream(0)
-	if err != nil {
-		return nil, libvirtError("console stream of "+r.Spec.Name, err)
-	}
-	// SAFE: refuse rather than take the console from someone else (an
-	// operator's virsh console).
-	if err := dom.OpenConsole("", stream, libvirt.DOMAIN_CONSOLE_SAFE); err != nil {
-		stream.Free()
+	var opened bool
+	stream, err := newSerialStream(conn, func(s *libvirt.Stream) error {
+		opened = true
+		// SAFE: refuse rather than take the console from someone else
+		// (an operator's virsh console).
+		return dom.OpenConsole("", s, libvirt.DOMAIN_CONSOLE_SAFE)
+	})
+	switch {
+	case err != nil && opened:
 		err = libvirtError("open the serial console of "+r.Spec.Name, err)
 		return nil, fmt.Errorf("%w (another console session, e.g. virsh console, may hold it)", err)
+	case err != nil:
+		return nil, libvirtError("console stream of "+r.Spec.Name, err)
 	}
 	return stream, nil
 }
