@@ -28,6 +28,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/virtlet/virtlet/adapters/atomicfile"
+	"github.com/virtlet/virtlet/adapters/keyedmutex"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -63,18 +64,13 @@ type Network struct {
 	mu       sync.Mutex
 	servers  map[string][]*dhcpServer // by sandbox ID
 	configOK bool
-	stop     chan struct{} // ends the teardown retries
-	pods     sync.Map      // sandbox ID → *sync.Mutex: one change of a pod's network at a time
+	stop     chan struct{}  // ends the teardown retries
+	pods     keyedmutex.Map // by sandbox ID: one change of a pod's network at a time
 }
 
 // lockPod serialises the changes of one pod's network: the core's calls
 // and the teardown retries.
-func (n *Network) lockPod(id string) func() {
-	m, _ := n.pods.LoadOrStore(id, &sync.Mutex{})
-	mu := m.(*sync.Mutex)
-	mu.Lock()
-	return mu.Unlock
-}
+func (n *Network) lockPod(id string) func() { return n.pods.Lock(id) }
 
 // New returns an unconfigured adapter.
 func New(log logrus.FieldLogger) *Network {

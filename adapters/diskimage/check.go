@@ -13,11 +13,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/virtlet/virtlet/adapters/keyedmutex"
 )
 
 // Tool runs QEMU's image tools (qemu-img) on an untrusted image as a user
@@ -90,7 +91,7 @@ func (t Tool) run(ctx context.Context, timeout time.Duration, grants map[string]
 		}
 		slices.Sort(paths)
 		for _, p := range paths {
-			unlock := granting.lock(p)
+			unlock := granting.Lock(p)
 			defer unlock()
 			revoke, err := grant(p, uid, grants[p])
 			if err != nil {
@@ -217,40 +218,7 @@ func (t Tool) Convert(ctx context.Context, image, format, dev, targetOpts string
 
 // granting serialises the grants of one file: two runs on one image (two
 // pods' persistent roots) must not each restore the ACL the other set.
-var granting keyedMutex
-
-type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[string]*refMutex
-}
-
-type refMutex struct {
-	sync.Mutex
-	refs int
-}
-
-func (k *keyedMutex) lock(key string) func() {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[string]*refMutex{}
-	}
-	m := k.locks[key]
-	if m == nil {
-		m = &refMutex{}
-		k.locks[key] = m
-	}
-	m.refs++
-	k.mu.Unlock()
-	m.Lock()
-	return func() {
-		m.Unlock()
-		k.mu.Lock()
-		if m.refs--; m.refs == 0 {
-			delete(k.locks, key)
-		}
-		k.mu.Unlock()
-	}
-}
+var granting keyedmutex.Map
 
 // grant adds an ACL entry letting uid open the file at path with perm
 // (4 read, 6 read and write), and returns what removes it again (and
