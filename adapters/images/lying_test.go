@@ -21,20 +21,8 @@ import (
 // byte longer or shorter than its descriptor. The same server, honest,
 // serves the same pulls.
 func TestLyingRegistryIsRefused(t *testing.T) {
-	path, disk := qcow2(t)
 	ctx := context.Background()
-	reg, err := containerdisk.StartRegistry()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close()
-	files, _ := containerdisk.DiskFiles(path, "tiny.qcow2")
-	if err := containerdisk.Push(ctx, "docker://"+reg.Addr+"/disks/tiny:v1", files, true); err != nil {
-		t.Fatal(err)
-	}
-	if err := containerdisk.Push(ctx, "docker://"+reg.Addr+"/disks/other:v1", containerdisk.Files{"disk/other.img": raw()}, true); err != nil {
-		t.Fatal(err)
-	}
+	reg, disk := registryWith(t, map[string]containerdisk.Files{"disks/other:v1": {"disk/other.img": raw()}})
 	liar := containerdisk.NewLiar(reg.Addr)
 	defer liar.Close()
 	tiny, err := liar.Manifest("disks/tiny", "v1")

@@ -18,21 +18,30 @@ import (
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
-func TestRegistryAndOCILayoutPulls(t *testing.T) {
+// registryWith runs a plain-HTTP registry on loopback holding
+// disks/tiny:v1, a containerDisk of a fresh qcow2 image (whose bytes it
+// returns), and each of more (repository:tag → the image's files).
+func registryWith(t *testing.T, more map[string]containerdisk.Files) (*containerdisk.Registry, []byte) {
+	t.Helper()
 	path, disk := qcow2(t)
-	ctx := context.Background()
 	reg, err := containerdisk.StartRegistry()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer reg.Close()
+	t.Cleanup(reg.Close)
 	files, _ := containerdisk.DiskFiles(path, "tiny.qcow2")
-	if err := containerdisk.Push(ctx, "docker://"+reg.Addr+"/disks/tiny:v1", files, true); err != nil {
-		t.Fatal(err)
+	more["disks/tiny:v1"] = files
+	for ref, files := range more {
+		if err := containerdisk.Push(context.Background(), "docker://"+reg.Addr+"/"+ref, files, true); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := containerdisk.Push(ctx, "docker://"+reg.Addr+"/disks/nodisk:v1", containerdisk.Files{"etc/hello": []byte("hi")}, true); err != nil {
-		t.Fatal(err)
-	}
+	return reg, disk
+}
+
+func TestRegistryAndOCILayoutPulls(t *testing.T) {
+	ctx := context.Background()
+	reg, disk := registryWith(t, map[string]containerdisk.Files{"disks/nodisk:v1": {"etc/hello": []byte("hi")}})
 	layoutDir := t.TempDir()
 	if err := containerdisk.Push(ctx, "oci:"+layoutDir+":v2", containerdisk.Files{"disk/other.img": raw()}, false); err != nil {
 		t.Fatal(err)
