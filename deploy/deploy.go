@@ -1,6 +1,8 @@
 // Package deploy holds the cluster-side objects of a Virtlet install: the
-// RuntimeClass and the RBAC the node daemons need. `virtletctl gen` prints
-// them; `kubectl apply -f deploy/` applies them from a checkout.
+// RuntimeClass and the node labels. It grants nothing: a node daemon reads
+// ConfigMaps and Secrets with its node's identity, which the Node
+// authorizer limits to what the node's pods reference. `virtletctl gen`
+// prints them; `kubectl apply -f deploy/` applies them from a checkout.
 package deploy
 
 import (

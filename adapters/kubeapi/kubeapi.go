@@ -1,6 +1,8 @@
 // Package kubeapi reads ConfigMaps and Secrets from the Kubernetes API
-// server with client-go, as kubelet's node identity or any kubeconfig
-// allows.
+// server with client-go. The daemon should hold its node's identity
+// (system:node:<name> in system:nodes, as kubelet does): the Node
+// authorizer then lets it read only what the pods bound to its node
+// reference.
 package kubeapi
 
 import (
@@ -8,6 +10,7 @@ import (
 	"fmt"
 	"time"
 
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -107,11 +110,30 @@ func apiError(kind, namespace, name string, err error) error {
 	switch {
 	case apierrors.IsNotFound(err):
 		return fmt.Errorf("%s %s/%s: %w", kind, namespace, name, ports.ErrNotFound)
-	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
-		return fmt.Errorf("%s %s/%s: the node may not read it: %v: %w", kind, namespace, name, err, ports.ErrFailedPrecondition)
+	case apierrors.IsForbidden(err):
+		return fmt.Errorf("%s %s/%s: the node may not read it (a node reads only what its pods reference in their spec: "+
+			"reference it from the pod's volumes or env, or let the group system:nodes get it with a Role in %s): %v: %w",
+			kind, namespace, name, namespace, err, ports.ErrFailedPrecondition)
+	case apierrors.IsUnauthorized(err):
+		return fmt.Errorf("%s %s/%s: the API server does not accept the daemon's credentials (its kubeconfig): %v: %w", kind, namespace, name, err, ports.ErrFailedPrecondition)
 	default:
 		return fmt.Errorf("get %s %s/%s: %v: %w", kind, namespace, name, err, ports.ErrUnavailable)
 	}
+}
+
+// NodePrefix begins the user name of a node's identity.
+const NodePrefix = "system:node:"
+
+// Identity asks the API server who the client is (a SelfSubjectReview):
+// its user name and groups.
+func (c *Client) Identity(ctx context.Context) (user string, groups []string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
+	r, err := c.cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authnv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		return "", nil, fmt.Errorf("ask the API server who the daemon is: %w", err)
+	}
+	return r.Status.UserInfo.Username, r.Status.UserInfo.Groups, nil
 }
 
 var _ ports.KubeObjects = (*Client)(nil)

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -46,6 +47,15 @@ func apiServer(t *testing.T) *httptest.Server {
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer test-token" {
 			status(w, http.StatusUnauthorized, metav1.StatusReasonUnauthorized)
+			return
+		}
+		if r.Method == http.MethodPost && r.URL.Path == "/apis/authentication.k8s.io/v1/selfsubjectreviews" {
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(&authnv1.SelfSubjectReview{
+				TypeMeta: metav1.TypeMeta{Kind: "SelfSubjectReview", APIVersion: "authentication.k8s.io/v1"},
+				Status: authnv1.SelfSubjectReviewStatus{UserInfo: authnv1.UserInfo{
+					Username: "system:node:node-1", Groups: []string{"system:nodes", "system:authenticated"}}},
+			})
 			return
 		}
 		if r.Method != http.MethodGet {
@@ -123,6 +133,15 @@ func TestClient(t *testing.T) {
 		if err := tc.get(); !errors.Is(err, tc.want) {
 			t.Errorf("%s: err %v, want %v", tc.name, err, tc.want)
 		}
+	}
+	// A refusal tells the pod's author the two ways to let the node read it.
+	if _, err := c.Secret(ctx, "ns1", "forbidden"); err == nil || !strings.Contains(err.Error(), "reference it from the pod's volumes or env") ||
+		!strings.Contains(err.Error(), "system:nodes get it with a Role in ns1") {
+		t.Errorf("forbidden: %v", err)
+	}
+	user, groups, err := c.Identity(ctx)
+	if err != nil || user != "system:node:node-1" || strings.Join(groups, ",") != "system:nodes,system:authenticated" {
+		t.Errorf("Identity: %q %q %v", user, groups, err)
 	}
 
 	bad, err := New(kubeconfig(t, srv, "https://127.0.0.1:1"))

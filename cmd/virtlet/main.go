@@ -261,10 +261,27 @@ func kubeObjects(cfg config, log logrus.FieldLogger) (ports.KubeObjects, error) 
 			return nil, err
 		}
 		log.WithField("kubeconfig", cfg.Kubeconfig).Info("reading ConfigMaps and Secrets from the API server")
+		go reportIdentity(c, log)
 		return c, nil
 	default:
 		log.Warn("no --kubeconfig or --kube-objects-dir, and not in a cluster: pods whose annotations name ConfigMaps or Secrets will fail")
 		return nil, nil
+	}
+}
+
+// reportIdentity logs who the daemon is to the API server, and warns when
+// it is not a node: only a node's identity lets the Node authorizer limit
+// the daemon to what its node's pods reference.
+func reportIdentity(c *kubeapi.Client, log logrus.FieldLogger) {
+	user, groups, err := c.Identity(context.Background())
+	switch {
+	case err != nil:
+		log.WithError(err).Warn("could not learn the daemon's identity from the API server")
+	case !strings.HasPrefix(user, kubeapi.NodePrefix):
+		log.WithFields(logrus.Fields{"user": user, "groups": groups}).Warn("the daemon reads ConfigMaps and Secrets as a user that is not a node: " +
+			"give it its node's identity (" + kubeapi.NodePrefix + "<name> in system:nodes) so the Node authorizer limits it to what its pods reference")
+	default:
+		log.WithField("user", user).Info("reading ConfigMaps and Secrets as the node")
 	}
 }
 

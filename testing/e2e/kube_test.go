@@ -25,7 +25,8 @@ import (
 
 // kubeNode is one node of a loopback cluster whose runtime is the daemon,
 // set up as an operator would: the cluster objects `virtletctl gen` prints,
-// the daemon reading ConfigMaps and Secrets as a member of virtlet:nodes,
+// the daemon reading ConfigMaps and Secrets as its node (system:node:<name>,
+// under the API server's Node authorizer),
 // kubelet taking its cgroup driver from the daemon, container pods
 // forwarded to containerd (a mixed node; both share the pod network).
 type kubeNode struct {
@@ -50,7 +51,7 @@ func startKubeNode(t *testing.T, netIndex int) *kubeNode {
 	if err := k.Apply(objects); err != nil {
 		t.Fatal(err)
 	}
-	kubeconfig := k.ClientKubeconfig("virtlet-node-daemon", "virtlet:nodes")
+	kubeconfig := k.NodeKubeconfig("virtlet-node-daemon")
 
 	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: netIndex})
 	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), tn.Plugin(bins)))
@@ -332,8 +333,9 @@ func TestKubeNode(t *testing.T) {
 
 	// Seed 004's ubuntu-vm on the cloud image (the seed's image name,
 	// translated), with real cloud-init: the daemon reads the ConfigMap and
-	// the Secret from the API server as a member of virtlet:nodes (the RBAC
-	// `virtletctl gen` prints); kubelet's ConfigMap and Secret volumes
+	// the Secret from the API server as its node: the namespace lets the
+	// nodes read those two by name (README), for the Node authorizer allows
+	// only what pods reference in their spec; kubelet's ConfigMap and Secret volumes
 	// become files written by cloud-init, its qcow2 flexvolume (through
 	// Virtlet's driver, which kubelet runs) a disk mounted where the pod
 	// says. kubectl exec, through the guest agent, shows what the guest got.
@@ -360,6 +362,22 @@ apiVersion: v1
 kind: Secret
 metadata: {name: baz-files}
 stringData: {baz.key: "secret-volume-file"}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: vm-pod-objects}
+rules:
+- apiGroups: [""]
+  resources: [configmaps, secrets]
+  resourceNames: [vm-user-data, mysecret]
+  verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: vm-pod-objects}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: vm-pod-objects}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: system:nodes}
 ---
 apiVersion: v1
 kind: Pod
@@ -450,6 +468,37 @@ spec:
 		n.kubectl(t, "delete", "pod", "ubuntu-vm", "--wait=true", "--timeout=3m")
 		n.kubectl(t, "delete", "configmap", "vm-user-data", "foobar-files")
 		n.kubectl(t, "delete", "secret", "mysecret", "baz-files")
+		n.kubectl(t, "delete", "role,rolebinding", "vm-pod-objects")
+		n.waitFor(t, "the VM pod removed from the node", 2*time.Minute, func() bool {
+			return n.c.Must(t, "pods", "-q") == ""
+		})
+		n.assertEmptyNode(t)
+	})
+
+	// The daemon reads as its node: a Secret that exists, but that no pod on
+	// the node references and no Role lets the nodes read, is the API
+	// server's to refuse, and the pod's events say so.
+	t.Run("a VM pod naming a Secret its node may not read", func(t *testing.T) {
+		pod := strings.Replace(tinyPod(forbiddenSecretPod, "Never"), "    kubernetes.io/target-runtime: virtlet.cloud\n",
+			"    kubernetes.io/target-runtime: virtlet.cloud\n    VirtletSSHKeySource: secret/other-tenant-keys\n", 1)
+		if err := n.k.Apply("apiVersion: v1\nkind: Secret\nmetadata: {name: other-tenant-keys}\nstringData: {authorized_keys: ssh-ed25519 AAAAnot-yours}\n---\n" + pod); err != nil {
+			t.Fatal(err)
+		}
+		var events string
+		n.waitFor(t, "the refusal in the pod's events", 3*time.Minute, func() bool {
+			events, _ = n.k.Kubectl("get", "events", "--field-selector", "involvedObject.name="+forbiddenSecretPod, "-o", "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}")
+			return strings.Contains(events, "no relationship found between node")
+		})
+		for _, want := range []string{"VirtletSSHKeySource", "secret default/other-tenant-keys: the node may not read it", "forbidden"} {
+			if !strings.Contains(events, want) {
+				t.Errorf("the pod's events lack %q:\n%s", want, events)
+			}
+		}
+		if phase := n.kubectl(t, "get", "pod", forbiddenSecretPod, "-o", "jsonpath={.status.containerStatuses[0].state.waiting.reason}"); phase != "CreateContainerError" {
+			t.Errorf("container state %q, want waiting in CreateContainerError", phase)
+		}
+		n.kubectl(t, "delete", "pod", forbiddenSecretPod, "--wait=true", "--timeout=3m")
+		n.kubectl(t, "delete", "secret", "other-tenant-keys")
 		n.waitFor(t, "the VM pod removed from the node", 2*time.Minute, func() bool {
 			return n.c.Must(t, "pods", "-q") == ""
 		})
@@ -685,6 +734,9 @@ var kubeletRuntimeErrors = regexp.MustCompile(`(?i)not implemented|Unimplemented
 // kubeletNoise are lines that match kubeletRuntimeErrors without being
 // the runtime's doing, each with the reason.
 var kubeletNoise = []*regexp.Regexp{
+	// The pod whose VirtletSSHKeySource the Node authorizer refuses, on
+	// purpose ("a VM pod naming a Secret its node may not read").
+	regexp.MustCompile(`secrets \\?"other-tenant-keys\\?" is forbidden: .*no relationship found between node`),
 	// This machine: cgroup v1 with split hierarchies, and a kubelet that
 	// lacks CAP_SYS_RESOURCE in the test's namespace.
 	regexp.MustCompile(`Failed to get the kubelet's cgroup`),
@@ -735,6 +787,9 @@ lines:
 	return bad
 }
 
+// forbiddenSecretPod names a Secret its node may not read.
+const forbiddenSecretPod = "forbidden-secret-vm"
+
 // tinyPod is a VM pod of the tiny guest with a restart policy.
 func tinyPod(name, restart string) string {
 	return fmt.Sprintf(`apiVersion: v1
@@ -782,6 +837,8 @@ func TestKubeletLogCheck(t *testing.T) {
 		{`E1123 10:00:00.000000 1 remote_runtime.go:569] "ContainerStatus from runtime service failed" err="rpc error: code = NotFound desc = container a: not found"`, false},
 		{`I1123 10:00:00.000000 1 kuberuntime_gc.go:364] "Error getting ContainerStatus for containerID" containerID="ee2f" err="rpc error: code = NotFound desc = not found"`, false},
 		{`I1123 10:00:00.000000 1 kuberuntime_gc.go:364] "Error getting ContainerStatus for containerID" containerID="ee2f" err="rpc error: code = Unavailable desc = down"`, true},
+		{`E1123 10:00:00.000000 1 log.go:32] "CreateContainer in sandbox from runtime service failed" err="rpc error: code = FailedPrecondition desc = annotation VirtletSSHKeySource: read secret default/other-tenant-keys: secret default/other-tenant-keys: the node may not read it (…): secrets \"other-tenant-keys\" is forbidden: User \"system:node:vm\" cannot get resource \"secrets\" in API group \"\" in the namespace \"default\": no relationship found between node 'vm' and this object"`, false},
+		{`E1123 10:00:00.000000 1 log.go:32] "CreateContainer in sandbox from runtime service failed" err="rpc error: code = FailedPrecondition desc = annotation VirtletSSHKeySource: read secret default/mysecret: secret default/mysecret: the node may not read it (…): secrets \"mysecret\" is forbidden: User \"system:node:vm\" cannot get resource \"secrets\" in API group \"\" in the namespace \"default\": no relationship found between node 'vm' and this object"`, true},
 		{`I1123 10:00:00.000000 1 kubelet.go:1] "Pod started"`, false},
 	} {
 		if flagged := len(runtimeErrorLines(tc.line)) > 0; flagged != tc.bad {

@@ -292,6 +292,15 @@ func (k *Kube) ClientKubeconfig(user string, groups ...string) string {
 	return k.kubeconfig(user)
 }
 
+// NodeKubeconfig is a kubeconfig with the node's identity, as kubelet
+// has: system:node:<name> in the group system:nodes, which the Node
+// authorizer limits to what the pods bound to the node reference.
+func (k *Kube) NodeKubeconfig(name string) string {
+	k.t.Helper()
+	k.issue(name, "system:node:"+k.Node, []string{"system:nodes"}, false, nil)
+	return k.kubeconfig(name)
+}
+
 // Apply runs kubectl apply on manifests.
 func (k *Kube) Apply(manifests string) error {
 	cmd := exec.Command(filepath.Join(k.Bin, "kubectl"), "--kubeconfig", k.Kubeconfig, "apply", "-f", "-")
