@@ -2,6 +2,7 @@ package diskfiles
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -9,27 +10,28 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/virtlet/virtlet/adapters/diskimage"
 	"github.com/virtlet/virtlet/ports"
+	"github.com/virtlet/virtlet/testing/harness"
 )
 
 func need(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("loop devices and mounts need root")
+		t.Skip("the disk tools run as a user of no account, which needs root")
 	}
-	for _, tool := range []string{"qemu-img", "qemu-storage-daemon", "losetup", "sfdisk", "mkfs.ext4", "debugfs"} {
+	for _, tool := range []string{"qemu-img", "qemu-io", "sfdisk", "mkfs.ext4", "debugfs", "blkid", "prlimit"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s is not installed", tool)
 		}
 	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse")
-	}
 }
+
+var tool diskimage.Tool
 
 func must(t *testing.T, name string, args ...string) string {
 	t.Helper()
@@ -105,44 +107,84 @@ func leftovers(t *testing.T, work string) {
 	if _, err := os.Stat(work); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("work directory left: %v", err)
 	}
-	if m, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Dir(work))); len(m) != 0 {
-		t.Errorf("mounts left: %v", m)
-	}
-	if out := must(t, "losetup", "--list", "--noheadings", "--output", "BACK-FILE"); strings.Contains(out, filepath.Dir(work)) {
-		t.Errorf("loop devices left:\n%s", out)
-	}
 }
 
-// Files reach the root file system of a qcow2 overlay (through the FUSE
-// export, the base image untouched), of a raw image, and of a raw slice
-// behind a header; a symlink in the image never leads a write out of it.
+// watchMounts fails the test if a mount appears on the host until the
+// returned function is called.
+func watchMounts(t *testing.T) func() {
+	t.Helper()
+	read := func() string { b, _ := os.ReadFile("/proc/self/mountinfo"); return string(b) }
+	before := read()
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			if now := read(); now != before {
+				t.Errorf("the host's mounts changed while the files were written:\n%s", now)
+				return
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
+}
+
+// Files reach the root file system of a qcow2 overlay (which stays thin,
+// its base untouched), of a raw image, and of a raw slice behind a header,
+// with no host mount and no tool run as root; a symlink in the image never
+// leads a write out of it.
 func TestWrite(t *testing.T) {
 	need(t)
 	ctx := context.Background()
 	t.Run("qcow2 overlay", func(t *testing.T) {
-		dir := t.TempDir()
+		dir := harness.SearchableTempDir(t)
 		base, off := disk(t, dir)
+		baseSum := must(t, "sha256sum", base)
 		overlay := filepath.Join(dir, "overlay.qcow2")
-		must(t, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay)
+		must(t, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay, "40M")
+		os.Chmod(overlay, 0o600)
 		work := filepath.Join(dir, "work", "vm")
-		if err := Write(ctx, Disk{Path: overlay, Format: "qcow2"}, files, work); err != nil {
+		stop := watchMounts(t)
+		err := Write(ctx, tool, Disk{Path: overlay, Format: "qcow2", Backing: base}, files, work)
+		stop()
+		if err != nil {
 			t.Fatal(err)
 		}
 		leftovers(t, work)
 		flat := filepath.Join(dir, "flat.raw")
 		must(t, "qemu-img", "convert", "-O", "raw", overlay, flat)
 		check(t, flat, off, dir)
-		if data, _ := readFile(t, base, off, "/etc/locale.conf"); data != "" {
+		if must(t, "sha256sum", base) != baseSum {
 			t.Error("the base image was written")
+		}
+		// Only what changed went into the overlay: a few clusters, not
+		// the file system.
+		var info struct {
+			ActualSize  int64 `json:"actual-size"`
+			VirtualSize int64 `json:"virtual-size"`
+		}
+		json.Unmarshal([]byte(must(t, "qemu-img", "info", "--output=json", "-U", overlay)), &info)
+		if info.VirtualSize != 40<<20 || info.ActualSize > 1<<20 {
+			t.Errorf("overlay: virtual size %d, %d bytes on disk; want 40 MiB, under 1 MiB", info.VirtualSize, info.ActualSize)
+		}
+		if st, _ := os.Stat(overlay); st.Mode().Perm() != 0o600 {
+			t.Errorf("overlay mode %o", st.Mode().Perm())
 		}
 	})
 	t.Run("raw slice behind a header", func(t *testing.T) {
-		dir := t.TempDir()
+		dir := harness.SearchableTempDir(t)
 		img, off := disk(t, dir)
 		dev := filepath.Join(dir, "device.raw")
 		must(t, "sh", "-c", "head -c 1048576 /dev/zero > "+dev+" && cat "+img+" >> "+dev)
 		work := filepath.Join(dir, "work", "vm")
-		if err := Write(ctx, Disk{Path: dev, Format: "raw", Offset: 1 << 20, Size: 32 << 20}, files, work); err != nil {
+		stop := watchMounts(t)
+		err := Write(ctx, tool, Disk{Path: dev, Format: "raw", Offset: 1 << 20, Size: 32 << 20}, files, work)
+		stop()
+		if err != nil {
 			t.Fatal(err)
 		}
 		leftovers(t, work)
@@ -152,13 +194,13 @@ func TestWrite(t *testing.T) {
 	// image's root; /etc/escape -> <a host directory> leads nowhere (the
 	// image has no such directory), and the write fails.
 	t.Run("symlinks in the image", func(t *testing.T) {
-		dir := t.TempDir()
+		dir := harness.SearchableTempDir(t)
 		img, off := disk(t, dir)
 		work := filepath.Join(dir, "work", "vm")
-		if err := Write(ctx, Disk{Path: img, Format: "raw"}, []ports.GuestFile{{Path: "/var/run/pwned", Data: []byte("in"), Mode: 0o644}}, work); err != nil {
+		if err := Write(ctx, tool, Disk{Path: img, Format: "raw"}, []ports.GuestFile{{Path: "/var/run/pwned", Data: []byte("in"), Mode: 0o644}}, work); err != nil {
 			t.Fatal(err)
 		}
-		err := Write(ctx, Disk{Path: img, Format: "raw"}, []ports.GuestFile{{Path: "/etc/escape/pwned", Data: []byte("out"), Mode: 0o644}}, work)
+		err := Write(ctx, tool, Disk{Path: img, Format: "raw"}, []ports.GuestFile{{Path: "/etc/escape/pwned", Data: []byte("out"), Mode: 0o644}}, work)
 		if err == nil || !strings.Contains(err.Error(), "/etc/escape/pwned") {
 			t.Errorf("write through a symlink to a host path: %v", err)
 		}
@@ -176,7 +218,7 @@ func TestWrite(t *testing.T) {
 	// A device node or a FIFO where a file goes: the image's author could
 	// name a host disk there, or stall the plugin. Neither is opened.
 	t.Run("special files in the image", func(t *testing.T) {
-		dir := t.TempDir()
+		dir := harness.SearchableTempDir(t)
 		target := filepath.Join(dir, "host-disk.img")
 		os.WriteFile(target, make([]byte, 1<<20), 0o600)
 		hostLoop := strings.TrimSpace(must(t, "losetup", "--find", "--show", target))
@@ -196,7 +238,7 @@ func TestWrite(t *testing.T) {
 		must(t, "mkfs.ext4", "-q", "-F", "-d", root, img, "16M")
 		work := filepath.Join(dir, "work", "vm")
 		for _, p := range []string{"/etc/app.conf", "/etc/fifo.conf"} {
-			err := Write(ctx, Disk{Path: img, Format: "raw"}, []ports.GuestFile{{Path: p, Data: []byte("WRITTEN-TO-HOST-DEVICE"), Source: "key x"}}, work)
+			err := Write(ctx, tool, Disk{Path: img, Format: "raw"}, []ports.GuestFile{{Path: p, Data: []byte("WRITTEN-TO-HOST-DEVICE"), Source: "key x"}}, work)
 			if err == nil || !strings.Contains(err.Error(), "write "+p+" (key x)") {
 				t.Errorf("%s: %v", p, err)
 			}
@@ -207,58 +249,67 @@ func TestWrite(t *testing.T) {
 		}
 	})
 	t.Run("no root file system", func(t *testing.T) {
-		dir := t.TempDir()
+		dir := harness.SearchableTempDir(t)
 		img := filepath.Join(dir, "blank.raw")
 		f, _ := os.Create(img)
 		f.Truncate(8 << 20)
 		f.Close()
 		work := filepath.Join(dir, "work", "vm")
-		err := Write(ctx, Disk{Path: img, Format: "raw"}, files, work)
+		err := Write(ctx, tool, Disk{Path: img, Format: "raw"}, files, work)
 		if !errors.Is(err, ports.ErrFailedPrecondition) || !strings.Contains(err.Error(), "no Linux root file system") {
 			t.Fatalf("err %v", err)
 		}
 		leftovers(t, work)
 	})
+	// A root file system debugfs cannot edit is refused by name: writing
+	// it would take a host mount.
+	t.Run("xfs root", func(t *testing.T) {
+		if _, err := exec.LookPath("mkfs.xfs"); err != nil {
+			t.Skip("no mkfs.xfs")
+		}
+		dir := harness.SearchableTempDir(t)
+		img := filepath.Join(dir, "xfs.raw")
+		f, _ := os.Create(img)
+		f.Truncate(320 << 20)
+		f.Close()
+		must(t, "mkfs.xfs", "-q", img)
+		work := filepath.Join(dir, "work", "vm")
+		err := Write(ctx, tool, Disk{Path: img, Format: "raw"}, files, work)
+		if !errors.Is(err, ports.ErrFailedPrecondition) || !strings.Contains(err.Error(), "the whole disk: a xfs file system, which only a host mount could write") {
+			t.Fatalf("err %v", err)
+		}
+		leftovers(t, work)
+	})
+	// The tools run as a user of no account: a disk in a directory only
+	// root may search is out of their reach.
+	t.Run("tools are not root", func(t *testing.T) {
+		dir := harness.SearchableTempDir(t)
+		private := filepath.Join(dir, "private")
+		os.Mkdir(private, 0o700)
+		img, _ := disk(t, private)
+		err := Write(ctx, tool, Disk{Path: img, Format: "raw"}, files, filepath.Join(dir, "work", "vm"))
+		if err == nil || !strings.Contains(err.Error(), "cannot search "+private) {
+			t.Fatalf("err %v, want the tools' user refused", err)
+		}
+	})
+	t.Run("paths debugfs would misread", func(t *testing.T) {
+		for _, p := range []string{`/etc/a"b`, "/etc/a\nb", `/etc/a\b`, "etc/relative", "/"} {
+			err := Write(ctx, tool, Disk{Path: "/nonexistent", Format: "raw"}, []ports.GuestFile{{Path: p}}, filepath.Join(t.TempDir(), "w"))
+			var invalid *ports.InvalidError
+			if !errors.As(err, &invalid) {
+				t.Errorf("%q: err %v, want invalid", p, err)
+			}
+		}
+	})
 }
 
-// Cleanup undoes what a crash in the middle of Write leaves: the FUSE
-// export's mount and the loop devices of the work directory.
+// Cleanup removes what an interrupted Write left: its work files.
 func TestCleanup(t *testing.T) {
-	need(t)
-	dir := t.TempDir()
-	base, _ := disk(t, dir)
-	overlay := filepath.Join(dir, "overlay.qcow2")
-	must(t, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay)
-	workRoot := filepath.Join(dir, "inject")
-	work := filepath.Join(workRoot, "vm")
-	os.MkdirAll(work, 0o700)
-	exp, stop, err := exportFUSE(context.Background(), overlay, work)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	loop, err := attachLoop(context.Background(), work, exp, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A persistent root's loop device is backed by the device itself,
-	// outside the work directory: the work directory's record finds it.
-	raw := filepath.Join(dir, "device.raw")
-	must(t, "cp", base, raw)
-	rawLoop, err := attachLoop(context.Background(), work, raw, 1<<20, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	workRoot := filepath.Join(t.TempDir(), "inject")
+	os.MkdirAll(filepath.Join(workRoot, "vm"), 0o711)
+	os.WriteFile(filepath.Join(workRoot, "vm", "1-disk.raw"), []byte("x"), 0o600)
 	if err := Cleanup(workRoot); err != nil {
 		t.Fatal(err)
-	}
-	for _, l := range []string{loop, rawLoop} {
-		if out := must(t, "losetup", "--list", "--noheadings", "--output", "NAME"); strings.Contains(out, l+"\n") {
-			t.Errorf("loop device %s left", l)
-		}
-	}
-	if m, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(workRoot)); len(m) != 0 {
-		t.Errorf("mounts left: %v", m)
 	}
 	if _, err := os.Stat(workRoot); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("work directory left")

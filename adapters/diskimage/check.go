@@ -51,20 +51,49 @@ func (t Tool) uid() uint32 {
 	return t.UID
 }
 
-// run runs qemu-img with args, bounded by timeout when it is not 0. The
-// tool's user may read (perm 4) or read and write (6) each of grants only
-// while it runs (an ACL entry, removed after); the directories above them
-// must let every user search them (the image store's do). Its standard
-// output is returned; a failure carries its standard error.
+// run runs qemu-img with args, bounded by timeout when it is not 0 (see
+// execute). Its standard output is returned; a failure carries its
+// standard error.
 func (t Tool) run(ctx context.Context, timeout time.Duration, grants map[string]uint16, args ...string) ([]byte, int, error) {
+	stdout, _, code, err := t.execute(ctx, timeout, grants, qemuImg, args...)
+	return stdout, code, err
+}
+
+// Run runs one of the disk tools (prog: qemu-img, qemu-io, debugfs,
+// blkid) the way Tool runs qemu-img, bounded by the Tool's timeout, with
+// grants as execute takes them. It returns the tool's standard output and
+// standard error; a failure to run or a non-zero exit is an error.
+func (t Tool) Run(ctx context.Context, grants map[string]uint16, prog string, args ...string) ([]byte, []byte, error) {
+	switch prog {
+	case "qemu-img", "qemu-io", "debugfs", "blkid":
+	default:
+		return nil, nil, fmt.Errorf("%q is not a disk tool", prog)
+	}
+	if prog == "qemu-img" {
+		prog = qemuImg
+	}
+	stdout, stderr, _, err := t.execute(ctx, t.timeout(), grants, prog, args...)
+	return stdout, stderr, err
+}
+
+// execute runs prog with args. The tool's user may read (perm 4) or read
+// and write (6) each of grants only while it runs (an ACL entry, removed
+// after); the directories above them must let every user search them
+// (the image store's do). It returns the standard output and error, and
+// the exit code; a failure carries the standard error.
+func (t Tool) execute(ctx context.Context, timeout time.Duration, grants map[string]uint16, prog string, args ...string) ([]byte, []byte, int, error) {
 	mem := t.MaxMemory
 	if mem == 0 {
 		mem = 2 << 30
 	}
+	name := filepath.Base(prog) + " " + args[0]
+	if prog == qemuImg {
+		name = "qemu-img " + args[0]
+	}
 	for p := range grants {
 		if !strings.HasPrefix(p, "/") {
 			// QEMU reads "proto:..." and "json:{...}" names as protocols.
-			return nil, 0, fmt.Errorf("image path %q is not absolute", p)
+			return nil, nil, 0, fmt.Errorf("image path %q is not absolute", p)
 		}
 	}
 	if timeout > 0 {
@@ -72,7 +101,7 @@ func (t Tool) run(ctx context.Context, timeout time.Duration, grants map[string]
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	argv := append([]string{"--as=" + strconv.FormatUint(mem, 10), "--core=0", "--", qemuImg}, args...)
+	argv := append([]string{"--as=" + strconv.FormatUint(mem, 10), "--core=0", "--", prog}, args...)
 	cmd := exec.CommandContext(ctx, "prlimit", argv...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	// Output kept open by a child it left must not hold the run.
@@ -80,7 +109,7 @@ func (t Tool) run(ctx context.Context, timeout time.Duration, grants map[string]
 	if os.Geteuid() == 0 {
 		uid := t.uid()
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uid, Gid: uid, Groups: []uint32{}}
-		// Namespaces of its own: qemu-img is their first process, so
+		// Namespaces of its own: the tool is their first process, so
 		// whatever a crafted image made it start dies with it (the tool's
 		// user holds grants on other images in other runs), and it has
 		// no network.
@@ -91,11 +120,16 @@ func (t Tool) run(ctx context.Context, timeout time.Duration, grants map[string]
 		}
 		slices.Sort(paths)
 		for _, p := range paths {
+			if dir := unsearchable(p); dir != "" {
+				return nil, nil, 0, fmt.Errorf("%s runs as user %d, which cannot search %s (the image's directories need o+x)", name, uid, dir)
+			}
+		}
+		for _, p := range paths {
 			unlock := granting.Lock(p)
 			defer unlock()
 			revoke, err := grant(p, uid, grants[p])
 			if err != nil {
-				return nil, 0, fmt.Errorf("let the image tools' user %d open %s: %w", uid, p, err)
+				return nil, nil, 0, fmt.Errorf("let the disk tools' user %d open %s: %w", uid, p, err)
 			}
 			defer revoke()
 		}
@@ -109,25 +143,25 @@ func (t Tool) run(ctx context.Context, timeout time.Duration, grants map[string]
 	err := cmd.Run()
 	if ctx.Err() != nil {
 		if timeout > 0 && ctx.Err() == context.DeadlineExceeded {
-			return nil, 0, fmt.Errorf("qemu-img %s took longer than %s", args[0], timeout)
+			return nil, nil, 0, fmt.Errorf("%s took longer than %s", name, timeout)
 		}
-		return nil, 0, fmt.Errorf("qemu-img %s: %w", args[0], ctx.Err())
+		return nil, nil, 0, fmt.Errorf("%s: %w", name, ctx.Err())
 	}
 	var exit *exec.ExitError
 	if errors.As(err, &exit) && cmd.SysProcAttr.Credential != nil {
 		for p := range grants {
 			if dir := unsearchable(p); dir != "" {
-				return nil, 0, fmt.Errorf("qemu-img %s runs as user %d, which cannot search %s (the image's directories need o+x)", args[0], t.uid(), dir)
+				return nil, nil, 0, fmt.Errorf("%s runs as user %d, which cannot search %s (the image's directories need o+x)", name, t.uid(), dir)
 			}
 		}
 	}
 	if errors.As(err, &exit) {
-		return stdout.Bytes(), exit.ExitCode(), fmt.Errorf("qemu-img %s: %v: %s", args[0], err, strings.TrimSpace(stderr.String()))
+		return stdout.Bytes(), stderr.Bytes(), exit.ExitCode(), fmt.Errorf("%s: %v: %s", name, err, strings.TrimSpace(stderr.String()))
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("qemu-img %s: %w", args[0], err)
+		return nil, nil, 0, fmt.Errorf("%s: %w", name, err)
 	}
-	return stdout.Bytes(), 0, nil
+	return stdout.Bytes(), stderr.Bytes(), 0, nil
 }
 
 func (t Tool) timeout() time.Duration {

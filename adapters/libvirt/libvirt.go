@@ -25,6 +25,7 @@ import (
 	"libvirt.org/go/libvirt"
 
 	"github.com/virtlet/virtlet/adapters/diskfiles"
+	"github.com/virtlet/virtlet/adapters/diskimage"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -187,8 +188,8 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	if err != nil {
 		return err
 	}
-	// A WriteFiles the previous process did not finish leaves mounts and
-	// loop devices.
+	// A WriteFiles the previous process did not finish leaves its work
+	// files.
 	if err := diskfiles.Cleanup(filepath.Join(pc.StateDir, injectDir)); err != nil {
 		h.log.WithError(err).Warn("clean up after interrupted file writes")
 	}
@@ -1499,7 +1500,7 @@ func (h *Hypervisor) WriteFiles(ctx context.Context, id string, files []ports.Gu
 		h.log.WithField("vm", r.Spec.Name).Info("the paused process of the VM claimed from the pool is ended: files are written into its root disk, and it starts cold")
 	}
 	start := time.Now()
-	if err := diskfiles.Write(ctx, disk, files, filepath.Join(stateDir, injectDir, id)); err != nil {
+	if err := diskfiles.Write(ctx, diskimage.Tool{}, disk, files, filepath.Join(stateDir, injectDir, id)); err != nil {
 		return fmt.Errorf("VM %s: %w", r.Spec.Name, err)
 	}
 	h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "files": len(files), "millis": time.Since(start).Milliseconds()}).
@@ -1522,7 +1523,7 @@ func bootDisk(r *record) diskfiles.Disk {
 		}
 		switch {
 		case d.Overlay != nil:
-			return diskfiles.Disk{Path: r.DiskPaths[d.Name], Format: "qcow2"}
+			return diskfiles.Disk{Path: r.DiskPaths[d.Name], Format: "qcow2", Backing: d.Overlay.BasePath}
 		case d.Source.Type == ports.SourceFile || d.Source.Type == ports.SourceBlock:
 			return diskfiles.Disk{Path: d.Source.Path, Format: d.Source.Format, Offset: d.Source.Offset, Size: d.Source.Size}
 		}
