@@ -125,7 +125,7 @@ bench: export BENCH_TABLE := $(BENCH_TABLE)
 bench: deps
 	mkdir -p $(dir $(BENCH_TABLE)) && rm -f $(BENCH_TABLE)
 	$(GO) test -run '^$$' -bench 'PluginRoundTrip|List|CloudInitISO' -benchtime 3000x ./testing/bench/
-	$(GO) test -run '^$$' -bench 'P1BootOverhead|P1PoolPrimitives|P6PullVsCurl|P2SecondRootDisk|PodNetwork20|ReachTheVM|P5Density' -benchtime 1x -timeout 40m ./testing/bench/
+	$(GO) test -run '^$$' -bench 'P1BootOverhead|P1PoolPrimitives|P6PullVsCurl|P2SecondRootDisk|FilesFromDataSource|PodNetwork20|ReachTheVM|P5Density' -benchtime 1x -timeout 40m ./testing/bench/
 	testing/k8s/build.sh >/dev/null
 	$(GO) test -run '^$$' -bench 'KubeApply' -benchtime 1x -timeout 30m ./testing/bench/
 	@echo "targets: PluginRoundTrip p50 overhead above bare gRPC on the same connection (grpc-floor-*, no Virtlet code) <= 10 %;"
@@ -134,6 +134,7 @@ bench: deps
 	@echo "         the cold path (no pool) and the memory of a paused pool domain beside them"
 	@echo "         P1PoolPrimitives: libvirt alone, cold define+start vs hot-plug into a pre-launched paused domain + resume, vs bare QEMU (the pool design's evidence)"
 	@echo "         P6 256 MiB pull / curl -o ratio <= 1.1; P2 second root disk <= 50 ms and <= 1 MiB written;"
+	@echo "         FilesFromDataSource: 3 files into a fresh overlay of the cloud image without a host mount (no target)"
 	@echo "         PodNetwork20: pod network setup (RunPodSandbox) and teardown (StopPodSandbox), p50 over 20 pods"
 	@echo "         P5Density: 50 tiny VM pods at once: all ready, QEMU RSS/VM, daemon+plugins RSS growth/pod <= 1 MiB, list p99 <= 2 ms, plugin RPCs/start <= 20"
 	@echo "         ReachTheVM: ExecSync through qemu-guest-agent p50/p99; port-forward throughput / direct TCP to the VM (no target set)"
