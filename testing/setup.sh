@@ -22,6 +22,7 @@ PKGS=(
   etcd-server                                          # the API server of the kubelet-driven e2e (virtletctl)
   libseccomp-dev                                      # runc 1.3 for the tests' containerd 2.2 (testing/tools/build.sh)
   nftables                                             # kube-proxy (nftables mode) in the kubelet-driven e2e
+  acl xfsprogs                                         # getfacl in the ACL tests; an xfs root FilesFromDataSource refuses
   socat                                                # dials a VM's guest agent socket as another VM's user in the security e2e
 )
 missing=()

@@ -3,7 +3,6 @@ package diskimage
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,9 +15,8 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/virtlet/virtlet/adapters/keyedmutex"
+	"github.com/virtlet/virtlet/adapters/posixacl"
 )
 
 // Tool runs QEMU's image tools (qemu-img) on an untrusted image as a user
@@ -41,8 +39,15 @@ type Tool struct {
 var qemuImg = "qemu-img"
 
 // DefaultToolUID is a user and group id no account has, below the VMs'
-// users (2000000000 and up, adapters/libvirt).
-const DefaultToolUID = 1999999999
+// users (2000000000 and up, adapters/libvirt). Each plugin that runs the
+// tools has a user of its own (the images plugin this one), so that one
+// process revoking its grant on a shared image never cuts another's run
+// short: runs of one process on one file are serialised.
+const (
+	DefaultToolUID = 1999999999
+	VolumeToolUID  = DefaultToolUID - 1 // the raw volume plugin (persistent roots)
+	LibvirtToolUID = DefaultToolUID - 2 // the libvirt plugin (VirtletFilesFromDataSource)
+)
 
 func (t Tool) uid() uint32 {
 	if t.UID == 0 {
@@ -255,52 +260,11 @@ func (t Tool) Convert(ctx context.Context, image, format, dev, targetOpts string
 var granting keyedmutex.Map
 
 // grant adds an ACL entry letting uid open the file at path with perm
-// (4 read, 6 read and write), and returns what removes it again (and
-// restores the mode, whose group bits an ACL's mask takes over, or the
-// ACL the file had).
+// (4 read, 6 read and write), keeping the entries others hold (the VMs'
+// users on an image), and returns what removes it again.
 func grant(path string, uid uint32, perm uint16) (func(), error) {
-	st, err := os.Stat(path)
-	if err != nil {
+	if err := posixacl.Grant(path, uid, perm); err != nil {
 		return nil, err
 	}
-	mode := st.Mode().Perm()
-	const (
-		userObj, user, groupObj, mask, other = 0x01, 0x02, 0x04, 0x10, 0x20
-		undefinedID                          = 0xffffffff
-	)
-	// The kernel's posix_acl_xattr format: version 2, then (tag, perm,
-	// id) entries, little-endian, ordered by tag.
-	acl := binary.LittleEndian.AppendUint32(nil, 2)
-	entry := func(tag, perm uint16, id uint32) {
-		acl = binary.LittleEndian.AppendUint16(acl, tag)
-		acl = binary.LittleEndian.AppendUint16(acl, perm)
-		acl = binary.LittleEndian.AppendUint32(acl, id)
-	}
-	entry(userObj, uint16(mode>>6&7), undefinedID)
-	entry(user, perm, uid)
-	entry(groupObj, uint16(mode>>3&7), undefinedID)
-	entry(mask, uint16(mode>>3&7)|perm, undefinedID)
-	entry(other, uint16(mode&7), undefinedID)
-	const name = "system.posix_acl_access"
-	old := make([]byte, 4096)
-	n, err := unix.Getxattr(path, name, old)
-	switch {
-	case errors.Is(err, unix.ENODATA):
-		old = nil
-	case err != nil:
-		return nil, fmt.Errorf("read its ACL: %w", err)
-	default:
-		old = old[:n]
-	}
-	if err := unix.Setxattr(path, name, acl, 0); err != nil {
-		return nil, err
-	}
-	return func() {
-		if old != nil {
-			unix.Setxattr(path, name, old, 0)
-			return
-		}
-		unix.Removexattr(path, name)
-		os.Chmod(path, mode)
-	}, nil
+	return func() { posixacl.Revoke(path, uid) }, nil
 }

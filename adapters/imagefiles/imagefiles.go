@@ -26,11 +26,22 @@ type Store struct {
 }
 
 // Open prepares dir and removes partial downloads left from a crash.
+//
+// The store is private: its directories let others pass through (QEMU,
+// as a VM's user, opens its image by name; the disk tools' user checks a
+// download) but not list them, and each image is root's alone, mode 0600.
+// Whoever runs an image is granted it by an ACL entry (adapters/libvirt
+// for a VM's user, diskimage.Tool for a tool's run), so a private image
+// pulled with one tenant's credentials is not readable by local users and
+// other VMs' users. Files of an older store (0644) are made private.
 func Open(dir string) (*Store, error) {
 	s := &Store{dir: dir}
-	for _, d := range []string{s.dataDir(), s.tmpDir()} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+	for _, d := range []string{s.dir, s.dataDir(), s.tmpDir()} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("create image store %s: %w", d, err)
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return nil, fmt.Errorf("image store %s: %w", d, err)
 		}
 	}
 	entries, err := os.ReadDir(s.tmpDir())
@@ -40,6 +51,17 @@ func Open(dir string) (*Store, error) {
 	for _, e := range entries {
 		if err := os.RemoveAll(filepath.Join(s.tmpDir(), e.Name())); err != nil {
 			return nil, fmt.Errorf("remove stale partial download: %w", err)
+		}
+	}
+	images, err := os.ReadDir(s.dataDir())
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", s.dataDir(), err)
+	}
+	for _, e := range images {
+		if info, err := e.Info(); err == nil && info.Mode().IsRegular() && info.Mode().Perm()&0o004 != 0 {
+			if err := os.Chmod(filepath.Join(s.dataDir(), e.Name()), info.Mode().Perm()&^0o077); err != nil {
+				return nil, fmt.Errorf("make image %s private: %w", e.Name(), err)
+			}
 		}
 	}
 	return s, nil
@@ -85,7 +107,7 @@ func (s *Store) Commit(ctx context.Context, tmp, digest string) (string, error) 
 	if _, err := os.Stat(dst); err == nil {
 		return dst, s.Discard(ctx, tmp)
 	}
-	if err := os.Chmod(tmp, 0o644); err != nil { // QEMU reads it as another user
+	if err := os.Chmod(tmp, 0o600); err != nil { // root's; readers are granted it
 		return "", fmt.Errorf("commit %s: %w", digest, err)
 	}
 	if err := os.Rename(tmp, dst); err != nil {

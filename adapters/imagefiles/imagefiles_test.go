@@ -55,3 +55,49 @@ func TestInputsCannotEscapeTheStore(t *testing.T) {
 		t.Fatal("a file outside the store was touched")
 	}
 }
+
+// The store is private: others may pass through its directories but not
+// list them, and read no image; an older store's 0644 images are made
+// private when it opens.
+func TestStoreIsPrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "images")
+	s, err := imagefiles.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	tmp, _ := s.NewTemp(ctx)
+	os.WriteFile(tmp, []byte("a private image"), 0o644)
+	const digest = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	p, err := s.Commit(ctx, tmp, digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mode := func(p string) os.FileMode {
+		st, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Mode().Perm()
+	}
+	if m := mode(p); m != 0o600 {
+		t.Errorf("image mode %o, want 600", m)
+	}
+	for _, d := range []string{dir, filepath.Dir(p), filepath.Dir(tmp)} {
+		if m := mode(d); m != 0o711 {
+			t.Errorf("%s: mode %o, want 711", d, m)
+		}
+	}
+	// An older store's image and directory.
+	os.Chmod(p, 0o644)
+	os.Chmod(filepath.Dir(p), 0o755)
+	if _, err := imagefiles.Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	if m := mode(p); m != 0o600 {
+		t.Errorf("an older image's mode %o after Open, want 600", m)
+	}
+	if m := mode(filepath.Dir(p)); m != 0o711 {
+		t.Errorf("an older store's directory mode %o after Open, want 711", m)
+	}
+}

@@ -48,7 +48,7 @@ type Config struct {
 	// QEMUStateDir is libvirtd's QEMU state directory (default
 	// /var/lib/libvirt/qemu), which holds each running domain's private
 	// directory and guest agent socket. A VM that runs as a user of its own
-	// must be able to pass through it; see searchableForVMUsers.
+	// must be able to pass through it; see grants.go.
 	QEMUStateDir string `json:"qemuStateDir,omitempty"`
 	// Pool keeps domains launched paused ahead of the VMs that claim
 	// them (see PoolConfig); off unless pool.size is set.
@@ -101,6 +101,14 @@ type Hypervisor struct {
 	machineTypes []string
 	// pool holds the pre-launched paused domains (nil: no pool).
 	pool *pool
+
+	// grantsMu serialises syncGrants and grantNow (grants.go); inflight
+	// (guarded by mu) holds what creations in progress were granted, and
+	// imageDirs the directories of the images VMs used, whose images
+	// syncGrants keeps clean.
+	grantsMu  sync.Mutex
+	inflight  map[string][]grant
+	imageDirs map[string]bool
 
 	events chan event
 	// resyncs asks the dispatcher to resynchronise: nil after lost events,
@@ -218,6 +226,9 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 			return err
 		}
 	}
+	// What VM users were granted for VMs and pool domains an earlier
+	// process left, and that none needs now, goes.
+	h.syncGrants()
 	h.mu.Lock()
 	h.ready = true
 	h.mu.Unlock()
@@ -324,6 +335,7 @@ func (h *Hypervisor) onClose(_ *libvirt.Connect, reason libvirt.ConnectCloseReas
 				h.mu.Unlock()
 				h.resume()
 				h.sweepPool()
+				h.syncGrants()
 				return
 			}
 		}
@@ -811,7 +823,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		}
 		return fmt.Errorf("VM %s is defined with another spec: %w", spec.ID, ports.ErrAlreadyExists)
 	}
-	vmDir, accel, stateDirs, pool := h.vmDir, h.accel, h.cfg.QEMUStateDir, h.pool
+	vmDir, accel, pool := h.vmDir, h.accel, h.pool
 	h.mu.Unlock()
 	if pool != nil && spec.RunAs != nil && spec.RunAs.UID >= pool.firstUID && spec.RunAs.UID < pool.firstUID+pool.uids {
 		return fmt.Errorf("VM %s: %w", spec.Name, &ports.InvalidError{Field: "VM user", Value: strconv.Itoa(spec.RunAs.UID),
@@ -819,14 +831,21 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 			Allowed: "daemon vmUsers and the libvirt plugin's pool.users that do not overlap"})
 	}
 	if spec.RunAs != nil {
-		// Both are a few stats when already done; a failure is not kept.
-		err := searchableForVMUsers(h.log, stateDirs)
-		if err == nil && accel.DomainType == kvmAccel.DomainType {
-			err = kvmUsableBy(h.log, kvmDevice, spec.RunAs.GID)
-		}
+		// A few xattr reads when already granted. Until the record holds
+		// the VM, the grants are the creation's; if it fails, a sync
+		// takes them back.
+		done, err := h.grantNow(spec.ID, spec.RunAs.UID, overlayBases(spec))
 		if err != nil {
 			return fmt.Errorf("VM %s runs as user %d: %w", spec.Name, spec.RunAs.UID, err)
 		}
+		defer func() {
+			done()
+			// A failed creation's grants go; so do those of the user the
+			// VM asked for when it took a pool domain's.
+			h.syncGrantsSoon()
+		}()
+	} else if err := openToQEMUUser(h.log, overlayBases(spec)); err != nil {
+		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 
 	if err := h.checkMachine(conn, accel, spec.Machine); err != nil {
@@ -1171,6 +1190,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 		return fmt.Errorf("VM %s: %w", id, err)
 	}
 	if r == nil {
+		h.syncGrants()
 		h.log.WithField("vm", id).Info("orphan domain undefined")
 		return nil
 	}
@@ -1194,6 +1214,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	if err := h.deleteRecord(id); err != nil {
 		return err
 	}
+	h.syncGrants() // its user's entries go
 	h.log.WithField("vm", r.Spec.Name).Info("domain undefined, disks removed")
 	return nil
 }
@@ -1500,7 +1521,7 @@ func (h *Hypervisor) WriteFiles(ctx context.Context, id string, files []ports.Gu
 		h.log.WithField("vm", r.Spec.Name).Info("the paused process of the VM claimed from the pool is ended: files are written into its root disk, and it starts cold")
 	}
 	start := time.Now()
-	if err := diskfiles.Write(ctx, diskimage.Tool{}, disk, files, filepath.Join(stateDir, injectDir, id)); err != nil {
+	if err := diskfiles.Write(ctx, diskimage.Tool{UID: diskimage.LibvirtToolUID}, disk, files, filepath.Join(stateDir, injectDir, id)); err != nil {
 		return fmt.Errorf("VM %s: %w", r.Spec.Name, err)
 	}
 	h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "files": len(files), "millis": time.Since(start).Milliseconds()}).

@@ -79,6 +79,19 @@ func failpoint(name string) {
 	}
 }
 
+// shapeBase is the base image of a shape's root disk ("" when the pool
+// has no such shape).
+func (p *pool) shapeBase(key string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range p.shapes {
+		if s.Key == key && len(s.Spec.Disks) > 0 && s.Spec.Disks[0].Overlay != nil {
+			return s.Spec.Disks[0].Overlay.BasePath
+		}
+	}
+	return ""
+}
+
 // poolMetadata is the <virtlet:pool> element of a pool domain.
 type poolMetadata struct {
 	XMLName xml.Name `xml:"pool"`
@@ -91,6 +104,7 @@ type poolDomain struct {
 	name, uuid, shape string
 	console, root     string // its console log and root disk overlay, in the pool's directory
 	uid               int
+	base              string // its root disk's base image, which its user is granted
 }
 
 // files are a pool domain's files (console log, root overlay) by its name.
@@ -446,15 +460,14 @@ func (h *Hypervisor) launch(conn *libvirt.Connect, p *pool, d *poolDomain, tmpl 
 		return fmt.Errorf("every user of the pool's range runs a pool domain or a VM claimed from one")
 	}
 	h.mu.Lock()
-	accel, stateDirs := h.accel, h.cfg.QEMUStateDir
+	accel := h.accel
 	h.mu.Unlock()
-	err := searchableForVMUsers(h.log, stateDirs)
-	if err == nil && accel.DomainType == kvmAccel.DomainType {
-		err = kvmUsableBy(h.log, kvmDevice, d.uid)
-	}
+	d.base = tmpl.Disks[0].Overlay.BasePath
+	done, err := h.grantNow(d.uuid, d.uid, []string{d.base})
 	if err != nil {
 		return err
 	}
+	defer done() // the pool holds it as launching, then ready
 	if _, err := createOverlay(context.Background(), d.root, *tmpl.Disks[0].Overlay, tmpl.Disks[0].Name); err != nil {
 		return err
 	}
@@ -499,6 +512,7 @@ func (h *Hypervisor) destroyPoolDomain(conn *libvirt.Connect, domUUID, why strin
 	for _, f := range files {
 		removeFiles(append(rotatedLogs(f), f)...)
 	}
+	h.syncGrantsSoon() // its user's entries go
 }
 
 // checkReady drops ready pool domains that are gone, no longer paused
@@ -645,7 +659,7 @@ func (h *Hypervisor) sweepPool() {
 				xml.Unmarshal([]byte(def), &label)
 				uid, err := strconv.Atoi(strings.TrimPrefix(strings.Split(label.Label, ":")[0], "+"))
 				if _, statErr := os.Stat(root); err == nil && statErr == nil {
-					adopt = append(adopt, &poolDomain{name: name, uuid: u, shape: m.Shape, console: console, root: root, uid: uid})
+					adopt = append(adopt, &poolDomain{name: name, uuid: u, shape: m.Shape, console: console, root: root, uid: uid, base: p.shapeBase(m.Shape)})
 					break
 				}
 			}
@@ -719,6 +733,7 @@ func (h *Hypervisor) Shutdown(ctx context.Context) {
 		}()
 	}
 	wg.Wait()
+	h.syncGrants()
 	h.log.WithFields(logrus.Fields{"domains": len(ready), "millis": time.Since(begin).Milliseconds()}).Info("pool: domains destroyed")
 }
 
@@ -733,6 +748,11 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 		h.destroyPoolDomain(conn, d.uuid, "no longer paused", d.console, d.root)
 		log.Warn("cold start: the pool domain of its shape is gone")
 		return false
+	}
+	// Its user keeps what the pool domain was granted until the record
+	// holds the VM.
+	if done, err := h.grantNow(spec.ID+"/claim", d.uid, []string{d.base}); err == nil {
+		defer done()
 	}
 	asked := vmIdentity{Name: spec.Name, RunAs: spec.RunAs} // the spec asked for no UUID (poolable)
 	spec.Name, spec.UUID, spec.RunAs = d.name, d.uuid, &ports.ProcessIdentity{UID: d.uid, GID: d.uid}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/virtlet/virtlet/adapters/vmtools"
 	"github.com/virtlet/virtlet/testing/containerdisk"
+	"github.com/virtlet/virtlet/adapters/posixacl"
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -146,6 +147,49 @@ transports:
 		}
 	})
 
+	// The private image is root's alone, granted (an ACL entry) to the
+	// user of the VM that runs it and to nobody else: not to a local user
+	// of no account, nor to a VM user whose VM does not run it.
+	imageEntries := func() (string, map[uint32]uint16) {
+		images, _ := filepath.Glob(filepath.Join(d.StateDir, "images", "sha256", "*"))
+		if len(images) != 1 {
+			t.Fatalf("the image store holds %v, want the one image", images)
+		}
+		users, err := posixacl.Users(images[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return images[0], users
+	}
+	t.Run("image store", func(t *testing.T) {
+		for _, dir := range []string{"images", "images/sha256", "images/tmp"} {
+			if st, err := os.Stat(filepath.Join(d.StateDir, dir)); err != nil || st.Mode().Perm() != 0o711 {
+				t.Errorf("%s: %v %v, want 0711 (others pass through, list nothing)", dir, st.Mode(), err)
+			}
+		}
+		image, users := imageEntries()
+		uid := procStatus(t, qemuPID(t, domain), "Uid")[0]
+		// With the pool on, the pool domains of the image's shape hold it too.
+		n, _ := strconv.Atoi(uid)
+		for u, perm := range users {
+			if !(int(u) == n && perm == posixacl.Read) && !d.PoolUsers.Contains(int(u)) {
+				t.Errorf("the image's ACL grants user %d (%o): not the VM's user %s, nor a pool domain's", u, perm, uid)
+			}
+		}
+		if users[uint32(n)] != posixacl.Read {
+			t.Errorf("the image's ACL entries %v lack the VM's user %s, read-only", users, uid)
+		}
+		if st, _ := os.Stat(image); st.Mode().Perm()&0o007 != 0 {
+			t.Errorf("the image's mode %04o lets others in", st.Mode().Perm())
+		}
+		if out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "head", "-c1", image).CombinedOutput(); err == nil {
+			t.Errorf("a local user of no account read the private image: %q", out)
+		}
+		if out, err := exec.Command("setpriv", "--reuid="+uid, "--regid="+uid, "--clear-groups", "head", "-c4", image).CombinedOutput(); err != nil || string(out) != "QFI\xfb" {
+			t.Errorf("the VM's user cannot read its image: %q %v", out, err)
+		}
+	})
+
 	secrets := []string{udSecret, sshKeySecret, pullPassword}
 	t.Run("secrets", func(t *testing.T) {
 		check := func(where, text string) {
@@ -265,6 +309,24 @@ transports:
 	c.Must(t, "stop", "--timeout", "0", ctr)
 	c.Must(t, "rmp", "-f", sb)
 	assertNothingLeft(t, d, c)
+	// Its VMs gone, no VM user keeps the image, nor libvirtd's directories.
+	harness.Eventually(t, 30*time.Second, "the VM users' grants revoked", func() bool {
+		_, users := imageEntries()
+		for u := range users {
+			if !d.PoolUsers.Contains(int(u)) || os.Getenv("VIRTLET_E2E_POOL") == "" {
+				return false // only a ready pool domain may keep the image
+			}
+		}
+		return true
+	})
+	for _, dir := range []string{"/var/lib/libvirt/qemu", "/var/lib/libvirt/qemu/channel", "/var/lib/libvirt/qemu/channel/target"} {
+		users, _ := posixacl.Users(dir)
+		for uid := range users {
+			if d.VMUsers.Contains(int(uid)) || d.PoolUsers.Contains(int(uid)) {
+				t.Errorf("%s still grants the daemon's VM user %d", dir, uid)
+			}
+		}
+	}
 }
 
 // seclabels returns the <seclabel> elements of a domain's XML, for errors.
@@ -316,10 +378,10 @@ func checkConfinement(t *testing.T, d *harness.Daemon, domain, ctr, neighbour st
 	// A VM claimed from the libvirt plugin's pool (TestPoolSurvivesCrashes)
 	// runs as the pool domain's user, of the pool's own range, and
 	// its root disk is the pool domain's overlay.
-	first, last := 2000000000, 2000065535
+	first, last := d.VMUsers.First, d.VMUsers.Last
 	overlay := filepath.Join(d.StateDir, "plugins", "libvirt", "vms", ctr+"-root.qcow2")
 	if strings.HasPrefix(domain, "virtlet-pool-") {
-		first, last = 2000065536, 2000131071
+		first, last = d.PoolUsers.First, d.PoolUsers.Last
 		overlay = filepath.Join(d.StateDir, "plugins", "libvirt", "pool", domain+"-root.qcow2")
 	}
 	if n, _ := strconv.Atoi(uid[0]); n < first || n > last {

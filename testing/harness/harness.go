@@ -19,11 +19,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"sigs.k8s.io/yaml"
 
 	"github.com/virtlet/virtlet/plugins/manifest"
 )
@@ -217,9 +219,53 @@ type Daemon struct {
 	StateDir string
 	LogFile  string
 	// Env is added to the daemon's environment at its next Start.
-	Env    []string
-	cmd    *exec.Cmd
-	exited chan struct{}
+	Env []string
+	// VMUsers and PoolUsers are the daemon's VM users (--vm-users) and
+	// its libvirt plugin's pool users: ranges of their own, so that two
+	// daemons of a run never give one user to two VMs (each plugin
+	// instance revokes its own users' grants on libvirtd's directories).
+	VMUsers, PoolUsers UserRange
+	cmd                *exec.Cmd
+	exited             chan struct{}
+}
+
+// UserRange is a range of host user IDs.
+type UserRange struct{ First, Last int }
+
+func (r UserRange) String() string { return fmt.Sprintf("%d-%d", r.First, r.Last) }
+
+// Contains tells whether uid is in the range.
+func (r UserRange) Contains(uid int) bool { return uid >= r.First && uid <= r.Last }
+
+var daemonSeq atomic.Int64
+
+// userRanges gives a daemon of this process its VM and pool users: 1000
+// each, from the process ID and a counter, above the tools' users.
+func userRanges() (vm, pool UserRange) {
+	slot := (os.Getpid()%1000)*64 + int(daemonSeq.Add(1)%64)
+	first := 2000000000 + slot*2000
+	return UserRange{first, first + 999}, UserRange{first + 1000, first + 1999}
+}
+
+// withPoolUsers sets pool.users in a libvirt plugin config that has a
+// pool and names none.
+func withPoolUsers(config string, users UserRange) (string, error) {
+	if config == "" {
+		return "", nil
+	}
+	var m map[string]interface{}
+	if err := yaml.Unmarshal([]byte(config), &m); err != nil {
+		return "", fmt.Errorf("libvirt plugin config %q: %w", config, err)
+	}
+	pool, ok := m["pool"].(map[string]interface{})
+	if !ok {
+		return config, nil
+	}
+	if _, set := pool["users"]; !set {
+		pool["users"] = users.String()
+	}
+	out, err := json.Marshal(m)
+	return string(out), err
 }
 
 // NewDaemon prepares a daemon with the given plugins (manifests written to
@@ -232,6 +278,12 @@ func NewDaemon(t testing.TB, bin string, plugins []Plugin) *Daemon {
 	dir := VMDir(t)
 	d := &Daemon{t: t, Bin: bin, Dir: dir, Socket: filepath.Join(dir, "virtlet.sock"),
 		StateDir: filepath.Join(dir, "state"), LogFile: filepath.Join(dir, "virtlet.log")}
+	d.VMUsers, d.PoolUsers = userRanges()
+	// After its domains go (CleanupDomains, registered by VMDir), what
+	// its VM users were granted on libvirtd's directories goes too: a
+	// daemon killed with VMs running leaves it, as its plugin would
+	// remove at its next start.
+	t.Cleanup(func() { RevokeUsers(d.VMUsers, d.PoolUsers) })
 	mdir := filepath.Join(dir, "plugins.d")
 	if err := os.MkdirAll(mdir, 0o755); err != nil {
 		t.Fatal(err)
@@ -252,8 +304,14 @@ func NewDaemon(t testing.TB, bin string, plugins []Plugin) *Daemon {
 		if len(p.Handles) > 0 {
 			fmt.Fprintf(&b, "handles: [%s]\n", strings.Join(p.Handles, ", "))
 		}
-		if p.Config != "" {
-			fmt.Fprintf(&b, "config: %s\n", p.Config)
+		config := p.Config
+		if p.Name == "libvirt" {
+			if config, err = withPoolUsers(config, d.PoolUsers); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if config != "" {
+			fmt.Fprintf(&b, "config: %s\n", config)
 		}
 		if err := os.WriteFile(filepath.Join(mdir, fmt.Sprintf("%02d-%s.yaml", i, p.Name)), []byte(b.String()), 0o644); err != nil {
 			t.Fatal(err)
@@ -283,6 +341,9 @@ func (d *Daemon) Start(extraArgs ...string) {
 	// API server.
 	if !slices.Contains(extraArgs, "--kubeconfig") {
 		args = append(args, "--kube-objects-dir", d.KubeDir())
+	}
+	if !slices.Contains(extraArgs, "--vm-users") {
+		args = append(args, "--vm-users", d.VMUsers.String())
 	}
 	args = append(args, extraArgs...)
 	cmd := exec.Command(d.Bin, args...)

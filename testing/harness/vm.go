@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/virtlet/virtlet/adapters/posixacl"
 )
 
 // LibvirtURI is the libvirtd the real-VM suites use.
@@ -149,6 +151,25 @@ func VMDir(t testing.TB) string {
 	})
 	t.Cleanup(func() { CleanupDomains(t, dir) })
 	return dir
+}
+
+// RevokeUsers removes the ACL entries of users in the ranges from
+// libvirtd's QEMU state directories and /dev/kvm (adapters/libvirt grants
+// them to VM users).
+func RevokeUsers(ranges ...UserRange) {
+	for _, p := range []string{"/var/lib/libvirt/qemu", "/var/lib/libvirt/qemu/channel", "/var/lib/libvirt/qemu/channel/target", "/dev/kvm"} {
+		users, err := posixacl.Users(p)
+		if err != nil {
+			continue
+		}
+		for uid := range users {
+			for _, r := range ranges {
+				if r.Contains(int(uid)) {
+					posixacl.Revoke(p, uid)
+				}
+			}
+		}
+	}
 }
 
 // CleanupDomains removes the domains a test left behind.

@@ -36,6 +36,7 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 
+	"github.com/virtlet/virtlet/adapters/posixacl"
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -149,12 +150,15 @@ func end(id, file string) error {
 			// Made by the software under test where a node has it too
 			// (/var/run/netns, kubelet's log directories).
 			fmt.Printf("hostcheck: %s was made (%s)\n", p, is)
-		case daemonChanges[p] != "" && !is.Missing:
-			// The daemon's own change (issue 24, item 7), undone here as
-			// an uninstall would until the daemon stops making it.
-			fmt.Printf("hostcheck: %s was %s, is %s: %s; restored\n", p, was, is, daemonChanges[p])
-			if err := os.Chmod(p, os.FileMode(was.Mode)&os.ModePerm); err != nil {
-				problems = append(problems, fmt.Sprintf("restore the mode of %s: %v", p, err))
+		case was.Mode == is.Mode && was.UID == is.UID && was.GID == is.GID && !was.Missing && !is.Missing:
+			// Only ACL entries differ: a VM user's grant that nothing
+			// revoked. Reported, and removed so the next run starts clean.
+			problems = append(problems, fmt.Sprintf("%s has ACL entries %q, had %q", p, is.ACL, was.ACL))
+			users, _ := posixacl.Users(p)
+			for uid := range users {
+				if !slices.Contains(strings.Fields(was.ACL), fmt.Sprintf("user:%d:%o", uid, users[uid])) {
+					posixacl.Revoke(p, uid)
+				}
 			}
 		default:
 			problems = append(problems, fmt.Sprintf("%s was %s, is %s", p, was, is))
@@ -442,30 +446,39 @@ var modePaths = []string{
 	"/var/log/libvirt/qemu", "/var/log/containers", "/var/log/pods", "/run/virtlet", "/etc/cni", "/etc/cni/net.d",
 }
 
-// daemonChanges are the host modes the daemon changes itself when it
-// starts (adapters/libvirt/vmusers.go): VM users may open /dev/kvm and
-// pass through libvirtd's QEMU state directories. Issue 24 (item 7) has
-// the daemon grant exactly that and undo it; until then the check undoes
-// it and says so, and fails on any other change.
-var daemonChanges = map[string]string{
-	"/dev/kvm":                             "the daemon opens it to every user for the VMs' own users",
-	"/var/lib/libvirt/qemu":                "the daemon lets VM users search it",
-	"/var/lib/libvirt/qemu/channel":        "the daemon lets VM users search it",
-	"/var/lib/libvirt/qemu/channel/target": "the daemon lets VM users search it",
-}
-
-// pathMode is a path's type, permissions and owner, or that it is missing.
+// pathMode is a path's type, permissions, owner and named ACL entries
+// (the daemon grants VM users libvirtd's directories and /dev/kvm, and
+// must take every entry back), or that it is missing.
 type pathMode struct {
 	Missing  bool   `json:"missing,omitempty"`
 	Mode     uint32 `json:"mode,omitempty"` // os.FileMode
 	UID, GID uint32
+	ACL      string `json:"acl,omitempty"` // "user:UID:PERM ..." sorted
 }
 
 func (m pathMode) String() string {
 	if m.Missing {
 		return "missing"
 	}
-	return fmt.Sprintf("%s %d:%d", os.FileMode(m.Mode), m.UID, m.GID)
+	s := fmt.Sprintf("%s %d:%d", os.FileMode(m.Mode), m.UID, m.GID)
+	if m.ACL != "" {
+		s += " " + m.ACL
+	}
+	return s
+}
+
+// namedEntries lists a path's named user ACL entries.
+func namedEntries(p string) string {
+	users, err := posixacl.Users(p)
+	if err != nil {
+		return ""
+	}
+	var out []string
+	for uid, perm := range users {
+		out = append(out, fmt.Sprintf("user:%d:%o", uid, perm))
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
 }
 
 // hostModes reads each path's mode.
@@ -480,7 +493,7 @@ func hostModes() (map[string]pathMode, error) {
 			return nil, err
 		default:
 			sys := st.Sys().(*syscall.Stat_t)
-			out[p] = pathMode{Mode: uint32(st.Mode()), UID: sys.Uid, GID: sys.Gid}
+			out[p] = pathMode{Mode: uint32(st.Mode()), UID: sys.Uid, GID: sys.Gid, ACL: namedEntries(p)}
 		}
 	}
 	return out, nil

@@ -166,7 +166,7 @@ func writeImage(ctx context.Context, want ports.RootfsRequest, dev string, devSi
 	if info.Format != want.ImageFormat {
 		return &ports.InvalidError{Field: "image format", Value: want.ImageFormat, Reason: "the image file is " + info.Format, Allowed: info.Format}
 	}
-	if err := (diskimage.Tool{}).Convert(ctx, want.ImagePath, want.ImageFormat, dev, target); err != nil {
+	if err := (diskimage.Tool{UID: diskimage.VolumeToolUID}).Convert(ctx, want.ImagePath, want.ImageFormat, dev, target); err != nil {
 		return err
 	}
 	// qemu-img flushes; make sure the device's cache reached it too.
