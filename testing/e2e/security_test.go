@@ -17,9 +17,9 @@ import (
 
 	"github.com/containers/image/v5/types"
 
+	"github.com/virtlet/virtlet/adapters/posixacl"
 	"github.com/virtlet/virtlet/adapters/vmtools"
 	"github.com/virtlet/virtlet/testing/containerdisk"
-	"github.com/virtlet/virtlet/adapters/posixacl"
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
