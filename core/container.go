@@ -202,7 +202,8 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 		Disks: []ports.Disk{{
 			Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true, Serial: RootSerial,
 			Source:  ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"},
-			Overlay: &ports.DiskOverlay{BasePath: imagePath, BaseFormat: formatOr(img.Format, "qcow2"), SizeBytes: opts.RootVolumeSize},
+			Overlay: &ports.DiskOverlay{BasePath: imagePath, BaseFormat: formatOr(img.Format, "qcow2"), SizeBytes: opts.RootVolumeSize,
+				KeepFreeBytes: r.opts.KeepFreeBytes},
 		}},
 	}
 	spec.NICs = vmNICs(sb.Network)

@@ -995,6 +995,15 @@ func TestNodeLimits(t *testing.T) {
 		t.Fatalf("a root volume above maxVirtualSize: %v", err)
 	}
 	lacks(t, "message", err.Error(), "annotation VirtletRootVolumeSize", `"1Gi"`, "more than the 67108864 bytes the node allows a disk (maxVirtualSize)")
+
+	// The space kept free bounds the root disk's overlay too: the
+	// hypervisor is told.
+	e.limits = core.Options{KeepFreeBytes: 5 << 30}
+	e.start(t)
+	id := e.createVM(t, e.runPod(t, "kept", nil))
+	if spec, _ := e.hv.Spec(id); spec.Disks[0].Overlay == nil || spec.Disks[0].Overlay.KeepFreeBytes != 5<<30 {
+		t.Errorf("the root disk's overlay: %+v, want KeepFreeBytes %d", spec.Disks[0].Overlay, 5<<30)
+	}
 }
 
 // A URL image's digest names it in its own repository only.

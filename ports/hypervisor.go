@@ -321,6 +321,10 @@ type DiskOverlay struct {
 	BasePath   string // base image file (never written)
 	BaseFormat string // "qcow2" or "raw"
 	SizeBytes  int64  // virtual size; 0 or smaller than the base: the base's size
+	// KeepFreeBytes, when not 0, is the space the overlay's file system
+	// must have free before it is made (the daemon's keepFreeSpace): a
+	// node short of space starts no more VMs whose disks would grow there.
+	KeepFreeBytes int64
 }
 
 // Filesystem is a host directory shared with the guest (virtio-9p).

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/virtlet/virtlet/adapters/atomicfile"
 	"github.com/virtlet/virtlet/adapters/diskimage"
 	"github.com/virtlet/virtlet/ports"
@@ -37,6 +39,16 @@ func createOverlay(ctx context.Context, path string, o ports.DiskOverlay, disk s
 			Reason: fmt.Sprintf("smaller than the image's virtual size %d", info.VirtualSize), Allowed: "at least the image's virtual size"}
 	}
 	size := max(o.SizeBytes, info.VirtualSize)
+	if o.KeepFreeBytes > 0 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(filepath.Dir(path), &st); err != nil {
+			return 0, fmt.Errorf("disk %s: free space of %s: %w", disk, filepath.Dir(path), err)
+		}
+		if free := int64(st.Bavail) * int64(st.Bsize); free < o.KeepFreeBytes {
+			return 0, fmt.Errorf("disk %s: the VMs' disks' file system has %d bytes free; the node keeps %d free (keepFreeSpace): %w",
+				disk, free, o.KeepFreeBytes, ports.ErrUnavailable)
+		}
+	}
 	start := time.Now()
 	// -u: qemu-img (root's) does not open the base, an untrusted image;
 	// Inspect has read its header, and the size is given.

@@ -321,6 +321,27 @@ func TestUndefineRemovesWhatAnInterruptedDefineLeft(t *testing.T) {
 	}
 }
 
+// A node short of space (keepFreeSpace) makes no more overlays, naming
+// the bound, and leaves no file.
+func TestOverlayKeepsFreeSpace(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", base, "16M").CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	overlay := filepath.Join(dir, "vm-root.qcow2")
+	_, err := createOverlay(context.Background(), overlay, ports.DiskOverlay{BasePath: base, BaseFormat: "qcow2", KeepFreeBytes: 1 << 62}, "root")
+	if !errors.Is(err, ports.ErrUnavailable) || !strings.Contains(err.Error(), "the node keeps 4611686018427387904 free (keepFreeSpace)") {
+		t.Fatalf("err %v", err)
+	}
+	if _, err := os.Stat(overlay); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused overlay exists: %v", err)
+	}
+	if _, err := createOverlay(context.Background(), overlay, ports.DiskOverlay{BasePath: base, BaseFormat: "qcow2", KeepFreeBytes: 1 << 20}, "root"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A VM's root overlay holds what the guest writes: root's alone until
 // libvirt hands it to QEMU's user for the VM's run.
 func TestOverlayIsPrivate(t *testing.T) {

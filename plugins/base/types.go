@@ -49,7 +49,7 @@ func DiskToProto(d ports.Disk) *typesv1.Disk {
 		pd.Source.Auth = &typesv1.DiskAuth{Username: a.Username, SecretType: a.SecretType, Secret: a.Secret}
 	}
 	if o := d.Overlay; o != nil {
-		pd.Overlay = &typesv1.DiskOverlay{BasePath: o.BasePath, BaseFormat: o.BaseFormat, SizeBytes: o.SizeBytes}
+		pd.Overlay = &typesv1.DiskOverlay{BasePath: o.BasePath, BaseFormat: o.BaseFormat, SizeBytes: o.SizeBytes, KeepFreeBytes: o.KeepFreeBytes}
 	}
 	return pd
 }
@@ -78,7 +78,7 @@ func DiskFromProto(pd *typesv1.Disk) ports.Disk {
 		}
 	}
 	if o := pd.GetOverlay(); o != nil {
-		d.Overlay = &ports.DiskOverlay{BasePath: o.BasePath, BaseFormat: o.BaseFormat, SizeBytes: o.SizeBytes}
+		d.Overlay = &ports.DiskOverlay{BasePath: o.BasePath, BaseFormat: o.BaseFormat, SizeBytes: o.SizeBytes, KeepFreeBytes: o.KeepFreeBytes}
 	}
 	return d
 }

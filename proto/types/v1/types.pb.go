@@ -347,6 +347,7 @@ type DiskOverlay struct {
 	BasePath      string                 `protobuf:"bytes,1,opt,name=base_path,json=basePath,proto3" json:"base_path,omitempty"`
 	BaseFormat    string                 `protobuf:"bytes,2,opt,name=base_format,json=baseFormat,proto3" json:"base_format,omitempty"`
 	SizeBytes     int64                  `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	KeepFreeBytes int64                  `protobuf:"varint,4,opt,name=keep_free_bytes,json=keepFreeBytes,proto3" json:"keep_free_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -398,6 +399,13 @@ func (x *DiskOverlay) GetBaseFormat() string {
 func (x *DiskOverlay) GetSizeBytes() int64 {
 	if x != nil {
 		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *DiskOverlay) GetKeepFreeBytes() int64 {
+	if x != nil {
+		return x.KeepFreeBytes
 	}
 	return 0
 }
@@ -935,13 +943,14 @@ const file_types_v1_types_proto_rawDesc = "" +
 	"\busername\x18\x01 \x01(\tR\busername\x12\x1f\n" +
 	"\vsecret_type\x18\x02 \x01(\tR\n" +
 	"secretType\x12\x16\n" +
-	"\x06secret\x18\x03 \x01(\fR\x06secret\"j\n" +
+	"\x06secret\x18\x03 \x01(\fR\x06secret\"\x92\x01\n" +
 	"\vDiskOverlay\x12\x1b\n" +
 	"\tbase_path\x18\x01 \x01(\tR\bbasePath\x12\x1f\n" +
 	"\vbase_format\x18\x02 \x01(\tR\n" +
 	"baseFormat\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\"t\n" +
+	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\x12&\n" +
+	"\x0fkeep_free_bytes\x18\x04 \x01(\x03R\rkeepFreeBytes\"t\n" +
 	"\n" +
 	"Filesystem\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x10\n" +
