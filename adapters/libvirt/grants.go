@@ -244,7 +244,12 @@ func vmUserEntry(uid uint32) bool {
 // syncGrants makes the entries of every file it knows of (the wanted
 // ones, the QEMU state directories, /dev/kvm, and every image in the
 // directories of the images VMs used) exactly what is wanted.
-func (h *Hypervisor) syncGrants() {
+func (h *Hypervisor) syncGrants() { h.syncGrantsOf(false) }
+
+// syncGrantsOf syncs; at start (no WriteFiles runs yet) it also revokes
+// what this plugin's disk tools' user was granted by a run a kill cut
+// short.
+func (h *Hypervisor) syncGrantsOf(atStart bool) {
 	h.grantsMu.Lock()
 	defer h.grantsMu.Unlock()
 	want := h.wantedGrants()
@@ -287,6 +292,9 @@ func (h *Hypervisor) syncGrants() {
 	failed := false
 	for _, p := range sorted {
 		owned := vmUserEntry
+		if atStart {
+			owned = func(uid uint32) bool { return vmUserEntry(uid) || uid == diskimage.LibvirtToolUID }
+		}
 		if h.sharedPath(p) {
 			owned = func(uid uint32) bool { return shared[uid] }
 		}

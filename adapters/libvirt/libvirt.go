@@ -228,7 +228,7 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	}
 	// What VM users were granted for VMs and pool domains an earlier
 	// process left, and that none needs now, goes.
-	h.syncGrants()
+	h.syncGrantsOf(true)
 	h.mu.Lock()
 	h.ready = true
 	h.mu.Unlock()
