@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
@@ -354,10 +355,22 @@ func syncPath(path string, want map[uint32]uint16, owned func(uint32) bool) erro
 	return nil
 }
 
-// syncGrantsSoon syncs in the background: a pool domain is gone.
+// syncGrantsSoon syncs in the background, shortly: a pool domain or a
+// failed creation is gone. A burst of them (a sweep destroying several)
+// makes one sync, after the burst.
 func (h *Hypervisor) syncGrantsSoon() {
-	go h.syncGrants()
+	if !h.syncPending.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		time.Sleep(syncDelay)
+		h.syncPending.Store(false)
+		h.syncGrants()
+	}()
 }
+
+// syncDelay is how long syncGrantsSoon waits for more to go.
+const syncDelay = 500 * time.Millisecond
 
 // openToQEMUUser lets qemu.conf's one user read base images, when VMs run
 // without users of their own (vmUsers off): the images are then readable

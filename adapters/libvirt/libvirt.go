@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -106,9 +107,10 @@ type Hypervisor struct {
 	// (guarded by mu) holds what creations in progress were granted, and
 	// imageDirs the directories of the images VMs used, whose images
 	// syncGrants keeps clean.
-	grantsMu  sync.Mutex
-	inflight  map[string][]grant
-	imageDirs map[string]bool
+	grantsMu    sync.Mutex
+	inflight    map[string][]grant
+	imageDirs   map[string]bool
+	syncPending atomic.Bool
 
 	events chan event
 	// resyncs asks the dispatcher to resynchronise: nil after lost events,
