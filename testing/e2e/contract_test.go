@@ -177,6 +177,9 @@ func libvirtPluginLog(t *testing.T, dir, config string) (*host.Host, *harness.Sc
 		}
 		m.Config = js
 	}
+	// After the plugin stops: what its VM users (the default ranges) were
+	// granted on libvirtd's directories, had a kill left it.
+	t.Cleanup(func() { harness.RevokeUsers(harness.UserRange{First: 2000000000, Last: 2000131071}) })
 	h, err := host.Start(context.Background(), []manifest.Manifest{m}, host.Options{StateDir: filepath.Join(dir, "plugins"), Log: log})
 	if err != nil {
 		t.Fatal(err)

@@ -240,10 +240,11 @@ func (r UserRange) Contains(uid int) bool { return uid >= r.First && uid <= r.La
 var daemonSeq atomic.Int64
 
 // userRanges gives a daemon of this process its VM and pool users: 1000
-// each, from the process ID and a counter, above the tools' users.
+// each, from the process ID and a counter, above the daemon's and the
+// pool's default ranges (which tests of a plugin alone use).
 func userRanges() (vm, pool UserRange) {
 	slot := (os.Getpid()%1000)*64 + int(daemonSeq.Add(1)%64)
-	first := 2000000000 + slot*2000
+	first := 2000200000 + slot*2000
 	return UserRange{first, first + 999}, UserRange{first + 1000, first + 1999}
 }
 
