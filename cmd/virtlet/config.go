@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
@@ -113,7 +113,9 @@ func dirOf(p string) string {
 // parseConfig reads flags (and the config file they name).
 func parseConfig(args []string) (config, bool, error) {
 	cfg := defaults()
-	fs := flag.NewFlagSet("virtlet", flag.ContinueOnError)
+	// pflag, as every Kubernetes component: --long flags, --help exits 0.
+	fs := pflag.NewFlagSet("virtlet", pflag.ContinueOnError)
+	fs.SortFlags = false
 	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir, streamingAddress, cgroupDriver, forwardRuntime, metricsAddress, metricsAllowRemote, vmUsers, vmGroup, presetsDir); flags override it")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	listen := fs.String("listen", cfg.Listen, "CRI endpoint to serve, unix:///path.sock")
@@ -159,7 +161,7 @@ func parseConfig(args []string) (config, bool, error) {
 		}
 	}
 	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	fs.Visit(func(f *pflag.Flag) { set[f.Name] = true })
 	override := func(name string, dst *string, v string) {
 		if set[name] {
 			*dst = v

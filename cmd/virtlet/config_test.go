@@ -1,12 +1,16 @@
 package main
 
 import (
-	"github.com/virtlet/virtlet/core"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/virtlet/virtlet/core"
 )
 
 // The config file takes durations as operators write them.
@@ -259,5 +263,20 @@ func TestLimits(t *testing.T) {
 		if err != nil || l.MaxImageBytes != tc.image || l.MaxVirtualBytes != tc.virtual || l.KeepFreeBytes != tc.keep {
 			t.Errorf("%v: %+v %v", tc.args, l, err)
 		}
+	}
+}
+
+// --help is an answer, not an error (pflag's ErrHelp: main exits 0), and
+// the flags are long, as every Kubernetes component's.
+func TestHelpIsNotAnError(t *testing.T) {
+	if _, _, err := parseConfig([]string{"--help"}); !errors.Is(err, pflag.ErrHelp) {
+		t.Errorf("--help: %v, want pflag.ErrHelp", err)
+	}
+	if _, _, err := parseConfig([]string{"-state-dir", "/x"}); err == nil {
+		t.Error("a single-dash long flag was taken")
+	}
+	cfg, _, err := parseConfig([]string{"--state-dir", "/x", "--allow-watchdog-dump"})
+	if err != nil || cfg.StateDir != "/x" || !cfg.AllowWatchdogDump {
+		t.Errorf("long flags: %+v %v", cfg, err)
 	}
 }

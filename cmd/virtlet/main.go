@@ -19,6 +19,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/spf13/pflag"
+
 	"github.com/virtlet/virtlet/adapters/admin"
 	"github.com/virtlet/virtlet/adapters/boltstore"
 	"github.com/virtlet/virtlet/adapters/cri"
@@ -41,6 +43,9 @@ import (
 
 func main() {
 	cfg, showVersion, err := parseConfig(os.Args[1:])
+	if errors.Is(err, pflag.ErrHelp) {
+		return // pflag printed the usage
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "virtlet:", err)
 		os.Exit(2)
