@@ -196,10 +196,23 @@ func TestForwardToDebianContainerd(t *testing.T) {
 
 	t.Run("the node is ready and claims nothing Debian's containerd lacks", func(t *testing.T) {
 		rt, _ := d.CRI(t)
-		st, err := rt.Status(context.Background(), &runtimeapi.StatusRequest{})
-		if err != nil {
-			t.Fatalf("Status: %v", err)
-		}
+		// The runtime is ready once the daemon has reconciled its records
+		// with the hypervisor, which a loaded machine may take a while to
+		// do after the start (kubelet polls Status the same way).
+		var st *runtimeapi.StatusResponse
+		harness.Eventually(t, 2*time.Minute, "the runtime reconciled", func() bool {
+			var err error
+			st, err = rt.Status(context.Background(), &runtimeapi.StatusRequest{})
+			if err != nil {
+				t.Fatalf("Status: %v", err)
+			}
+			for _, cond := range st.GetStatus().GetConditions() {
+				if cond.Type == runtimeapi.RuntimeReady && !cond.Status && cond.Reason == "Reconciling" {
+					return false
+				}
+			}
+			return true
+		})
 		ready := map[string]bool{}
 		for _, cond := range st.GetStatus().GetConditions() {
 			ready[cond.Type] = cond.Status

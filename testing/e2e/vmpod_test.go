@@ -89,8 +89,35 @@ func waitLog(t *testing.T, c *harness.Crictl, ctr, marker string, timeout time.D
 		}
 		raw = string(b)
 	}
-	t.Fatalf("no %q in the VM's console after %s; crictl logs (%v, %s):\n%s\nCRI log file tail:\n%s", marker, timeout, err, errOut, logs, raw)
+	t.Fatalf("no %q in the VM's console after %s; crictl logs (%v, %s):\n%s\nCRI log file tail:\n%s\n%s", marker, timeout, err, errOut, logs, raw, vmDiagnosis(t, c, ctr))
 	return ""
+}
+
+// vmDiagnosis tells a paused or dead VM from a starved one: its domain's
+// state and reason, its QEMU's CPU time, its console file's tail and the
+// host's load.
+func vmDiagnosis(t *testing.T, c *harness.Crictl, ctr string) string {
+	var b strings.Builder
+	dom := inspectCtr(t, c, ctr).VM.Name
+	state, _ := harness.Virsh("domstate", "--reason", dom)
+	fmt.Fprintf(&b, "domain %s: %s\n", dom, state)
+	if pid, err := os.ReadFile("/run/libvirt/qemu/" + dom + ".pid"); err == nil {
+		if stat, err := os.ReadFile("/proc/" + strings.TrimSpace(string(pid)) + "/stat"); err == nil {
+			if f := strings.Fields(string(stat)); len(f) > 14 {
+				fmt.Fprintf(&b, "QEMU %s: utime %s stime %s ticks\n", strings.TrimSpace(string(pid)), f[13], f[14])
+			}
+		}
+	}
+	if cons, err := filepath.Glob(filepath.Join("/var/log/libvirt/qemu", dom+".log")); err == nil && len(cons) == 1 {
+		data, _ := os.ReadFile(cons[0])
+		if len(data) > 1500 {
+			data = data[len(data)-1500:]
+		}
+		fmt.Fprintf(&b, "libvirt's QEMU log tail:\n%s\n", data)
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Fprintf(&b, "host load: %s", load)
+	return b.String()
 }
 
 func marker(t *testing.T, logs, name string) string {
