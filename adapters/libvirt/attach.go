@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"libvirt.org/go/libvirt"
@@ -96,17 +97,51 @@ func (h *Hypervisor) OpenConsole(ctx context.Context, id string) (io.ReadWriteCl
 	})
 }
 
-// openConsoleStream opens the VM's console stream; it takes no lock of h's.
+// consoleOpenTimeout bounds libvirtd's answer to opening a console: a
+// domain that stops at that moment can leave the call unanswered (seen
+// with libvirt 9.0), and the console lock is held meanwhile.
+const consoleOpenTimeout = 15 * time.Second
+
+// openConsoleStream opens the VM's console stream; it takes no lock of
+// h's. libvirtd's answer is awaited for consoleOpenTimeout at most: a call
+// it never answers then ends in an error, and a stream it opens after
+// that is closed.
 func openConsoleStream(conn *libvirt.Connect, r *record, dom *libvirt.Domain) (consoleStream, error) {
-	var opened bool
-	stream, err := newSerialStream(conn, func(s *libvirt.Stream) error {
-		opened = true
-		// SAFE: refuse rather than take the console from someone else
-		// (an operator's virsh console).
-		return dom.OpenConsole("", s, libvirt.DOMAIN_CONSOLE_SAFE)
-	})
+	type opened struct {
+		stream  *serialStream
+		err     error
+		reached bool
+	}
+	if err := dom.Ref(); err != nil {
+		return nil, libvirtError("console of "+r.Spec.Name, err)
+	}
+	done := make(chan opened, 1)
+	go func() {
+		defer dom.Free()
+		var o opened
+		o.stream, o.err = newSerialStream(conn, func(s *libvirt.Stream) error {
+			o.reached = true
+			// SAFE: refuse rather than take the console from someone
+			// else (an operator's virsh console).
+			return dom.OpenConsole("", s, libvirt.DOMAIN_CONSOLE_SAFE)
+		})
+		done <- o
+	}()
+	var o opened
+	select {
+	case o = <-done:
+	case <-time.After(consoleOpenTimeout):
+		go func() {
+			if late := <-done; late.stream != nil {
+				late.stream.Abort()
+				late.stream.Free()
+			}
+		}()
+		return nil, fmt.Errorf("console of VM %s: libvirtd did not open it within %s: %w", r.Spec.Name, consoleOpenTimeout, ports.ErrUnavailable)
+	}
+	stream, err := o.stream, o.err
 	switch {
-	case err != nil && opened:
+	case err != nil && o.reached:
 		err = libvirtError("open the serial console of "+r.Spec.Name, err)
 		return nil, fmt.Errorf("%w (another console session, e.g. virsh console, may hold it)", err)
 	case err != nil:
