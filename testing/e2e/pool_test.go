@@ -24,6 +24,13 @@ func poolPlugins(size int, extra ...harness.Plugin) []harness.Plugin {
 func pooledDaemon(t *testing.T, ps []harness.Plugin) (*harness.Daemon, *harness.Crictl) {
 	t.Helper()
 	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), ps)
+	// A pooled VM that died or stalled: who destroyed, claimed, started or
+	// lost which domain, and why.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the daemon's and plugins' lifecycle log:\n%s", lifecycleLog(d))
+		}
+	})
 	d.Translate("test-images.yaml", translation)
 	d.Start()
 	c := d.Crictl(crictl)
@@ -178,6 +185,22 @@ func TestPooledVMSeesTheSameHardware(t *testing.T) {
 }
 
 // poolLog is what the daemon's log says of the pool.
+// lifecycleLog is what the daemon's log says of domains coming and going
+// and of the plugins' restarts, at most the last 150 lines.
+func lifecycleLog(d *harness.Daemon) string {
+	re := regexp.MustCompile(`(?i)destroy|undefine|claim|"pool|resum|lost|reconcil|restart|exited|plugin .*(start|stop|crash)|StartContainer|RemoveContainer|StopContainer`)
+	var out []string
+	for _, line := range strings.Split(d.Log(), "\n") {
+		if re.MatchString(line) {
+			out = append(out, line)
+		}
+	}
+	if len(out) > 150 {
+		out = out[len(out)-150:]
+	}
+	return strings.Join(out, "\n")
+}
+
 func poolLog(d *harness.Daemon) string {
 	var out []string
 	for _, line := range strings.Split(d.Log(), "\n") {
