@@ -188,7 +188,7 @@ func TestPooledVMSeesTheSameHardware(t *testing.T) {
 // lifecycleLog is what the daemon's log says of domains coming and going
 // and of the plugins' restarts, at most the last 150 lines.
 func lifecycleLog(d *harness.Daemon) string {
-	re := regexp.MustCompile(`(?i)destroy|undefine|claim|"pool|resum|lost|reconcil|restart|exited|plugin .*(start|stop|crash)|StartContainer|RemoveContainer|StopContainer`)
+	re := regexp.MustCompile(`(?i)destroy|undefine|claim|"pool|resum|lost|reconcil|restart|exited|interrupted|no record|orphan|disappeared|plugin .*(start|stop|crash)|StartContainer|RemoveContainer|StopContainer|"VM started"`)
 	var out []string
 	for _, line := range strings.Split(d.Log(), "\n") {
 		if re.MatchString(line) {
