@@ -28,7 +28,7 @@ DEFAULT_PLUGINS := $(shell sed -n 's/^command: *//p' plugins/manifest/defaults/*
 # Test-only plugins.
 TEST_PLUGINS := bin/virtlet-fake-plugin bin/virtlet-example-scratch
 
-.PHONY: all build deps tools proto test unit integration e2e e2e-k8s critest e2e-all bench bench-check bench-smoke fuzz check demo lint clean install
+.PHONY: all build deps tools proto test unit integration e2e e2e-k8s critest e2e-all bench bench-check bench-smoke fuzz check demo lint clean install uninstall
 
 all: build
 
@@ -201,6 +201,18 @@ install: build
 	install -d -m 0755 $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d
 	$(PATHS_SED) deploy/node/virtlet.service > $(DESTDIR)$(SYSTEMD_DIR)/virtlet.service
 	install -m 0644 deploy/node/10-virtlet.conf $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d/10-virtlet.conf
+
+# make uninstall removes what make install put, the config too. The
+# daemon leaves nothing else on the node once its VM pods are gone: the
+# ACL entries it gives VM users go with their VMs (ARCHITECTURE.md). Stop
+# the daemon first (systemctl disable --now virtlet).
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/virtlet $(DESTDIR)$(PREFIX)/bin/virtletctl $(DESTDIR)$(PREFIX)/bin/kubectl-virt
+	for p in $(DEFAULT_PLUGINS); do rm -f $(DESTDIR)$(PREFIX)/bin/$$p; done
+	rm -rf $(DESTDIR)$(SYSCONFDIR)/virtlet
+	rm -rf "$(DESTDIR)$(KUBELET_VOLUME_PLUGIN_DIR)/virtlet~flexvolume_driver"
+	rm -f $(DESTDIR)$(SYSTEMD_DIR)/virtlet.service $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d/10-virtlet.conf
+	-rmdir $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d 2>/dev/null
 
 clean:
 	rm -rf bin

@@ -71,7 +71,15 @@ func TestNodeInstall(t *testing.T) {
 	if err := daemon.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { daemon.Process.Signal(os.Interrupt); daemon.Wait() }()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			daemon.Process.Signal(os.Interrupt)
+			daemon.Wait()
+		}
+	}
+	defer stop()
 	c := &harness.Crictl{Bin: crictl, Endpoint: "unix://" + sock, Timeout: time.Minute}
 	// Ready as a runtime (the node has no pod network config here, so
 	// NetworkReady is false and says why), every installed plugin running.
@@ -99,5 +107,36 @@ func TestNodeInstall(t *testing.T) {
 			t.Fatalf("the installed daemon is not ready: %v, %d of %d plugins running\n%s\ndaemon log:\n%s", err, running, len(ms), out, tail(logs.String(), 3000))
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+
+	// make uninstall takes every installed file back: below the root, only
+	// what the daemon itself made (its state, sockets) and empty
+	// directories are left.
+	stop()
+	unmake := exec.Command("make", "uninstall", "PREFIX="+root+"/usr/local", "SYSCONFDIR="+root+"/etc",
+		"KUBELET_VOLUME_PLUGIN_DIR="+root+"/usr/libexec/kubernetes/kubelet-plugins/volume/exec")
+	unmake.Dir = harness.RepoRoot()
+	if out, err := unmake.CombinedOutput(); err != nil {
+		t.Fatalf("make uninstall: %v\n%s", err, out)
+	}
+	var left []string
+	filepath.WalkDir(root, func(p string, e os.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		rel, _ := filepath.Rel(root, p)
+		if rel == "state" || rel == "virtlet.sock" || rel == "admin.sock" {
+			if e.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !e.IsDir() {
+			left = append(left, rel)
+		}
+		return nil
+	})
+	if len(left) > 0 {
+		t.Errorf("make uninstall left %v", left)
 	}
 }
