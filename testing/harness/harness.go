@@ -239,6 +239,10 @@ func (r UserRange) Contains(uid int) bool { return uid >= r.First && uid <= r.La
 
 var daemonSeq atomic.Int64
 
+// TestUsers holds every range userRanges hands out: only test daemons'
+// VMs run as these users (hostcheck removes their leftover grants).
+var TestUsers = UserRange{First: 2000200000, Last: 2000200000 + 64000*2000 - 1}
+
 // userRanges gives a daemon of this process its VM and pool users: 1000
 // each, from the process ID and a counter, above the daemon's and the
 // pool's default ranges (which tests of a plugin alone use).

@@ -91,6 +91,19 @@ func begin(id, file string) error {
 			return fmt.Errorf("run %s left what cannot be removed: %s", other, strings.Join(still, "; "))
 		}
 	}
+	// ACL entries a killed run's VM users kept on libvirtd's directories
+	// (the test daemons' users are a range of their own).
+	for _, p := range modePaths {
+		users, _ := posixacl.Users(p)
+		for uid := range users {
+			if harness.TestUsers.Contains(int(uid)) {
+				fmt.Printf("hostcheck: removing the grant of %s to a test VM's user %d\n", p, uid)
+				if err := posixacl.Revoke(p, uid); err != nil {
+					return fmt.Errorf("remove a test VM user's grant on %s: %w", p, err)
+				}
+			}
+		}
+	}
 	kube := kubeObjects()
 	if len(kube) > 0 {
 		fmt.Printf("hostcheck: the host has objects of kubelet's or kube-proxy's names, which carry no run's tag and stay: %s\n", strings.Join(kube, "; "))
