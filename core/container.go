@@ -201,7 +201,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting}, Machine: opts.MachineType, Firmware: opts.Firmware, SecureBoot: opts.SecureBoot, HyperV: opts.HyperV, Clock: opts.Clock, Watchdog: opts.Watchdog, CPUSet: cpuSet,
 		Disks: []ports.Disk{{
 			Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true, Serial: RootSerial,
-			Source:  ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"},
+			Source: ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"},
 			Overlay: &ports.DiskOverlay{BasePath: imagePath, BaseFormat: formatOr(img.Format, "qcow2"), SizeBytes: opts.RootVolumeSize,
 				KeepFreeBytes: r.opts.KeepFreeBytes},
 		}},
