@@ -2,6 +2,7 @@ package libvirt
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -43,5 +44,41 @@ func TestSyncPath(t *testing.T) {
 	}
 	if _, ok := got[2000000001]; ok || len(got) != 6 {
 		t.Errorf("entries %v: the gone VM's user is still there", got)
+	}
+}
+
+// A KVM VM's user is granted /dev/kvm by an ACL entry on the real device
+// node (devtmpfs), opens it, and is refused again once the entry goes;
+// the node's mode is as before.
+func TestKVMDeviceGrant(t *testing.T) {
+	st, err := os.Stat(kvmDevice)
+	if err != nil || os.Geteuid() != 0 {
+		t.Skip("needs /dev/kvm and root")
+	}
+	const uid = 2000199999 // no account, below the test daemons' range
+	open := func() error {
+		return exec.Command("setpriv", "--reuid=2000199999", "--regid=2000199999", "--clear-groups", "sh", "-c", "exec 3<>"+kvmDevice).Run()
+	}
+	if st.Mode().Perm()&0o006 == 0o006 {
+		t.Skip("/dev/kvm is open to every user here")
+	}
+	if open() == nil {
+		t.Fatal("a user of no account opens /dev/kvm before any grant")
+	}
+	if err := applyGrant(grant{kvmDevice, uid, posixacl.Read | posixacl.Write}); err != nil {
+		t.Fatal(err)
+	}
+	defer posixacl.Revoke(kvmDevice, uid)
+	if err := open(); err != nil {
+		t.Errorf("the granted VM user cannot open /dev/kvm: %v", err)
+	}
+	if err := posixacl.Revoke(kvmDevice, uid); err != nil {
+		t.Fatal(err)
+	}
+	if open() == nil {
+		t.Error("the VM user still opens /dev/kvm after the revoke")
+	}
+	if after, _ := os.Stat(kvmDevice); after.Mode() != st.Mode() {
+		t.Errorf("/dev/kvm's mode went from %v to %v", st.Mode(), after.Mode())
 	}
 }
