@@ -102,6 +102,9 @@ type Hypervisor struct {
 	machineTypes []string
 	// pool holds the pre-launched paused domains (nil: no pool).
 	pool *pool
+	// onlining cancels the background onlining of hot-plugged vCPUs, by
+	// VM id (guarded by mu).
+	onlining map[string]*onlining
 
 	// grantsMu serialises syncGrants and grantNow (grants.go); inflight
 	// (guarded by mu) holds what creations in progress were granted, and
@@ -1398,8 +1401,8 @@ func (h *Hypervisor) SetMemory(ctx context.Context, id string, bytes int64) erro
 
 // SetVCPUs changes a VM's vCPUs within its range, live while it runs and
 // in its definition for the next boot. Growing hot-plugs vCPUs and has the
-// guest's agent bring them online (Linux leaves a hot-plugged CPU offline
-// unless told). Shrinking has the agent take vCPUs offline, and unplugs
+// guest's agent bring them online in the background (Linux leaves a
+// hot-plugged CPU offline unless told). Shrinking has the agent take vCPUs offline, and unplugs
 // them at the next boot: Debian 12's QEMU 7.2 does not report a removed
 // vCPU (no DEVICE_DELETED for the CPU itself, only for its local APIC), so
 // libvirt 9.0 times out and keeps counting an unplugged vCPU as present,
@@ -1437,12 +1440,15 @@ func (h *Hypervisor) SetVCPUs(ctx context.Context, id string, n int) error {
 				return libvirtError(fmt.Sprintf("hot-plug vCPUs into domain %s (%d to %d)", name, plugged, n), err)
 			}
 		}
-		err = onlineGuestVCPUs(ctx, dom, n)
-		switch {
-		case err != nil && n < old:
+		h.stopOnliningVCPUs(id)
+		if n > old {
+			// The guest's kernel learns of a hot-plugged vCPU through
+			// ACPI, which a busy TCG guest may handle a minute later; its
+			// agent may be busy with execs meanwhile. The resize returns
+			// now and the agent onlines them when it can.
+			h.onlineVCPUsLater(r, n, log)
+		} else if err := onlineGuestVCPUs(ctx, dom, n); err != nil {
 			return fmt.Errorf("take vCPUs of VM %s offline (%d to %d) through its guest agent: %w: %w", name, old, n, err, ports.ErrFailedPrecondition)
-		case err != nil:
-			log.WithError(err).Warn("vCPUs hot-plugged; the guest's agent did not bring them online (the guest may do it itself)")
 		}
 	}
 	if err := dom.SetVcpusFlags(uint(n), libvirt.DOMAIN_VCPU_CONFIG); err != nil {
@@ -1466,19 +1472,106 @@ func onlineGuestVCPUs(ctx context.Context, dom *libvirt.Domain, n int) error {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	for {
-		gv, err := dom.GetGuestVcpus(0)
-		if err != nil {
+		err := setGuestVCPUs(dom, n)
+		if err == nil || ctx.Err() != nil {
 			return err
-		}
-		if seen := countTrue(gv.Vcpus); seen >= n {
-			return dom.SetVcpusFlags(uint(n), libvirt.DOMAIN_VCPU_GUEST)
-		} else if ctx.Err() != nil {
-			return fmt.Errorf("the guest sees %d of its %d vCPUs", seen, n)
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(250 * time.Millisecond):
 		}
+	}
+}
+
+// setGuestVCPUs has the guest's agent keep n vCPUs online once the guest
+// sees n.
+func setGuestVCPUs(dom *libvirt.Domain, n int) error {
+	gv, err := dom.GetGuestVcpus(0)
+	if err != nil {
+		return err
+	}
+	if seen := countTrue(gv.Vcpus); seen < n {
+		return fmt.Errorf("the guest sees %d of its %d vCPUs", seen, n)
+	}
+	return dom.SetVcpusFlags(uint(n), libvirt.DOMAIN_VCPU_GUEST)
+}
+
+// vcpuOnlineWindow bounds how long hot-plugged vCPUs are waited for in the
+// background, and vcpuOnlineRetry how often the guest is asked meanwhile.
+const (
+	vcpuOnlineWindow = 5 * time.Minute
+	vcpuOnlineRetry  = time.Second
+)
+
+// onlineVCPUsLater has the guest's agent bring n vCPUs online in the
+// background, retrying until it has, the VM stops, another resize or
+// close supersedes it, or vcpuOnlineWindow ends.
+func (h *Hypervisor) onlineVCPUsLater(r *record, n int, log logrus.FieldLogger) {
+	ctx, cancel := context.WithTimeout(context.Background(), vcpuOnlineWindow)
+	job := &onlining{cancel: cancel}
+	id := r.Spec.ID
+	h.mu.Lock()
+	if h.onlining == nil {
+		h.onlining = map[string]*onlining{}
+	}
+	h.onlining[id] = job
+	h.mu.Unlock()
+	go func() {
+		defer func() {
+			h.mu.Lock()
+			if h.onlining[id] == job {
+				delete(h.onlining, id)
+			}
+			h.mu.Unlock()
+			cancel()
+		}()
+		var err error
+		for attempt := 0; ; attempt++ {
+			h.mu.Lock()
+			gone := h.records[id] != r
+			h.mu.Unlock()
+			if gone {
+				return // removed, or redefined with a resize of its own
+			}
+			if attempt > 0 {
+				select {
+				case <-ctx.Done():
+					if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+						log.WithError(err).Warn("vCPUs hot-plugged; the guest's agent did not bring them online (the guest may do it itself)")
+					}
+					return
+				case <-time.After(vcpuOnlineRetry):
+				}
+			}
+			var dom *libvirt.Domain
+			if dom, err = h.agentDomain(r); err != nil {
+				continue
+			}
+			if state, _, serr := dom.GetState(); serr == nil && state != libvirt.DOMAIN_RUNNING {
+				dom.Free()
+				log.WithField("state", state).Info("the VM stopped before its hot-plugged vCPUs came online")
+				return
+			}
+			err = setGuestVCPUs(dom, n)
+			dom.Free()
+			if err == nil {
+				log.WithField("attempts", attempt+1).Info("hot-plugged vCPUs online")
+				return
+			}
+		}
+	}()
+}
+
+// onlining is one background onlining of hot-plugged vCPUs.
+type onlining struct{ cancel context.CancelFunc }
+
+// stopOnliningVCPUs cancels a background onlining of VM id's vCPUs.
+func (h *Hypervisor) stopOnliningVCPUs(id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if job := h.onlining[id]; job != nil {
+		job.cancel()
+		delete(h.onlining, id)
 	}
 }
 
@@ -1563,6 +1656,10 @@ func (h *Hypervisor) close() {
 	h.mu.Lock()
 	conn, ids := h.conn, h.callbackIDs
 	h.conn, h.ready = nil, false
+	for id, job := range h.onlining {
+		job.cancel()
+		delete(h.onlining, id)
+	}
 	quit, dispatched := h.quit, h.dispatched
 	h.quit = nil
 	p := h.pool
