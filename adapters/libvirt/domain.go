@@ -73,11 +73,16 @@ func domainXML(in domainInput) (string, error) {
 	return d.Marshal()
 }
 
+// newVMMetadata is the metadata of VM s's domain, made by plugin instance
+// owner.
+func newVMMetadata(s ports.VMSpec, owner string) vmMetadata {
+	return vmMetadata{ID: s.ID, Sandbox: s.SandboxID, Pod: s.PodNamespace + "/" + s.PodName, CreatedBy: "virtlet", Owner: owner}
+}
+
 // metadataXML is a domain's <virtlet:…> element: the VM's, or the pool's
 // for a pool domain.
 func metadataXML(in domainInput) (string, error) {
-	s := in.Spec
-	var v interface{} = vmMetadata{ID: s.ID, Sandbox: s.SandboxID, Pod: s.PodNamespace + "/" + s.PodName, CreatedBy: "virtlet", Owner: in.Owner}
+	var v interface{} = newVMMetadata(in.Spec, in.Owner)
 	if in.Pool != nil {
 		v = in.Pool
 	}

@@ -789,7 +789,10 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 		return fail("look it up", err)
 	}
 	defer dom.Free()
-	meta, err := xml.Marshal(vmMetadata{ID: spec.ID, Sandbox: spec.SandboxID, Pod: spec.PodNamespace + "/" + spec.PodName, CreatedBy: "virtlet"})
+	// Its owner too: another plugin instance on this libvirtd would
+	// otherwise take it for a domain of its own without a record (an
+	// orphan) and remove it when it resyncs.
+	meta, err := xml.Marshal(newVMMetadata(spec, h.owner))
 	if err == nil {
 		err = dom.SetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, string(meta), metadataKey, MetadataNS, libvirt.DOMAIN_AFFECT_LIVE)
 	}

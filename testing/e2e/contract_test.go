@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,23 +106,23 @@ func TestLibvirtHypervisorContractPooled(t *testing.T) {
 
 // Two libvirt plugins with their own state on one libvirtd (two daemons,
 // or a test's daemon beside a node's) see only their own domains: neither
-// lists the other's VM, takes it for an orphan or removes it.
+// lists the other's VM, takes it for an orphan or removes it; nor a VM
+// that claimed a pool domain (whose metadata is set on the live domain).
 func TestLibvirtPluginsShareLibvirtd(t *testing.T) {
 	parallel(t)
 	ctx := context.Background()
 	dirA, dirB := harness.VMDir(t), harness.VMDir(t)
-	a, b := libvirtPlugin(t, dirA, "").Hypervisor(), libvirtPlugin(t, dirB, "").Hypervisor()
-	id := fmt.Sprintf("%064x", time.Now().UnixNano())
-	spec := ports.VMSpec{ID: id, Name: fmt.Sprintf("virtlet-%s-shared", id[len(id)-12:]), UUID: uuid.NewString(),
-		PodName: "shared", PodNamespace: "e2e", VCPUs: 1, MemoryBytes: 128 << 20,
-		Disks: []ports.Disk{{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true,
-			Source: ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"}, Overlay: &ports.DiskOverlay{BasePath: tiny, BaseFormat: "qcow2"}}},
-		ConsoleLogPath: filepath.Join(dirA, "logs", id+".log")}
-	if err := a.Define(ctx, spec); err != nil {
-		t.Fatal(err)
+	pa, logA := libvirtPluginLog(t, dirA, "{pool: {size: 1}}")
+	a, b := pa.Hypervisor(), libvirtPlugin(t, dirB, "").Hypervisor()
+	newSpec := func(name string) ports.VMSpec {
+		id := fmt.Sprintf("%064x", time.Now().UnixNano())
+		return ports.VMSpec{ID: id, Name: fmt.Sprintf("virtlet-%s-%s", id[len(id)-12:], name),
+			PodName: name, PodNamespace: "e2e", VCPUs: 1, MemoryBytes: 128 << 20,
+			Disks: []ports.Disk{{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true,
+				Source: ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"}, Overlay: &ports.DiskOverlay{BasePath: tiny, BaseFormat: "qcow2"}}},
+			ConsoleLogPath: filepath.Join(dirA, "logs", id+".log"), RunAs: &ports.ProcessIdentity{UID: 2000000510, GID: 2000000510}}
 	}
-	t.Cleanup(func() { a.Undefine(context.Background(), id) })
-	listed := func(hv ports.Hypervisor) bool {
+	listed := func(hv ports.Hypervisor, id string) bool {
 		vms, err := hv.List(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -133,18 +134,42 @@ func TestLibvirtPluginsShareLibvirtd(t *testing.T) {
 		}
 		return false
 	}
-	if !listed(a) {
-		t.Fatalf("the plugin that defined VM %s does not list it", id)
+	check := func(t *testing.T, spec ports.VMSpec) {
+		id := spec.ID
+		if !listed(a, id) {
+			t.Fatalf("the plugin that defined VM %s does not list it", id)
+		}
+		if listed(b, id) {
+			t.Fatalf("another plugin instance lists VM %s as its own (it would remove it as an orphan)", id)
+		}
+		if err := b.Undefine(ctx, id); !errors.Is(err, ports.ErrNotFound) {
+			t.Fatalf("another plugin instance's Undefine of VM %s: %v, want not found", id, err)
+		}
+		if st, err := a.Status(ctx, id); err != nil || st.State != ports.VMDefined {
+			t.Fatalf("VM %s after the other plugin's calls: %+v %v", id, st, err)
+		}
 	}
-	if listed(b) {
-		t.Fatalf("another plugin instance lists VM %s as its own (it would remove it as an orphan)", id)
+	define := func(t *testing.T, spec ports.VMSpec) {
+		if err := a.Define(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Undefine(context.Background(), spec.ID) })
 	}
-	if err := b.Undefine(ctx, id); !errors.Is(err, ports.ErrNotFound) {
-		t.Fatalf("another plugin instance's Undefine of VM %s: %v, want not found", id, err)
+	// A cold VM (it also teaches the pool its shape).
+	cold := newSpec("shared")
+	define(t, cold)
+	check(t, cold)
+	// A VM that claimed the pool domain launched for that shape.
+	harness.Eventually(t, time.Minute, "a pool domain launched", func() bool {
+		names := harness.PoolDomainsUsing(dirA)
+		return len(names) == 1 && harness.PoolLaunches(logA.String())[names[0]]
+	})
+	pooled := newSpec("sharedpool")
+	define(t, pooled)
+	if st, err := a.Status(ctx, pooled.ID); err != nil || !strings.HasPrefix(st.Name, "virtlet-pool-") {
+		t.Fatalf("the second VM did not claim the pool domain: %+v %v", st, err)
 	}
-	if st, err := a.Status(ctx, id); err != nil || st.State != ports.VMDefined {
-		t.Fatalf("VM %s after the other plugin's calls: %+v %v", id, st, err)
-	}
+	check(t, pooled)
 }
 
 // libvirtPlugin runs the libvirt plugin as a process with this config.
