@@ -74,13 +74,16 @@ lint:
 # as JSON for the closing table. A plain `make e2e` runs go test itself.
 ifdef CHECK_DIR
 GOTEST = bin/tools/gotestsum --format standard-quiet --jsonfile $(CHECK_DIR)/$@.json --
-# gotestsum lists every benchmark as failed ("unknown": test2json ends no
+# gotestsum counts every benchmark as failed ("unknown": test2json ends no
 # benchmark with pass): bench-smoke shows go test's own verbose output,
-# which names a real failure, and no summary of failures.
+# which names a real failure, without gotestsum's summary of failures and
+# its closing count ("DONE 13 tests, 13 failures").
 GOBENCH = bin/tools/gotestsum --format standard-verbose --hide-summary=failed --jsonfile $(CHECK_DIR)/$@.json --
+BENCH_OUTPUT = | sed -u '/^DONE [0-9]* tests/d'
 else
 GOTEST = $(GO) test
 GOBENCH = $(GO) test
+BENCH_OUTPUT =
 endif
 
 # Packages whose tests start the daemon as a process: go's test cache cannot
@@ -150,7 +153,7 @@ bench: deps
 # that none rots: make check runs it; its figures judge nothing.
 bench-smoke: deps
 	testing/k8s/build.sh >/dev/null
-	VIRTLET_BENCH_SMOKE=1 $(GOBENCH) -count=1 -run '^$$' -bench . -benchtime 1x -timeout 10m ./testing/bench/
+	set -o pipefail; VIRTLET_BENCH_SMOKE=1 $(GOBENCH) -count=1 -run '^$$' -bench . -benchtime 1x -timeout 10m ./testing/bench/ $(BENCH_OUTPUT)
 
 # make bench, then fail when a target was missed (naming each).
 bench-check: bench

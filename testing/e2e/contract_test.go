@@ -20,12 +20,21 @@ import (
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
+// The tests that need the node's libvirtd and host network to
+// themselves, though not both cores: the hypervisor contracts and the
+// crash matrix, side by side (-parallel allowing) and beside no other
+// test. The contracts make no network namespace, host link or libvirt
+// secret, which the crash matrix counts host-wide; the crash matrix
+// neither kills libvirtd (TestLibvirtdKilled does, alone) nor loads both
+// cores.
+func TestLibvirtdSharedByFew(t *testing.T) {
+	t.Run("CrashMatrix", func(t *testing.T) { t.Parallel(); testCrashMatrix(t) })
+	t.Run("LibvirtHypervisorContract", func(t *testing.T) { t.Parallel(); testLibvirtHypervisorContract(t) })
+	t.Run("LibvirtHypervisorContractPooled", func(t *testing.T) { t.Parallel(); testLibvirtHypervisorContractPooled(t) })
+}
+
 // The hypervisor contract, against the libvirt plugin as a process.
-func TestLibvirtHypervisorContract(t *testing.T) {
-	// Alone (not parallel): under a second test's load, a console viewer
-	// attaching while the VM stops once cost the plugin its libvirtd
-	// connection (reason "error") and the calls in flight failed; until
-	// that is understood the contract runs as it always did.
+func testLibvirtHypervisorContract(t *testing.T) {
 	dir := harness.VMDir(t)
 	h := libvirtPlugin(t, dir, "")
 	hypervisortest.Run(t, hypervisortest.Env{
@@ -63,17 +72,16 @@ func domainXML(hv ports.Hypervisor) func(t *testing.T, id string) string {
 // The same contract for VMs claimed from the plugin's pool of pre-launched
 // domains: the shape is learnt from a first VM (cold), whose pool domain
 // the contract's VMs then claim, one after the other.
-func TestLibvirtHypervisorContractPooled(t *testing.T) {
-	// Alone, as TestLibvirtHypervisorContract.
+func testLibvirtHypervisorContractPooled(t *testing.T) {
 	dir := harness.VMDir(t)
-	h, pluginLog := libvirtPluginLog(t, dir, "{pool: {size: 1}}")
-	hv := h.Hypervisor()
+	p := libvirtPluginUnderTest(t, dir, "{pool: {size: 1}}")
+	hv, pluginLog := p.host.Hypervisor(), p.log
 	newSpec := func(t *testing.T, id string) ports.VMSpec {
 		return ports.VMSpec{ID: id, Name: fmt.Sprintf("virtlet-%s-contract", id[len(id)-12:]),
 			PodName: "contract", PodNamespace: "e2e", VCPUs: 1, MemoryBytes: 128 << 20,
 			Disks: []ports.Disk{{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true,
 				Source: ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"}, Overlay: &ports.DiskOverlay{BasePath: tiny, BaseFormat: "qcow2"}}},
-			ConsoleLogPath: filepath.Join(dir, "logs", id+".log"), RunAs: &ports.ProcessIdentity{UID: 2000000500, GID: 2000000500}}
+			ConsoleLogPath: filepath.Join(dir, "logs", id+".log"), RunAs: p.runAs(0)}
 	}
 	first := fmt.Sprintf("%064x", time.Now().UnixNano())
 	if err := hv.Define(context.Background(), newSpec(t, first)); err != nil {
@@ -112,15 +120,15 @@ func TestLibvirtPluginsShareLibvirtd(t *testing.T) {
 	parallel(t)
 	ctx := context.Background()
 	dirA, dirB := harness.VMDir(t), harness.VMDir(t)
-	pa, logA := libvirtPluginLog(t, dirA, "{pool: {size: 1}}")
-	a, b := pa.Hypervisor(), libvirtPlugin(t, dirB, "").Hypervisor()
+	pa := libvirtPluginUnderTest(t, dirA, "{pool: {size: 1}}")
+	a, b, logA := pa.host.Hypervisor(), libvirtPlugin(t, dirB, "").Hypervisor(), pa.log
 	newSpec := func(name string) ports.VMSpec {
 		id := fmt.Sprintf("%064x", time.Now().UnixNano())
 		return ports.VMSpec{ID: id, Name: fmt.Sprintf("virtlet-%s-%s", id[len(id)-12:], name),
 			PodName: name, PodNamespace: "e2e", VCPUs: 1, MemoryBytes: 128 << 20,
 			Disks: []ports.Disk{{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true,
 				Source: ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"}, Overlay: &ports.DiskOverlay{BasePath: tiny, BaseFormat: "qcow2"}}},
-			ConsoleLogPath: filepath.Join(dirA, "logs", id+".log"), RunAs: &ports.ProcessIdentity{UID: 2000000510, GID: 2000000510}}
+			ConsoleLogPath: filepath.Join(dirA, "logs", id+".log"), RunAs: pa.runAs(0)}
 	}
 	listed := func(hv ports.Hypervisor, id string) bool {
 		vms, err := hv.List(ctx)
@@ -175,12 +183,26 @@ func TestLibvirtPluginsShareLibvirtd(t *testing.T) {
 // libvirtPlugin runs the libvirt plugin as a process with this config.
 func libvirtPlugin(t *testing.T, dir, config string) *host.Host {
 	t.Helper()
-	h, _ := libvirtPluginLog(t, dir, config)
-	return h
+	return libvirtPluginUnderTest(t, dir, config).host
 }
 
-// libvirtPluginLog is libvirtPlugin that also returns the plugin's log.
-func libvirtPluginLog(t *testing.T, dir, config string) (*host.Host, *harness.Screen) {
+// pluginUnderTest is a libvirt plugin a test runs as a process, its log,
+// and the users its VMs may run as (RunAs), the test's own.
+type pluginUnderTest struct {
+	host    *host.Host
+	log     *harness.Screen
+	vmUsers harness.UserRange
+}
+
+// runAs is the i-th user of the plugin's VM range.
+func (p pluginUnderTest) runAs(i int) *ports.ProcessIdentity {
+	uid := p.vmUsers.First + i
+	return &ports.ProcessIdentity{UID: uid, GID: uid}
+}
+
+// libvirtPluginUnderTest runs the libvirt plugin as a process with this
+// config; a pool takes its users from a range of the test's own.
+func libvirtPluginUnderTest(t *testing.T, dir, config string) pluginUnderTest {
 	t.Helper()
 	bin := filepath.Join(bins, "virtlet-plugin-libvirt")
 	sum, _ := manifest.FileSHA256(bin)
@@ -194,6 +216,11 @@ func libvirtPluginLog(t *testing.T, dir, config string) (*host.Host, *harness.Sc
 			t.Logf("libvirt plugin's log (%s):\n%s", dir, logBuf.String())
 		}
 	})
+	vmUsers, poolUsers := harness.UserRanges()
+	config, err := harness.WithPoolUsers(config, poolUsers)
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := manifest.Manifest{Name: "libvirt", Kind: ports.KindHypervisor, Command: bin, SHA256: sum, File: "test"}
 	if config != "" {
 		js, err := yaml.YAMLToJSON([]byte(config))
@@ -202,13 +229,14 @@ func libvirtPluginLog(t *testing.T, dir, config string) (*host.Host, *harness.Sc
 		}
 		m.Config = js
 	}
-	// After the plugin stops: what its VM users (the default ranges) were
-	// granted on libvirtd's directories, had a kill left it.
-	t.Cleanup(func() { harness.RevokeUsers(harness.UserRange{First: 2000000000, Last: 2000131071}) })
+	// After the plugin stops: what its VM users were granted on
+	// libvirtd's directories, had a kill left it. Its own ranges only: a
+	// contract running beside it keeps its VMs' grants.
+	t.Cleanup(func() { harness.RevokeUsers(vmUsers, poolUsers) })
 	h, err := host.Start(context.Background(), []manifest.Manifest{m}, host.Options{StateDir: filepath.Join(dir, "plugins"), Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Shutdown)
-	return h, logBuf
+	return pluginUnderTest{host: h, log: logBuf, vmUsers: vmUsers}
 }

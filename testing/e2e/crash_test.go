@@ -25,8 +25,8 @@ import (
 // address, DHCP server (the CNI plugin's sockets), libvirt secret, image
 // data or download file), and
 // a bystander VM pod that ran through every crash must run still, in the
-// same QEMU process. libvirtd itself is then killed mid-start and
-// mid-stop. The matrix (step × outcome) is printed.
+// same QEMU process. The matrix (step × outcome) is printed.
+// TestLibvirtdKilled kills libvirtd itself mid-start and mid-stop.
 
 // crashImage is the image of the pod whose life the matrix interrupts.
 const crashImage = "virtlet.cloud/crash-tiny"
@@ -45,8 +45,67 @@ type matrixRow struct {
 	bystander string
 }
 
-func TestCrashMatrix(t *testing.T) {
-	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 86})
+// crashNode is a failpoints daemon on a test network of its own, with a
+// bystander VM pod running and the node's state snapshot around it.
+type crashNode struct {
+	d     *harness.Daemon
+	c     *harness.Crictl
+	tn    *harness.TestNetwork
+	base  nodeSnapshot
+	bySB  string
+	byCtr string
+	byVM  string
+	byPID string
+}
+
+// startCrashNode starts it; more translations (file → YAML) may name
+// the images of the pods the test crashes.
+func startCrashNode(t *testing.T, netIndex int, more map[string]string) *crashNode {
+	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: netIndex})
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet-failpoints"), append(plugins(), tn.Plugin(bins)))
+	d.Translate("test-images.yaml", translation)
+	for file, tr := range more {
+		d.Translate(file, tr)
+	}
+	d.Start()
+	c := d.Crictl(crictl)
+	c.Timeout = 3 * time.Minute
+	c.Must(t, "pull", tinyRef)
+	n := &crashNode{d: d, c: c, tn: tn}
+	byPod, byCtrCfg := vmPod(t, d, "bystander", nil, 160<<20)
+	n.bySB = c.Must(t, "runp", byPod)
+	n.byCtr = c.Must(t, "create", n.bySB, byCtrCfg, byPod)
+	c.Must(t, "start", n.byCtr)
+	waitLog(t, c, n.byCtr, "@@TINY-READY", 3*time.Minute)
+	n.byVM = inspectCtr(t, c, n.byCtr).VM.Name
+	n.byPID = qemuPID(t, n.byVM)
+	n.base = snapshotNode(t, d, tn)
+	return n
+}
+
+// check records in row what the node holds beyond its base snapshot and
+// whether the bystander still runs in its QEMU.
+func (n *crashNode) check(t *testing.T, row *matrixRow, after string) {
+	row.leaks = snapshotNode(t, n.d, n.tn).minus(n.base)
+	for _, l := range row.leaks {
+		t.Errorf("left after %s: %s", after, l)
+	}
+	row.bystander = checkStillRunning(t, n.c, n.byCtr, n.byVM, n.byPID)
+}
+
+// finish removes the bystander and asserts the node is empty.
+func (n *crashNode) finish(t *testing.T) {
+	for _, args := range [][]string{{"stop", "--timeout", "0", n.byCtr}, {"rm", n.byCtr}, {"stopp", n.bySB}, {"rmp", n.bySB}} {
+		retryCrictl(t, n.c, args...)
+	}
+	assertNothingLeft(t, n.d, n.c)
+}
+
+// The crash matrix's daemon rows (see above). The host-wide parts of its
+// snapshot (network namespaces, host links, libvirt secrets) are the
+// node's: the test runs beside the hypervisor contracts only, which make
+// none of them (TestLibvirtdSharedByFew).
+func testCrashMatrix(t *testing.T) {
 	// The crash pod's image: the tiny guest's content in another file, so
 	// that it has its own digest to pull, store and remove.
 	crashFile := filepath.Join(imgDir, "crash-tiny.qcow2")
@@ -57,23 +116,8 @@ func TestCrashMatrix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet-failpoints"), append(plugins(), tn.Plugin(bins)))
-	d.Translate("test-images.yaml", translation)
-	d.Translate("crash.yaml", crashTr)
-	d.Start()
-	c := d.Crictl(crictl)
-	c.Timeout = 3 * time.Minute
-	c.Must(t, "pull", tinyRef)
-
-	// The bystander runs through every crash.
-	byPod, byCtrCfg := vmPod(t, d, "bystander", nil, 160<<20)
-	bySB := c.Must(t, "runp", byPod)
-	byCtr := c.Must(t, "create", bySB, byCtrCfg, byPod)
-	c.Must(t, "start", byCtr)
-	waitLog(t, c, byCtr, "@@TINY-READY", 3*time.Minute)
-	byVM := inspectCtr(t, c, byCtr).VM.Name
-	byPID := qemuPID(t, byVM)
-	base := snapshotNode(t, d, tn)
+	n := startCrashNode(t, 86, map[string]string{"crash.yaml": crashTr})
+	d, c := n.d, n.c
 
 	var rows []matrixRow
 	for i, fp := range core.Failpoints {
@@ -130,19 +174,24 @@ func TestCrashMatrix(t *testing.T) {
 			}
 			d.Env = nil
 			d.Start()
-			row.leaks = snapshotNode(t, d, tn).minus(base)
-			for _, l := range row.leaks {
-				t.Errorf("left after a crash at %s: %s", fp, l)
-			}
-			row.bystander = checkStillRunning(t, c, byCtr, byVM, byPID)
+			n.check(t, &row, "a crash at "+fp)
 		})
 		rows = append(rows, row)
 	}
+	t.Logf("crash matrix:\n%s", matrixTable(rows))
+	n.finish(t)
+}
 
-	// libvirtd killed while a VM starts, and while one stops.
-	if out, err := crictlRun(c, "exec", "-s", byCtr, "echo", "agent"); err != nil || out != "agent" {
+// libvirtd killed while a VM starts, and while one stops: its pod's life
+// goes on once kubelet retries, nothing leaks, and a bystander VM runs on
+// in its QEMU. Alone on the node: the other tests' calls would fail too.
+func TestLibvirtdKilled(t *testing.T) {
+	n := startCrashNode(t, 88, nil)
+	d, c := n.d, n.c
+	if out, err := crictlRun(c, "exec", "-s", n.byCtr, "echo", "agent"); err != nil || out != "agent" {
 		t.Fatalf("exec in the bystander: %q, %v", out, err)
 	}
+	var rows []matrixRow
 	for _, mid := range []string{"start", "stop"} {
 		row := matrixRow{failpoint: "libvirtd SIGKILL mid-" + mid}
 		t.Run(row.failpoint, func(t *testing.T) {
@@ -188,26 +237,19 @@ func TestCrashMatrix(t *testing.T) {
 			}
 			// The plugin's guest-agent connection died with libvirtd too
 			// (the bystander's exec opened it): a new one carries execs.
-			if out, err := crictlRun(c, "exec", "-s", byCtr, "echo", "agent-"+mid); err != nil || out != "agent-"+mid {
+			if out, err := crictlRun(c, "exec", "-s", n.byCtr, "echo", "agent-"+mid); err != nil || out != "agent-"+mid {
 				t.Errorf("exec in the bystander after libvirtd's restart: %q, %v", out, err)
 			}
 			retry("stop", "--timeout", "0", ctr)
 			retry("rm", ctr)
 			retry("stopp", sb)
 			retry("rmp", sb)
-			row.leaks = snapshotNode(t, d, tn).minus(base)
-			for _, l := range row.leaks {
-				t.Errorf("left after libvirtd died mid-%s: %s", mid, l)
-			}
-			row.bystander = checkStillRunning(t, c, byCtr, byVM, byPID)
+			n.check(t, &row, "libvirtd died mid-"+mid)
 		})
 		rows = append(rows, row)
 	}
-	t.Logf("crash matrix:\n%s", matrixTable(rows))
-	for _, args := range [][]string{{"stop", "--timeout", "0", byCtr}, {"rm", byCtr}, {"stopp", bySB}, {"rmp", bySB}} {
-		retryCrictl(t, c, args...)
-	}
-	assertNothingLeft(t, d, c)
+	t.Logf("libvirtd killed:\n%s", matrixTable(rows))
+	n.finish(t)
 }
 
 // retryCrictl runs crictl until it succeeds, as kubelet retries, for up to

@@ -104,10 +104,10 @@ func run(m *testing.M) int {
 // parallel runs a test beside the suite's other parallel tests (go test
 // -parallel; make check runs two at a time: a TCG guest keeps one core
 // busy, and most of a test's time is a guest booting). Every test calls it
-// but those that must have the node to themselves: TestCrashMatrix kills
-// libvirtd, TestPluginChaos and TestConcurrentVMPods load both cores with
-// 20 VMs, and the hypervisor contracts (see TestLibvirtHypervisorContract);
-// go runs those first, alone.
+// but those that must have the node to themselves: TestLibvirtdKilled
+// kills libvirtd, TestPluginChaos and TestConcurrentVMPods load both cores
+// with 20 VMs, and TestLibvirtdSharedByFew runs the crash matrix beside
+// the hypervisor contracts only; go runs those first, one at a time.
 func parallel(t *testing.T) {
 	t.Helper()
 	t.Parallel()

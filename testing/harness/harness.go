@@ -243,18 +243,19 @@ var daemonSeq atomic.Int64
 // VMs run as these users (hostcheck removes their leftover grants).
 var TestUsers = UserRange{First: 2000200000, Last: 2000200000 + 64000*2000 - 1}
 
-// userRanges gives a daemon of this process its VM and pool users: 1000
-// each, from the process ID and a counter, above the daemon's and the
-// pool's default ranges (which tests of a plugin alone use).
-func userRanges() (vm, pool UserRange) {
+// UserRanges gives a daemon (or a plugin a test runs alone) of this
+// process its VM and pool users: 1000 each, from the process ID and a
+// counter, above the daemon's and the pool's default ranges, so that what
+// one revokes at its end is no other's.
+func UserRanges() (vm, pool UserRange) {
 	slot := (os.Getpid()%1000)*64 + int(daemonSeq.Add(1)%64)
 	first := 2000200000 + slot*2000
 	return UserRange{first, first + 999}, UserRange{first + 1000, first + 1999}
 }
 
-// withPoolUsers sets pool.users in a libvirt plugin config that has a
+// WithPoolUsers sets pool.users in a libvirt plugin config that has a
 // pool and names none.
-func withPoolUsers(config string, users UserRange) (string, error) {
+func WithPoolUsers(config string, users UserRange) (string, error) {
 	if config == "" {
 		return "", nil
 	}
@@ -283,7 +284,7 @@ func NewDaemon(t testing.TB, bin string, plugins []Plugin) *Daemon {
 	dir := VMDir(t)
 	d := &Daemon{t: t, Bin: bin, Dir: dir, Socket: filepath.Join(dir, "virtlet.sock"),
 		StateDir: filepath.Join(dir, "state"), LogFile: filepath.Join(dir, "virtlet.log")}
-	d.VMUsers, d.PoolUsers = userRanges()
+	d.VMUsers, d.PoolUsers = UserRanges()
 	// After its domains go (CleanupDomains, registered by VMDir), what
 	// its VM users were granted on libvirtd's directories goes too: a
 	// daemon killed with VMs running leaves it, as its plugin would
@@ -311,7 +312,7 @@ func NewDaemon(t testing.TB, bin string, plugins []Plugin) *Daemon {
 		}
 		config := p.Config
 		if p.Name == "libvirt" {
-			if config, err = withPoolUsers(config, d.PoolUsers); err != nil {
+			if config, err = WithPoolUsers(config, d.PoolUsers); err != nil {
 				t.Fatal(err)
 			}
 		}
