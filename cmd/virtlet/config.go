@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -110,13 +111,25 @@ func dirOf(p string) string {
 	return "/"
 }
 
+// configKeys lists the config file's keys, in the struct's order.
+func configKeys() []string {
+	var keys []string
+	typ := reflect.TypeOf(config{})
+	for i := 0; i < typ.NumField(); i++ {
+		if key, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ","); key != "" && key != "-" {
+			keys = append(keys, key)
+		}
+	}
+	return keys
+}
+
 // parseConfig reads flags (and the config file they name).
 func parseConfig(args []string) (config, bool, error) {
 	cfg := defaults()
 	// pflag, as every Kubernetes component: --long flags, --help exits 0.
 	fs := pflag.NewFlagSet("virtlet", pflag.ContinueOnError)
 	fs.SortFlags = false
-	configFile := fs.String("config", "", "YAML config file (keys: listen, adminSocket, stateDir, pluginsDir, pluginBinDir, imageTranslationsDir, logFormat, logLevel, defaultVMMemory, operationTimeout, kubeconfig, kubeObjectsDir, streamingAddress, cgroupDriver, forwardRuntime, metricsAddress, metricsAllowRemote, vmUsers, vmGroup, presetsDir); flags override it")
+	configFile := fs.String("config", "", "YAML config file (keys: "+strings.Join(configKeys(), ", ")+"); flags override it")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	listen := fs.String("listen", cfg.Listen, "CRI endpoint to serve, unix:///path.sock")
 	adminSocket := fs.String("admin-socket", cfg.AdminSocket, "unix socket of the admin API (mode 0600) the flexvolume driver and node tools use")

@@ -280,3 +280,26 @@ func TestHelpIsNotAnError(t *testing.T) {
 		t.Errorf("long flags: %+v %v", cfg, err)
 	}
 }
+
+// README's paragraph on the config file lists every key (the --config
+// flag's help is made from the same list).
+func TestEveryConfigKeyIsDocumented(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, para, found := strings.Cut(string(readme), "Flags can also come from `--config FILE`")
+	if !found {
+		t.Fatal("README.md has no paragraph on the config file")
+	}
+	para, _, _ = strings.Cut(para, "\n\n")
+	keys := configKeys()
+	if len(keys) < 20 {
+		t.Fatalf("config keys: %v", keys)
+	}
+	for _, key := range keys {
+		if !strings.Contains(para, "`"+key+"`") {
+			t.Errorf("README's paragraph on the config file does not list %q", key)
+		}
+	}
+}
