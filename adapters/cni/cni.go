@@ -43,7 +43,18 @@ type Config struct {
 	// CNI DEL, say) is torn down again, until it goes: a duration such as
 	// 1m (the default).
 	TeardownRetry string `json:"teardownRetry,omitempty"`
+	// NetNSPrefix begins the name of each pod's network namespace in
+	// NetNSDir, before the sandbox ID's first 16 characters: "virtlet-" by
+	// default. Daemons sharing a host (a test's beside a node's, several
+	// nodes' worth) each name theirs apart.
+	NetNSPrefix string `json:"netnsPrefix,omitempty"`
 }
+
+// DefaultNetNSPrefix begins the names of pods' network namespaces.
+const DefaultNetNSPrefix = "virtlet-"
+
+// netnsPrefixPattern is what a NetNSPrefix may be: a file name's start.
+var netnsPrefixPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{0,39}$`)
 
 // Defaults: the CNI conventions, plus where Debian installs its plugins.
 var (
@@ -84,9 +95,12 @@ func (n *Network) PluginInfo() ports.PluginInfo {
 // Configure reads the config, and brings back the DHCP servers of the
 // pods set up before a restart; it tears down what a crash interrupted.
 func (n *Network) Configure(ctx context.Context, pc ports.PluginConfig) error {
-	cfg := Config{ConfDir: DefaultConfDir, BinDirs: DefaultBinDirs}
+	cfg := Config{ConfDir: DefaultConfDir, BinDirs: DefaultBinDirs, NetNSPrefix: DefaultNetNSPrefix}
 	if err := pc.Decode(&cfg); err != nil {
 		return err
+	}
+	if !netnsPrefixPattern.MatchString(cfg.NetNSPrefix) {
+		return fmt.Errorf("cni config: netnsPrefix %q: want lower-case letters, digits, dots and dashes (at most 40), starting with a letter or digit: %w", cfg.NetNSPrefix, ports.ErrInvalidArgument)
 	}
 	if pc.StateDir == "" {
 		return fmt.Errorf("cni: needs a state directory: %w", ports.ErrInvalidArgument)
@@ -303,7 +317,7 @@ func (n *Network) Setup(ctx context.Context, req ports.NetworkRequest) (ports.Ne
 		return ports.NetworkAttachment{}, err
 	}
 	r := &record{SandboxID: req.SandboxID, PodName: req.PodName, Namespace: req.PodNamespace, PodUID: req.PodUID, Ports: req.PortMappings,
-		NetNS: filepath.Join(NetNSDir, nsName(req.SandboxID)), ConfList: list.Bytes}
+		NetNS: filepath.Join(NetNSDir, n.nsName(req.SandboxID)), ConfList: list.Bytes}
 	if err := n.save(r); err != nil {
 		return ports.NetworkAttachment{}, fmt.Errorf("record pod network: %w", err)
 	}
@@ -317,20 +331,30 @@ func (n *Network) Setup(ctx context.Context, req ports.NetworkRequest) (ports.Ne
 	return att, nil
 }
 
-func nsName(sandboxID string) string {
+// nsOf is the name of the network namespace a pod's record names (one
+// made under another NetNSPrefix keeps its own), else nsName's.
+func (n *Network) nsOf(r *record) string {
+	if dir, name := filepath.Split(r.NetNS); filepath.Clean(dir) == NetNSDir && name != "" && name != "." && name != ".." {
+		return name
+	}
+	return n.nsName(r.SandboxID)
+}
+
+// nsName names the network namespace of a pod.
+func (n *Network) nsName(sandboxID string) string {
 	if len(sandboxID) > 16 {
 		sandboxID = sandboxID[:16]
 	}
-	return "virtlet-" + sandboxID
+	return n.cfg.NetNSPrefix + sandboxID
 }
 
 func (n *Network) setup(ctx context.Context, r *record, list *libcni.NetworkConfigList, req ports.NetworkRequest) (ports.NetworkAttachment, error) {
 	// A namespace of this name can only be a lost earlier setup of this
 	// very sandbox (its record gone with a wiped state directory).
-	if err := deleteNetNS(nsName(r.SandboxID)); err != nil {
+	if err := deleteNetNS(n.nsOf(r)); err != nil {
 		return ports.NetworkAttachment{}, err
 	}
-	if _, err := createNetNS(nsName(r.SandboxID)); err != nil {
+	if _, err := createNetNS(n.nsOf(r)); err != nil {
 		return ports.NetworkAttachment{}, err
 	}
 	raw, err := n.cni.AddNetworkList(ctx, list, runtimeConf(r))
@@ -621,7 +645,7 @@ func (n *Network) Teardown(ctx context.Context, req ports.NetworkRequest) error 
 	if errors.Is(err, os.ErrNotExist) {
 		// Nothing recorded: Setup never started, or a teardown finished.
 		// Remove what the names point to anyway.
-		r = &record{SandboxID: req.SandboxID, NetNS: filepath.Join(NetNSDir, nsName(req.SandboxID))}
+		r = &record{SandboxID: req.SandboxID, NetNS: filepath.Join(NetNSDir, n.nsName(req.SandboxID))}
 	} else if err != nil {
 		return err
 	}
@@ -686,7 +710,9 @@ func (n *Network) teardown(ctx context.Context, r *record, forgiveDEL bool) erro
 			}
 		}
 	}
-	if err := deleteNetNS(nsName(r.SandboxID)); err != nil {
+	// The recorded name: a record made under another NetNSPrefix names
+	// its own.
+	if err := deleteNetNS(n.nsOf(r)); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -55,6 +55,8 @@ type testNet struct {
 	bridge   string
 	conf     string
 	extraBin string // a directory of test CNI plugins
+	// netnsPrefix names the pods' network namespaces: the run's id in it.
+	netnsPrefix string
 }
 
 // isolate keeps a test bridge off the machine's routes, and removes it
@@ -93,7 +95,7 @@ func newTestNetWith(t *testing.T, pluginType, chained string) *testNet {
 	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
 		t.Fatal("Debian's containernetworking-plugins are missing: testing/setup.sh installs them")
 	}
-	tn := &testNet{state: t.TempDir(), ipam: t.TempDir(), bridge: runName(""), conf: t.TempDir()}
+	tn := &testNet{state: t.TempDir(), ipam: t.TempDir(), bridge: runName(""), conf: t.TempDir(), netnsPrefix: runName("n") + "-"}
 	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "virtlet-test", "plugins": [{
 	  "type": %q, "bridge": %q, "isGateway": true, "ipMasq": false,
 	  "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": "198.18.5.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}}%s]}`,
@@ -113,7 +115,7 @@ func (tn *testNet) start(t *testing.T) *Network {
 	if tn.extraBin != "" {
 		bins = fmt.Sprintf("%q, %s", tn.extraBin, bins)
 	}
-	cfg := fmt.Sprintf(`{"confDir": %q, "binDirs": [%s], "teardownRetry": "200ms"}`, tn.conf, bins)
+	cfg := fmt.Sprintf(`{"confDir": %q, "binDirs": [%s], "teardownRetry": "200ms", "netnsPrefix": %q}`, tn.conf, bins, tn.netnsPrefix)
 	if err := n.Configure(context.Background(), ports.PluginConfig{Config: []byte(cfg), StateDir: tn.state}); err != nil {
 		t.Fatal(err)
 	}
@@ -219,6 +221,9 @@ func TestSetupDHCPTeardown(t *testing.T) {
 	if _, err := os.Stat(att.NetNSPath); err != nil {
 		t.Fatalf("netns: %v", err)
 	}
+	if want := filepath.Join(NetNSDir, tn.netnsPrefix+id[:16]); att.NetNSPath != want {
+		t.Errorf("netns %s, want %s (the configured prefix)", att.NetNSPath, want)
+	}
 	for _, l := range []string{"vlb-" + id[:11], "vlh-" + id[:11]} {
 		if !linkExists(l) {
 			t.Errorf("host link %s missing", l)
@@ -274,7 +279,7 @@ func TestSetupDHCPTeardown(t *testing.T) {
 
 func assertGone(t *testing.T, tn *testNet, id string, ip net.IP) {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(NetNSDir, nsName(id))); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(NetNSDir, tn.n.nsName(id))); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("netns left: %v", err)
 	}
 	for _, l := range []string{"vlb-" + id[:11], "vlh-" + id[:11]} {
@@ -335,7 +340,7 @@ func TestFailedTeardownIsRetried(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if _, err := os.Stat(filepath.Join(NetNSDir, nsName(id))); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(NetNSDir, tn.n.nsName(id))); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the pod's namespace outlives the retried teardown: %v", err)
 	}
 }
@@ -537,5 +542,33 @@ func TestDeleteAHalfMadeNetNS(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Fatalf("the half-made namespace's file is still there: %v", err)
+	}
+}
+
+// A pod set up under another netnsPrefix (a record of before an upgrade
+// that changed it) is torn down by the name its record holds; a prefix
+// that is no file name's start is refused, naming the key.
+func TestNetNSPrefix(t *testing.T) {
+	tn := newTestNet(t, "bridge")
+	id, req, att := setupPod(t, tn)
+	tn.n.Close()
+	tn.netnsPrefix = runName("m") + "-"
+	tn.n = tn.start(t)
+	if err := tn.n.Teardown(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(att.NetNSPath); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the namespace made under the old prefix is left: %v", err)
+	}
+	assertGone(t, tn, id, nil)
+
+	for _, bad := range []string{"", "../x", "a/b", "UPPER", "-dash", strings.Repeat("a", 41)} {
+		n := New(quiet())
+		cfg := fmt.Sprintf(`{"confDir": %q, "netnsPrefix": %q}`, tn.conf, bad)
+		err := n.Configure(context.Background(), ports.PluginConfig{Config: []byte(cfg), StateDir: t.TempDir()})
+		if err == nil || !strings.Contains(err.Error(), "netnsPrefix") || !errors.Is(err, ports.ErrInvalidArgument) {
+			t.Errorf("netnsPrefix %q: %v", bad, err)
+		}
+		n.Close()
 	}
 }

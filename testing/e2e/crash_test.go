@@ -341,7 +341,7 @@ func snapshotNode(t *testing.T, d *harness.Daemon, tn *harness.TestNetwork) node
 	})
 	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
 		for _, line := range strings.Split(string(out), "\n") {
-			if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "virtlet-") {
+			if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], tn.NetNSPrefix) {
 				s["netns"] = append(s["netns"], f[0])
 			}
 		}

@@ -351,7 +351,7 @@ func TestVMPodsOnThePodNetwork(t *testing.T) {
 		c.Must(t, "stopp", sb)
 	}
 	for _, sb := range []string{tinySB, cloudSB} {
-		if _, err := os.Stat("/var/run/netns/virtlet-" + sb[:16]); !os.IsNotExist(err) {
+		if _, err := os.Stat("/var/run/netns/" + tn.NetNS(sb)); !os.IsNotExist(err) {
 			t.Errorf("netns of %s left: %v", sb[:12], err)
 		}
 	}

@@ -29,7 +29,13 @@ type TestNetwork struct {
 	Gateway  string // IPv4 gateway: the bridge's address
 	Subnet6  string // IPv6 subnet when dual-stack
 	Gateway6 string
+	// NetNSPrefix begins the names of its pods' network namespaces (the
+	// CNI plugin's netnsPrefix): the run's id and the network's index.
+	NetNSPrefix string
 }
+
+// NetNS is the name of the network namespace of pod sandbox sb.
+func (tn *TestNetwork) NetNS(sb string) string { return tn.NetNSPrefix + sb[:16] }
 
 // NetworkOptions shape a test network.
 type NetworkOptions struct {
@@ -66,6 +72,8 @@ func NewTestNetwork(t testing.TB, o NetworkOptions) *TestNetwork {
 		ConfDir: t.TempDir(), IPAMDir: t.TempDir(),
 		Subnet:  fmt.Sprintf("198.18.%d.0/24", o.Index),
 		Gateway: fmt.Sprintf("198.18.%d.1", o.Index),
+		// Named as the run's links are, then n<index>- (hostcheck).
+		NetNSPrefix: fmt.Sprintf("%sn%d-", RunBridgePrefix(RunID()), o.Index),
 	}
 	// A bridge left by a crashed run would hold the same subnet.
 	exec.Command("ip", "link", "del", tn.Bridge).Run()
@@ -145,7 +153,7 @@ func jsonObj(m map[string]string) string {
 // dir) using this network.
 func (tn *TestNetwork) Plugin(dir string) Plugin {
 	return Plugin{Name: "cni", Kind: "network", Binary: filepath.Join(dir, "virtlet-plugin-cni"),
-		Config: fmt.Sprintf("{confDir: %q, binDirs: [%q]}", tn.ConfDir, CNIBinDir)}
+		Config: fmt.Sprintf("{confDir: %q, binDirs: [%q], netnsPrefix: %q}", tn.ConfDir, CNIBinDir, tn.NetNSPrefix)}
 }
 
 // Allocated lists the addresses host-local holds for the network.

@@ -372,13 +372,19 @@ func runOfLink(name string) string {
 	return ""
 }
 
+// podNetNSName is the name of a pod's network namespace that a test
+// network's CNI plugin made (harness.TestNetwork.NetNSPrefix: the run's
+// links' prefix, n<index>-, the sandbox ID's start).
+var podNetNSName = regexp.MustCompile(`^vt([0-9a-f]{6})n[0-9]{1,3}-[0-9a-f]{1,16}$`)
+
 // namespacesOf lists the named network namespaces of the run's own tests
-// (named as its links are).
+// (named as its links are) and of its test networks' pods.
 func namespacesOf(id string) []string {
 	entries, _ := os.ReadDir("/var/run/netns")
 	var out []string
 	for _, e := range entries {
-		if runOfLink(e.Name()) == id {
+		m := podNetNSName.FindStringSubmatch(e.Name())
+		if runOfLink(e.Name()) == id || (m != nil && m[1] == id) {
 			out = append(out, e.Name())
 		}
 	}

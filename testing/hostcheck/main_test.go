@@ -24,6 +24,26 @@ func TestRunOfLink(t *testing.T) {
 	}
 }
 
+// A pod's network namespace of a test network carries the run's id.
+func TestPodNetNSName(t *testing.T) {
+	for name, want := range map[string]string{
+		"vtab12cdn86-0123456789abcdef":  "ab12cd",
+		"vtab12cdn300-0123456789abcdef": "ab12cd", // a unit test's
+		"virtlet-0123456789abcdef":      "",       // a node's own (the default prefix)
+		"vtab12cdn86-":                  "",       // no sandbox
+		"vtab12cdn86-0123456789abcdef0": "",       // longer than the plugin makes
+		"vtab12cdx86-0123456789abcdef":  "",
+	} {
+		got := ""
+		if m := podNetNSName.FindStringSubmatch(name); m != nil {
+			got = m[1]
+		}
+		if got != want {
+			t.Errorf("run of netns %q = %q, want %q", name, got, want)
+		}
+	}
+}
+
 // What is recorded as missing, or with its mode and owner, reads back as
 // the string the check's messages give.
 func TestPathModeString(t *testing.T) {

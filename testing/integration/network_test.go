@@ -25,10 +25,10 @@ import (
 
 // podLeftovers lists what a pod's network may leave: its namespace, host
 // links, the plugin's record.
-func podLeftovers(d *harness.Daemon, sb string) []string {
+func podLeftovers(d *harness.Daemon, tn *harness.TestNetwork, sb string) []string {
 	var left []string
-	if _, err := os.Stat(filepath.Join("/var/run/netns", "virtlet-"+sb[:16])); !errors.Is(err, os.ErrNotExist) {
-		left = append(left, "netns virtlet-"+sb[:16])
+	if _, err := os.Stat(filepath.Join("/var/run/netns", tn.NetNS(sb))); !errors.Is(err, os.ErrNotExist) {
+		left = append(left, "netns "+tn.NetNS(sb))
 	}
 	links, _ := netlink.LinkList()
 	for _, l := range links {
@@ -76,7 +76,7 @@ func TestPodNetworkThroughCrictl(t *testing.T) {
 	if len(ifaces) != 1 || ifaces[0].Bridge != "vlb-"+sb[:11] || ifaces[0].MAC == "" || st.Info.NetNSPath == "" {
 		t.Fatalf("network info %+v", *st.Info)
 	}
-	if left := podLeftovers(d, sb); len(left) != 4 {
+	if left := podLeftovers(d, tn, sb); len(left) != 4 {
 		t.Fatalf("a running pod has its namespace, host links and record; found %v", left)
 	}
 	// The host reaches the gateway side of the pod network: the CNI bridge.
@@ -117,7 +117,7 @@ func TestPodNetworkThroughCrictl(t *testing.T) {
 	})
 
 	c.Must(t, "stopp", sb)
-	if left := podLeftovers(d, sb); len(left) != 0 {
+	if left := podLeftovers(d, tn, sb); len(left) != 0 {
 		t.Errorf("after stopp: %v left", left)
 	}
 	if held := tn.Allocated(); len(held) != 0 {
@@ -128,7 +128,7 @@ func TestPodNetworkThroughCrictl(t *testing.T) {
 	}
 	c.Must(t, "stopp", sb) // idempotent
 	c.Must(t, "rmp", sb)
-	if left := podLeftovers(d, sb); len(left) != 0 {
+	if left := podLeftovers(d, tn, sb); len(left) != 0 {
 		t.Errorf("after rmp: %v left", left)
 	}
 }
@@ -164,7 +164,7 @@ func TestPodNetworkBadInput(t *testing.T) {
 		if out := c.Must(t, "pods", "-q"); out != "" {
 			t.Errorf("pods after a failed runp: %s", out)
 		}
-		assertNoPodNetworks(t, d, "bad-ipam")
+		assertNoPodNetworks(t, d, tn, "bad-ipam")
 	})
 
 	t.Run("IP exhaustion", func(t *testing.T) {
@@ -191,18 +191,18 @@ func TestPodNetworkBadInput(t *testing.T) {
 			t.Fatalf("second pod got %v", ips)
 		}
 		c.Must(t, "rmp", "-f", sb2)
-		assertNoPodNetworks(t, d, "first", "second")
+		assertNoPodNetworks(t, d, tn, "first", "second")
 	})
 }
 
 // assertNoPodNetworks checks that nothing of the named pods' networks
 // remains (namespace, host links, plugin record), and that the CNI plugin
 // keeps no record at all.
-func assertNoPodNetworks(t *testing.T, d *harness.Daemon, pods ...string) {
+func assertNoPodNetworks(t *testing.T, d *harness.Daemon, tn *harness.TestNetwork, pods ...string) {
 	t.Helper()
 	for _, name := range pods {
 		// vmPod's pods: namespace default, uid "uid-<name>", attempt 0.
-		if left := podLeftovers(d, core.SandboxID("default", name, "uid-"+name, 0)); len(left) != 0 {
+		if left := podLeftovers(d, tn, core.SandboxID("default", name, "uid-"+name, 0)); len(left) != 0 {
 			t.Errorf("pod %s left %v", name, left)
 		}
 	}
