@@ -414,7 +414,7 @@ func TestSeveralPodInterfaces(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "virtlet-test-cni-multi"), "github.com/virtlet/virtlet/testing/cnimulti").CombinedOutput(); err != nil {
 		t.Fatalf("build the meta plugin: %v\n%s", err, out)
 	}
-	tn := &testNet{state: t.TempDir(), ipam: t.TempDir(), bridge: runName(""), conf: t.TempDir(), extraBin: bin}
+	tn := &testNet{state: t.TempDir(), ipam: t.TempDir(), bridge: runName(""), conf: t.TempDir(), extraBin: bin, netnsPrefix: runName("n") + "-"}
 	second := runName("")
 	isolate(t, tn.bridge)
 	isolate(t, second)
