@@ -21,7 +21,7 @@ export GONOSUMDB := k8s.io,sigs.k8s.io
 export GOFLAGS := -tags=pacific
 VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 PKG := github.com/virtlet/virtlet
-BUILDINFO := $(PKG)/cmd/internal/buildinfo
+BUILDINFO := $(PKG)/plugins/buildinfo
 
 # Plugins shipped with the daemon (the embedded default manifests name them).
 DEFAULT_PLUGINS := $(shell sed -n 's/^command: *//p' plugins/manifest/defaults/*.yaml 2>/dev/null)
@@ -41,12 +41,15 @@ tools:
 proto:
 	proto/generate.sh
 
+# Every binary carries the build's version (the plugins report it).
+STAMP := -ldflags "-X $(BUILDINFO).version=$(VERSION)"
+
 bin/virtlet-fake-plugin: FORCE
-	$(GO) build -o $@ ./testing/fakeplugin
+	$(GO) build $(STAMP) -o $@ ./testing/fakeplugin
 bin/virtlet-example-scratch: FORCE
-	$(GO) build -o $@ ./examples/scratch-volume
+	$(GO) build $(STAMP) -o $@ ./examples/scratch-volume
 bin/virtlet-plugin-%: FORCE
-	$(GO) build -o $@ ./cmd/virtlet-plugin-$*
+	$(GO) build $(STAMP) -o $@ ./cmd/virtlet-plugin-$*
 
 # The daemon embeds the checksums of the default plugins built with it.
 bin/virtlet: FORCE $(addprefix bin/,$(DEFAULT_PLUGINS))
@@ -56,11 +59,11 @@ bin/virtlet: FORCE $(addprefix bin/,$(DEFAULT_PLUGINS))
 	$(GO) build -ldflags "-X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).pluginChecksums=$$sums" -o $@ ./cmd/virtlet
 
 bin/virtlet-flexvolume-driver: FORCE
-	$(GO) build -o $@ ./cmd/virtlet-flexvolume-driver
+	$(GO) build $(STAMP) -o $@ ./cmd/virtlet-flexvolume-driver
 
 # virtletctl; as bin/kubectl-virt it is the kubectl plugin `kubectl virt`.
 bin/virtletctl: FORCE
-	$(GO) build -ldflags "-X $(BUILDINFO).version=$(VERSION)" -o $@ ./cmd/virtletctl
+	$(GO) build $(STAMP) -o $@ ./cmd/virtletctl
 	ln -sf virtletctl bin/kubectl-virt
 
 build: bin/virtlet bin/virtlet-flexvolume-driver bin/virtletctl $(TEST_PLUGINS)

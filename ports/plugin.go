@@ -33,10 +33,13 @@ func (k PluginKind) Valid() bool {
 
 // PluginInfo is what every plugin says about itself.
 type PluginInfo struct {
-	Name       string     // plugin's own name, e.g. "libvirt"
-	Kind       PluginKind // which port it serves
-	Version    string     // plugin's release version
-	APIVersion int        // protocol version of the kind it serves
+	Name string     // plugin's own name, e.g. "libvirt"
+	Kind PluginKind // which port it serves
+	// Version is the plugin's release version; an adapter that leaves it
+	// empty reports its binary's build (the version make stamps into
+	// every binary, else its module's).
+	Version    string
+	APIVersion int // protocol version of the kind it serves
 	// Handles lists what the plugin is responsible for: volume types for
 	// volume plugins, datasource names (nocloud, configdrive) for datasource
 	// plugins, URL schemes / transports (https, docker) for image plugins,

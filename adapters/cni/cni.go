@@ -89,7 +89,7 @@ func New(log logrus.FieldLogger) *Network {
 }
 
 func (n *Network) PluginInfo() ports.PluginInfo {
-	return ports.PluginInfo{Name: "cni", Kind: ports.KindNetwork, Version: "0.1.0"}
+	return ports.PluginInfo{Name: "cni", Kind: ports.KindNetwork}
 }
 
 // Configure reads the config, and brings back the DHCP servers of the

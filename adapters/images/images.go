@@ -65,7 +65,7 @@ func New(log logrus.FieldLogger) *Source {
 }
 
 func (s *Source) PluginInfo() ports.PluginInfo {
-	return ports.PluginInfo{Name: "images", Kind: ports.KindImage, Version: "0.1.0", Handles: []string{"https", "http", "file", "docker", "oci"}}
+	return ports.PluginInfo{Name: "images", Kind: ports.KindImage, Handles: []string{"https", "http", "file", "docker", "oci"}}
 }
 
 // Configure applies the manifest config.

@@ -148,7 +148,7 @@ func New(log logrus.FieldLogger) *Hypervisor {
 }
 
 func (h *Hypervisor) PluginInfo() ports.PluginInfo {
-	return ports.PluginInfo{Name: "libvirt", Kind: ports.KindHypervisor, Version: "0.1.0", Handles: []string{"libvirt"}}
+	return ports.PluginInfo{Name: "libvirt", Kind: ports.KindHypervisor, Handles: []string{"libvirt"}}
 }
 
 var eventLoopOnce sync.Once

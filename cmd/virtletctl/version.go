@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/virtlet/virtlet/cmd/internal/buildinfo"
+	"github.com/virtlet/virtlet/plugins/buildinfo"
 )
 
 func newVersion(k *kube, name string) *cobra.Command {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/virtlet/virtlet/plugins/buildinfo"
 	"github.com/virtlet/virtlet/ports"
 	basev1 "github.com/virtlet/virtlet/proto/base/v1"
 )
@@ -17,6 +18,9 @@ type Server struct {
 
 func (s *Server) PluginInfo(ctx context.Context, _ *basev1.PluginInfoRequest) (*basev1.PluginInfoResponse, error) {
 	info := s.Adapter.PluginInfo()
+	if info.Version == "" {
+		info.Version = buildinfo.Version() // the plugin binary's build
+	}
 	return &basev1.PluginInfoResponse{
 		Name: info.Name, Kind: string(s.Kind), Version: info.Version,
 		ApiVersion: int32(APIVersions[s.Kind]), Handles: info.Handles,

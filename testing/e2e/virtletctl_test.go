@@ -33,7 +33,7 @@ func TestKubeVirtletctlThroughTheAPIServer(t *testing.T) {
 	}
 	ctlDir := t.TempDir()
 	ctl := filepath.Join(ctlDir, "virtletctl")
-	build := exec.Command("go", "build", "-ldflags", "-X github.com/virtlet/virtlet/cmd/internal/buildinfo.version=v0.0.0-virtletctl", "-o", ctl, "./cmd/virtletctl")
+	build := exec.Command("go", "build", "-ldflags", "-X github.com/virtlet/virtlet/plugins/buildinfo.version=v0.0.0-virtletctl", "-o", ctl, "./cmd/virtletctl")
 	build.Dir = harness.RepoRoot()
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build virtletctl: %v\n%s", err, out)
@@ -248,6 +248,14 @@ spec:
 		if err != nil || !strings.Contains(out, "client: v0.0.0-virtletctl") || !strings.Contains(out, "node "+k.Node+": virtlet "+strings.TrimPrefix(harness.Version, "v")) {
 			t.Fatalf("version: %v %s %s", err, out, errOut)
 		}
+		// Every shipped plugin reports the build's version (stamped into
+		// every binary), as the daemon logs it when the plugin starts.
+		running := pluginVersions(d.Log())
+		for _, p := range plugins() {
+			if v := running[p.Name]; v != harness.Version {
+				t.Errorf("plugin %s reports version %q, want the build's %q", p.Name, v, harness.Version)
+			}
+		}
 	})
 
 	t.Run("kubelet's summary API", func(t *testing.T) {
@@ -422,4 +430,17 @@ spec:
 		t.Fatalf("kubectl delete statefulset: %v %s", err, out)
 	}
 	wait("halt-0 gone", func() bool { _, err := k.Kubectl("get", "pod", "halt-0"); return err != nil })
+}
+
+// pluginVersions reads, from a daemon's JSON log, the version each plugin
+// reported when it started (its latest start).
+func pluginVersions(log string) map[string]string {
+	out := map[string]string{}
+	for _, line := range strings.Split(log, "\n") {
+		var e struct{ Msg, Plugin, Version string }
+		if json.Unmarshal([]byte(line), &e) == nil && e.Msg == "plugin running" {
+			out[e.Plugin] = e.Version
+		}
+	}
+	return out
 }

@@ -119,10 +119,10 @@ func Build(dir string, extra map[string]string, flags ...string) error {
 		if strings.HasSuffix(name, "-failpoints") {
 			tags += ",failpoints"
 		}
-		args := append([]string{"build", "-tags", tags, "-o", filepath.Join(dir, name)}, flags...)
-		if strings.HasPrefix(name, "virtlet") && pkg == pkgs["virtlet"] {
-			args = append(args, "-ldflags", "-X github.com/virtlet/virtlet/cmd/internal/buildinfo.version="+Version)
-		}
+		// Every binary carries the harness's version, as make stamps
+		// the build's: the plugins report it.
+		args := append([]string{"build", "-tags", tags, "-o", filepath.Join(dir, name),
+			"-ldflags", "-X github.com/virtlet/virtlet/plugins/buildinfo.version=" + Version}, flags...)
 		g.Go(func() error {
 			cmd := exec.Command("go", append(args, pkg)...)
 			cmd.Dir = RepoRoot()

@@ -34,7 +34,7 @@ type Media struct {
 }
 
 func (m *Media) PluginInfo() ports.PluginInfo {
-	return ports.PluginInfo{Name: m.Name, Kind: ports.KindDatasource, Version: "0.1.0", Handles: []string{m.Name}}
+	return ports.PluginInfo{Name: m.Name, Kind: ports.KindDatasource, Handles: []string{m.Name}}
 }
 
 // Configure takes the plugin's state directory. The ISO library stages

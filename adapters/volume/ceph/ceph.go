@@ -65,7 +65,7 @@ type Volumes struct {
 func New(log logrus.FieldLogger) *Volumes { return &Volumes{log: log, timeout: 30 * time.Second} }
 
 func (v *Volumes) PluginInfo() ports.PluginInfo {
-	return ports.PluginInfo{Name: "ceph", Kind: ports.KindVolume, Version: "0.1.0", Handles: []string{"ceph"}}
+	return ports.PluginInfo{Name: "ceph", Kind: ports.KindVolume, Handles: []string{"ceph"}}
 }
 
 // Configure makes the private keys directory.

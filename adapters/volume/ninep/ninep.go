@@ -63,7 +63,7 @@ type Volumes struct {
 func New(log logrus.FieldLogger) *Volumes { return &Volumes{log: log} }
 
 func (v *Volumes) PluginInfo() ports.PluginInfo {
-	return ports.PluginInfo{Name: "ninep", Kind: ports.KindVolume, Version: "0.1.0", Handles: []string{ports.VolumeShare}}
+	return ports.PluginInfo{Name: "ninep", Kind: ports.KindVolume, Handles: []string{ports.VolumeShare}}
 }
 
 // Configure resolves QEMU's user and makes the shares' directory

@@ -46,7 +46,7 @@ type Volumes struct {
 func New(log logrus.FieldLogger) *Volumes { return &Volumes{log: log} }
 
 func (v *Volumes) PluginInfo() ports.PluginInfo {
-	return ports.PluginInfo{Name: "qcow2", Kind: ports.KindVolume, Version: "0.1.0", Handles: []string{"qcow2"}}
+	return ports.PluginInfo{Name: "qcow2", Kind: ports.KindVolume, Handles: []string{"qcow2"}}
 }
 
 // Configure makes the disk directory, traversable by QEMU's user.

@@ -42,7 +42,7 @@ type Volumes struct {
 func New(log logrus.FieldLogger) *Volumes { return &Volumes{log: log, devRoot: "/dev"} }
 
 func (v *Volumes) PluginInfo() ports.PluginInfo {
-	return ports.PluginInfo{Name: "raw", Kind: ports.KindVolume, Version: "0.1.0", Handles: []string{"raw", ports.VolumeBlock}}
+	return ports.PluginInfo{Name: "raw", Kind: ports.KindVolume, Handles: []string{"raw", ports.VolumeBlock}}
 }
 
 // Configure reads the allowed globs.

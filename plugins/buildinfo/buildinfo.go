@@ -1,4 +1,6 @@
-// Package buildinfo holds what the build stamps into the binaries.
+// Package buildinfo holds what the build stamps into the binaries: the
+// daemon, virtletctl, and every plugin, whose PluginInfo reports it unless
+// its adapter names a version of its own.
 package buildinfo
 
 import (
@@ -6,7 +8,7 @@ import (
 	"strings"
 )
 
-// Set with -ldflags "-X github.com/virtlet/virtlet/cmd/internal/buildinfo.version=..." (see the Makefile).
+// Set with -ldflags "-X github.com/virtlet/virtlet/plugins/buildinfo.version=..." (see the Makefile).
 var (
 	version         string
 	pluginChecksums string // name=sha256,name=sha256: the default plugins built with the daemon
