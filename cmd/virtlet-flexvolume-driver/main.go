@@ -13,9 +13,14 @@ import (
 
 	"github.com/virtlet/virtlet/adapters/admin"
 	"github.com/virtlet/virtlet/adapters/flexvolume"
+	"github.com/virtlet/virtlet/plugins/buildinfo"
 )
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == "--version" {
+		fmt.Println("virtlet-flexvolume-driver", buildinfo.Version())
+		return
+	}
 	socket := os.Getenv("VIRTLET_ADMIN_SOCKET")
 	if socket == "" {
 		socket = admin.DefaultSocket

@@ -14,7 +14,7 @@ import (
 // libraries below.
 var daemonMayImport = []string{
 	"github.com/virtlet/virtlet/cmd/virtlet",
-	"github.com/virtlet/virtlet/cmd/internal",
+	"github.com/virtlet/virtlet/plugins/buildinfo",
 	"github.com/virtlet/virtlet/core",
 	"github.com/virtlet/virtlet/ports",
 	"github.com/virtlet/virtlet/proto",

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 
 	"github.com/spf13/cobra"
+
+	"github.com/virtlet/virtlet/plugins/buildinfo"
 )
 
 func main() {
@@ -60,7 +62,9 @@ with your kubeconfig, as kubectl does. It needs the rights kubectl port-forward
 (ssh, vnc) and kubectl exec (virsh, diag) need on the pod.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       buildinfo.Version(), // --version: this client's
 	}
+	root.SetVersionTemplate("{{.DisplayName}} {{.Version}}\n")
 	k.addFlags(root)
 	root.AddCommand(newSSH(k, name), newVNC(k, name), newVirsh(k, name), newStatus(k, name), newDiag(k, name), newGen(name), newVersion(k, name))
 	root.AddCommand(newPower(k, name)...)

@@ -17,10 +17,7 @@ type Server struct {
 }
 
 func (s *Server) PluginInfo(ctx context.Context, _ *basev1.PluginInfoRequest) (*basev1.PluginInfoResponse, error) {
-	info := s.Adapter.PluginInfo()
-	if info.Version == "" {
-		info.Version = buildinfo.Version() // the plugin binary's build
-	}
+	info := Describe(s.Adapter)
 	return &basev1.PluginInfoResponse{
 		Name: info.Name, Kind: string(s.Kind), Version: info.Version,
 		ApiVersion: int32(APIVersions[s.Kind]), Handles: info.Handles,
@@ -36,6 +33,17 @@ func (s *Server) Configure(ctx context.Context, req *basev1.ConfigureRequest) (*
 		return nil, ToRPC(fmt.Errorf("this plugin takes no config: %w", ports.ErrInvalidArgument))
 	}
 	return &basev1.ConfigureResponse{}, nil
+}
+
+// Describe is what a plugin reports of itself: its adapter's PluginInfo,
+// with the plugin binary's build as its version unless the adapter names
+// one.
+func Describe(a ports.Describer) ports.PluginInfo {
+	info := a.PluginInfo()
+	if info.Version == "" {
+		info.Version = buildinfo.Version()
+	}
+	return info
 }
 
 // Info asks a plugin for its PluginInfo.

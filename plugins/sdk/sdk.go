@@ -61,7 +61,14 @@ const shutdownGrace = 1500 * time.Millisecond
 // Serve serves adapter as a plugin of the kind its PluginInfo names, and
 // returns when the daemon stops it. It exits with a message on stderr if
 // the adapter does not implement that kind's port.
+//
+// Run by hand with --version, it prints its name and version and exits.
 func Serve(adapter ports.Describer) {
+	if len(os.Args) == 2 && os.Args[1] == "--version" {
+		info := base.Describe(adapter)
+		fmt.Printf("%s %s\n", info.Name, info.Version)
+		return
+	}
 	kind, register, err := Registration(adapter)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

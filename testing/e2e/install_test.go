@@ -140,3 +140,20 @@ func TestNodeInstall(t *testing.T) {
 		t.Errorf("make uninstall left %v", left)
 	}
 }
+
+// Every binary of a node answers --version with the build's version (the
+// harness stamps it as make does), plugins included: run by hand, a plugin
+// prints its name and version instead of go-plugin's refusal.
+func TestEveryBinaryAnswersVersion(t *testing.T) {
+	parallel(t)
+	names := []string{"virtlet", "virtlet-flexvolume-driver"}
+	for name := range harness.ShippedPlugins {
+		names = append(names, name)
+	}
+	for _, name := range names {
+		out, err := exec.Command(filepath.Join(bins, name), "--version").CombinedOutput()
+		if err != nil || !strings.HasSuffix(strings.TrimSpace(string(out)), " "+harness.Version) {
+			t.Errorf("%s --version: %v %q, want its name and %s", name, err, out, harness.Version)
+		}
+	}
+}

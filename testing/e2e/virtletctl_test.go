@@ -248,6 +248,9 @@ spec:
 		if err != nil || !strings.Contains(out, "client: v0.0.0-virtletctl") || !strings.Contains(out, "node "+k.Node+": virtlet "+strings.TrimPrefix(harness.Version, "v")) {
 			t.Fatalf("version: %v %s %s", err, out, errOut)
 		}
+		if out, errOut, err := run("--version"); err != nil || strings.TrimSpace(out) != "virtletctl v0.0.0-virtletctl" {
+			t.Errorf("--version: %v %q %s", err, out, errOut)
+		}
 		// Every shipped plugin reports the build's version (stamped into
 		// every binary), as the daemon logs it when the plugin starts.
 		running := pluginVersions(d.Log())
@@ -436,10 +439,9 @@ spec:
 // reported when it started (its latest start).
 func pluginVersions(log string) map[string]string {
 	out := map[string]string{}
-	for _, line := range strings.Split(log, "\n") {
-		var e struct{ Msg, Plugin, Version string }
-		if json.Unmarshal([]byte(line), &e) == nil && e.Msg == "plugin running" {
-			out[e.Plugin] = e.Version
+	for _, e := range harness.LogEntries(log) {
+		if name, ok := e["plugin"].(string); ok && e["msg"] == "plugin running" {
+			out[name], _ = e["version"].(string)
 		}
 	}
 	return out
