@@ -190,6 +190,10 @@ PREFIX ?= /usr/local
 SYSCONFDIR ?= /etc
 KUBELET_VOLUME_PLUGIN_DIR ?= /usr/libexec/kubernetes/kubelet-plugins/volume/exec
 SYSTEMD_DIR ?= $(SYSCONFDIR)/systemd/system
+# virtletctl's shell completions (bash-completion, zsh and fish read these).
+COMPLETIONS = $(DESTDIR)$(PREFIX)/share/bash-completion/completions/virtletctl \
+	$(DESTDIR)$(PREFIX)/share/zsh/vendor-completions/_virtletctl \
+	$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/virtletctl.fish
 PATHS_SED := sed -e 's|/usr/local/bin|$(PREFIX)/bin|g' -e 's|/etc/virtlet|$(SYSCONFDIR)/virtlet|g'
 install: build
 	install -D -m 0755 bin/virtlet $(DESTDIR)$(PREFIX)/bin/virtlet
@@ -207,6 +211,9 @@ install: build
 	install -d -m 0755 $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d
 	$(PATHS_SED) deploy/node/virtlet.service > $(DESTDIR)$(SYSTEMD_DIR)/virtlet.service
 	install -m 0644 deploy/node/10-virtlet.conf $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d/10-virtlet.conf
+	set -e; for sh in bash zsh fish; do \
+	  case $$sh in bash) f=$(word 1,$(COMPLETIONS));; zsh) f=$(word 2,$(COMPLETIONS));; fish) f=$(word 3,$(COMPLETIONS));; esac; \
+	  install -d -m 0755 $$(dirname $$f); bin/virtletctl completion $$sh > $$f; chmod 0644 $$f; done
 
 # make uninstall removes what make install put, the config too. The
 # daemon leaves nothing else on the node once its VM pods are gone: the
@@ -219,6 +226,7 @@ uninstall:
 	rm -rf "$(DESTDIR)$(KUBELET_VOLUME_PLUGIN_DIR)/virtlet~flexvolume_driver"
 	rm -f $(DESTDIR)$(SYSTEMD_DIR)/virtlet.service $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d/10-virtlet.conf
 	-rmdir $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d 2>/dev/null
+	rm -f $(COMPLETIONS)
 
 clean:
 	rm -rf bin

@@ -35,10 +35,16 @@ func TestNodeInstall(t *testing.T) {
 		"etc/virtlet/virtlet.yaml", "etc/virtlet/images",
 		"usr/libexec/kubernetes/kubelet-plugins/volume/exec/virtlet~flexvolume_driver/flexvolume_driver",
 		"etc/systemd/system/virtlet.service", "etc/systemd/system/kubelet.service.d/10-virtlet.conf",
+		"usr/local/share/bash-completion/completions/virtletctl", "usr/local/share/zsh/vendor-completions/_virtletctl",
+		"usr/local/share/fish/vendor_completions.d/virtletctl.fish",
 	} {
 		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
 			t.Errorf("not installed: %v", err)
 		}
+	}
+	// The completions are virtletctl's own (cobra's), for its commands.
+	if bash, _ := os.ReadFile(filepath.Join(root, "usr/local/share/bash-completion/completions/virtletctl")); !strings.Contains(string(bash), "__start_virtletctl") {
+		t.Errorf("the bash completion is not virtletctl's:\n%.300s", bash)
 	}
 	unit, _ := os.ReadFile(filepath.Join(root, "etc/systemd/system/virtlet.service"))
 	for _, want := range []string{"ExecStart=" + bin + "/virtlet --config " + root + "/etc/virtlet/virtlet.yaml", "After=network-online.target libvirtd.service", "Before=kubelet.service"} {
