@@ -61,10 +61,10 @@ bin/virtlet: FORCE $(addprefix bin/,$(DEFAULT_PLUGINS))
 bin/virtlet-flexvolume-driver: FORCE
 	$(GO) build $(STAMP) -o $@ ./cmd/virtlet-flexvolume-driver
 
-# virtletctl; as bin/kubectl-virt it is the kubectl plugin `kubectl virt`.
+# virtletctl; as bin/kubectl-virtlet it is the kubectl plugin `kubectl virtlet`.
 bin/virtletctl: FORCE
 	$(GO) build $(STAMP) -o $@ ./cmd/virtletctl
-	ln -sf virtletctl bin/kubectl-virt
+	ln -sf virtletctl bin/kubectl-virtlet
 
 build: bin/virtlet bin/virtlet-flexvolume-driver bin/virtletctl $(TEST_PLUGINS)
 
@@ -198,7 +198,7 @@ PATHS_SED := sed -e 's|/usr/local/bin|$(PREFIX)/bin|g' -e 's|/etc/virtlet|$(SYSC
 install: build
 	install -D -m 0755 bin/virtlet $(DESTDIR)$(PREFIX)/bin/virtlet
 	install -D -m 0755 bin/virtletctl $(DESTDIR)$(PREFIX)/bin/virtletctl
-	ln -sf virtletctl $(DESTDIR)$(PREFIX)/bin/kubectl-virt
+	ln -sf virtletctl $(DESTDIR)$(PREFIX)/bin/kubectl-virtlet
 	for p in $(DEFAULT_PLUGINS); do install -D -m 0755 bin/$$p $(DESTDIR)$(PREFIX)/bin/$$p; done
 	install -d -m 0755 $(DESTDIR)$(SYSCONFDIR)/virtlet/plugins.d $(DESTDIR)$(SYSCONFDIR)/virtlet/images
 	for f in plugins/manifest/defaults/*.yaml; do \
@@ -220,7 +220,7 @@ install: build
 # ACL entries it gives VM users go with their VMs (ARCHITECTURE.md). Stop
 # the daemon first (systemctl disable --now virtlet).
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/virtlet $(DESTDIR)$(PREFIX)/bin/virtletctl $(DESTDIR)$(PREFIX)/bin/kubectl-virt
+	rm -f $(DESTDIR)$(PREFIX)/bin/virtlet $(DESTDIR)$(PREFIX)/bin/virtletctl $(DESTDIR)$(PREFIX)/bin/kubectl-virtlet
 	for p in $(DEFAULT_PLUGINS); do rm -f $(DESTDIR)$(PREFIX)/bin/$$p; done
 	rm -rf $(DESTDIR)$(SYSCONFDIR)/virtlet
 	rm -rf "$(DESTDIR)$(KUBELET_VOLUME_PLUGIN_DIR)/virtlet~flexvolume_driver"

@@ -2,8 +2,8 @@
 // pods: through the API server. `virtletctl ssh` forwards a port to the
 // VM's sshd and runs ssh; `vnc` forwards its VNC display; `virsh` and
 // `diag` ask the daemon on the VM's node, through the pod's exec
-// subresource (see adapters/vmtools). Installed as `kubectl-virt`, it is
-// the kubectl plugin `kubectl virt`.
+// subresource (see adapters/vmtools). Installed as `kubectl-virtlet`, it is
+// the kubectl plugin `kubectl virtlet`.
 package main
 
 import (
@@ -34,17 +34,17 @@ type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("exit code %d", e.code) }
 
-// commandName is how the user called us: "kubectl virt" for the kubectl
-// plugin (kubectl runs kubectl-virt), else "virtletctl".
+// commandName is how the user called us: "kubectl virtlet" for the kubectl
+// plugin (kubectl runs kubectl-virtlet), else "virtletctl".
 func commandName(argv0 string) string {
-	if argv0 == "kubectl-virt" {
-		return "kubectl virt"
+	if argv0 == "kubectl-virtlet" {
+		return "kubectl virtlet"
 	}
 	return "virtletctl"
 }
 
 func argv0Or(argv0 string) string {
-	if argv0 == "kubectl-virt" {
+	if argv0 == "kubectl-virtlet" {
 		return argv0
 	}
 	return "virtletctl"

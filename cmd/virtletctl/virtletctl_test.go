@@ -39,17 +39,17 @@ func TestSplitTarget(t *testing.T) {
 	}
 }
 
-// Installed as kubectl-virt, the tool calls itself `kubectl virt`.
+// Installed as kubectl-virtlet, the tool calls itself `kubectl virtlet`.
 func TestNameFollowsArgv0(t *testing.T) {
 	var out bytes.Buffer
-	root := newRoot("kubectl-virt")
+	root := newRoot("kubectl-virtlet")
 	root.SetOut(&out)
 	root.SetArgs([]string{"--help"})
 	if err := root.Execute(); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "kubectl virt [command]") {
-		t.Fatalf("help as kubectl-virt:\n%s", out.String())
+	if !strings.Contains(out.String(), "kubectl virtlet [command]") {
+		t.Fatalf("help as kubectl-virtlet:\n%s", out.String())
 	}
 	if commandName("virtletctl") != "virtletctl" {
 		t.Fatal("virtletctl is not virtletctl")

@@ -31,7 +31,7 @@ func TestNodeInstall(t *testing.T) {
 	}
 	bin := filepath.Join(root, "usr/local/bin")
 	for _, f := range []string{
-		"usr/local/bin/virtlet", "usr/local/bin/virtletctl", "usr/local/bin/kubectl-virt", "usr/local/bin/virtlet-plugin-libvirt",
+		"usr/local/bin/virtlet", "usr/local/bin/virtletctl", "usr/local/bin/kubectl-virtlet", "usr/local/bin/virtlet-plugin-libvirt",
 		"etc/virtlet/virtlet.yaml", "etc/virtlet/images",
 		"usr/libexec/kubernetes/kubelet-plugins/volume/exec/virtlet~flexvolume_driver/flexvolume_driver",
 		"etc/systemd/system/virtlet.service", "etc/systemd/system/kubelet.service.d/10-virtlet.conf",

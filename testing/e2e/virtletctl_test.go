@@ -22,7 +22,7 @@ import (
 // Go module proxy) whose runtime is the daemon: a VM pod applied with
 // kubectl runs the cloud image; `virtletctl ssh` runs a command in the
 // guest through the API server's port-forward (also as the kubectl plugin
-// `kubectl virt`); virsh, status, diag, vnc and version reach the node's daemon
+// `kubectl virtlet`); virsh, status, diag, vnc and version reach the node's daemon
 // through the pod's exec subresource; kubectl exec runs through the guest
 // agent; kubelet's summary API shows the VM's usage.
 func TestKubeVirtletctlThroughTheAPIServer(t *testing.T) {
@@ -38,7 +38,7 @@ func TestKubeVirtletctlThroughTheAPIServer(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build virtletctl: %v\n%s", err, out)
 	}
-	os.Symlink(ctl, filepath.Join(ctlDir, "kubectl-virt"))
+	os.Symlink(ctl, filepath.Join(ctlDir, "kubectl-virtlet"))
 
 	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 81})
 	cloudTr := cloudTranslation(t)
@@ -108,10 +108,10 @@ spec:
 	// As the kubectl plugin.
 	// kubectl takes no flags before a plugin's name: the kubeconfig comes
 	// from the environment.
-	kubectl := exec.Command(filepath.Join(kubeBin, "kubectl"), "virt", "ssh", "-i", key, "debian@ctl-vm", "--", "-o", "BatchMode=yes", "uname -n")
+	kubectl := exec.Command(filepath.Join(kubeBin, "kubectl"), "virtlet", "ssh", "-i", key, "debian@ctl-vm", "--", "-o", "BatchMode=yes", "uname -n")
 	kubectl.Env = append(os.Environ(), "PATH="+ctlDir+":"+os.Getenv("PATH"), "KUBECONFIG="+k.Kubeconfig)
 	if b, err := kubectl.CombinedOutput(); err != nil || !strings.Contains(string(b), "ctl-vm") {
-		t.Errorf("kubectl virt ssh: %v %s", err, b)
+		t.Errorf("kubectl virtlet ssh: %v %s", err, b)
 	}
 
 	// Without -i: virtletctl picks the key in ~/.ssh that the pod's
