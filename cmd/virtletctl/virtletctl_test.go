@@ -216,3 +216,33 @@ Interfaces:  lo 00:00:00:00:00:00 127.0.0.1/8
 		t.Errorf("a halted VM:\n%s", b.String())
 	}
 }
+
+// vnc takes its local port after the pod, as Virtlet's did, or as
+// --address; not both, and only a port number.
+func TestVNCListenAddress(t *testing.T) {
+	for _, tc := range []struct {
+		port       []string
+		address    string
+		addressSet bool
+		want, err  string
+	}{
+		{address: "127.0.0.1:0", want: "127.0.0.1:0"},
+		{address: "0.0.0.0:5901", addressSet: true, want: "0.0.0.0:5901"},
+		{port: []string{"5901"}, address: "127.0.0.1:0", want: "127.0.0.1:5901"},
+		{port: []string{"0"}, address: "127.0.0.1:0", want: "127.0.0.1:0"},
+		{port: []string{"5901"}, address: "127.0.0.1:5902", addressSet: true, err: "not both"},
+		{port: []string{"65536"}, err: `local port "65536"`},
+		{port: []string{"vnc"}, err: `local port "vnc"`},
+	} {
+		got, err := vncListenAddress(tc.port, tc.address, tc.addressSet)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v %q: %q %v, want an error with %q", tc.port, tc.address, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%v %q: %q %v, want %q", tc.port, tc.address, got, err, tc.want)
+		}
+	}
+}

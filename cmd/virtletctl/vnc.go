@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 
 	"github.com/spf13/cobra"
 
@@ -13,17 +14,21 @@ import (
 func newVNC(k *kube, name string) *cobra.Command {
 	var address string
 	cmd := &cobra.Command{
-		Use:   "vnc [flags] POD",
+		Use:   "vnc [flags] POD [PORT]",
 		Short: "Forward a VM pod's VNC display to a local port",
 		Long: `vnc listens on a local port and connects each VNC viewer that connects to it
 to the VM's graphical console. The display listens on the node's loopback,
 out of reach of kubectl port-forward (which reaches the pod's address), so
 each connection goes through the pod's exec subresource to the daemon on the
 VM's node, which connects it to the display. Stop with Ctrl-C.`,
-		Example: "  " + name + " vnc my-vm\n  " + name + " vnc my-vm --address 127.0.0.1:5901   # then: vncviewer 127.0.0.1::5901",
-		Args:    cobra.ExactArgs(1),
+		Example: "  " + name + " vnc my-vm\n  " + name + " vnc my-vm 5901   # as Virtlet's: 127.0.0.1:5901; then: vncviewer 127.0.0.1::5901\n  " + name + " vnc my-vm --address 0.0.0.0:5901",
+		Args:    cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			address, err := vncListenAddress(args[1:], address, cmd.Flags().Changed("address"))
+			if err != nil {
+				return err
+			}
 			pod, err := k.vmPod(ctx, args[0])
 			if err != nil {
 				return err
@@ -54,6 +59,22 @@ VM's node, which connects it to the display. Stop with Ctrl-C.`,
 	}
 	cmd.Flags().StringVar(&address, "address", "127.0.0.1:0", "local address to listen on (port 0: a free port)")
 	return cmd
+}
+
+// vncListenAddress is where vnc listens: the loopback port given after the
+// pod (Virtlet's form), else the --address flag.
+func vncListenAddress(port []string, address string, addressSet bool) (string, error) {
+	if len(port) == 0 {
+		return address, nil
+	}
+	if addressSet {
+		return "", fmt.Errorf("give the local port either after the pod or as --address, not both")
+	}
+	n, err := strconv.ParseUint(port[0], 10, 16)
+	if err != nil {
+		return "", fmt.Errorf("local port %q: want a number from 0 to 65535 (0: a free port)", port[0])
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.FormatUint(n, 10)), nil
 }
 
 // vncviewerAddress writes host::port, the form VNC viewers take for a

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -220,7 +221,8 @@ spec:
 		port := harness.FreePort(t)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		vnc := exec.CommandContext(ctx, ctl, "--kubeconfig", k.Kubeconfig, "vnc", "ctl-vm", "--address", fmt.Sprintf("127.0.0.1:%d", port))
+		// The local port after the pod, as Virtlet's virtletctl took it.
+		vnc := exec.CommandContext(ctx, ctl, "--kubeconfig", k.Kubeconfig, "vnc", "ctl-vm", strconv.Itoa(port))
 		stdout, _ := vnc.StdoutPipe()
 		vnc.Stderr = os.Stderr
 		if err := vnc.Start(); err != nil {
