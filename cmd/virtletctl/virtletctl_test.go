@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,9 +11,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/yaml"
 
 	"github.com/virtlet/virtlet/adapters/vmtools"
+	"github.com/virtlet/virtlet/plugins/buildinfo"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -244,5 +247,54 @@ func TestVNCListenAddress(t *testing.T) {
 		if err != nil || got != tc.want {
 			t.Errorf("%v %q: %q %v, want %q", tc.port, tc.address, got, err, tc.want)
 		}
+	}
+}
+
+// version reads each Virtlet node's daemon version from the node's status
+// and prints them as text, --short, -o json or -o yaml.
+func TestVersionOutputs(t *testing.T) {
+	node := func(name, runtime string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{ContainerRuntimeVersion: runtime}}}
+	}
+	clientset := fake.NewSimpleClientset(node("b", "virtlet://1.2.3"), node("a", "virtlet://1.2.4"), node("c", "containerd://1.6.20"))
+	client := buildinfo.Version()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "client: " + client + "\nnode a: virtlet 1.2.4\nnode b: virtlet 1.2.3\n"},
+		{[]string{"--client"}, "client: " + client + "\n"},
+		{[]string{"--short"}, "Client Version: " + client + "\nServer Version (a): 1.2.4\nServer Version (b): 1.2.3\n"},
+		{[]string{"-o", "json"}, `{
+  "clientVersion": "` + client + `",
+  "nodes": [
+    {
+      "node": "a",
+      "virtletVersion": "1.2.4"
+    },
+    {
+      "node": "b",
+      "virtletVersion": "1.2.3"
+    }
+  ]
+}
+`},
+		{[]string{"-o", "yaml", "--client"}, "clientVersion: " + client + "\n"},
+	} {
+		k := &kube{client: clientset}
+		cmd := newVersion(k, "virtletctl")
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetArgs(tc.args)
+		if err := cmd.Execute(); err != nil || out.String() != tc.want {
+			t.Errorf("version %v: %v\n%s\nwant:\n%s", tc.args, err, out.String(), tc.want)
+		}
+	}
+	cmd := newVersion(&kube{client: clientset}, "virtletctl")
+	cmd.SetArgs([]string{"-o", "xml"})
+	cmd.SetOut(io.Discard)
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "want json or yaml") {
+		t.Errorf("-o xml: %v", err)
 	}
 }
