@@ -494,9 +494,11 @@ spec:
 				t.Errorf("the pod's events lack %q:\n%s", want, events)
 			}
 		}
-		if phase := n.kubectl(t, "get", "pod", forbiddenSecretPod, "-o", "jsonpath={.status.containerStatuses[0].state.waiting.reason}"); phase != "CreateContainerError" {
-			t.Errorf("container state %q, want waiting in CreateContainerError", phase)
-		}
+		// kubelet records the event before it syncs the pod's status.
+		n.waitFor(t, "the container waiting in CreateContainerError", time.Minute, func() bool {
+			state, _ := n.k.Kubectl("get", "pod", forbiddenSecretPod, "-o", "jsonpath={.status.containerStatuses[0].state.waiting.reason}")
+			return state == "CreateContainerError"
+		})
 		n.kubectl(t, "delete", "pod", forbiddenSecretPod, "--wait=true", "--timeout=3m")
 		n.kubectl(t, "delete", "secret", "other-tenant-keys")
 		n.waitFor(t, "the VM pod removed from the node", 2*time.Minute, func() bool {
