@@ -298,3 +298,29 @@ func TestVersionOutputs(t *testing.T) {
 		t.Errorf("-o xml: %v", err)
 	}
 }
+
+// virsh takes the pod first, or anywhere as Virtlet's @POD.
+func TestVirshTarget(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		pod, rest string
+		err       string
+	}{
+		{args: []string{"my-vm", "dominfo"}, pod: "my-vm", rest: "dominfo"},
+		{args: []string{"dumpxml", "@my-vm"}, pod: "my-vm", rest: "dumpxml"},
+		{args: []string{"dumpxml", "@my-vm", "--inactive"}, pod: "my-vm", rest: "dumpxml --inactive"},
+		{args: []string{"domstats", "@a", "@b"}, err: "one pod"},
+		{args: []string{"dominfo", "@"}, err: "names no pod"},
+	} {
+		pod, rest, err := virshTarget(tc.args)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || pod != tc.pod || strings.Join(rest, " ") != tc.rest {
+			t.Errorf("%v: pod %q, virsh %q, %v; want %q, %q", tc.args, pod, rest, err, tc.pod, tc.rest)
+		}
+	}
+}

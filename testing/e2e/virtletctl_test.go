@@ -174,8 +174,9 @@ spec:
 				t.Errorf("virsh %v: %v %s", args, err, errOut)
 			}
 		}
-		if out, _, _ := run("virsh", "ctl-vm", "--", "domstate"); !strings.Contains(out, "running") {
-			t.Fatalf("the VM after a refused destroy: %s", out)
+		// Virtlet's form: the pod as @POD among virsh's arguments.
+		if out, errOut, err := run("virsh", "domstate", "@ctl-vm"); err != nil || !strings.Contains(out, "running") {
+			t.Fatalf("virsh domstate @ctl-vm (the VM after a refused destroy): %v %s %s", err, out, errOut)
 		}
 	})
 
