@@ -199,6 +199,9 @@ install: build
 	install -D -m 0755 bin/virtlet $(DESTDIR)$(PREFIX)/bin/virtlet
 	install -D -m 0755 bin/virtletctl $(DESTDIR)$(PREFIX)/bin/virtletctl
 	ln -sf virtletctl $(DESTDIR)$(PREFIX)/bin/kubectl-virtlet
+	# An older install named the plugin kubectl-virt, which is KubeVirt's:
+	# ours (a link to virtletctl) goes, theirs stays.
+	[ "$$(readlink $(DESTDIR)$(PREFIX)/bin/kubectl-virt 2>/dev/null)" != virtletctl ] || rm -f $(DESTDIR)$(PREFIX)/bin/kubectl-virt
 	for p in $(DEFAULT_PLUGINS); do install -D -m 0755 bin/$$p $(DESTDIR)$(PREFIX)/bin/$$p; done
 	install -d -m 0755 $(DESTDIR)$(SYSCONFDIR)/virtlet/plugins.d $(DESTDIR)$(SYSCONFDIR)/virtlet/images
 	for f in plugins/manifest/defaults/*.yaml; do \
@@ -221,6 +224,7 @@ install: build
 # the daemon first (systemctl disable --now virtlet).
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/virtlet $(DESTDIR)$(PREFIX)/bin/virtletctl $(DESTDIR)$(PREFIX)/bin/kubectl-virtlet
+	[ "$$(readlink $(DESTDIR)$(PREFIX)/bin/kubectl-virt 2>/dev/null)" != virtletctl ] || rm -f $(DESTDIR)$(PREFIX)/bin/kubectl-virt
 	for p in $(DEFAULT_PLUGINS); do rm -f $(DESTDIR)$(PREFIX)/bin/$$p; done
 	rm -rf $(DESTDIR)$(SYSCONFDIR)/virtlet
 	rm -rf "$(DESTDIR)$(KUBELET_VOLUME_PLUGIN_DIR)/virtlet~flexvolume_driver"

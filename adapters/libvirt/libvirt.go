@@ -1430,6 +1430,7 @@ func (h *Hypervisor) SetVCPUs(ctx context.Context, id string, n int) error {
 		return nil
 	}
 	log := h.log.WithFields(logrus.Fields{"vm": name, "from": old, "to": n})
+	onlineLater := false
 	if state, _, err := dom.GetState(); err == nil && state == libvirt.DOMAIN_RUNNING {
 		plugged, err := dom.GetVcpusFlags(libvirt.DOMAIN_VCPU_LIVE)
 		if err != nil {
@@ -1440,26 +1441,34 @@ func (h *Hypervisor) SetVCPUs(ctx context.Context, id string, n int) error {
 				return libvirtError(fmt.Sprintf("hot-plug vCPUs into domain %s (%d to %d)", name, plugged, n), err)
 			}
 		}
+		// An onlining of an earlier grow ends first (its last agent call
+		// included): it must not online vCPUs after this resize.
 		h.stopOnliningVCPUs(id)
-		if n > old {
-			// The guest's kernel learns of a hot-plugged vCPU through
-			// ACPI, which a busy TCG guest may handle a minute later; its
-			// agent may be busy with execs meanwhile. The resize returns
-			// now and the agent onlines them when it can.
-			h.onlineVCPUsLater(r, n, log)
-		} else if err := onlineGuestVCPUs(ctx, dom, n); err != nil {
-			return fmt.Errorf("take vCPUs of VM %s offline (%d to %d) through its guest agent: %w: %w", name, old, n, err, ports.ErrFailedPrecondition)
+		if n < old {
+			if err := onlineGuestVCPUs(ctx, dom, n); err != nil {
+				return fmt.Errorf("take vCPUs of VM %s offline (%d to %d) through its guest agent: %w: %w", name, old, n, err, ports.ErrFailedPrecondition)
+			}
+		} else {
+			onlineLater = true
 		}
 	}
 	if err := dom.SetVcpusFlags(uint(n), libvirt.DOMAIN_VCPU_CONFIG); err != nil {
 		return libvirtError(fmt.Sprintf("set the vCPUs of domain %s to %d for its next boot", name, n), err)
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	r.Spec.VCPUs = n
 	if err := h.saveRecord(r); err != nil {
 		r.Spec.VCPUs = old // the record on disk still says so
+		h.mu.Unlock()
 		return err
+	}
+	h.mu.Unlock()
+	if onlineLater {
+		// The guest's kernel learns of a hot-plugged vCPU through ACPI,
+		// which a busy TCG guest may handle a minute later; its agent may
+		// be busy with execs meanwhile. The resize returns now and the
+		// agent onlines them when it can.
+		h.onlineVCPUsLater(r, n, log)
 	}
 	log.Info("vCPUs set")
 	return nil
@@ -1504,12 +1513,13 @@ const (
 )
 
 // onlineVCPUsLater has the guest's agent bring n vCPUs online in the
-// background, retrying until it has, the VM stops, another resize or
-// close supersedes it, or vcpuOnlineWindow ends.
+// background, retrying until it has, the VM is shut off or removed,
+// another resize or close supersedes it, or vcpuOnlineWindow ends.
 func (h *Hypervisor) onlineVCPUsLater(r *record, n int, log logrus.FieldLogger) {
-	ctx, cancel := context.WithTimeout(context.Background(), vcpuOnlineWindow)
-	job := &onlining{cancel: cancel}
 	id := r.Spec.ID
+	h.stopOnliningVCPUs(id)
+	ctx, cancel := context.WithTimeout(context.Background(), vcpuOnlineWindow)
+	job := &onlining{cancel: cancel, done: make(chan struct{})}
 	h.mu.Lock()
 	if h.onlining == nil {
 		h.onlining = map[string]*onlining{}
@@ -1517,42 +1527,50 @@ func (h *Hypervisor) onlineVCPUsLater(r *record, n int, log logrus.FieldLogger) 
 	h.onlining[id] = job
 	h.mu.Unlock()
 	go func() {
+		defer close(job.done)
+		defer cancel()
 		defer func() {
 			h.mu.Lock()
 			if h.onlining[id] == job {
 				delete(h.onlining, id)
 			}
 			h.mu.Unlock()
-			cancel()
 		}()
 		var err error
 		for attempt := 0; ; attempt++ {
+			if attempt > 0 {
+				select {
+				case <-ctx.Done():
+				case <-time.After(vcpuOnlineRetry):
+				}
+			}
+			if ctx.Err() != nil {
+				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					log.WithError(err).Warn("vCPUs hot-plugged; the guest's agent did not bring them online (the guest may do it itself)")
+				}
+				return
+			}
 			h.mu.Lock()
 			gone := h.records[id] != r
 			h.mu.Unlock()
 			if gone {
-				return // removed, or redefined with a resize of its own
-			}
-			if attempt > 0 {
-				select {
-				case <-ctx.Done():
-					if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-						log.WithError(err).Warn("vCPUs hot-plugged; the guest's agent did not bring them online (the guest may do it itself)")
-					}
-					return
-				case <-time.After(vcpuOnlineRetry):
-				}
+				return // removed (a record of its own for a redefined VM)
 			}
 			var dom *libvirt.Domain
 			if dom, err = h.agentDomain(r); err != nil {
 				continue
 			}
-			if state, _, serr := dom.GetState(); serr == nil && state != libvirt.DOMAIN_RUNNING {
+			state, _, serr := dom.GetState()
+			switch {
+			case serr == nil && (state == libvirt.DOMAIN_SHUTOFF || state == libvirt.DOMAIN_CRASHED || state == libvirt.DOMAIN_SHUTDOWN):
 				dom.Free()
 				log.WithField("state", state).Info("the VM stopped before its hot-plugged vCPUs came online")
 				return
+			case serr == nil && state != libvirt.DOMAIN_RUNNING:
+				err = fmt.Errorf("the VM is not running (state %d)", state) // paused: later
+			default:
+				err = setGuestVCPUs(dom, n)
 			}
-			err = setGuestVCPUs(dom, n)
 			dom.Free()
 			if err == nil {
 				log.WithField("attempts", attempt+1).Info("hot-plugged vCPUs online")
@@ -1562,16 +1580,23 @@ func (h *Hypervisor) onlineVCPUsLater(r *record, n int, log logrus.FieldLogger) 
 	}()
 }
 
-// onlining is one background onlining of hot-plugged vCPUs.
-type onlining struct{ cancel context.CancelFunc }
+// onlining is one background onlining of hot-plugged vCPUs; done closes
+// when its goroutine has returned (its last agent call over).
+type onlining struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
 
-// stopOnliningVCPUs cancels a background onlining of VM id's vCPUs.
+// stopOnliningVCPUs cancels a background onlining of VM id's vCPUs and
+// waits until it has ended. Called without h.mu.
 func (h *Hypervisor) stopOnliningVCPUs(id string) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if job := h.onlining[id]; job != nil {
+	job := h.onlining[id]
+	delete(h.onlining, id)
+	h.mu.Unlock()
+	if job != nil {
 		job.cancel()
-		delete(h.onlining, id)
+		<-job.done
 	}
 }
 
@@ -1656,14 +1681,19 @@ func (h *Hypervisor) close() {
 	h.mu.Lock()
 	conn, ids := h.conn, h.callbackIDs
 	h.conn, h.ready = nil, false
+	var jobs []*onlining
 	for id, job := range h.onlining {
 		job.cancel()
+		jobs = append(jobs, job)
 		delete(h.onlining, id)
 	}
 	quit, dispatched := h.quit, h.dispatched
 	h.quit = nil
 	p := h.pool
 	h.mu.Unlock()
+	for _, job := range jobs {
+		<-job.done // an agent call in flight ends at its own timeout
+	}
 	if p != nil && p.quit != nil {
 		select {
 		case <-p.quit:

@@ -19,11 +19,12 @@ func newVirsh(k *kube, name string) *cobra.Command {
 		Long: `virsh runs one virsh command that only reads (dominfo, dumpxml, domstats,
 domblklist, domiflist, dommemstat, vcpuinfo, ...) against the VM pod's
 libvirt domain on its node, on a read-only connection; the daemon adds the
-domain name. The pod comes first, or anywhere as @POD in Virtlet's way.
+domain name. The pod comes first, or anywhere as @POD in Virtlet's way;
+virsh's own options go after -- (virsh -- dumpxml @my-vm --inactive).
 Commands that change anything, and options or arguments that could reach
 another domain, are refused. It goes through the pod's exec subresource:
 you need the right to exec into the pod.`,
-		Example: "  " + name + " virsh my-vm -- dominfo\n  " + name + " virsh dumpxml @my-vm",
+		Example: "  " + name + " virsh my-vm -- dominfo\n  " + name + " virsh dumpxml @my-vm\n  " + name + " virsh -- dumpxml @my-vm --inactive",
 		Args:    cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			podName, virshArgs, err := virshTarget(args)

@@ -30,7 +30,7 @@ func BenchmarkPodNetwork20(b *testing.B) {
 	}
 	sum, _ := manifest.FileSHA256(bin)
 	m := manifest.Manifest{Name: "cni", Kind: ports.KindNetwork, Command: bin, SHA256: sum, File: "bench",
-		Config: []byte(fmt.Sprintf(`{"confDir": %q, "binDirs": [%q]}`, tn.ConfDir, harness.CNIBinDir))}
+		Config: []byte(fmt.Sprintf(`{"confDir": %q, "binDirs": [%q], "netnsPrefix": %q}`, tn.ConfDir, harness.CNIBinDir, tn.NetNSPrefix))}
 	h, err := host.Start(context.Background(), []manifest.Manifest{m}, host.Options{StateDir: filepath.Join(dir, "plugins"), Log: quiet()})
 	if err != nil {
 		b.Fatal(err)

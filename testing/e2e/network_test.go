@@ -404,7 +404,7 @@ func TestVMWithTwoPodInterfaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	cni := harness.Plugin{Name: "cni", Kind: "network", Binary: filepath.Join(bins, "virtlet-plugin-cni"),
-		Config: fmt.Sprintf("{confDir: %q, binDirs: [%q, %q]}", confDir, metaBin, harness.CNIBinDir)}
+		Config: fmt.Sprintf("{confDir: %q, binDirs: [%q, %q], netnsPrefix: %q}", confDir, metaBin, harness.CNIBinDir, first.NetNSPrefix)}
 	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), cni))
 	d.Translate("test-images.yaml", translation)
 	d.Start()

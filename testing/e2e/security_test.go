@@ -328,7 +328,7 @@ transports:
 		for _, name := range harness.PoolDomainsUsing(d.Dir) {
 			pid, _ := os.ReadFile("/run/libvirt/qemu/" + name + ".pid")
 			status, _ := os.ReadFile("/proc/" + strings.TrimSpace(string(pid)) + "/status")
-			if m := regexp.MustCompile(`(?m)^Uid:\s+(\d+)`).FindSubmatch(status); m != nil {
+			if m := statusUid.FindSubmatch(status); m != nil {
 				uid, _ := strconv.Atoi(string(m[1]))
 				out[uint32(uid)] = true
 			}
@@ -474,3 +474,6 @@ func checkConfinement(t *testing.T, d *harness.Daemon, domain, ctr, neighbour st
 		t.Errorf("the second VM's user (uid %d gid %d) reached the first VM's guest agent socket %s", n2, g2, m[1])
 	}
 }
+
+// statusUid finds the real uid in /proc/<pid>/status.
+var statusUid = regexp.MustCompile(`(?m)^Uid:\s+(\d+)`)
