@@ -199,8 +199,8 @@ install: build
 	install -D -m 0755 bin/virtlet $(DESTDIR)$(PREFIX)/bin/virtlet
 	install -D -m 0755 bin/virtletctl $(DESTDIR)$(PREFIX)/bin/virtletctl
 	ln -sf virtletctl $(DESTDIR)$(PREFIX)/bin/kubectl-virtlet
-	# An older install named the plugin kubectl-virt, which is KubeVirt's:
-	# ours (a link to virtletctl) goes, theirs stays.
+# An older install named the plugin kubectl-virt, which is KubeVirt's:
+# ours (a link to virtletctl) goes, theirs stays.
 	[ "$$(readlink $(DESTDIR)$(PREFIX)/bin/kubectl-virt 2>/dev/null)" != virtletctl ] || rm -f $(DESTDIR)$(PREFIX)/bin/kubectl-virt
 	for p in $(DEFAULT_PLUGINS); do install -D -m 0755 bin/$$p $(DESTDIR)$(PREFIX)/bin/$$p; done
 	install -d -m 0755 $(DESTDIR)$(SYSCONFDIR)/virtlet/plugins.d $(DESTDIR)$(SYSCONFDIR)/virtlet/images
