@@ -226,6 +226,7 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 		return err
 	}
 	h.resume()
+	h.stampOwners()
 	if p != nil && h.pool == nil {
 		if err := h.startPool(p); err != nil {
 			return err
@@ -1222,6 +1223,47 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	h.syncGrants() // its user's entries go
 	h.log.WithField("vm", r.Spec.Name).Info("domain undefined, disks removed")
 	return nil
+}
+
+// stampOwners names this plugin instance the owner of its VMs' domains
+// that name none: VMs that claimed a pool domain before a claim recorded
+// its owner (or made before owners were). Another plugin instance on the
+// same libvirtd would take them for orphans of its own and remove them.
+func (h *Hypervisor) stampOwners() {
+	conn, err := h.connection()
+	if err != nil {
+		return
+	}
+	h.mu.Lock()
+	rs := make([]*record, 0, len(h.records))
+	for _, r := range h.records {
+		if r.Claim != claiming {
+			rs = append(rs, r)
+		}
+	}
+	h.mu.Unlock()
+	for _, r := range rs {
+		dom, err := conn.LookupDomainByUUIDString(r.Spec.UUID)
+		if err != nil {
+			continue
+		}
+		if m, ok := ours(dom, h.owner); ok && m.Owner == "" && m.ID == r.Spec.ID {
+			meta, err := xml.Marshal(newVMMetadata(r.Spec, h.owner))
+			flags := libvirt.DOMAIN_AFFECT_CONFIG
+			if active, _ := dom.IsActive(); active {
+				flags |= libvirt.DOMAIN_AFFECT_LIVE
+			}
+			if err == nil {
+				err = dom.SetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, string(meta), metadataKey, MetadataNS, flags)
+			}
+			if err != nil {
+				h.log.WithError(err).WithField("vm", r.Spec.Name).Warn("name this plugin instance the owner of the VM's domain")
+			} else {
+				h.log.WithField("vm", r.Spec.Name).Info("the VM's domain now names its owner")
+			}
+		}
+		dom.Free()
+	}
 }
 
 // instanceOwner names a plugin instance by its state directory: two

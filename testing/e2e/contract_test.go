@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"sigs.k8s.io/yaml"
 
+	lv "github.com/virtlet/virtlet/adapters/libvirt"
 	"github.com/virtlet/virtlet/plugins/host"
 	"github.com/virtlet/virtlet/plugins/manifest"
 	"github.com/virtlet/virtlet/ports"
@@ -174,9 +175,25 @@ func TestLibvirtPluginsShareLibvirtd(t *testing.T) {
 	})
 	pooled := newSpec("sharedpool")
 	define(t, pooled)
-	if st, err := a.Status(ctx, pooled.ID); err != nil || !strings.HasPrefix(st.Name, "virtlet-pool-") {
+	st, err := a.Status(ctx, pooled.ID)
+	if err != nil || !strings.HasPrefix(st.Name, "virtlet-pool-") {
 		t.Fatalf("the second VM did not claim the pool domain: %+v %v", st, err)
 	}
+	check(t, pooled)
+
+	// A domain claimed before claims recorded their owner: the other
+	// instance takes it for its own, until the owning plugin's next start
+	// names itself in the domain.
+	legacy := fmt.Sprintf(`<vm id=%q pod="e2e/sharedpool" createdBy="virtlet"/>`, pooled.ID)
+	if out, err := harness.Virsh("metadata", st.Name, lv.MetadataNS, "--key", "virtlet", "--set", legacy, "--config"); err != nil {
+		t.Fatalf("virsh metadata --set: %v %s", err, out)
+	}
+	harness.Virsh("metadata", st.Name, lv.MetadataNS, "--key", "virtlet", "--set", legacy, "--live")
+	if !listed(b, pooled.ID) {
+		t.Fatalf("a domain without an owner is not taken for every instance's: the check below would prove nothing")
+	}
+	pa.host.Shutdown()
+	a = libvirtPluginUnderTest(t, dirA, "{pool: {size: 1}}").host.Hypervisor()
 	check(t, pooled)
 }
 
