@@ -93,12 +93,7 @@ func testLibvirtHypervisorContractPooled(t *testing.T) {
 	}
 	// The pool domain is ready for a claim once the plugin logs its launch
 	// (libvirt lists it while QEMU still starts: a claim then starts cold).
-	waitPool := func(t *testing.T) {
-		harness.Eventually(t, time.Minute, "a pool domain launched", func() bool {
-			names := harness.PoolDomainsUsing(dir)
-			return len(names) == 1 && harness.PoolLaunches(pluginLog.String())[names[0]]
-		})
-	}
+	waitPool := func(t *testing.T) { waitPoolIn(t, dir, pluginLog.String, 1) }
 	waitPool(t)
 	hypervisortest.Run(t, hypervisortest.Env{
 		Hypervisor: hv,
@@ -169,10 +164,7 @@ func TestLibvirtPluginsShareLibvirtd(t *testing.T) {
 	define(t, cold)
 	check(t, cold)
 	// A VM that claimed the pool domain launched for that shape.
-	harness.Eventually(t, time.Minute, "a pool domain launched", func() bool {
-		names := harness.PoolDomainsUsing(dirA)
-		return len(names) == 1 && harness.PoolLaunches(logA.String())[names[0]]
-	})
+	waitPoolIn(t, dirA, logA.String, 1)
 	pooled := newSpec("sharedpool")
 	define(t, pooled)
 	st, err := a.Status(ctx, pooled.ID)

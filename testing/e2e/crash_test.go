@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -426,11 +427,37 @@ func qemuGID(t *testing.T, domain string) string {
 // effective, saved, filesystem).
 func procStatus(t *testing.T, pid, name string) []string {
 	t.Helper()
-	m := regexp.MustCompile(`(?m)^` + name + `:\s+(.*)$`).FindStringSubmatch(string(mustRead(t, "/proc/"+pid+"/status")))
-	if m == nil {
-		t.Fatalf("no %s in /proc/%s/status", name, pid)
+	f, err := procStatusField(pid, name)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return strings.Fields(m[1])
+	return f
+}
+
+// procStatusField is procStatus without a test to fail.
+func procStatusField(pid, name string) ([]string, error) {
+	status, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return nil, err
+	}
+	m := regexp.MustCompile(`(?m)^` + name + `:\s+(.*)$`).FindSubmatch(status)
+	if m == nil {
+		return nil, fmt.Errorf("no %s in /proc/%s/status", name, pid)
+	}
+	return strings.Fields(string(m[1])), nil
+}
+
+// domainQEMUUID is the real uid the QEMU of a running domain runs as.
+func domainQEMUUID(domain string) (int, error) {
+	pid, err := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
+	if err != nil {
+		return 0, err
+	}
+	uid, err := procStatusField(strings.TrimSpace(string(pid)), "Uid")
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(uid[0])
 }
 
 // withoutBridge is links but bridge.

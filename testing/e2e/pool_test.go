@@ -43,13 +43,20 @@ func pooledDaemon(t *testing.T, ps []harness.Plugin) (*harness.Daemon, *harness.
 // ready for a claim (the plugin logs a launch once it is).
 func waitPool(t *testing.T, d *harness.Daemon, n int) []string {
 	t.Helper()
+	return waitPoolIn(t, d.Dir, d.Log, n)
+}
+
+// waitPoolIn is waitPool for the libvirt plugin whose directory is dir
+// and whose log is log's (a plugin a test runs alone).
+func waitPoolIn(t *testing.T, dir string, log func() string, n int) []string {
+	t.Helper()
 	var doms []string
 	harness.Eventually(t, 2*time.Minute, fmt.Sprintf("%d pool domains", n), func() bool {
-		doms = harness.PoolDomainsUsing(d.Dir)
+		doms = harness.PoolDomainsUsing(dir)
 		if len(doms) != n {
 			return false
 		}
-		launched := harness.PoolLaunches(d.Log())
+		launched := harness.PoolLaunches(log())
 		for _, dom := range doms {
 			if state, _ := harness.Virsh("domstate", "--reason", dom); state != "paused (user)" || !launched[dom] {
 				return false // starting up

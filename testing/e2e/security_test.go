@@ -301,10 +301,7 @@ transports:
 		// A second VM, whose user must not reach the first's disk and
 		// guest agent.
 		// It claims the pool domain launched for the first one's shape.
-		harness.Eventually(t, 2*time.Minute, "a pool domain launched", func() bool {
-			names := harness.PoolDomainsUsing(d.Dir)
-			return len(names) == 1 && harness.PoolLaunches(d.Log())[names[0]]
-		})
+		waitPool(t, d, 1)
 		pod2, ctr2JSON := vmPod(t, d, "neighbour", nil, 160<<20)
 		sb2 := c.Must(t, "runp", pod2)
 		ctr2 := c.Must(t, "create", sb2, withImage(t, ctr2JSON, image), pod2)
@@ -326,10 +323,7 @@ transports:
 	ready := func() map[uint32]bool {
 		out := map[uint32]bool{}
 		for _, name := range harness.PoolDomainsUsing(d.Dir) {
-			pid, _ := os.ReadFile("/run/libvirt/qemu/" + name + ".pid")
-			status, _ := os.ReadFile("/proc/" + strings.TrimSpace(string(pid)) + "/status")
-			if m := statusUid.FindSubmatch(status); m != nil {
-				uid, _ := strconv.Atoi(string(m[1]))
+			if uid, err := domainQEMUUID(name); err == nil { // a domain still starting has no QEMU yet
 				out[uint32(uid)] = true
 			}
 		}
@@ -475,5 +469,3 @@ func checkConfinement(t *testing.T, d *harness.Daemon, domain, ctr, neighbour st
 	}
 }
 
-// statusUid finds the real uid in /proc/<pid>/status.
-var statusUid = regexp.MustCompile(`(?m)^Uid:\s+(\d+)`)
