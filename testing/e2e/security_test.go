@@ -468,4 +468,3 @@ func checkConfinement(t *testing.T, d *harness.Daemon, domain, ctr, neighbour st
 		t.Errorf("the second VM's user (uid %d gid %d) reached the first VM's guest agent socket %s", n2, g2, m[1])
 	}
 }
-
