@@ -1248,15 +1248,11 @@ func (h *Hypervisor) stampOwners() {
 			continue
 		}
 		if m, ok := ours(dom, h.owner); ok && m.Owner == "" && m.ID == r.Spec.ID {
-			meta, err := xml.Marshal(newVMMetadata(r.Spec, h.owner))
 			flags := libvirt.DOMAIN_AFFECT_CONFIG
 			if active, _ := dom.IsActive(); active {
 				flags |= libvirt.DOMAIN_AFFECT_LIVE
 			}
-			if err == nil {
-				err = dom.SetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, string(meta), metadataKey, MetadataNS, flags)
-			}
-			if err != nil {
+			if err := setVMMetadata(dom, r.Spec, h.owner, flags); err != nil {
 				h.log.WithError(err).WithField("vm", r.Spec.Name).Warn("name this plugin instance the owner of the VM's domain")
 			} else {
 				h.log.WithField("vm", r.Spec.Name).Info("the VM's domain now names its owner")
@@ -1291,6 +1287,16 @@ func ours(dom *libvirt.Domain, owner string) (vmMetadata, bool) {
 		return vmMetadata{}, false
 	}
 	return m, true
+}
+
+// setVMMetadata writes VM s's metadata, owner included, into a domain
+// (flags: its live state, its definition or both).
+func setVMMetadata(dom *libvirt.Domain, s ports.VMSpec, owner string, flags libvirt.DomainModificationImpact) error {
+	meta, err := xml.Marshal(newVMMetadata(s, owner))
+	if err != nil {
+		return err
+	}
+	return dom.SetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, string(meta), metadataKey, MetadataNS, flags)
 }
 
 // findOrphan finds a domain of ours that has no record.

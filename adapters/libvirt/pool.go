@@ -792,11 +792,7 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 	// Its owner too: another plugin instance on this libvirtd would
 	// otherwise take it for a domain of its own without a record (an
 	// orphan) and remove it when it resyncs.
-	meta, err := xml.Marshal(newVMMetadata(spec, h.owner))
-	if err == nil {
-		err = dom.SetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, string(meta), metadataKey, MetadataNS, libvirt.DOMAIN_AFFECT_LIVE)
-	}
-	if err != nil {
+	if err := setVMMetadata(dom, spec, h.owner, libvirt.DOMAIN_AFFECT_LIVE); err != nil {
 		return fail("set its metadata", err)
 	}
 	step := func(name string, do func() error) error {
