@@ -1,0 +1,274 @@
+// Lifecycle events: libvirt's callbacks queue them, one goroutine applies
+// them to the records in order, and subscribers hear the statuses.
+
+package libvirt
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"libvirt.org/go/libvirt"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// event is a lifecycle event of one of our domains, or (watchdog set) the
+// firing of its watchdog.
+type event struct {
+	uuid     string
+	kind     libvirt.DomainEventType
+	detail   int
+	watchdog string
+	domain   string // the domain's name, for a watchdog's firing
+}
+
+// onLifecycle runs on libvirt's event loop: it only queues the event.
+func (h *Hypervisor) onLifecycle(c *libvirt.Connect, d *libvirt.Domain, e *libvirt.DomainEventLifecycle) {
+	uuid, err := d.GetUUIDString()
+	if err != nil {
+		return
+	}
+	h.queue(event{uuid: uuid, kind: e.Event, detail: e.Detail})
+}
+
+// watchdogActions name libvirt's watchdog actions as the annotation does.
+var watchdogActions = map[libvirt.DomainEventWatchdogAction]string{
+	libvirt.DOMAIN_EVENT_WATCHDOG_NONE: "none", libvirt.DOMAIN_EVENT_WATCHDOG_PAUSE: "pause",
+	libvirt.DOMAIN_EVENT_WATCHDOG_RESET: "reset", libvirt.DOMAIN_EVENT_WATCHDOG_POWEROFF: "poweroff",
+	libvirt.DOMAIN_EVENT_WATCHDOG_SHUTDOWN: "shutdown", libvirt.DOMAIN_EVENT_WATCHDOG_DEBUG: "dump",
+	libvirt.DOMAIN_EVENT_WATCHDOG_INJECTNMI: "inject-nmi",
+}
+
+// onWatchdog runs on libvirt's event loop when a guest's watchdog fires:
+// it queues the firing, in order with the lifecycle events it causes.
+func (h *Hypervisor) onWatchdog(c *libvirt.Connect, d *libvirt.Domain, e *libvirt.DomainEventWatchdog) {
+	uuid, err := d.GetUUIDString()
+	if err != nil {
+		return
+	}
+	action := watchdogActions[e.Action]
+	if action == "" {
+		action = fmt.Sprintf("action %d", e.Action)
+	}
+	name, _ := d.GetName()
+	h.queue(event{uuid: uuid, watchdog: action, domain: name})
+}
+
+func (h *Hypervisor) queue(e event) {
+	select {
+	case h.events <- e:
+	default:
+		h.log.Warn("libvirt event queue full; a resync will catch up")
+		select {
+		case h.resyncs <- nil:
+		default: // one is pending already
+		}
+	}
+}
+
+// dispatch applies queued lifecycle events in order, and resynchronises
+// with libvirt when asked (events were lost, or the connection is new) and
+// every resyncEvery (an event may be lost where nobody notices). Both run
+// here, so that no event older than a resync is applied after it.
+func (h *Hypervisor) dispatch(quit <-chan struct{}, dispatched chan<- struct{}) {
+	defer close(dispatched)
+	tick := time.NewTicker(h.resyncEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-quit:
+			return
+		case e := <-h.events:
+			h.apply(e)
+		case done := <-h.resyncs:
+			h.drainEvents()
+			h.resync()
+			if done != nil {
+				close(done)
+			}
+		case <-tick.C:
+			h.drainEvents()
+			h.resync()
+		}
+	}
+}
+
+// drainEvents applies the events queued so far.
+func (h *Hypervisor) drainEvents() {
+	for {
+		select {
+		case e := <-h.events:
+			h.apply(e)
+		default:
+			return
+		}
+	}
+}
+
+// apply applies one lifecycle event.
+func (h *Hypervisor) apply(e event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var r *record
+	for _, rec := range h.records {
+		if strings.EqualFold(rec.Spec.UUID, e.uuid) {
+			r = rec
+			break
+		}
+	}
+	if r == nil {
+		return // not ours
+	}
+	if e.watchdog != "" {
+		// The guest stopped petting its watchdog: the VM it stops (poweroff,
+		// shutdown) ends with reason Watchdog; a reset or a dump leaves it
+		// running, and is logged.
+		h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "action": e.watchdog}).Warn("the guest's watchdog fired")
+		if e.watchdog == "dump" && e.domain != "" {
+			h.pruneDumps(r.Spec.Name, e.domain, 1) // and again as it resumes, the new dump written
+		}
+		if e.watchdog == "poweroff" || e.watchdog == "shutdown" {
+			r.Watchdog = e.watchdog
+			if err := h.saveRecord(r); err != nil {
+				h.log.WithError(err).Warn("save VM record")
+			}
+		}
+		return
+	}
+	switch e.kind {
+	case libvirt.DOMAIN_EVENT_STARTED, libvirt.DOMAIN_EVENT_RESUMED:
+		// libvirtd resumes a guest once its watchdog's dump is written
+		// (the firing's event comes before the dump): the older ones go.
+		if wd := r.Spec.Watchdog; wd != nil && wd.Action == "dump" && e.kind == libvirt.DOMAIN_EVENT_RESUMED {
+			h.pruneDumps(r.Spec.Name, r.Spec.Name, 1)
+		}
+		if r.State == ports.VMRunning {
+			return
+		}
+		r.State = ports.VMRunning
+		r.seq++
+		if r.StartedAt.IsZero() {
+			r.StartedAt = time.Now().UTC()
+		}
+	case libvirt.DOMAIN_EVENT_CRASHED:
+		r.Crashed = true
+		return
+	case libvirt.DOMAIN_EVENT_STOPPED:
+		if r.State != ports.VMRunning {
+			return // applied already, from the shutoff reason (Stop, a resync)
+		}
+		h.exitLocked(r, exitFromEvent(libvirt.DomainEventStoppedDetailType(e.detail), r))
+	default:
+		return
+	}
+	if err := h.saveRecord(r); err != nil {
+		h.log.WithError(err).Warn("save VM record")
+	}
+	h.notifyLocked(r.status())
+}
+
+// exit is how a VM ended.
+type exit struct {
+	code    int32
+	reason  string
+	message string
+}
+
+func exitFromEvent(detail libvirt.DomainEventStoppedDetailType, r *record) exit {
+	switch detail {
+	case libvirt.DOMAIN_EVENT_STOPPED_SHUTDOWN:
+		if r.StopRequested {
+			return exit{0, "Completed", "the guest shut down on request"}
+		}
+		return exit{0, "Completed", "the guest powered off"}
+	case libvirt.DOMAIN_EVENT_STOPPED_DESTROYED:
+		return forcedExit(r)
+	case libvirt.DOMAIN_EVENT_STOPPED_CRASHED:
+		return exit{1, "Crashed", "the guest crashed"}
+	case libvirt.DOMAIN_EVENT_STOPPED_FAILED:
+		return exit{1, "Failed", "the QEMU process ended unexpectedly"}
+	default:
+		return exit{255, "Stopped", fmt.Sprintf("stopped by libvirt (event detail %d)", detail)}
+	}
+}
+
+func exitFromShutoff(reason libvirt.DomainShutoffReason, r *record) exit {
+	switch reason {
+	case libvirt.DOMAIN_SHUTOFF_SHUTDOWN:
+		return exitFromEvent(libvirt.DOMAIN_EVENT_STOPPED_SHUTDOWN, r)
+	case libvirt.DOMAIN_SHUTOFF_DESTROYED:
+		return forcedExit(r)
+	case libvirt.DOMAIN_SHUTOFF_CRASHED:
+		return exit{1, "Crashed", "the guest crashed"}
+	case libvirt.DOMAIN_SHUTOFF_FAILED:
+		return exit{1, "Failed", "the QEMU process ended unexpectedly"}
+	default:
+		return exit{255, "Stopped", fmt.Sprintf("found shut off (reason %d)", reason)}
+	}
+}
+
+func forcedExit(r *record) exit {
+	switch {
+	case r.Crashed:
+		return exit{1, "Crashed", "the guest crashed"}
+	case r.ForcedAfter > 0:
+		return exit{137, "Killed", fmt.Sprintf("forced off: the guest did not shut down within the %s grace period", r.ForcedAfter)}
+	case r.StopRequested:
+		return exit{137, "Killed", "forced off"}
+	default:
+		return exit{137, "Killed", "destroyed outside Virtlet"}
+	}
+}
+
+// exitLocked records a VM's end; callers hold h.mu.
+func (h *Hypervisor) exitLocked(r *record, e exit) {
+	r.State = ports.VMStopped
+	r.seq++
+	r.FinishedAt = time.Now().UTC()
+	if r.Watchdog != "" && !r.StopRequested {
+		e = exit{1, "Watchdog", fmt.Sprintf("the guest stopped petting its %s watchdog, which did %s", watchdogModel(r), r.Watchdog)}
+	}
+	r.Watchdog = ""
+	r.ExitCode, r.Reason, r.Message = e.code, e.reason, e.message
+	r.StopRequested, r.Crashed = false, false
+	for _, ch := range h.stopped[r.Spec.ID] {
+		close(ch)
+	}
+	delete(h.stopped, r.Spec.ID)
+	if t := h.tailers[r.Spec.ID]; t != nil {
+		delete(h.tailers, r.Spec.ID)
+		go t.close() // drains the last output
+	}
+	// Not here, under h.mu: closing takes consoleMu, which OpenConsole
+	// holds while it opens a stream (lock order).
+	ended := r.runs
+	r.runs++
+	go h.closeConsole(r.Spec.ID, ended)
+}
+
+// notifyLocked sends a state change to the watchers. One that does not
+// keep up is cut off (its channel closed) rather than skipped: a change it
+// never hears of would stay unknown, while the end of its watch makes it
+// resubscribe and resynchronise with List.
+func (h *Hypervisor) notifyLocked(st ports.VMStatus) {
+	for ch := range h.subs {
+		select {
+		case ch <- st:
+		default:
+			h.log.WithField("vm", st.ID).Warn("a watcher fell behind; ending its watch so that it resynchronises")
+			delete(h.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+func (h *Hypervisor) endWatches() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for ch := range h.subs {
+		close(ch)
+	}
+	h.subs = map[chan ports.VMStatus]struct{}{}
+}

@@ -1,0 +1,167 @@
+// Claiming a ready pool domain for a VM while it is still paused: its
+// metadata set, the VM's other disks and NICs hot-plugged, its cloud-init
+// medium inserted, the machine reset and defined persistently.
+
+package libvirt
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"libvirt.org/go/libvirt"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// claim makes a pool domain the VM's, or reports false (plugging in
+// failed: the domain is destroyed) and leaves r as it was: the VM then
+// starts cold. On success r holds the pool domain's identity, root overlay
+// and console log, and is saved and kept.
+func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSpec, r *record, accel accelerator, log logrus.FieldLogger) bool {
+	begin := time.Now()
+	log = log.WithField("domain", d.name)
+	if !pristine(conn, d.uuid) {
+		h.destroyPoolDomain(conn, d.uuid, "no longer paused", d.console, d.root)
+		log.Warn("cold start: the pool domain of its shape is gone")
+		return false
+	}
+	// Its user keeps what the pool domain was granted until the record
+	// holds the VM.
+	if done, err := h.grantNow(spec.ID+"/claim", d.uid, []string{d.base}); err == nil {
+		defer done()
+	}
+	asked := vmIdentity{Name: spec.Name, RunAs: spec.RunAs} // the spec asked for no UUID (poolable)
+	spec.Name, spec.UUID, spec.RunAs = d.name, d.uuid, &ports.ProcessIdentity{UID: d.uid, GID: d.uid}
+	before := *r
+	r.Spec.Name, r.Spec.UUID, r.Spec.RunAs = spec.Name, spec.UUID, spec.RunAs
+	r.Asked, r.ConsoleLog, r.Claim = &asked, d.console, claiming
+	r.DiskPaths = map[string]string{spec.Disks[0].Name: d.root}
+	steps := logrus.Fields{}
+	fail := func(what string, err error) bool {
+		h.destroyPoolDomain(conn, d.uuid, "its claim failed", d.console, d.root)
+		if len(r.Secrets) > 0 {
+			undefineSecrets(conn, spec.ID)
+		}
+		*r = before
+		log.WithError(err).Warn("cold start: the pool domain could not take the VM: " + what)
+		return false
+	}
+	h.mu.Lock()
+	err := h.saveRecord(r) // intent first: after a crash from here on, the domain is destroyed
+	h.mu.Unlock()
+	if err != nil {
+		return fail("save its record", err)
+	}
+	failpoint("claim-recorded")
+	if r.Secrets, err = defineSecrets(conn, spec); err != nil {
+		return fail("keep its disks' keys", err)
+	}
+	def, err := buildDomain(domainInput{Spec: spec, DomainType: accel.DomainType, DiskPaths: r.DiskPaths, ConsoleLog: d.console, Secrets: r.Secrets, Owner: h.owner})
+	if err != nil {
+		return fail("render its devices", err)
+	}
+	dom, err := conn.LookupDomainByUUIDString(d.uuid)
+	if err != nil {
+		return fail("look it up", err)
+	}
+	defer dom.Free()
+	// Its owner too: another plugin instance on this libvirtd would
+	// otherwise take it for a domain of its own without a record (an
+	// orphan) and remove it when it resyncs.
+	if err := setVMMetadata(dom, spec, h.owner, libvirt.DOMAIN_AFFECT_LIVE); err != nil {
+		return fail("set its metadata", err)
+	}
+	step := func(name string, do func() error) error {
+		t := time.Now()
+		err := do()
+		steps[name+"Millis"] = time.Since(t).Milliseconds()
+		return err
+	}
+	// Disks in the spec's order (the domain's list follows it); the root
+	// is the pool domain's own.
+	for i, disk := range def.Devices.Disks[1:] {
+		x, err := disk.Marshal()
+		if err == nil {
+			if spec.Disks[i+1].Device == ports.DeviceCDROM {
+				err = step("medium", func() error { return dom.UpdateDeviceFlags(x, libvirt.DOMAIN_DEVICE_MODIFY_LIVE) })
+			} else {
+				err = step("disk."+disk.Target.Dev, func() error { return dom.AttachDeviceFlags(x, libvirt.DOMAIN_DEVICE_MODIFY_LIVE) })
+			}
+		}
+		if err != nil {
+			return fail("plug in disk "+disk.Target.Dev, libvirtError("plug in disk "+disk.Target.Dev, err))
+		}
+	}
+	for i, iface := range def.Devices.Interfaces {
+		x, err := iface.Marshal()
+		if err == nil {
+			err = step(fmt.Sprintf("nic%d", i), func() error { return dom.AttachDeviceFlags(x, libvirt.DOMAIN_DEVICE_MODIFY_LIVE) })
+		}
+		if err != nil {
+			return fail(fmt.Sprintf("plug in NIC %d", i), libvirtError("plug in a NIC", err))
+		}
+	}
+	// The guest has not run: a reset makes the firmware and the guest
+	// find the hot-plugged devices as a cold machine's (no pending ACPI
+	// hotplug event, the boot order read again).
+	if err := step("reset", func() error { return dom.Reset(0) }); err != nil {
+		return fail("reset it", libvirtError("reset", err))
+	}
+	failpoint("claim-plugged")
+	if err := step("define", func() error {
+		live, err := dom.GetXMLDesc(libvirt.DOMAIN_XML_INACTIVE | libvirt.DOMAIN_XML_SECURE)
+		if err != nil {
+			return err
+		}
+		h.defineMu.Lock()
+		defer h.defineMu.Unlock()
+		persistent, err := conn.DomainDefineXMLFlags(live, libvirt.DOMAIN_DEFINE_VALIDATE)
+		if err == nil {
+			persistent.Free()
+		}
+		return err
+	}); err != nil {
+		return fail("define it persistently", libvirtError("define", err))
+	}
+	failpoint("claim-defined")
+	r.Claim, r.Prelaunched = claimed, true
+	h.mu.Lock()
+	err = h.saveRecord(r)
+	if err == nil {
+		h.records[spec.ID] = r
+	}
+	h.mu.Unlock()
+	if err != nil {
+		return fail("save its record", err)
+	}
+	log.WithFields(steps).WithFields(logrus.Fields{"shape": d.shape, "user": d.uid, "millis": time.Since(begin).Milliseconds()}).
+		Info("VM claimed a pool domain")
+	return true
+}
+
+// endPrelaunch ends a claimed VM's paused process before its first
+// instruction (WriteFiles needs its root disk, which QEMU holds): the
+// domain stays defined, with its devices, and starts cold.
+func (h *Hypervisor) endPrelaunch(r *record) error {
+	conn, err := h.connection()
+	if err != nil {
+		return err
+	}
+	dom, err := conn.LookupDomainByUUIDString(r.Spec.UUID)
+	if err != nil {
+		return libvirtError("look up domain "+r.Spec.Name, err)
+	}
+	defer dom.Free()
+	if err := dom.Destroy(); err != nil {
+		var le libvirt.Error
+		if !errors.As(err, &le) || le.Code != libvirt.ERR_OPERATION_INVALID { // not running any more
+			return libvirtError("end the paused process of "+r.Spec.Name, err)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.Prelaunched = false
+	return h.saveRecord(r)
+}

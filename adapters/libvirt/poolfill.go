@@ -1,0 +1,387 @@
+// Keeping the pool full: launching pool domains as the wanted counts say,
+// checking they are ready, and sweeping what is stray or no longer wanted.
+
+package libvirt
+
+import (
+	"context"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/sirupsen/logrus"
+	"libvirt.org/go/libvirt"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// refill keeps the pool at its size, one launch at a time and never
+// within poolSettle of a claimed VM's resume (poolClaimWait of a claim),
+// so that on a small node the pod's boot does not wait for a refill.
+func (h *Hypervisor) refill(p *pool) {
+	defer close(p.done)
+	tick := time.NewTicker(poolCheckEvery)
+	defer tick.Stop()
+	for {
+		wait := h.poolStep(p)
+		if wait == 0 {
+			continue // more to do
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-p.quit:
+			timer.Stop()
+			return
+		case <-p.kick:
+		case <-tick.C:
+			h.checkReady(p)
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+// poolStep does one thing the pool needs (a launch, or the destruction of
+// a domain of a shape no longer wanted) and returns 0, or how long to wait
+// before the next look.
+func (h *Hypervisor) poolStep(p *pool) time.Duration {
+	select {
+	case <-p.quit:
+		return time.Hour
+	default:
+	}
+	conn, err := h.connection()
+	if err != nil {
+		return time.Second
+	}
+	used := h.claimedUIDs()
+	p.mu.Lock()
+	now := time.Now()
+	if wait := max(p.quietUntil.Sub(now), p.retryAt.Sub(now)); wait > 0 {
+		p.mu.Unlock()
+		return wait
+	}
+	want := p.wantedLocked()
+	have := map[string]int{}
+	for i, d := range p.ready {
+		if have[d.shape]++; have[d.shape] > want[d.shape] {
+			p.ready = slices.Delete(p.ready, i, i+1)
+			p.mu.Unlock()
+			h.destroyPoolDomain(conn, d.uuid, "its shape is no longer wanted", d.console, d.root)
+			return 0
+		}
+	}
+	var shape *poolShape
+	for i := range p.shapes {
+		if have[p.shapes[i].Key] < want[p.shapes[i].Key] {
+			shape = &p.shapes[i]
+			break
+		}
+	}
+	if shape == nil {
+		p.mu.Unlock()
+		return time.Hour
+	}
+	d := &poolDomain{shape: shape.Key, uid: p.freeUIDLocked(used), uuid: uuid.NewString()}
+	d.name = poolPrefix + p.owner + "-" + d.uuid[:8]
+	d.console, d.root = p.files(d.name)
+	tmpl := shape.Spec
+	p.launching = d
+	p.mu.Unlock()
+	start := time.Now()
+	err = h.launch(conn, p, d, tmpl)
+	took := time.Since(start)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.launching = nil
+	if errors.Is(err, ports.ErrNotFound) { // its image is gone (removed)
+		p.dropShapeLocked(d.shape)
+		h.log.WithError(err).WithField("shape", d.shape).Info("pool: shape dropped: its image is gone")
+		return 0
+	}
+	if err != nil {
+		p.backoff = min(max(2*p.backoff, time.Second), time.Minute)
+		p.retryAt = time.Now().Add(p.backoff)
+		h.log.WithError(err).WithFields(logrus.Fields{"shape": d.shape, "retryIn": p.backoff}).Warn("pool: launch failed")
+		return p.backoff
+	}
+	p.backoff, p.retryAt = 0, time.Time{}
+	p.ready = append(p.ready, d)
+	// Logged once a claim can take it.
+	h.log.WithFields(logrus.Fields{"domain": d.name, "shape": d.shape, "vcpus": tmpl.VCPUs, "memory": tmpl.MemoryBytes,
+		"millis": took.Milliseconds()}).Info("pool: domain launched paused")
+	return 0
+}
+
+// freeUIDLocked is the lowest user of the pool's range that no pool
+// domain and no VM claimed from one (used) runs as, or -1.
+func (p *pool) freeUIDLocked(used map[int]bool) int {
+	for _, d := range p.ready {
+		used[d.uid] = true
+	}
+	for uid := p.firstUID; uid < p.firstUID+p.uids; uid++ {
+		if !used[uid] {
+			return uid
+		}
+	}
+	return -1
+}
+
+// claimedUIDs are the users of the VMs claimed from the pool.
+func (h *Hypervisor) claimedUIDs() map[int]bool {
+	used := map[int]bool{}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.records {
+		if r.Claim != "" && r.Spec.RunAs != nil {
+			used[r.Spec.RunAs.UID] = true
+		}
+	}
+	return used
+}
+
+// launch starts a pool domain of a shape, paused before its first
+// instruction.
+func (h *Hypervisor) launch(conn *libvirt.Connect, p *pool, d *poolDomain, tmpl ports.VMSpec) error {
+	if d.uid < 0 {
+		return fmt.Errorf("every user of the pool's range runs a pool domain or a VM claimed from one")
+	}
+	h.mu.Lock()
+	accel := h.accel
+	h.mu.Unlock()
+	d.base = tmpl.Disks[0].Overlay.BasePath
+	done, err := h.grantNow(d.uuid, d.uid, []string{d.base})
+	if err != nil {
+		return err
+	}
+	defer done() // the pool holds it as launching, then ready
+	if _, err := createOverlay(context.Background(), d.root, *tmpl.Disks[0].Overlay, tmpl.Disks[0].Name); err != nil {
+		return err
+	}
+	spec := tmpl
+	spec.Name, spec.UUID, spec.RunAs = d.name, d.uuid, &ports.ProcessIdentity{UID: d.uid, GID: d.uid}
+	domXML, err := domainXML(domainInput{Spec: spec, DomainType: accel.DomainType, ConsoleLog: d.console,
+		DiskPaths: map[string]string{tmpl.Disks[0].Name: d.root}, Pool: &poolMetadata{Owner: p.owner, Shape: d.shape}})
+	if err != nil {
+		removeFiles(d.root)
+		return err
+	}
+	dom, err := conn.DomainCreateXML(domXML, libvirt.DOMAIN_START_PAUSED|libvirt.DOMAIN_START_VALIDATE)
+	if err != nil {
+		removeFiles(d.root, d.console)
+		return libvirtError("launch pool domain "+d.name, err)
+	}
+	dom.Free()
+	return nil
+}
+
+// destroyPoolDomain ends a pool domain (transient: it vanishes) or a
+// domain whose claim did not finish (persistent already: undefined too),
+// and removes files (its console log and root overlay, unless a VM's
+// record holds them).
+func (h *Hypervisor) destroyPoolDomain(conn *libvirt.Connect, domUUID, why string, files ...string) {
+	dom, err := conn.LookupDomainByUUIDString(domUUID)
+	if err == nil {
+		name, _ := dom.GetName()
+		if active, _ := dom.IsActive(); active {
+			if err := dom.Destroy(); err != nil {
+				h.log.WithError(err).WithField("domain", name).Warn("pool: destroy domain")
+			}
+		}
+		if persistent, _ := dom.IsPersistent(); persistent {
+			if err := dom.UndefineFlags(libvirt.DOMAIN_UNDEFINE_NVRAM); err != nil {
+				h.log.WithError(err).WithField("domain", name).Warn("pool: undefine domain")
+			}
+		}
+		dom.Free()
+		h.log.WithFields(logrus.Fields{"domain": name, "why": why}).Info("pool: domain destroyed")
+	}
+	for _, f := range files {
+		removeFiles(append(rotatedLogs(f), f)...)
+	}
+	h.syncGrantsSoon() // its user's entries go
+}
+
+// checkReady drops ready pool domains that are gone, no longer paused
+// (their QEMU died, someone resumed them) or whose image is gone (they
+// would keep its file allocated), and destroys strays: this plugin's pool
+// domains it does not hold (a launch that ended after the plugin that
+// asked for it gave up on it).
+func (h *Hypervisor) checkReady(p *pool) {
+	conn, err := h.connection()
+	if err != nil {
+		return
+	}
+	p.mu.Lock()
+	ready := slices.Clone(p.ready)
+	bases := map[string]string{}
+	for _, s := range p.shapes {
+		bases[s.Key] = s.Spec.Disks[0].Overlay.BasePath
+	}
+	p.mu.Unlock()
+	for _, d := range ready {
+		why := ""
+		if !pristine(conn, d.uuid) {
+			why = "no longer paused"
+		} else if _, err := os.Stat(bases[d.shape]); bases[d.shape] != "" && err != nil {
+			why = "its image is gone"
+		}
+		if why == "" {
+			continue
+		}
+		p.mu.Lock()
+		p.ready = slices.DeleteFunc(p.ready, func(x *poolDomain) bool { return x == d })
+		if why == "its image is gone" {
+			p.dropShapeLocked(d.shape)
+		}
+		p.mu.Unlock()
+		h.destroyPoolDomain(conn, d.uuid, why, d.console, d.root)
+		p.poke()
+	}
+	h.destroyStrays(conn, p)
+}
+
+// destroyStrays destroys this plugin's pool domains that it neither holds
+// ready, nor launches, nor hands to a claim, nor does a VM's record claim.
+// What the pool holds is read before the records: a claim saves its VM's
+// record before it lets its domain go, so a domain listed here is in one
+// or the other.
+func (h *Hypervisor) destroyStrays(conn *libvirt.Connect, p *pool) {
+	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_TRANSIENT)
+	if err != nil {
+		return
+	}
+	held := map[string]bool{}
+	p.mu.Lock()
+	for u := range p.claiming {
+		held[strings.ToLower(u)] = true
+	}
+	if p.launching != nil {
+		held[strings.ToLower(p.launching.uuid)] = true
+	}
+	for _, d := range p.ready {
+		held[strings.ToLower(d.uuid)] = true
+	}
+	p.mu.Unlock()
+	h.mu.Lock()
+	for _, r := range h.records {
+		held[strings.ToLower(r.Spec.UUID)] = true
+	}
+	h.mu.Unlock()
+	prefix := poolPrefix + p.owner + "-"
+	for i := range doms {
+		name, _ := doms[i].GetName()
+		u, _ := doms[i].GetUUIDString()
+		doms[i].Free()
+		if strings.HasPrefix(name, prefix) && u != "" && !held[strings.ToLower(u)] {
+			console, root := p.files(name)
+			h.destroyPoolDomain(conn, u, "a stray: no launch of this plugin holds it", console, root)
+		}
+	}
+}
+
+// pristine reports whether a pool domain is still paused, never run, and
+// launched (its start is over: paused by the launch, not starting up).
+func pristine(conn *libvirt.Connect, domUUID string) bool {
+	dom, err := conn.LookupDomainByUUIDString(domUUID)
+	if err != nil {
+		return false
+	}
+	defer dom.Free()
+	state, reason, err := dom.GetState()
+	return err == nil && state == libvirt.DOMAIN_PAUSED && libvirt.DomainPausedReason(reason) == libvirt.DOMAIN_PAUSED_USER
+}
+
+// sweepPool reconciles the pool with libvirt after (re)connecting: this
+// plugin's pool domains that are paused and of a wanted shape are taken
+// up, any other is destroyed, and so is a domain whose claim a crash
+// interrupted (its VM's record says claiming; the core then undoes the
+// VM's creation).
+func (h *Hypervisor) sweepPool() {
+	h.mu.Lock()
+	p := h.pool
+	claims := map[string]claimState{}
+	for _, r := range h.records {
+		claims[strings.ToLower(r.Spec.UUID)] = r.Claim
+	}
+	h.mu.Unlock()
+	conn, err := h.connection()
+	if p == nil || err != nil {
+		return
+	}
+	doms, err := conn.ListAllDomains(0)
+	if err != nil {
+		h.log.WithError(err).Warn("pool: list domains")
+		return
+	}
+	prefix := poolPrefix + p.owner + "-"
+	var adopt []*poolDomain
+	for i := range doms {
+		dom := &doms[i]
+		name, _ := dom.GetName()
+		u, _ := dom.GetUUIDString()
+		if !strings.HasPrefix(name, prefix) || u == "" {
+			dom.Free()
+			continue
+		}
+		console, root := p.files(name)
+		p.mu.Lock()
+		inProgress := p.claiming[u] // a claim of this process (a reconnection's sweep)
+		p.mu.Unlock()
+		switch claim, known := claims[strings.ToLower(u)]; {
+		case inProgress:
+		case known && claim == claiming:
+			h.destroyPoolDomain(conn, u, "its claim was interrupted") // its files are its VM's record's
+		case known:
+			// A VM's domain now.
+		default:
+			var m poolMetadata
+			raw, err := dom.GetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, MetadataNS, libvirt.DOMAIN_AFFECT_LIVE)
+			persistent, _ := dom.IsPersistent()
+			if err == nil && xml.Unmarshal([]byte(raw), &m) == nil && m.Owner == p.owner && !persistent && pristine(conn, u) {
+				var label struct {
+					Label string `xml:"seclabel>label"`
+				}
+				def, _ := dom.GetXMLDesc(0)
+				xml.Unmarshal([]byte(def), &label)
+				uid, err := strconv.Atoi(strings.TrimPrefix(strings.Split(label.Label, ":")[0], "+"))
+				if _, statErr := os.Stat(root); err == nil && statErr == nil {
+					adopt = append(adopt, &poolDomain{name: name, uuid: u, shape: m.Shape, console: console, root: root, uid: uid, base: p.shapeBase(m.Shape)})
+					break
+				}
+			}
+			if !persistent { // a persistent one without record is an orphan VM: the core removes it
+				h.destroyPoolDomain(conn, u, "left by an earlier plugin process, not reusable", console, root)
+			}
+		}
+		dom.Free()
+	}
+	p.mu.Lock()
+	want := p.wantedLocked()
+	var extra []*poolDomain
+	p.ready = nil
+	for _, d := range adopt {
+		if want[d.shape] > 0 {
+			want[d.shape]--
+			p.ready = append(p.ready, d)
+		} else {
+			extra = append(extra, d)
+		}
+	}
+	n := len(p.ready)
+	p.mu.Unlock()
+	defer h.removePoolLeftovers(p)
+	for _, d := range extra {
+		h.destroyPoolDomain(conn, d.uuid, "its shape is no longer wanted", d.console, d.root)
+	}
+	if n > 0 {
+		h.log.WithField("domains", n).Info("pool: took up the domains an earlier plugin process launched")
+	}
+	p.poke()
+}

@@ -1,0 +1,232 @@
+// Taking up what a previous plugin process left, and keeping the records
+// true to libvirt: resync, the owner named in each domain's metadata, and
+// orphaned domains.
+
+package libvirt
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/xml"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"libvirt.org/go/libvirt"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+// resume takes up the VMs of the records after (re)connecting: states
+// that changed while nobody listened, and console streams of running VMs.
+// The dispatcher does it (see dispatch); resume waits for it.
+func (h *Hypervisor) resume() {
+	done := make(chan struct{})
+	h.resyncs <- done
+	<-done
+}
+
+// resync compares what libvirt says of the records' domains with what the
+// records last reported, and applies (and reports) the difference: the
+// transitions of events lost or never received. It is cheap enough to run
+// often: one call lists the running domains; a VM found stopped costs one
+// more (for its shutoff reason). libvirt is asked without h.mu held (a
+// slow domain must not hold up calls about others); what it says applies
+// only to a record that did not change meanwhile.
+func (h *Hypervisor) resync() {
+	conn, err := h.connection()
+	if err != nil {
+		return // the reconnection resumes
+	}
+	type check struct {
+		r     *record
+		seq   uint64
+		state ports.VMState
+	}
+	h.mu.Lock()
+	checks := make([]check, 0, len(h.records))
+	for _, r := range h.records {
+		if r.Prelaunched || r.Claim == claiming {
+			continue // its domain is paused before its first instruction: defined, not running
+		}
+		checks = append(checks, check{r, r.seq, r.State})
+	}
+	h.mu.Unlock()
+	if len(checks) == 0 {
+		return
+	}
+	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_ACTIVE)
+	if err != nil {
+		h.log.WithError(err).Warn("resync: list running domains")
+		return
+	}
+	active := map[string]bool{}
+	for i := range doms {
+		if u, err := doms[i].GetUUIDString(); err == nil {
+			active[strings.ToLower(u)] = true
+		}
+		doms[i].Free()
+	}
+	for _, c := range checks {
+		state, reason := libvirt.DOMAIN_RUNNING, 0
+		if !active[strings.ToLower(c.r.Spec.UUID)] {
+			if c.state != ports.VMRunning {
+				continue
+			}
+			dom, err := conn.LookupDomainByUUIDString(c.r.Spec.UUID)
+			if err != nil {
+				continue // gone: List no longer reports it, and the core records it as lost
+			}
+			var s libvirt.DomainState
+			s, reason, err = h.domainState(dom)
+			dom.Free()
+			if err != nil || s != libvirt.DOMAIN_SHUTOFF {
+				continue // started again since the list
+			}
+			state = libvirt.DOMAIN_SHUTOFF
+		}
+		h.mu.Lock()
+		if r := c.r; h.records[r.Spec.ID] == r && r.seq == c.seq {
+			h.resumeLocked(r, state, reason)
+			if r.State != c.state {
+				h.notifyLocked(r.status())
+			}
+		}
+		h.mu.Unlock()
+	}
+}
+
+// resumeLocked applies a domain's state found by resync; callers hold
+// h.mu.
+func (h *Hypervisor) resumeLocked(r *record, state libvirt.DomainState, reason int) {
+	switch {
+	case state == libvirt.DOMAIN_RUNNING || state == libvirt.DOMAIN_PAUSED || state == libvirt.DOMAIN_BLOCKED:
+		if r.State != ports.VMRunning {
+			r.State = ports.VMRunning
+			r.seq++
+			if r.StartedAt.IsZero() || r.FinishedAt.After(r.StartedAt) {
+				r.StartedAt, r.FinishedAt = time.Now().UTC(), time.Time{} // started where no event told
+			}
+			h.saveRecord(r)
+			h.log.WithFields(logrus.Fields{"vm": r.Spec.Name}).Info("VM found running")
+		}
+		if h.tailers[r.Spec.ID] == nil {
+			h.startTailerLocked(r)
+		}
+	case state == libvirt.DOMAIN_SHUTOFF && r.State == ports.VMRunning:
+		h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
+		h.saveRecord(r)
+		h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "reason": r.Reason}).Info("VM found stopped")
+	}
+}
+
+func (h *Hypervisor) startTailerLocked(r *record) {
+	id := r.Spec.ID
+	t, err := startTailer(r.ConsoleLog, r.Spec.ConsoleLogPath, r.ConsoleOffset, r.ConsoleInode, func(off int64, ino uint64) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if rec := h.records[id]; rec != nil {
+			rec.ConsoleOffset, rec.ConsoleInode = off, ino
+			h.saveRecord(rec)
+		}
+	}, h.log.WithField("vm", r.Spec.Name))
+	if err != nil {
+		h.log.WithError(err).WithField("vm", r.Spec.Name).Error("cannot stream the console to the CRI log")
+		return
+	}
+	h.tailers[id] = t
+}
+
+// stampOwners names this plugin instance the owner of its VMs' domains
+// that name none: VMs that claimed a pool domain before a claim recorded
+// its owner (or made before owners were). Another plugin instance on the
+// same libvirtd would take them for orphans of its own and remove them.
+func (h *Hypervisor) stampOwners() {
+	conn, err := h.connection()
+	if err != nil {
+		return
+	}
+	h.mu.Lock()
+	rs := make([]*record, 0, len(h.records))
+	for _, r := range h.records {
+		if r.Claim != claiming {
+			rs = append(rs, r)
+		}
+	}
+	h.mu.Unlock()
+	for _, r := range rs {
+		dom, err := conn.LookupDomainByUUIDString(r.Spec.UUID)
+		if err != nil {
+			continue
+		}
+		if m, ok := ours(dom, h.owner); ok && m.Owner == "" && m.ID == r.Spec.ID {
+			flags := libvirt.DOMAIN_AFFECT_CONFIG
+			if active, _ := dom.IsActive(); active {
+				flags |= libvirt.DOMAIN_AFFECT_LIVE
+			}
+			if err := setVMMetadata(dom, r.Spec, h.owner, flags); err != nil {
+				h.log.WithError(err).WithField("vm", r.Spec.Name).Warn("name this plugin instance the owner of the VM's domain")
+			} else {
+				h.log.WithField("vm", r.Spec.Name).Info("the VM's domain now names its owner")
+			}
+		}
+		dom.Free()
+	}
+}
+
+// instanceOwner names a plugin instance by its state directory: two
+// daemons sharing one libvirtd (a test beside a node's daemon, two nodes'
+// worth of state on one host) each see only their own domains, and
+// neither takes the other's VMs for orphans.
+func instanceOwner(stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return hex.EncodeToString(sum[:])[:8]
+}
+
+// ours returns the Virtlet metadata of a domain, if this plugin instance
+// made it (or a Virtlet from before owners were recorded did).
+func ours(dom *libvirt.Domain, owner string) (vmMetadata, bool) {
+	name, err := dom.GetName()
+	if err != nil || !strings.HasPrefix(name, NamePrefix) {
+		return vmMetadata{}, false
+	}
+	raw, err := dom.GetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, MetadataNS, libvirt.DOMAIN_AFFECT_CONFIG)
+	if err != nil {
+		return vmMetadata{}, false
+	}
+	var m vmMetadata
+	if err := xml.Unmarshal([]byte(raw), &m); err != nil || m.ID == "" || m.CreatedBy != "virtlet" || (m.Owner != "" && m.Owner != owner) {
+		return vmMetadata{}, false
+	}
+	return m, true
+}
+
+// setVMMetadata writes VM s's metadata, owner included, into a domain
+// (flags: its live state, its definition or both).
+func setVMMetadata(dom *libvirt.Domain, s ports.VMSpec, owner string, flags libvirt.DomainModificationImpact) error {
+	meta, err := xml.Marshal(newVMMetadata(s, owner))
+	if err != nil {
+		return err
+	}
+	return dom.SetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, string(meta), metadataKey, MetadataNS, flags)
+}
+
+// findOrphan finds a domain of ours that has no record.
+func (h *Hypervisor) findOrphan(conn *libvirt.Connect, id string) (*libvirt.Domain, error) {
+	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_PERSISTENT)
+	if err != nil {
+		return nil, err
+	}
+	var found *libvirt.Domain
+	for i := range doms {
+		if m, ok := ours(&doms[i], h.owner); ok && m.ID == id && found == nil {
+			found = &doms[i]
+			continue
+		}
+		doms[i].Free()
+	}
+	if found == nil {
+		return nil, libvirt.Error{Code: libvirt.ERR_NO_DOMAIN, Message: "no domain of VM " + id}
+	}
+	return found, nil
+}
