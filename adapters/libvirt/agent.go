@@ -27,6 +27,13 @@ import (
 // agentCallTimeout bounds one agent command that should answer at once.
 const agentCallTimeout = 5 * time.Second
 
+// agentOutputTimeout bounds one guest-exec-status, whose reply carries the
+// command's whole output once it has ended (up to libvirt's 4 MiB, as
+// base64): a slow guest takes seconds to encode and send that much, and
+// within agentCallTimeout libvirt would give up on it as an agent that
+// does not answer. The caller's deadline still bounds the exec.
+const agentOutputTimeout = time.Minute
+
 // agentDomain returns the VM's domain on the connection that carries
 // guest-agent commands, opened on first use and again once libvirtd has
 // dropped it. libvirtd serves at most max_client_requests (5 by default)
@@ -166,11 +173,18 @@ func agentStateOf(dom *libvirt.Domain) (agentState, error) {
 	return agentNoChannel, nil
 }
 
-// agent sends one command and decodes its "return" into out. It never
-// waits past ctx: libvirt's own wait is given the time left (at least a
-// second, libvirt counts in seconds) and the call is abandoned at ctx's end.
+// agent sends one command that should answer at once (agentCallTimeout)
+// and decodes its "return" into out.
 func agent(ctx context.Context, dom *libvirt.Domain, name string, cmd map[string]interface{}, out interface{}) error {
-	wait := agentCallTimeout
+	return agentWithin(ctx, agentCallTimeout, dom, name, cmd, out)
+}
+
+// agentWithin sends one command, waiting at most limit for its reply, and
+// decodes its "return" into out. It never waits past ctx: libvirt's own
+// wait is given the time left (at least a second, libvirt counts in
+// seconds) and the call is abandoned at ctx's end.
+func agentWithin(ctx context.Context, limit time.Duration, dom *libvirt.Domain, name string, cmd map[string]interface{}, out interface{}) error {
+	wait := limit
 	if dl, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(dl))
 	}
@@ -342,7 +356,7 @@ func waitExec(ctx context.Context, dom *libvirt.Domain, name string, pid int64) 
 	delay := 10 * time.Millisecond
 	for {
 		var st execStatus
-		err := agent(ctx, dom, name, map[string]interface{}{"execute": "guest-exec-status", "arguments": map[string]interface{}{"pid": pid}}, &st)
+		err := agentWithin(ctx, agentOutputTimeout, dom, name, map[string]interface{}{"execute": "guest-exec-status", "arguments": map[string]interface{}{"pid": pid}}, &st)
 		if err != nil {
 			return st, err
 		}
