@@ -94,10 +94,10 @@ endif
 PROCESS_TESTS := ./testing/integration/... ./plugins/host/...
 
 unit:
-	$(GOTEST) -race -timeout 10m $$($(GO) list ./... | grep -v -e /testing/integration -e /testing/e2e -e /testing/bench -e /plugins/host)
+	$(GOTEST) -race -timeout 5m $$($(GO) list ./... | grep -v -e /testing/integration -e /testing/e2e -e /testing/bench -e /plugins/host)
 
 integration:
-	$(GOTEST) -race -count=1 -timeout 10m $(PROCESS_TESTS)
+	$(GOTEST) -race -count=1 -timeout 5m $(PROCESS_TESTS)
 
 test: deps lint unit integration
 
@@ -124,7 +124,7 @@ critest: deps
 # kubelet-driven tests and critest pack beside the VM tests.
 e2e-all: deps
 	testing/k8s/build.sh >/dev/null
-	CRITEST_REPORT=$(CURDIR)/docs/critest.md $(GOTEST) -count=1 -parallel $(E2E_PARALLEL) -timeout 50m ./testing/e2e/...
+	CRITEST_REPORT=$(CURDIR)/docs/critest.md $(GOTEST) -count=1 -parallel $(E2E_PARALLEL) -timeout 55m ./testing/e2e/...
 
 check:
 	testing/check.sh
@@ -156,7 +156,7 @@ bench: deps
 # that none rots: make check runs it; its figures judge nothing.
 bench-smoke: deps
 	testing/k8s/build.sh >/dev/null
-	set -o pipefail; VIRTLET_BENCH_SMOKE=1 $(GOBENCH) -count=1 -run '^$$' -bench . -benchtime 1x -timeout 10m ./testing/bench/ $(BENCH_OUTPUT)
+	set -o pipefail; VIRTLET_BENCH_SMOKE=1 $(GOBENCH) -count=1 -run '^$$' -bench . -benchtime 1x -timeout 15m ./testing/bench/ $(BENCH_OUTPUT)
 
 # make bench, then fail when a target was missed (naming each).
 bench-check: bench
