@@ -194,19 +194,20 @@ func exitFromEvent(detail libvirt.DomainEventStoppedDetailType, r *record) exit 
 	}
 }
 
+// shutoffEvents maps the reasons a domain is found shut off to the
+// stopped events that say the same.
+var shutoffEvents = map[libvirt.DomainShutoffReason]libvirt.DomainEventStoppedDetailType{
+	libvirt.DOMAIN_SHUTOFF_SHUTDOWN:  libvirt.DOMAIN_EVENT_STOPPED_SHUTDOWN,
+	libvirt.DOMAIN_SHUTOFF_DESTROYED: libvirt.DOMAIN_EVENT_STOPPED_DESTROYED,
+	libvirt.DOMAIN_SHUTOFF_CRASHED:   libvirt.DOMAIN_EVENT_STOPPED_CRASHED,
+	libvirt.DOMAIN_SHUTOFF_FAILED:    libvirt.DOMAIN_EVENT_STOPPED_FAILED,
+}
+
 func exitFromShutoff(reason libvirt.DomainShutoffReason, r *record) exit {
-	switch reason {
-	case libvirt.DOMAIN_SHUTOFF_SHUTDOWN:
-		return exitFromEvent(libvirt.DOMAIN_EVENT_STOPPED_SHUTDOWN, r)
-	case libvirt.DOMAIN_SHUTOFF_DESTROYED:
-		return forcedExit(r)
-	case libvirt.DOMAIN_SHUTOFF_CRASHED:
-		return exit{1, "Crashed", "the guest crashed"}
-	case libvirt.DOMAIN_SHUTOFF_FAILED:
-		return exit{1, "Failed", "the QEMU process ended unexpectedly"}
-	default:
-		return exit{255, "Stopped", fmt.Sprintf("found shut off (reason %d)", reason)}
+	if detail, ok := shutoffEvents[reason]; ok {
+		return exitFromEvent(detail, r)
 	}
+	return exit{255, "Stopped", fmt.Sprintf("found shut off (reason %d)", reason)}
 }
 
 func forcedExit(r *record) exit {
