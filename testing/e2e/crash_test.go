@@ -289,13 +289,21 @@ func withImage(t *testing.T, cfgPath, image string) string {
 	return cfgPath
 }
 
+// qemuPID is the pid of the QEMU of a running domain.
 func qemuPID(t *testing.T, domain string) string {
 	t.Helper()
-	pid, err := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
+	pid, err := domainQEMUPID(domain)
 	if err != nil {
 		t.Fatalf("QEMU of %s: %v", domain, err)
 	}
-	return strings.TrimSpace(string(pid))
+	return pid
+}
+
+// domainQEMUPID is qemuPID without a test to fail: libvirt's pid file of
+// the domain (none while it is shut off or still starting).
+func domainQEMUPID(domain string) (string, error) {
+	pid, err := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
+	return strings.TrimSpace(string(pid)), err
 }
 
 // checkStillRunning: a VM (a crash's bystander, a chaos run's VM) runs in
@@ -303,10 +311,10 @@ func qemuPID(t *testing.T, domain string) string {
 func checkStillRunning(t *testing.T, c *harness.Crictl, ctr, domain, pid string) string {
 	t.Helper()
 	state, _ := harness.Virsh("domstate", domain)
-	now, _ := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
+	now, _ := domainQEMUPID(domain)
 	st := inspectCtr(t, c, ctr).Status.State
-	if state != "running" || strings.TrimSpace(string(now)) != pid || st != "CONTAINER_RUNNING" {
-		t.Errorf("VM %s: domain %s, QEMU %s (was %s), container %s", domain, state, strings.TrimSpace(string(now)), pid, st)
+	if state != "running" || now != pid || st != "CONTAINER_RUNNING" {
+		t.Errorf("VM %s: domain %s, QEMU %s (was %s), container %s", domain, state, now, pid, st)
 		return "LOST"
 	}
 	return "running"
@@ -449,11 +457,11 @@ func procStatusField(pid, name string) ([]string, error) {
 
 // domainQEMUUID is the real uid the QEMU of a running domain runs as.
 func domainQEMUUID(domain string) (int, error) {
-	pid, err := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
+	pid, err := domainQEMUPID(domain)
 	if err != nil {
 		return 0, err
 	}
-	uid, err := procStatusField(strings.TrimSpace(string(pid)), "Uid")
+	uid, err := procStatusField(pid, "Uid")
 	if err != nil {
 		return 0, err
 	}

@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -514,13 +513,9 @@ spec:
 		n.waitFor(t, "crashy ready", 3*time.Minute, func() bool { return strings.Contains(n.podLogs("crashy"), "@@TINY-READY") })
 		ctr := n.c.Must(t, "ps", "--name", "crashy", "-q")
 		domain := inspectCtr(t, n.c, ctr).VM.Name
-		pidText, err := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid, _ := strconv.Atoi(strings.TrimSpace(string(pidText)))
-		if err := exec.Command("kill", "-9", strconv.Itoa(pid)).Run(); err != nil {
-			t.Fatalf("kill QEMU %d: %v", pid, err)
+		pid := qemuPID(t, domain)
+		if err := exec.Command("kill", "-9", pid).Run(); err != nil {
+			t.Fatalf("kill QEMU %s: %v", pid, err)
 		}
 		n.waitFor(t, "crashy restarted and Running", 3*time.Minute, func() bool {
 			out, _ := n.k.Kubectl("get", "pod", "crashy", "-o", `jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].state.running.startedAt}`)

@@ -101,10 +101,10 @@ func vmDiagnosis(t *testing.T, c *harness.Crictl, ctr string) string {
 	dom := inspectCtr(t, c, ctr).VM.Name
 	state, _ := harness.Virsh("domstate", "--reason", dom)
 	fmt.Fprintf(&b, "domain %s: %s\n", dom, state)
-	if pid, err := os.ReadFile("/run/libvirt/qemu/" + dom + ".pid"); err == nil {
-		if stat, err := os.ReadFile("/proc/" + strings.TrimSpace(string(pid)) + "/stat"); err == nil {
+	if pid, err := domainQEMUPID(dom); err == nil {
+		if stat, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil {
 			if f := strings.Fields(string(stat)); len(f) > 14 {
-				fmt.Fprintf(&b, "QEMU %s: utime %s stime %s ticks\n", strings.TrimSpace(string(pid)), f[13], f[14])
+				fmt.Fprintf(&b, "QEMU %s: utime %s stime %s ticks\n", pid, f[13], f[14])
 			}
 		}
 	}
