@@ -47,6 +47,9 @@ done
 (cd "$root" && find . | cpio -o -H newc --quiet | lz4 -l -9 -q) > "$work/initrd.img"
 
 SIZE_MB=32 PSTART=2048
+# The kernel command line of both boot paths. cryptomgr.notests skips the
+# kernel's self-tests of its crypto algorithms, which run at every boot.
+cmdline="console=ttyS0,115200 panic=-1 quiet loglevel=4 cryptomgr.notests"
 rm -f "$work/part.img" "$work/disk.raw"
 truncate -s $((SIZE_MB - 1))M "$work/part.img"
 mkfs.vfat -F 16 -n TINYBOOT -h $PSTART "$work/part.img" >/dev/null
@@ -58,14 +61,14 @@ TIMEOUT 0
 LABEL linux
   KERNEL /vmlinuz
   INITRD /initrd.img
-  APPEND console=ttyS0,115200 panic=-1 quiet loglevel=4 cryptomgr.notests
+  APPEND $cmdline
 CFG
 mcopy -i "$work/part.img" "$kpkg/boot/vmlinuz-$kv" ::/vmlinuz
 mcopy -i "$work/part.img" "$work/initrd.img" ::/initrd.img
 mcopy -i "$work/part.img" "$work/syslinux.cfg" ::/syslinux.cfg
 syslinux --install "$work/part.img"
 # UEFI boots the same partition (Secure Boot too).
-"$here/../uefi-boot.sh" "$work/part.img" "$work" /vmlinuz /initrd.img "console=ttyS0,115200 panic=-1 quiet loglevel=4 cryptomgr.notests"
+"$here/../uefi-boot.sh" "$work/part.img" "$work" /vmlinuz /initrd.img "$cmdline"
 truncate -s ${SIZE_MB}M "$work/disk.raw"
 echo "start=$PSTART, type=e, bootable" | sfdisk -q "$work/disk.raw"
 dd if="$work/part.img" of="$work/disk.raw" bs=512 seek=$PSTART conv=notrunc status=none
