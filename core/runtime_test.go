@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -802,19 +803,20 @@ func TestVanishedVMIsLost(t *testing.T) {
 	}
 }
 
-// slowList is a hypervisor whose List answers with what it had when
-// asked, once released: a reconciliation's list that a creation overtakes.
+// slowList is a hypervisor whose first List answers with what it had
+// when asked, once released: a reconciliation's list that a creation
+// overtakes. Later lists answer at once.
 type slowList struct {
 	*fakehypervisor.Hypervisor
 	listed, release chan struct{}
+	first           atomic.Bool
 }
 
 func (h *slowList) List(ctx context.Context) ([]ports.VMStatus, error) {
 	vms, err := h.Hypervisor.List(ctx)
-	select {
-	case h.listed <- struct{}{}:
+	if h.first.CompareAndSwap(false, true) {
+		h.listed <- struct{}{} // blocks until the test has seen it
 		<-h.release
-	default: // a later list: at once
 	}
 	return vms, err
 }
