@@ -12,7 +12,8 @@ PKGS=(
   ovmf                                                # UEFI firmware (VirtletFirmware uefi, Secure Boot)
   libvirt-clients libvirt-dev
   syslinux syslinux-common mtools dosfstools fdisk     # test guest images
-  kmod cpio busybox-static debootstrap e2fsprogs lz4
+  kmod cpio busybox-static debootstrap e2fsprogs
+  linux-source-6.1 make flex bison bc libelf-dev lz4   # the tiny guest's kernel (testing/images/tiny/kernel.sh)
   docker-registry curl                                 # registry pulls, benchmarks
   cloud-init                                           # `cloud-init schema` checks generated user-data
   containernetworking-plugins iptables iproute2        # pod networks (CNI bridge + host-local) in test namespaces

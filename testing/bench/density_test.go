@@ -164,13 +164,28 @@ func runTinyPod(rt runtimeapi.RuntimeServiceClient, dir, image, name string) (ti
 
 func waitReady(p tinyPod, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
+	var console string
 	for time.Now().Before(deadline) {
-		if data, err := os.ReadFile(p.log); err == nil && strings.Contains(string(data), "@@TINY-READY") {
+		data, _ := os.ReadFile(p.log)
+		console = string(data)
+		switch {
+		case strings.Contains(console, "@@TINY-READY"):
 			return nil
+		case strings.Contains(console, "Kernel panic"):
+			return fmt.Errorf("%s: the guest's kernel panicked; its console ends:\n%s", p.domain, lastLines(console, 20))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return fmt.Errorf("%s: no ready marker after %s", p.domain, timeout)
+	return fmt.Errorf("%s: no ready marker after %s; its console ends:\n%s", p.domain, timeout, lastLines(console, 20))
+}
+
+// lastLines is the end of a console log, at most n lines.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 func removePod(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sb string) {

@@ -5,7 +5,8 @@
 # signed GRUB, which reads the grub.cfg next to itself and boots Debian's
 # signed kernel from the partition.
 #   uefi-boot.sh PART.IMG WORKDIR KERNEL INITRD CMDLINE
-# KERNEL and INITRD are paths inside the partition (/vmlinuz).
+# KERNEL and INITRD are paths inside the partition (/vmlinuz); INITRD may
+# name several, separated by spaces (GRUB loads them one after another).
 set -euo pipefail
 part=$1 work=$2 kernel=$3 initrd=$4 cmdline=$5
 mkdir -p "$work/debs"
