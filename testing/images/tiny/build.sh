@@ -2,13 +2,14 @@
 # Builds the tiny test guest: a whole-disk image (MBR, FAT16 boot partition,
 # a busybox initramfs running ./init), from Debian packages only and without
 # loop devices or mounts. BIOS boots it by syslinux with its own kernel
-# (kernel.sh: every driver built in, nothing to load); UEFI boots it through
-# Debian's signed shim, GRUB and kernel (Secure Boot too), which load the
-# same initramfs plus a second one holding that kernel's modules.
-#   build.sh OUT.qcow2 WORKDIR KERNEL_VERSION
+# (kernel.sh: every driver built in, nothing to load), or with Debian's
+# when KERNEL is debian; UEFI boots it through Debian's signed shim, GRUB
+# and kernel (Secure Boot too). Debian's kernel loads the initramfs plus a
+# second one holding its modules.
+#   build.sh OUT.qcow2 WORKDIR KERNEL_VERSION [own|debian]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=$1 work=$2 kv=$3
+out=$1 work=$2 kv=$3 flavour=${4:-own}
 mkdir -p "$work/debs"
 kpkg=$work/kpkg
 if [ ! -f "$kpkg/lib/modules/$kv/modules.dep" ]; then
@@ -49,7 +50,12 @@ done
 # but runs out of memory doing it in a 96 MiB guest.
 (cd "$root" && find . | cpio -o -H newc --quiet | gzip -9) > "$work/initrd.img"
 (cd "$mods" && find . | cpio -o -H newc --quiet | gzip -9) > "$work/modules.img"
-kernel=$("$here/kernel.sh")
+# What syslinux (BIOS) boots.
+if [ "$flavour" = own ]; then
+  own_kernel=$("$here/kernel.sh") bios_kernel=/tinylinux bios_initrd=/initrd.img
+else
+  own_kernel= bios_kernel=/vmlinuz bios_initrd=/initrd.img,/modules.img
+fi
 
 SIZE_MB=32 PSTART=2048
 # The kernel command line of both boot paths. cryptomgr.notests skips the
@@ -64,11 +70,11 @@ DEFAULT linux
 PROMPT 0
 TIMEOUT 0
 LABEL linux
-  KERNEL /tinylinux
-  INITRD /initrd.img
+  KERNEL $bios_kernel
+  INITRD $bios_initrd
   APPEND $cmdline
 CFG
-mcopy -i "$work/part.img" "$kernel" ::/tinylinux
+[ -z "$own_kernel" ] || mcopy -i "$work/part.img" "$own_kernel" ::/tinylinux
 mcopy -i "$work/part.img" "$kpkg/boot/vmlinuz-$kv" ::/vmlinuz
 mcopy -i "$work/part.img" "$work/initrd.img" ::/initrd.img
 mcopy -i "$work/part.img" "$work/modules.img" ::/modules.img
