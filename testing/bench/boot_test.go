@@ -215,11 +215,11 @@ func poolLogFigures(d *harness.Daemon) (claim, launch string) {
 // qemuMemory is the resident memory of a domain's QEMU, and the
 // anonymous part of it.
 func qemuMemory(domain string) (rss, anon int64) {
-	pid, err := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
+	pid, err := harness.QEMUPID(domain)
 	if err != nil {
 		return 0, 0
 	}
-	status, err := os.ReadFile("/proc/" + strings.TrimSpace(string(pid)) + "/status")
+	status, err := os.ReadFile("/proc/" + pid + "/status")
 	if err != nil {
 		return 0, 0
 	}

@@ -249,10 +249,10 @@ func rssOf(pid int) int64 {
 
 // qemuRSS is the resident memory of a domain's QEMU.
 func qemuRSS(domain string) int64 {
-	pid, err := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
+	pid, err := harness.QEMUPID(domain)
 	if err != nil {
 		return 0
 	}
-	n, _ := strconv.Atoi(strings.TrimSpace(string(pid)))
+	n, _ := strconv.Atoi(pid)
 	return rssOf(n)
 }

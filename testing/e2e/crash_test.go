@@ -292,18 +292,11 @@ func withImage(t *testing.T, cfgPath, image string) string {
 // qemuPID is the pid of the QEMU of a running domain.
 func qemuPID(t *testing.T, domain string) string {
 	t.Helper()
-	pid, err := domainQEMUPID(domain)
+	pid, err := harness.QEMUPID(domain)
 	if err != nil {
 		t.Fatalf("QEMU of %s: %v", domain, err)
 	}
 	return pid
-}
-
-// domainQEMUPID is qemuPID without a test to fail: libvirt's pid file of
-// the domain (none while it is shut off or still starting).
-func domainQEMUPID(domain string) (string, error) {
-	pid, err := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
-	return strings.TrimSpace(string(pid)), err
 }
 
 // checkStillRunning: a VM (a crash's bystander, a chaos run's VM) runs in
@@ -311,7 +304,7 @@ func domainQEMUPID(domain string) (string, error) {
 func checkStillRunning(t *testing.T, c *harness.Crictl, ctr, domain, pid string) string {
 	t.Helper()
 	state, _ := harness.Virsh("domstate", domain)
-	now, _ := domainQEMUPID(domain)
+	now, _ := harness.QEMUPID(domain)
 	st := inspectCtr(t, c, ctr).Status.State
 	if state != "running" || now != pid || st != "CONTAINER_RUNNING" {
 		t.Errorf("VM %s: domain %s, QEMU %s (was %s), container %s", domain, state, now, pid, st)
@@ -457,7 +450,7 @@ func procStatusField(pid, name string) ([]string, error) {
 
 // domainQEMUUID is the real uid the QEMU of a running domain runs as.
 func domainQEMUUID(domain string) (int, error) {
-	pid, err := domainQEMUPID(domain)
+	pid, err := harness.QEMUPID(domain)
 	if err != nil {
 		return 0, err
 	}

@@ -101,7 +101,7 @@ func vmDiagnosis(t *testing.T, c *harness.Crictl, ctr string) string {
 	dom := inspectCtr(t, c, ctr).VM.Name
 	state, _ := harness.Virsh("domstate", "--reason", dom)
 	fmt.Fprintf(&b, "domain %s: %s\n", dom, state)
-	if pid, err := domainQEMUPID(dom); err == nil {
+	if pid, err := harness.QEMUPID(dom); err == nil {
 		if stat, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil {
 			if f := strings.Fields(string(stat)); len(f) > 14 {
 				fmt.Fprintf(&b, "QEMU %s: utime %s stime %s ticks\n", pid, f[13], f[14])

@@ -64,6 +64,13 @@ func GuestImage(kind string) (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
+// QEMUPID is the pid of a domain's QEMU, from libvirt's pid file (none
+// while the domain is shut off or still starting).
+func QEMUPID(domain string) (string, error) {
+	pid, err := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
+	return strings.TrimSpace(string(pid)), err
+}
+
 // Virsh runs virsh against the test libvirtd.
 func Virsh(args ...string) (string, error) {
 	out, err := exec.Command("virsh", append([]string{"-c", LibvirtURI}, args...)...).CombinedOutput()
