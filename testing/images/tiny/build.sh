@@ -3,9 +3,9 @@
 # a busybox initramfs running ./init), from Debian packages only and without
 # loop devices or mounts. BIOS boots it by syslinux with its own kernel
 # (kernel.sh: every driver built in, nothing to load), or with Debian's
-# when KERNEL is debian; UEFI boots it through Debian's signed shim, GRUB
-# and kernel (Secure Boot too). Debian's kernel loads the initramfs plus a
-# second one holding its modules.
+# when the fourth argument is debian; UEFI boots it through Debian's
+# signed shim, GRUB and kernel (Secure Boot too). Debian's kernel loads the
+# initramfs plus a second one holding its modules.
 #   build.sh OUT.qcow2 WORKDIR KERNEL_VERSION [own|debian]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
