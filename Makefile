@@ -101,19 +101,21 @@ integration:
 
 test: deps lint unit integration
 
-# The real-VM suites run E2E_PARALLEL tests at a time (testing/e2e's
-# parallel): a TCG guest keeps one core busy, and most of a test's time
-# is a guest booting.
+# The real-VM suites run E2E_PARALLEL tests at a time, the longest first
+# (testing/e2e's parallel and its slots): a TCG guest keeps one core busy,
+# and most of a test's time is a guest booting. go test's own -parallel is
+# above the number of tests, so that it does not choose the order.
 E2E_PARALLEL ?= 2
+E2E_GOTEST = VIRTLET_E2E_PARALLEL=$(E2E_PARALLEL) $(GOTEST) -count=1 -parallel 256
 
 e2e: deps
-	$(GOTEST) -count=1 -parallel $(E2E_PARALLEL) -timeout 40m -skip '^TestKube|^TestCritest' ./testing/e2e/...
+	$(E2E_GOTEST) -timeout 40m -skip '^TestKube|^TestCritest' ./testing/e2e/...
 
 # The Kubernetes binaries are built once per pinned version and cached
 # (testing/k8s/build.sh).
 e2e-k8s: deps
 	testing/k8s/build.sh >/dev/null
-	$(GOTEST) -count=1 -parallel $(E2E_PARALLEL) -timeout 20m -run '^TestKube' ./testing/e2e/...
+	$(E2E_GOTEST) -timeout 20m -run '^TestKube' ./testing/e2e/...
 
 # cri-tools' conformance suite against VM pods and forwarded container
 # pods; regenerates docs/critest.md.
@@ -124,7 +126,7 @@ critest: deps
 # kubelet-driven tests and critest pack beside the VM tests.
 e2e-all: deps
 	testing/k8s/build.sh >/dev/null
-	CRITEST_REPORT=$(CURDIR)/docs/critest.md $(GOTEST) -count=1 -parallel $(E2E_PARALLEL) -timeout 55m ./testing/e2e/...
+	CRITEST_REPORT=$(CURDIR)/docs/critest.md $(E2E_GOTEST) -timeout 55m ./testing/e2e/...
 
 check:
 	testing/check.sh

@@ -23,15 +23,15 @@ import (
 
 // The tests that need the node's libvirtd and host network to
 // themselves, though not both cores: the hypervisor contracts and the
-// crash matrix, side by side (-parallel allowing) and beside no other
+// crash matrix, side by side (two at a time, as the slots allow) and beside no other
 // test. The contracts make no network namespace, host link or libvirt
 // secret, which the crash matrix counts host-wide; the crash matrix
 // neither kills libvirtd (TestLibvirtdKilled does, alone) nor loads both
 // cores.
 func TestLibvirtdSharedByFew(t *testing.T) {
-	t.Run("CrashMatrix", func(t *testing.T) { t.Parallel(); testCrashMatrix(t) })
-	t.Run("LibvirtHypervisorContract", func(t *testing.T) { t.Parallel(); testLibvirtHypervisorContract(t) })
-	t.Run("LibvirtHypervisorContractPooled", func(t *testing.T) { t.Parallel(); testLibvirtHypervisorContractPooled(t) })
+	t.Run("CrashMatrix", func(t *testing.T) { parallel(t); testCrashMatrix(t) })
+	t.Run("LibvirtHypervisorContract", func(t *testing.T) { parallel(t); testLibvirtHypervisorContract(t) })
+	t.Run("LibvirtHypervisorContractPooled", func(t *testing.T) { parallel(t); testLibvirtHypervisorContractPooled(t) })
 }
 
 // The hypervisor contract, against the libvirt plugin as a process.

@@ -101,16 +101,18 @@ func run(m *testing.M) int {
 	return code
 }
 
-// parallel runs a test beside the suite's other parallel tests (go test
-// -parallel; make check runs two at a time: a TCG guest keeps one core
-// busy, and most of a test's time is a guest booting). Every test calls it
-// but those that must have the node to themselves: TestLibvirtdKilled
-// kills libvirtd, TestPluginChaos and TestConcurrentVMPods load both cores
-// with 20 VMs, and TestLibvirtdSharedByFew runs the crash matrix beside
-// the hypervisor contracts only; go runs those first, one at a time.
+// parallel runs a test beside the suite's other parallel tests, in one of
+// the slots (schedule_test.go; make check runs two at a time: a TCG guest
+// keeps one core busy, and most of a test's time is a guest booting),
+// the longest first. Every test calls it but those that must have the
+// node to themselves: TestLibvirtdKilled kills libvirtd, TestPluginChaos
+// and TestConcurrentVMPods load both cores with 20 VMs, and
+// TestLibvirtdSharedByFew runs the crash matrix beside the hypervisor
+// contracts only; go runs those first, one at a time.
 func parallel(t *testing.T) {
 	t.Helper()
 	t.Parallel()
+	slot(t)
 }
 
 // buildingBin is held by the parallel tests that run a make target
