@@ -13,7 +13,7 @@ PKGS=(
   libvirt-clients libvirt-dev
   syslinux syslinux-common mtools dosfstools fdisk     # test guest images
   kmod cpio busybox-static debootstrap e2fsprogs
-  linux-source-6.1 make flex bison bc libelf-dev lz4   # the tiny guest's kernel (testing/images/tiny/kernel.sh)
+  linux-source-6.1 make flex bison bc libelf-dev lz4   # the test guests' kernels (testing/images/kernel/build.sh)
   docker-registry curl                                 # registry pulls, benchmarks
   cloud-init                                           # `cloud-init schema` checks generated user-data
   containernetworking-plugins iptables iproute2        # pod networks (CNI bridge + host-local) in test namespaces

@@ -6,7 +6,7 @@
 # see a half-built one.
 #   testing/images/build.sh tiny|cloud
 # VIRTLET_TINY_KERNEL=debian builds the tiny guest to boot Debian's kernel
-# by BIOS too, not its own (tiny/kernel.sh), which takes ≈ 10 minutes to
+# by BIOS too, not its own (kernel/build.sh), which takes ≈ 10 minutes to
 # build the first time: the demo boots one guest, the suites hundreds. That
 # flavour needs 128 MiB (its kernel and modules do not unpack in 96).
 set -euo pipefail
@@ -23,7 +23,7 @@ mkdir -p "$cache"
 # The kernel Debian's linux-image-amd64 depends on now.
 kv=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-\([0-9].*-amd64\)$/\1/p' | head -1)
 [ -n "$kv" ] || { echo "cannot find the kernel version of linux-image-amd64 (apt-get update?)" >&2; exit 1; }
-key=$( (echo "$kind $kv $flavour"; cat "$here/build.sh" "$here/uefi-boot.sh"; find "$here/$kind" -type f | sort | xargs cat) | sha256sum | cut -c1-16)
+key=$( (echo "$kind $kv $flavour"; cat "$here/build.sh" "$here/uefi-boot.sh"; find "$here/$kind" "$here/kernel" -type f | sort | xargs cat) | sha256sum | cut -c1-16)
 out=$cache/$kind-$key.qcow2
 if [ ! -f "$out" ]; then
   work=$(mktemp -d "$cache/work-$kind.XXXXXX")

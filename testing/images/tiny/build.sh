@@ -2,7 +2,7 @@
 # Builds the tiny test guest: a whole-disk image (MBR, FAT16 boot partition,
 # a busybox initramfs running ./init), from Debian packages only and without
 # loop devices or mounts. BIOS boots it by syslinux with its own kernel
-# (kernel.sh: every driver built in, nothing to load), or with Debian's
+# (../kernel: every driver built in, nothing to load), or with Debian's
 # when the fourth argument is debian; UEFI boots it through Debian's
 # signed shim, GRUB and kernel (Secure Boot too). Debian's kernel loads the
 # initramfs plus a second one holding its modules.
@@ -52,7 +52,7 @@ done
 (cd "$mods" && find . | cpio -o -H newc --quiet | gzip -9) > "$work/modules.img"
 # What syslinux (BIOS) boots.
 if [ "$flavour" = own ]; then
-  own_kernel=$("$here/kernel.sh") bios_kernel=/tinylinux bios_initrd=/initrd.img
+  own_kernel=$("$here/../kernel/build.sh" guest) bios_kernel=/tinylinux bios_initrd=/initrd.img
 else
   own_kernel= bios_kernel=/vmlinuz bios_initrd=/initrd.img,/modules.img
 fi
