@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -89,8 +90,14 @@ type event struct {
 	Action  string
 	Package string
 	Test    string
+	Output  string
 	Elapsed float64 // seconds
 }
+
+// slotWait is the line a test that waited for one of the e2e suite's
+// slots logs (testing/e2e's slot): go test counts that wait in its time,
+// the table does not.
+var slotWait = regexp.MustCompile(`waited ([0-9.]+)s for a test slot`)
 
 // readTests reads the top-level tests that ended in a phase's event
 // stream; a phase without one (it ran no go test) has none.
@@ -104,6 +111,7 @@ func readTests(path, phaseName string) ([]testTime, error) {
 	}
 	defer f.Close()
 	var out []testTime
+	waited := map[string]float64{} // by package and test
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for n := 1; sc.Scan(); n++ {
@@ -117,10 +125,16 @@ func readTests(path, phaseName string) ([]testTime, error) {
 		if e.Test == "" || strings.Contains(e.Test, "/") {
 			continue
 		}
+		key := e.Package + " " + e.Test
 		switch e.Action {
+		case "output":
+			if m := slotWait.FindStringSubmatch(e.Output); m != nil {
+				w, _ := strconv.ParseFloat(m[1], 64)
+				waited[key] += w
+			}
 		case "pass", "fail", "skip":
 			out = append(out, testTime{Phase: phaseName, Package: e.Package, Test: e.Test, Outcome: e.Action,
-				Elapsed: time.Duration(e.Elapsed * float64(time.Second))})
+				Elapsed: time.Duration(max(e.Elapsed-waited[key], 0) * float64(time.Second))})
 		}
 	}
 	return out, sc.Err()

@@ -8,8 +8,8 @@ import (
 )
 
 // The table sums the phases, flags a failed one, ranks top-level tests
-// across phases by time (subtests and non-test events left out), and ends
-// with the tests' count.
+// across phases by time (subtests and non-test events left out, and an e2e
+// test's wait for a slot), and ends with the tests' count.
 func TestReport(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, text string) {
@@ -27,7 +27,8 @@ func TestReport(t *testing.T) {
 {"Action":"pass","Package":"p/core","Elapsed":3}
 `)
 	write("e2e.json", `{"Action":"fail","Package":"p/e2e","Test":"TestSlow","Elapsed":70.25}
-{"Action":"pass","Package":"p/e2e","Test":"TestQuick","Elapsed":1}
+{"Action":"output","Package":"p/e2e","Test":"TestQuick","Output":"    schedule_test.go:60: waited 40.5s for a test slot\n"}
+{"Action":"pass","Package":"p/e2e","Test":"TestQuick","Elapsed":41.5}
 `)
 	phases, err := readPhases(filepath.Join(dir, "phases.tsv"))
 	if err != nil {

@@ -47,9 +47,13 @@ func e2eParallel() int {
 	return 2
 }
 
-// slot runs the rest of a parallel test in one of the slots.
+// slot runs the rest of a parallel test in one of the slots. The wait is
+// logged: go test counts it in the test's time, and make check's table
+// of the slowest tests (testing/checkreport) takes it out.
 func slot(t *testing.T) {
 	t.Helper()
+	start := time.Now()
 	slots.Acquire(t.Name())
 	t.Cleanup(slots.Release)
+	t.Logf("waited %.3fs for a test slot", time.Since(start).Seconds())
 }
