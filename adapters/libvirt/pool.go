@@ -327,8 +327,8 @@ func (p *pool) wantedLocked() map[string]int {
 // Shutdown destroys the pool's domains: the plugin is being stopped. VMs
 // claimed from the pool are VMs like any other and stay. The daemon kills
 // a plugin that takes more than 2 s to stop, so the domains go at once,
-// their files first (QEMU keeps what it has open); what a kill still
-// leaves, the next start removes.
+// their users' grants and files first (QEMU keeps what it has open); what
+// a kill still leaves, the next start removes.
 func (h *Hypervisor) Shutdown(ctx context.Context) {
 	h.mu.Lock()
 	p := h.pool
@@ -354,6 +354,10 @@ func (h *Hypervisor) Shutdown(ctx context.Context) {
 	ready := p.ready
 	p.ready = nil
 	p.mu.Unlock()
+	// The pool users' grants go first, in a few file operations: a paused
+	// QEMU keeps what it has open, and a plugin killed while its domains
+	// are destroyed (a loaded node takes seconds) leaves no grant behind.
+	h.syncGrants()
 	var wg sync.WaitGroup
 	for _, d := range ready {
 		removeFiles(append(rotatedLogs(d.console), d.console, d.root)...)
@@ -364,7 +368,6 @@ func (h *Hypervisor) Shutdown(ctx context.Context) {
 		}()
 	}
 	wg.Wait()
-	h.syncGrants()
 	h.log.WithFields(logrus.Fields{"domains": len(ready), "millis": time.Since(begin).Milliseconds()}).Info("pool: domains destroyed")
 }
 
