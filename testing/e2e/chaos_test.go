@@ -554,12 +554,27 @@ func TestPluginChaos(t *testing.T) {
 		t.Errorf("left after the chaos: %s", l)
 	}
 
+	// The pods removed as kubelet removes many: side by side (one by one,
+	// each mostly waits: 40 s with the cores idle).
+	var sbs []string
 	for _, s := range scratches {
-		c.Run("rmp", "-f", s.sb)
+		sbs = append(sbs, s.sb)
 	}
 	for _, v := range vms {
-		c.Run("rmp", "-f", v.sb)
+		sbs = append(sbs, v.sb)
 	}
+	removing := make(chan struct{}, 8)
+	var removed sync.WaitGroup
+	for _, sb := range sbs {
+		removed.Add(1)
+		removing <- struct{}{}
+		go func() {
+			defer removed.Done()
+			defer func() { <-removing }()
+			c.Run("rmp", "-f", sb)
+		}()
+	}
+	removed.Wait()
 	assertNothingLeft(t, d, c)
 }
 
