@@ -208,7 +208,7 @@ func TestLibvirtdKilled(t *testing.T) {
 			}
 			args := []string{mid, ctr}
 			if mid == "stop" {
-				args = []string{"stop", "--timeout", "20", ctr}
+				args = []string{"stop", "--timeout", "10", ctr}
 			}
 			done := make(chan error, 1)
 			began := time.Now()
