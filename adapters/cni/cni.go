@@ -117,7 +117,7 @@ func (n *Network) Configure(ctx context.Context, pc ports.PluginConfig) error {
 	if _, err := atomicfile.RemoveTemps(n.records); err != nil { // interrupted writes
 		return err
 	}
-	if err := ensureHostBridgeRules(); err != nil {
+	if err := EnsureHostBridgeRules(); err != nil {
 		return err
 	}
 	retry := time.Minute

@@ -23,9 +23,9 @@ var hostBridgeRules = [][]string{
 	{"-t", "filter", "FORWARD", "-i", HostBridgePattern, "-o", HostBridgePattern, "-j", "ACCEPT", "-m", "comment", "--comment", "virtlet: VM to pod namespace, bridged"},
 }
 
-// ensureHostBridgeRules inserts the rules for IPv4 and IPv6 unless they are
+// EnsureHostBridgeRules inserts the rules for IPv4 and IPv6 unless they are
 // there. A host without ip6tables (or without IPv6) gets the IPv4 rules.
-func ensureHostBridgeRules() error {
+func EnsureHostBridgeRules() error {
 	for _, tool := range []string{"iptables", "ip6tables"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if tool == "iptables" {

@@ -5,8 +5,11 @@
 //
 //	go run ./testing/checkreport DIR
 //
-// DIR holds phases.tsv (a line per phase: name, seconds, exit code) and
-// PHASE.json for each phase that ran go test.
+// DIR holds phases.tsv (a line per phase: name, start in Unix seconds,
+// seconds, exit code) and PHASE.json for each phase that ran go test.
+// Phases may overlap (check.sh runs bench-smoke beside lint, unit and
+// integration): the total is the wall time from the first start to the
+// last end, not their sum.
 package main
 
 import (
@@ -52,6 +55,7 @@ func main() {
 // phase is one step of make check.
 type phase struct {
 	Name    string
+	Start   int64 // Unix seconds
 	Seconds int
 	Exit    int
 }
@@ -72,15 +76,16 @@ func readPhases(path string) ([]phase, error) {
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {
 		fields := strings.Split(sc.Text(), "\t")
-		if len(fields) != 3 {
-			return nil, fmt.Errorf("%s:%d: want phase, seconds and exit code, got %q", path, n, sc.Text())
+		if len(fields) != 4 {
+			return nil, fmt.Errorf("%s:%d: want phase, start, seconds and exit code, got %q", path, n, sc.Text())
 		}
-		secs, err1 := strconv.Atoi(fields[1])
-		exit, err2 := strconv.Atoi(fields[2])
-		if err1 != nil || err2 != nil {
-			return nil, fmt.Errorf("%s:%d: seconds and exit code must be numbers: %q", path, n, sc.Text())
+		start, err0 := strconv.ParseInt(fields[1], 10, 64)
+		secs, err1 := strconv.Atoi(fields[2])
+		exit, err2 := strconv.Atoi(fields[3])
+		if err0 != nil || err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("%s:%d: start, seconds and exit code must be numbers: %q", path, n, sc.Text())
 		}
-		out = append(out, phase{Name: fields[0], Seconds: secs, Exit: exit})
+		out = append(out, phase{Name: fields[0], Start: start, Seconds: secs, Exit: exit})
 	}
 	return out, sc.Err()
 }
@@ -142,17 +147,25 @@ func readTests(path, phaseName string) ([]testTime, error) {
 
 func writeTable(w io.Writer, phases []phase, tests []testTime) {
 	fmt.Fprintln(w, "make check: wall time by phase")
-	fmt.Fprintf(w, "  %-14s %9s  %s\n", "phase", "seconds", "result")
-	total := 0
+	fmt.Fprintf(w, "  %-14s %7s %9s  %s\n", "phase", "start", "seconds", "result")
+	var first, last int64
+	for i, p := range phases {
+		if i == 0 || p.Start < first {
+			first = p.Start
+		}
+		last = max(last, p.Start+int64(p.Seconds))
+	}
 	for _, p := range phases {
 		result := "ok"
 		if p.Exit != 0 {
 			result = fmt.Sprintf("FAILED (exit %d)", p.Exit)
 		}
-		fmt.Fprintf(w, "  %-14s %9d  %s\n", p.Name, p.Seconds, result)
-		total += p.Seconds
+		at := p.Start - first
+		fmt.Fprintf(w, "  %-14s %4d:%02d %9d  %s\n", p.Name, at/60, at%60, p.Seconds, result)
 	}
-	fmt.Fprintf(w, "  %-14s %9d  (%dm%02ds)\n", "total", total, total/60, total%60)
+	// The wall time: phases that ran side by side count once.
+	total := last - first
+	fmt.Fprintf(w, "  %-14s %7s %9d  (%dm%02ds)\n", "total", "", total, total/60, total%60)
 
 	sort.SliceStable(tests, func(i, j int) bool { return tests[i].Elapsed > tests[j].Elapsed })
 	n := min(slowest, len(tests))

@@ -7,7 +7,8 @@ import (
 	"testing"
 )
 
-// The table sums the phases, flags a failed one, ranks top-level tests
+// The table gives each phase's start and time, its wall total (phases
+// side by side counted once), flags a failed one, ranks top-level tests
 // across phases by time (subtests and non-test events left out, and an e2e
 // test's wait for a slot), and ends with the tests' count.
 func TestReport(t *testing.T) {
@@ -18,7 +19,8 @@ func TestReport(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("phases.tsv", "setup\t100\t0\nunit\t50\t0\ne2e\t75\t1\n")
+	// bench beside unit: the total runs from setup's start to e2e's end.
+	write("phases.tsv", "setup\t1000\t100\t0\nunit\t1100\t50\t0\nbench\t1100\t60\t0\ne2e\t1160\t75\t1\n")
 	write("unit.json", `{"Action":"run","Package":"p/core","Test":"TestA"}
 {"Action":"output","Package":"p/core","Test":"TestA","Output":"ok\n"}
 {"Action":"pass","Package":"p/core","Test":"TestA","Elapsed":2.5}
@@ -46,8 +48,9 @@ func TestReport(t *testing.T) {
 	writeTable(&b, phases, tests)
 	out := b.String()
 	for _, want := range []string{
-		"  e2e                   75  FAILED (exit 1)\n",
-		"  total                225  (3m45s)\n",
+		"  bench             1:40        60  ok\n",
+		"  e2e               2:40        75  FAILED (exit 1)\n",
+		"  total                        235  (3m55s)\n",
 		"the 4 slowest of 4 tests\n",
 		"       70.2  e2e          p/e2e TestSlow (fail)\n        2.5  unit         p/core TestA\n        1.0  e2e          p/e2e TestQuick\n",
 		"\ncheck: 2 passed, 1 failed, 1 skipped\n",
@@ -66,10 +69,10 @@ func TestReport(t *testing.T) {
 
 func TestBadPhaseLine(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "phases.tsv")
-	if err := os.WriteFile(path, []byte("setup\tlong\t0\n"), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte("setup\t1000\tlong\t0\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := readPhases(path); err == nil || !strings.Contains(err.Error(), "phases.tsv:1: seconds and exit code must be numbers") {
+	if _, err := readPhases(path); err == nil || !strings.Contains(err.Error(), "phases.tsv:1: start, seconds and exit code must be numbers") {
 		t.Fatalf("a bad phase line: %v", err)
 	}
 }

@@ -17,7 +17,9 @@
 //
 //	hostcheck begin ID FILE   remove what earlier runs left (found by their
 //	                          tags, nothing else), record the host's modes
-//	                          in FILE
+//	                          in FILE, install the CNI plugin's host-bridge
+//	                          rules for the check's suites
+//	                          (restored by end as begin found them)
 //	hostcheck end ID FILE     fail naming whatever run ID left on the host
 //	                          (its directory aside: check.sh removes it
 //	                          last), or a mode that is not as FILE recorded
@@ -36,6 +38,7 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 
+	"github.com/virtlet/virtlet/adapters/cni"
 	"github.com/virtlet/virtlet/adapters/posixacl"
 	"github.com/virtlet/virtlet/testing/harness"
 )
@@ -112,7 +115,16 @@ func begin(id, file string) error {
 	if err != nil {
 		return err
 	}
-	data, _ := json.MarshalIndent(hostState{Modes: modes, Kube: kube}, "", "  ")
+	// The CNI plugin's host-bridge rules, for the whole check: each
+	// suite's TestMain removes them if it found them absent, which pulls
+	// them from under the VMs of a suite running beside it (check.sh runs
+	// bench-smoke beside unit and integration). Found installed, every
+	// TestMain leaves them; end restores what begin found.
+	rules := cni.HostBridgeRuleState()
+	if err := cni.EnsureHostBridgeRules(); err != nil {
+		return fmt.Errorf("the host-bridge rules for the check: %w", err)
+	}
+	data, _ := json.MarshalIndent(hostState{Modes: modes, Kube: kube, BridgeRules: rules}, "", "  ")
 	return os.WriteFile(file, data, 0o644)
 }
 
@@ -122,6 +134,9 @@ type hostState struct {
 	// Kube are the host's objects of kubelet's and kube-proxy's fixed
 	// names (kubeObjects).
 	Kube []string
+	// BridgeRules are the host-bridge rules installed at begin, per tool
+	// (cni.HostBridgeRuleState).
+	BridgeRules map[string][]bool
 }
 
 // end checks that run id left nothing and the modes are as recorded.
@@ -142,6 +157,9 @@ func end(id, file string) error {
 		return fmt.Errorf("%s: %w", file, err)
 	}
 	before := state.Modes
+	if state.BridgeRules != nil {
+		cni.RestoreHostBridgeRules(state.BridgeRules)
+	}
 	if host := hostCluster(); host != "" {
 		fmt.Printf("hostcheck: %s runs on the host: its KUBE-* chains are not checked\n", host)
 	} else {
