@@ -484,17 +484,9 @@ func (r *Runtime) releaseVolumes(ctx context.Context, c *Container) error {
 	return errors.Join(errs...)
 }
 
-// FlexvolumeOptions is what the flexvolume driver hands the runtime when
-// kubelet mounts a Virtlet flexvolume for a pod.
-type FlexvolumeOptions struct {
-	PodUID, PodNamespace, PodName string
-	Volume                        string
-	Options                       map[string]string // type and the volume's options; values may be secret
-}
-
 // ValidateVolume checks a flexvolume's options with the plugin of its type
 // and returns the options to keep in the volume's directory.
-func (r *Runtime) ValidateVolume(ctx context.Context, fv FlexvolumeOptions) (map[string]string, error) {
+func (r *Runtime) ValidateVolume(ctx context.Context, fv ports.FlexvolumeOptions) (map[string]string, error) {
 	req, vols, err := r.flexvolumeRequest(fv)
 	if err != nil {
 		return nil, err
@@ -512,7 +504,7 @@ func (r *Runtime) ValidateVolume(ctx context.Context, fv FlexvolumeOptions) (map
 // ForgetVolume lets the plugin of a flexvolume's type drop what it kept.
 // A type no installed plugin handles has nobody to tell: kubelet's unmount
 // must not fail for ever (the pod would never finish terminating).
-func (r *Runtime) ForgetVolume(ctx context.Context, fv FlexvolumeOptions) error {
+func (r *Runtime) ForgetVolume(ctx context.Context, fv ports.FlexvolumeOptions) error {
 	req, vols, err := r.flexvolumeRequest(fv)
 	if errors.Is(err, ports.ErrInvalidArgument) && fv.Options["type"] != "" {
 		r.log.WithFields(logrus.Fields{"pod": fv.PodNamespace + "/" + fv.PodName, "volume": fv.Volume, "type": fv.Options["type"]}).
@@ -528,7 +520,7 @@ func (r *Runtime) ForgetVolume(ctx context.Context, fv FlexvolumeOptions) error 
 	return nil
 }
 
-func (r *Runtime) flexvolumeRequest(fv FlexvolumeOptions) (ports.VolumeRequest, ports.Volumes, error) {
+func (r *Runtime) flexvolumeRequest(fv ports.FlexvolumeOptions) (ports.VolumeRequest, ports.Volumes, error) {
 	typ := fv.Options["type"]
 	if typ == "" {
 		return ports.VolumeRequest{}, nil, &ports.InvalidError{Field: "option type", Reason: "missing",

@@ -188,7 +188,7 @@ func TestVolumeSecretsStayOutOfRecords(t *testing.T) {
 	e := newEnv(t)
 	const key = "AQBkZXNrLXRlc3Qta2V5LW5ldmVyLWxvZ2dlZA=="
 	ctx := context.Background()
-	fv := core.FlexvolumeOptions{PodUID: "uid-p", PodNamespace: "default", PodName: "p", Volume: "ceph",
+	fv := ports.FlexvolumeOptions{PodUID: "uid-p", PodNamespace: "default", PodName: "p", Volume: "ceph",
 		Options: map[string]string{"type": "ceph", "monitor": "127.0.0.1:6789", "secret": key}}
 	kept, err := e.rt.ValidateVolume(ctx, fv)
 	if err != nil {
@@ -242,7 +242,7 @@ func TestValidateVolumeErrors(t *testing.T) {
 		{map[string]string{"type": "share"}, "this type is for Kubernetes volumes, not flexvolumes"},
 		{map[string]string{"type": "sized"}, "flexvolume data (type sized): sized volume data option size: missing"},
 	} {
-		_, err := e.rt.ValidateVolume(context.Background(), core.FlexvolumeOptions{PodUID: "u", Volume: "data", Options: tc.opts})
+		_, err := e.rt.ValidateVolume(context.Background(), ports.FlexvolumeOptions{PodUID: "u", Volume: "data", Options: tc.opts})
 		if !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want %q", tc.opts, err, tc.want)
 		}

@@ -37,6 +37,14 @@ type ProjectedFile struct {
 // strings.
 const FlexvolumeOptionsFile = "virtlet-flexvolume.json"
 
+// FlexvolumeOptions is what the flexvolume driver hands the runtime when
+// kubelet mounts or unmounts a Virtlet flexvolume for a pod.
+type FlexvolumeOptions struct {
+	PodUID, PodNamespace, PodName string
+	Volume                        string
+	Options                       map[string]string // type and the volume's options; values may be secret
+}
+
 // VolumeDirs reads what volume drivers left in kubelet's volume
 // directories on the node.
 type VolumeDirs interface {

@@ -22,8 +22,8 @@ import (
 
 	"github.com/virtlet/virtlet/adapters/rpcguard"
 	"github.com/virtlet/virtlet/adapters/unixsock"
-	"github.com/virtlet/virtlet/core"
 	"github.com/virtlet/virtlet/plugins/base"
+	"github.com/virtlet/virtlet/ports"
 	adminv1 "github.com/virtlet/virtlet/proto/admin/v1"
 )
 
@@ -32,8 +32,8 @@ const DefaultSocket = "/run/virtlet/admin.sock"
 
 // Runtime is what the admin API asks of the core.
 type Runtime interface {
-	ValidateVolume(ctx context.Context, fv core.FlexvolumeOptions) (map[string]string, error)
-	ForgetVolume(ctx context.Context, fv core.FlexvolumeOptions) error
+	ValidateVolume(ctx context.Context, fv ports.FlexvolumeOptions) (map[string]string, error)
+	ForgetVolume(ctx context.Context, fv ports.FlexvolumeOptions) error
 }
 
 // Server serves the admin API over a runtime.
@@ -114,8 +114,8 @@ func (s *Server) Status(ctx context.Context, _ *adminv1.StatusRequest) (*adminv1
 	return resp, nil
 }
 
-func flexvolume(r *adminv1.FlexvolumeRequest) core.FlexvolumeOptions {
-	return core.FlexvolumeOptions{PodUID: r.PodUid, PodNamespace: r.PodNamespace, PodName: r.PodName, Volume: r.Volume, Options: r.Options}
+func flexvolume(r *adminv1.FlexvolumeRequest) ports.FlexvolumeOptions {
+	return ports.FlexvolumeOptions{PodUID: r.PodUid, PodNamespace: r.PodNamespace, PodName: r.PodName, Volume: r.Volume, Options: r.Options}
 }
 
 func (s *Server) ValidateVolume(ctx context.Context, r *adminv1.FlexvolumeRequest) (*adminv1.ValidateVolumeResponse, error) {
@@ -149,12 +149,12 @@ func Dial(socket string) (*Client, error) {
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
-func toProto(fv core.FlexvolumeOptions) *adminv1.FlexvolumeRequest {
+func toProto(fv ports.FlexvolumeOptions) *adminv1.FlexvolumeRequest {
 	return &adminv1.FlexvolumeRequest{PodUid: fv.PodUID, PodNamespace: fv.PodNamespace, PodName: fv.PodName, Volume: fv.Volume, Options: fv.Options}
 }
 
 // ValidateVolume asks the daemon to check a flexvolume's options.
-func (c *Client) ValidateVolume(ctx context.Context, fv core.FlexvolumeOptions) (map[string]string, error) {
+func (c *Client) ValidateVolume(ctx context.Context, fv ports.FlexvolumeOptions) (map[string]string, error) {
 	resp, err := c.api.ValidateVolume(ctx, toProto(fv))
 	if err != nil {
 		return nil, clientError(err)
@@ -163,7 +163,7 @@ func (c *Client) ValidateVolume(ctx context.Context, fv core.FlexvolumeOptions) 
 }
 
 // ForgetVolume tells the daemon a flexvolume is unmounted.
-func (c *Client) ForgetVolume(ctx context.Context, fv core.FlexvolumeOptions) error {
+func (c *Client) ForgetVolume(ctx context.Context, fv ports.FlexvolumeOptions) error {
 	_, err := c.api.ForgetVolume(ctx, toProto(fv))
 	return clientError(err)
 }

@@ -9,15 +9,15 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/virtlet/virtlet/adapters/admin"
-	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/ports"
 )
 
 type noRuntime struct{}
 
-func (noRuntime) ValidateVolume(context.Context, core.FlexvolumeOptions) (map[string]string, error) {
+func (noRuntime) ValidateVolume(context.Context, ports.FlexvolumeOptions) (map[string]string, error) {
 	return nil, nil
 }
-func (noRuntime) ForgetVolume(context.Context, core.FlexvolumeOptions) error { return nil }
+func (noRuntime) ForgetVolume(context.Context, ports.FlexvolumeOptions) error { return nil }
 
 // Status reports the plugins as the supervisors see them, and the
 // daemon's goroutines, on the root-only socket.

@@ -27,7 +27,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/sirupsen/logrus"
 
-	"github.com/virtlet/virtlet/adapters/atomicfile"
+	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
 	"github.com/virtlet/virtlet/adapters/keyedmutex"
 	"github.com/virtlet/virtlet/ports"
 )

@@ -33,8 +33,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
-	"github.com/virtlet/virtlet/adapters/atomicfile"
-	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -69,8 +68,8 @@ const (
 
 // Daemon is what the driver asks of the Virtlet daemon.
 type Daemon interface {
-	ValidateVolume(ctx context.Context, fv core.FlexvolumeOptions) (map[string]string, error)
-	ForgetVolume(ctx context.Context, fv core.FlexvolumeOptions) error
+	ValidateVolume(ctx context.Context, fv ports.FlexvolumeOptions) (map[string]string, error)
+	ForgetVolume(ctx context.Context, fv ports.FlexvolumeOptions) error
 }
 
 // Mounter puts the tmpfs on a volume's directory and takes it off.
@@ -187,8 +186,8 @@ func (d *Driver) mount(dir, rawOpts string) error {
 // request turns kubelet's options into the daemon's request: secrets from
 // the flexVolume's secretRef (kubernetes.io/secret/<key>, base64) become
 // options of their key unless the volume sets them itself.
-func request(dir string, opts map[string]string) (core.FlexvolumeOptions, error) {
-	fv := core.FlexvolumeOptions{PodUID: opts[keyPodUID], PodNamespace: opts[keyNamespace], PodName: opts[keyPodName],
+func request(dir string, opts map[string]string) (ports.FlexvolumeOptions, error) {
+	fv := ports.FlexvolumeOptions{PodUID: opts[keyPodUID], PodNamespace: opts[keyNamespace], PodName: opts[keyPodName],
 		Volume: opts[keyVolume], Options: map[string]string{}}
 	if fv.Volume == "" {
 		fv.Volume = filepath.Base(dir)
@@ -238,7 +237,7 @@ func (d *Driver) unmount(dir string) error {
 		if err := json.Unmarshal(raw, &kept); err != nil {
 			return fmt.Errorf("unmount: %s: %v", p, err)
 		}
-		fv := core.FlexvolumeOptions{PodUID: kept[keyPodUID], PodNamespace: kept[keyNamespace], PodName: kept[keyPodName],
+		fv := ports.FlexvolumeOptions{PodUID: kept[keyPodUID], PodNamespace: kept[keyNamespace], PodName: kept[keyPodName],
 			Volume: kept[keyVolume], Options: kept}
 		if fv.Volume == "" {
 			fv.Volume = filepath.Base(dir)

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/virtlet/virtlet/core"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -21,11 +20,11 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 // (option capacity) and ceph (it keeps the secret), as the real plugins'
 // errors name options.
 type daemon struct {
-	validated, forgotten []core.FlexvolumeOptions
+	validated, forgotten []ports.FlexvolumeOptions
 	down                 bool
 }
 
-func (d *daemon) ValidateVolume(ctx context.Context, fv core.FlexvolumeOptions) (map[string]string, error) {
+func (d *daemon) ValidateVolume(ctx context.Context, fv ports.FlexvolumeOptions) (map[string]string, error) {
 	if d.down {
 		return nil, errors.New("the virtlet daemon does not answer on its admin socket (is it running?)")
 	}
@@ -48,7 +47,7 @@ func (d *daemon) ValidateVolume(ctx context.Context, fv core.FlexvolumeOptions) 
 	}
 }
 
-func (d *daemon) ForgetVolume(ctx context.Context, fv core.FlexvolumeOptions) error {
+func (d *daemon) ForgetVolume(ctx context.Context, fv ports.FlexvolumeOptions) error {
 	if d.down {
 		return errors.New("the virtlet daemon does not answer on its admin socket (is it running?)")
 	}

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/virtlet/virtlet/adapters/atomicfile"
+	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
 )
 
 // accelerator is the chosen way to run guests.

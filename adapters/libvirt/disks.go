@@ -14,8 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/virtlet/virtlet/adapters/atomicfile"
 	"github.com/virtlet/virtlet/adapters/diskimage"
+	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
 	"github.com/virtlet/virtlet/ports"
 )
 

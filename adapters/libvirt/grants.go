@@ -13,8 +13,8 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"github.com/virtlet/virtlet/adapters/atomicfile"
 	"github.com/virtlet/virtlet/adapters/diskimage"
+	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
 	"github.com/virtlet/virtlet/adapters/posixacl"
 	"github.com/virtlet/virtlet/ports"
 )

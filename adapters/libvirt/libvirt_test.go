@@ -15,7 +15,7 @@ import (
 
 	"libvirt.org/go/libvirt"
 
-	"github.com/virtlet/virtlet/adapters/atomicfile"
+	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
 	"github.com/virtlet/virtlet/ports"
 )
 

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/virtlet/virtlet/adapters/atomicfile"
+	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
 	"github.com/virtlet/virtlet/ports"
 )
 

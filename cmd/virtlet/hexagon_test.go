@@ -2,6 +2,7 @@ package main
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -77,4 +78,22 @@ func hasPrefix(pkg string, list []string) bool {
 		}
 	}
 	return false
+}
+
+// The flexvolume driver, which kubelet execs for every mount, links no
+// core: the data it hands the daemon is a port's type.
+func TestFlexvolumeDriverLinksNoCore(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/virtlet/virtlet/cmd/virtlet-flexvolume-driver").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, "github.com/virtlet/virtlet/adapters/flexvolume") {
+		t.Fatalf("go list returned no flexvolume adapter, so not the driver's dependencies: %v", deps)
+	}
+	for _, dep := range deps {
+		if dep == "github.com/virtlet/virtlet/core" || strings.HasPrefix(dep, "github.com/virtlet/virtlet/core/") {
+			t.Errorf("the flexvolume driver links %s", dep)
+		}
+	}
 }

@@ -18,7 +18,7 @@ import (
 
 	"github.com/kdomanski/iso9660"
 
-	"github.com/virtlet/virtlet/adapters/atomicfile"
+	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
 	"github.com/virtlet/virtlet/ports"
 )
 

@@ -31,7 +31,7 @@ import (
 	"github.com/ceph/go-ceph/rbd"
 	"github.com/sirupsen/logrus"
 
-	"github.com/virtlet/virtlet/adapters/atomicfile"
+	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
 	"github.com/virtlet/virtlet/adapters/volume/flexopts"
 	"github.com/virtlet/virtlet/ports"
 )

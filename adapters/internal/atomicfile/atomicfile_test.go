@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/virtlet/virtlet/adapters/atomicfile"
+	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
 )
 
 func TestWriteReplacesTheFileWithTheModeAsked(t *testing.T) {
