@@ -2,7 +2,6 @@ package cri
 
 import (
 	"context"
-	"errors"
 	"path"
 	"time"
 
@@ -12,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/virtlet/virtlet/ports"
+	"github.com/virtlet/virtlet/plugins/base"
 )
 
 // quiet methods are polled by kubelet every few seconds (ExecSync: exec
@@ -133,29 +132,7 @@ func short(id string) string {
 	return id
 }
 
-// toStatus maps the error kinds of the core and the ports to gRPC codes.
-func toStatus(err error) error {
-	if _, ok := status.FromError(err); ok && errors.Unwrap(err) == nil {
-		return err
-	}
-	code := codes.Unknown
-	switch {
-	case errors.Is(err, ports.ErrNotFound):
-		code = codes.NotFound
-	case errors.Is(err, ports.ErrInvalidArgument):
-		code = codes.InvalidArgument
-	case errors.Is(err, ports.ErrAlreadyExists):
-		code = codes.AlreadyExists
-	case errors.Is(err, ports.ErrFailedPrecondition):
-		code = codes.FailedPrecondition
-	case errors.Is(err, ports.ErrUnavailable):
-		code = codes.Unavailable
-	case errors.Is(err, ports.ErrUnimplemented):
-		code = codes.Unimplemented
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	}
-	return status.Error(code, err.Error())
-}
+// toStatus maps the error kinds of the core and the ports to gRPC codes:
+// the mapping the plugins use too (base.ToRPC), so that a kind means the
+// same code to kubelet as between the daemon and a plugin.
+func toStatus(err error) error { return base.ToRPC(err) }
