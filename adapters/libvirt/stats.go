@@ -2,6 +2,11 @@ package libvirt
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,7 +51,7 @@ func (h *Hypervisor) Stats(ctx context.Context, ids []string) ([]ports.VMStats, 
 		if err != nil || !ok {
 			continue
 		}
-		out = append(out, vmStats(spec, ds, now))
+		out = append(out, vmStats(spec, ds, now, hostRSS))
 	}
 	return out, nil
 }
@@ -54,8 +59,12 @@ func (h *Hypervisor) Stats(ctx context.Context, ids []string) ([]ports.VMStats, 
 // vmStats converts libvirt's figures (balloon in KiB) to the port's. A
 // figure libvirt did not report is left unknown, never zero: with NOWAIT
 // it skips what needs the VM's monitor while that is busy, and the
-// guest's figures need its balloon driver.
-func vmStats(spec ports.VMSpec, ds libvirt.DomainStats, now time.Time) ports.VMStats {
+// guest's figures need its balloon driver. The host's figure, QEMU's
+// resident memory, is then read from /proc as libvirt reads it (rss): a
+// busy monitor is usual right after a start on a loaded node, and a VM
+// without its memory would be one kubelet (and critest's container stats)
+// sees none for.
+func vmStats(spec ports.VMSpec, ds libvirt.DomainStats, now time.Time, rss func(domain string) (uint64, bool)) ports.VMStats {
 	s := ports.VMStats{ID: spec.ID, Timestamp: now}
 	if c := ds.Cpu; c != nil && c.TimeSet {
 		s.CPUNanos = c.Time
@@ -64,6 +73,10 @@ func vmStats(spec ports.VMSpec, ds libvirt.DomainStats, now time.Time) ports.VMS
 		m := &s.Memory
 		if b.CurrentSet && b.RssSet {
 			m.HostReported, m.CurrentBytes, m.RSSBytes = true, b.Current<<10, b.Rss<<10
+		} else if b.CurrentSet {
+			if bytes, ok := rss(spec.Name); ok {
+				m.HostReported, m.CurrentBytes, m.RSSBytes = true, b.Current<<10, bytes
+			}
 		}
 		if b.AvailableSet && b.UnusedSet {
 			m.GuestReported, m.AvailableBytes, m.UnusedBytes = true, b.Available<<10, b.Unused<<10
@@ -105,3 +118,40 @@ func vmStats(spec ports.VMSpec, ds libvirt.DomainStats, now time.Time) ports.VMS
 }
 
 var _ ports.StatsReporter = (*Hypervisor)(nil)
+
+// qemuRunDir is where the system libvirtd keeps each running domain's
+// QEMU pid file, <domain>.pid.
+var qemuRunDir = "/run/libvirt/qemu"
+
+// hostRSS reads the resident memory of a running domain's QEMU from
+// /proc (statm), after checking that the pid file's process is that
+// domain's QEMU (-name guest=<domain>,...).
+func hostRSS(domain string) (uint64, bool) {
+	b, err := os.ReadFile(filepath.Join(qemuRunDir, domain+".pid"))
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !slices.ContainsFunc(strings.Split(string(cmdline), "\x00"), func(arg string) bool {
+		return arg == "guest="+domain || strings.HasPrefix(arg, "guest="+domain+",")
+	}) {
+		return 0, false
+	}
+	statm, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(statm))
+	if len(f) < 2 {
+		return 0, false
+	}
+	pages, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return pages * uint64(os.Getpagesize()), true
+}
