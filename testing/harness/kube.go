@@ -48,6 +48,7 @@ type Kube struct {
 	FlexvolumeDriver string
 	procs            []*exec.Cmd
 	rootDir          string
+	cgroupRoot       string // the kubelet's, in every hierarchy (KubeletCgroupRoot)
 	ca               *x509.Certificate
 	caKey            *ecdsa.PrivateKey
 	serial           int64
@@ -244,6 +245,12 @@ func (k *Kube) StartKubelet(d *Daemon) {
 			t.Fatal(err)
 		}
 	}
+	// The kubelet's own cgroup root (KubeletCgroupRoot): removed once it
+	// has stopped (stop).
+	k.cgroupRoot = KubeletCgroupRoot(RunID(), strings.TrimPrefix(filepath.Base(dir), "virtlet-kube-"))
+	if err := makeCgroupRoot(k.cgroupRoot); err != nil {
+		t.Fatal(err)
+	}
 	config := filepath.Join(dir, "kubelet.yaml")
 	// No cgroupDriver: kubelet takes it from the runtime (RuntimeConfig).
 	os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
@@ -273,7 +280,8 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 nodeStatusReportFrequency: 10s
 syncFrequency: 10s
-`, kubeletPort, healthz, d.Socket, filepath.Join(dir, "pod-logs"), plugins, pki("kubelet-serving.crt"), pki("kubelet-serving.key"), pki("ca.crt"))), 0o644)
+cgroupRoot: /%s
+`, kubeletPort, healthz, d.Socket, filepath.Join(dir, "pod-logs"), plugins, pki("kubelet-serving.crt"), pki("kubelet-serving.key"), pki("ca.crt"), k.cgroupRoot)), 0o644)
 	k.start("kubelet", "unshare", "-m", "--propagation", "unchanged", "--", "sh", "-c", fmt.Sprintf(
 		"mount --bind %[1]s/overcommit_memory /proc/sys/vm/overcommit_memory && mount --bind %[1]s/panic /proc/sys/kernel/panic && "+
 			"mount --bind %[1]s/panic_on_oops /proc/sys/kernel/panic_on_oops && exec %[2]s --config=%[3]s --kubeconfig=%[4]s --root-dir=%[5]s --hostname-override=%[6]s --v=2",
@@ -388,8 +396,8 @@ func tail(s string, n int) string {
 	return s
 }
 
-// stop ends the processes, newest first, by PID, and unmounts what the
-// kubelet mounted.
+// stop ends the processes, newest first, by PID, removes the kubelet's
+// cgroups and unmounts what the kubelet mounted.
 func (k *Kube) stop() {
 	for i := len(k.procs) - 1; i >= 0; i-- {
 		p := k.procs[i].Process
@@ -403,6 +411,13 @@ func (k *Kube) stop() {
 		}
 	}
 	k.procs = nil
+	if k.cgroupRoot != "" {
+		for _, m := range cgroupMounts() {
+			if err := RemoveCgroupTree(filepath.Join(m.dir, k.cgroupRoot)); err != nil {
+				k.t.Errorf("the kubelet's cgroups: %v", err)
+			}
+		}
+	}
 	if k.rootDir == "" {
 		return
 	}

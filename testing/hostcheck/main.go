@@ -5,7 +5,8 @@
 // the daemons' state, the kubelets' directories and every mount of theirs;
 // its links (bridges, veths: harness.RunBridgePrefix), the firewall rules
 // naming them or its CNI networks, kubelet's /var/log/containers links
-// into its pod log directory.
+// into its pod log directory, its kubelets' cgroup roots
+// (harness.KubeletCgroupRoot).
 //
 // kubelet and kube-proxy hard-code the names of their host objects
 // (KUBE-* chains, the nftables tables "kube-proxy"), so no run's id can be
@@ -229,6 +230,7 @@ func leftBy(id string, withDir bool) []string {
 	add("network namespaces", namespacesOf(id))
 	add("firewall rules", rulesNaming(harness.RunBridgePrefix(id)))
 	add("container log links", logLinksInto(dir))
+	add("kubelet cgroups", harness.RunCgroups(id))
 	if _, err := os.Stat(dir); err == nil && withDir {
 		left = append(left, "directory "+dir)
 	}
@@ -237,8 +239,8 @@ func leftBy(id string, withDir bool) []string {
 
 // remove removes what run id left, in the order that lets each go:
 // domains (their QEMUs), processes, network namespaces and pod links,
-// loop devices, mounts, links and the rules naming the run, kubelet's log
-// links, the directory.
+// loop devices, mounts, kubelets' cgroups, links and the rules naming the
+// run, kubelet's log links, the directory.
 func remove(id string) {
 	dir := harness.RunDir(id)
 	for _, name := range harness.DomainsMentioning(dir) {
@@ -261,6 +263,9 @@ func remove(id string) {
 		exec.Command("losetup", "-d", dev).Run()
 	}
 	harness.UnmountBelow(dir)
+	for _, cg := range harness.RunCgroups(id) {
+		harness.RemoveCgroupTree(cg)
+	}
 	for _, l := range links() {
 		if runOfLink(l) == id {
 			exec.Command("ip", "link", "del", l).Run()
