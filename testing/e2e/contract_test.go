@@ -23,7 +23,7 @@ import (
 
 // The tests that need the node's libvirtd and host network to
 // themselves, though not both cores: the hypervisor contracts and the
-// crash matrix, side by side (two at a time, as the slots allow) and beside no other
+// crash matrix, side by side (as many at a time as the slots allow) and beside no other
 // test. The contracts make no network namespace, host link or libvirt
 // secret, which the crash matrix counts host-wide; the crash matrix
 // neither kills libvirtd (TestLibvirtdKilled does, alone) nor loads both

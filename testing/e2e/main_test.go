@@ -102,8 +102,8 @@ func run(m *testing.M) int {
 }
 
 // parallel runs a test beside the suite's other parallel tests, in one of
-// the slots (schedule_test.go; make check runs two at a time: a TCG guest
-// keeps one core busy, and most of a test's time is a guest booting),
+// the slots (schedule_test.go; make check runs three at a time on two
+// cores: a TCG guest keeps one core busy, and a test also waits),
 // the longest first. Every test calls it but those that must have the
 // node to themselves: TestLibvirtdKilled kills libvirtd, TestPluginChaos
 // and TestConcurrentVMPods load both cores with 20 VMs, and

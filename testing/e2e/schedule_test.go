@@ -34,7 +34,7 @@ var longestFirst = []string{
 	"TestRunStrategiesKeepTheVM",
 }
 
-// slots lets VIRTLET_E2E_PARALLEL tests (default 2) run at a time, the
+// slots lets VIRTLET_E2E_PARALLEL tests (default 3) run at a time, the
 // longest first. go test's own -parallel limit cannot order them: make
 // sets it above the number of tests, so that every parallel test reaches
 // the slots at once when the sequential ones are done.
@@ -44,7 +44,7 @@ func e2eParallel() int {
 	if n, err := strconv.Atoi(os.Getenv("VIRTLET_E2E_PARALLEL")); err == nil && n > 0 {
 		return n
 	}
-	return 2
+	return 3
 }
 
 // slot runs the rest of a parallel test in one of the slots. The wait is
