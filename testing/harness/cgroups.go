@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 // KubeletCgroupRoot names the cgroup under which a test kubelet keeps its
@@ -42,19 +43,10 @@ type cgroupMount struct {
 
 // cgroupMounts lists the host's cgroup hierarchies (v1 and v2).
 func cgroupMounts() []cgroupMount {
-	f, err := os.Open("/proc/self/mounts")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
+	mounts, _ := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
 	var out []cgroupMount
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 4 || (fields[2] != "cgroup" && fields[2] != "cgroup2") {
-			continue
-		}
-		out = append(out, cgroupMount{dir: fields[1], cpuset: slices.Contains(strings.Split(fields[3], ","), "cpuset")})
+	for _, m := range mounts {
+		out = append(out, cgroupMount{dir: m.Mountpoint, cpuset: slices.Contains(strings.Split(m.VFSOptions, ","), "cpuset")})
 	}
 	return out
 }
