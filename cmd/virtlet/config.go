@@ -2,94 +2,67 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"os"
-	"os/user"
-	"path/filepath"
 	"reflect"
-	"strconv"
+	"regexp"
 	"strings"
-	"time"
 
 	"github.com/spf13/pflag"
-	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/virtlet/virtlet/adapters/admin"
 	"github.com/virtlet/virtlet/adapters/imagetranslations"
 	"github.com/virtlet/virtlet/adapters/streaming"
-	"github.com/virtlet/virtlet/core"
-	"github.com/virtlet/virtlet/core/presets"
 	"github.com/virtlet/virtlet/plugins/manifest"
 )
 
+// The daemon's config file is versioned as Kubernetes components' are:
+// every file names the schema it was written for.
+const (
+	configAPIVersion = "config.virtlet.cloud/v1alpha1"
+	configKind       = "VirtletConfiguration"
+)
+
 // config is the daemon's configuration: defaults, then the config file,
-// then command-line flags.
+// then command-line flags. Each field is one key of the file (json) and one
+// flag (flag), described once (help); the flags, `virtlet config default`
+// and docs/configuration.md are made from these tags.
 type config struct {
-	Listen            string `json:"listen"`
-	AdminSocket       string `json:"adminSocket"`
-	StateDir          string `json:"stateDir"`
-	PluginsDir        string `json:"pluginsDir"`
-	PluginBinDir      string `json:"pluginBinDir"`
-	ImageTranslations string `json:"imageTranslationsDir"`
-	LogFormat         string `json:"logFormat"`
-	LogLevel          string `json:"logLevel"`
-	DefaultVMMemory   string `json:"defaultVMMemory"`
-	// OperationTimeout is a duration such as "15m" (Go's syntax).
-	OperationTimeout string `json:"operationTimeout"`
-	// Kubeconfig is how the daemon reads ConfigMaps and Secrets; empty
-	// means in-cluster when running in a pod, else none.
-	Kubeconfig string `json:"kubeconfig"`
-	// KubeObjectsDir serves ConfigMaps and Secrets from manifests instead
-	// of an API server.
-	KubeObjectsDir string `json:"kubeObjectsDir"`
-	// StreamingAddress is where the CRI streaming server (exec, attach,
-	// port-forward) listens: a loopback host:port; port 0 picks a free one.
-	StreamingAddress string `json:"streamingAddress"`
-	// CgroupDriver is what RuntimeConfig tells kubelet to use for pod
-	// cgroups: "systemd" or "cgroupfs"; empty picks systemd on a node
-	// booted with systemd, else cgroupfs.
-	CgroupDriver string `json:"cgroupDriver"`
-	// ForwardRuntime is the CRI endpoint (unix:///path) of a container
-	// runtime that serves every pod that is not a VM pod; empty refuses them.
-	ForwardRuntime string `json:"forwardRuntime"`
-	// MetricsAddress is where the Prometheus endpoint (/metrics, /healthz)
-	// listens, host:port; empty: no endpoint. Port 0 picks a free one.
-	MetricsAddress string `json:"metricsAddress"`
-	// MetricsAllowRemote lets MetricsAddress be other than a loopback
-	// address: the endpoint has no authentication and no TLS.
-	MetricsAllowRemote bool `json:"metricsAllowRemote"`
-	// VMUsers is the range of host user IDs the VMs run as, one each
-	// ("FIRST-LAST"), or "off": every VM runs as qemu.conf's one user.
-	VMUsers string `json:"vmUsers"`
-	// VMGroup is "own" (the default: each VM's group is its own, the ID of
-	// its user) or a group (name or ID) every VM runs in. A shared group
-	// lets each VM's QEMU reach the others' group-accessible files, such
-	// as libvirt's guest agent sockets.
-	VMGroup string `json:"vmGroup"`
-	// PresetsDir holds the operator's VM presets, one YAML file each
-	// (*.yaml, *.yml); empty: none.
-	PresetsDir string `json:"presetsDir"`
-	// AllowWatchdogDump lets pods set VirtletWatchdogAction: dump, which
-	// makes libvirtd write a guest's memory to the node's disk (its
-	// auto_dump_path) as root when the guest's watchdog fires. The libvirt
-	// plugin keeps a VM's newest dump only and removes it with the VM.
-	AllowWatchdogDump bool `json:"allowWatchdogDump"`
-	// MaxImageSize bounds an image's download, MaxVirtualSize the disk a
-	// guest sees (an image's virtual size, VirtletRootVolumeSize), and
-	// KeepFreeSpace is the space pulls leave free on the image store's
-	// file system: quantities such as 64Gi; "0" lifts the bound.
-	MaxImageSize   string `json:"maxImageSize"`
-	MaxVirtualSize string `json:"maxVirtualSize"`
-	KeepFreeSpace  string `json:"keepFreeSpace"`
+	metav1.TypeMeta `json:",inline"`
+
+	Listen            string `json:"listen" flag:"listen" help:"CRI endpoint to serve, unix:///path.sock"`
+	AdminSocket       string `json:"adminSocket" flag:"admin-socket" help:"unix socket of the admin API (mode 0600) that the flexvolume driver and node tools use"`
+	StateDir          string `json:"stateDir" flag:"state-dir" help:"directory of the state database, images and plugin state"`
+	PluginsDir        string `json:"pluginsDir" flag:"plugins-dir" help:"directory of plugin manifests; when it does not exist the embedded default set is used"`
+	PluginBinDir      string `json:"pluginBinDir" flag:"plugin-bin-dir" default:"the virtlet binary's directory" help:"where the default plugins' binaries are"`
+	ImageTranslations string `json:"imageTranslationsDir" flag:"image-translations-dir" help:"directory of image name translation configs (reloaded when they change)"`
+	LogFormat         string `json:"logFormat" flag:"log-format" help:"log format: text or json"`
+	LogLevel          string `json:"logLevel" flag:"log-level" help:"log level: trace, debug, info, warn, error"`
+	DefaultVMMemory   string `json:"defaultVMMemory" flag:"default-vm-memory" help:"memory of a VM whose container has no memory limit (a quantity such as 1Gi)"`
+	OperationTimeout  string `json:"operationTimeout" flag:"operation-timeout" help:"bound of slow operations (image pulls, VM starts) that outlive kubelet's request: a duration such as 15m or 90s"`
+	Kubeconfig        string `json:"kubeconfig" flag:"kubeconfig" help:"kubeconfig for reading the ConfigMaps and Secrets VM pods name, with the node's identity (empty: the in-cluster config when running in a pod, else none)"`
+	KubeObjectsDir    string `json:"kubeObjectsDir" flag:"kube-objects-dir" help:"read ConfigMaps and Secrets from the Kubernetes manifests in this directory instead of an API server"`
+	StreamingAddress  string `json:"streamingAddress" flag:"streaming-address" help:"loopback host:port of the CRI streaming server (exec, attach, port-forward) that kubelet proxies; port 0 picks a free port"`
+	CgroupDriver      string `json:"cgroupDriver" flag:"cgroup-driver" default:"systemd when the node runs systemd, else cgroupfs" help:"cgroup driver kubelet must use for pods (CRI RuntimeConfig): systemd or cgroupfs"`
+	ForwardRuntime    string `json:"forwardRuntime" flag:"forward-runtime" help:"CRI endpoint of a container runtime (unix:///run/containerd/containerd.sock) that serves the pods that are not VM pods, so that one node runs both; empty: such pods are refused"`
+	MetricsAddress    string `json:"metricsAddress" flag:"metrics-address" help:"host:port of the Prometheus endpoint (/metrics, /healthz), such as 127.0.0.1:9474; a loopback address unless metricsAllowRemote; port 0 picks a free one; empty: no endpoint"`
+	// The endpoint has no authentication and no TLS.
+	MetricsAllowRemote bool   `json:"metricsAllowRemote" flag:"metrics-allow-remote" help:"let metricsAddress be a non-loopback address (the endpoint has no authentication or TLS and names every pod: put it on a network only Prometheus reaches)"`
+	VMUsers            string `json:"vmUsers" flag:"vm-users" help:"host user IDs the VMs run as, one each (FIRST-LAST), so that one VM's QEMU cannot open another's disks; off: every VM runs as qemu.conf's user"`
+	// A shared group lets each VM's QEMU reach the others' group-accessible
+	// files, such as libvirt's guest agent sockets.
+	VMGroup           string `json:"vmGroup" flag:"vm-group" default:"own" help:"with vmUsers: own (each VM a group of its own, its user's ID) or a group (name or ID) every VM runs in"`
+	PresetsDir        string `json:"presetsDir" flag:"presets-dir" help:"directory of VM presets (one YAML file each, *.yaml or *.yml) that pods select by name (VirtletPreset) or that select pods by label; read at start; empty: none"`
+	AllowWatchdogDump bool   `json:"allowWatchdogDump" flag:"allow-watchdog-dump" help:"let pods set VirtletWatchdogAction: dump (libvirtd writes the guest's memory to the node's disk, as root, when its watchdog fires; a VM keeps its newest dump, removed with the VM)"`
+	MaxImageSize      string `json:"maxImageSize" flag:"max-image-size" help:"the largest image a pull downloads (a quantity such as 64Gi; 0: no bound)"`
+	MaxVirtualSize    string `json:"maxVirtualSize" flag:"max-virtual-size" help:"the largest disk a guest may see: an image's virtual size, VirtletRootVolumeSize (0: no bound)"`
+	KeepFreeSpace     string `json:"keepFreeSpace" flag:"keep-free-space" help:"the space pulls leave free on the image store's file system (0: none)"`
 }
 
 // DefaultVMUsers lies above every user a node's system and its people
 // have, and above the subordinate IDs container runtimes hand out.
 const DefaultVMUsers = "2000000000-2000065535"
-
-// systemdRunDir exists on a node booted with systemd (sd_booted(3)).
-var systemdRunDir = "/run/systemd/system"
 
 func defaults() config {
 	bin := ""
@@ -97,7 +70,8 @@ func defaults() config {
 		bin = dirOf(exe)
 	}
 	return config{
-		Listen: "unix:///run/virtlet.sock", AdminSocket: admin.DefaultSocket, StateDir: "/var/lib/virtlet", PluginsDir: manifest.DefaultDir,
+		TypeMeta: metav1.TypeMeta{APIVersion: configAPIVersion, Kind: configKind},
+		Listen:   "unix:///run/virtlet.sock", AdminSocket: admin.DefaultSocket, StateDir: "/var/lib/virtlet", PluginsDir: manifest.DefaultDir,
 		PluginBinDir: bin, ImageTranslations: imagetranslations.DefaultDir, LogFormat: "text", LogLevel: "info", DefaultVMMemory: "1Gi", OperationTimeout: "15m",
 		StreamingAddress: streaming.DefaultAddress, VMUsers: DefaultVMUsers,
 		MaxImageSize: "64Gi", MaxVirtualSize: "1Ti", KeepFreeSpace: "1Gi",
@@ -111,50 +85,85 @@ func dirOf(p string) string {
 	return "/"
 }
 
+// configField is one key of the config file and its flag.
+type configField struct {
+	Key, Flag, Help string
+	// Default describes a default that is not a constant ("" when the
+	// default is defaults()'s value).
+	Default string
+	index   int
+}
+
+// configFields lists the configuration's keys in the struct's order.
+func configFields() []configField {
+	var fields []configField
+	typ := reflect.TypeOf(config{})
+	for i := 0; i < typ.NumField(); i++ {
+		f := typ.Field(i)
+		key, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if f.Anonymous || key == "" || key == "-" {
+			continue
+		}
+		fields = append(fields, configField{Key: key, Flag: f.Tag.Get("flag"), Help: f.Tag.Get("help"), Default: f.Tag.Get("default"), index: i})
+	}
+	return fields
+}
+
 // configKeys lists the config file's keys, in the struct's order.
 func configKeys() []string {
 	var keys []string
-	typ := reflect.TypeOf(config{})
-	for i := 0; i < typ.NumField(); i++ {
-		if key, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ","); key != "" && key != "-" {
-			keys = append(keys, key)
-		}
+	for _, f := range configFields() {
+		keys = append(keys, f.Key)
 	}
 	return keys
 }
 
-// parseConfig reads flags (and the config file they name).
+// named is how errors name a key: the file's key and its flag.
+func named(key string) string {
+	for _, f := range configFields() {
+		if f.Key == key {
+			return key + " (--" + f.Flag + ")"
+		}
+	}
+	return key
+}
+
+// bindFlags registers one flag per field, writing into cfg.
+func bindFlags(fs *pflag.FlagSet, cfg *config) {
+	v := reflect.ValueOf(cfg).Elem()
+	for _, f := range configFields() {
+		help := f.Help
+		if f.Default != "" {
+			help += " (default: " + f.Default + ")"
+		}
+		switch p := v.Field(f.index).Addr().Interface().(type) {
+		case *string:
+			fs.StringVar(p, f.Flag, *p, help)
+		case *bool:
+			fs.BoolVar(p, f.Flag, *p, help)
+		default:
+			panic(fmt.Sprintf("config key %s: no flag for a %T", f.Key, p))
+		}
+	}
+}
+
+// parseConfig reads flags (and the config file they name) and checks the
+// result. It reports whether --version was asked for.
 func parseConfig(args []string) (config, bool, error) {
 	cfg := defaults()
 	// pflag, as every Kubernetes component: --long flags, --help exits 0.
 	fs := pflag.NewFlagSet("virtlet", pflag.ContinueOnError)
 	fs.SortFlags = false
-	configFile := fs.String("config", "", "YAML config file (keys: "+strings.Join(configKeys(), ", ")+"); flags override it")
+	configFile := fs.String("config", "", "read the `FILE` of configuration (YAML, apiVersion "+configAPIVersion+", kind "+configKind+
+		"; `virtlet config default` prints one, docs/configuration.md describes it); flags override it")
 	showVersion := fs.Bool("version", false, "print the version and exit")
-	listen := fs.String("listen", cfg.Listen, "CRI endpoint to serve, unix:///path.sock")
-	adminSocket := fs.String("admin-socket", cfg.AdminSocket, "unix socket of the admin API (mode 0600) the flexvolume driver and node tools use")
-	stateDir := fs.String("state-dir", cfg.StateDir, "directory for the state database, images and plugin state")
-	pluginsDir := fs.String("plugins-dir", cfg.PluginsDir, "directory of plugin manifests; when it does not exist the embedded default set is used")
-	pluginBinDir := fs.String("plugin-bin-dir", cfg.PluginBinDir, "where the default plugins' binaries are")
-	translations := fs.String("image-translations-dir", cfg.ImageTranslations, "directory of image name translation configs (reloaded when they change)")
-	logFormat := fs.String("log-format", cfg.LogFormat, "log format: text or json")
-	logLevel := fs.String("log-level", cfg.LogLevel, "log level: trace, debug, info, warn, error")
-	memory := fs.String("default-vm-memory", cfg.DefaultVMMemory, "memory of a VM whose container has no memory limit")
-	opTimeout := fs.String("operation-timeout", cfg.OperationTimeout, "bound of slow operations that outlive kubelet's request")
-	kubeconfig := fs.String("kubeconfig", cfg.Kubeconfig, "kubeconfig for reading the ConfigMaps and Secrets VM pods name (default: in-cluster config when running in a pod)")
-	kubeObjectsDir := fs.String("kube-objects-dir", cfg.KubeObjectsDir, "read ConfigMaps and Secrets from the Kubernetes manifests in this directory instead of an API server")
-	streamingAddress := fs.String("streaming-address", cfg.StreamingAddress, "loopback host:port of the CRI streaming server (exec, attach, port-forward) that kubelet proxies; port 0 picks a free port")
-	cgroupDriver := fs.String("cgroup-driver", cfg.CgroupDriver, "cgroup driver kubelet must use (CRI RuntimeConfig): systemd or cgroupfs (default: systemd when the node runs systemd)")
-	forwardRuntime := fs.String("forward-runtime", cfg.ForwardRuntime, "CRI endpoint of a container runtime (unix:///run/containerd/containerd.sock) that serves the pods that are not VM pods, so that one node runs both; empty: such pods are refused")
-	metricsAddress := fs.String("metrics-address", cfg.MetricsAddress, "host:port of the Prometheus endpoint (/metrics, /healthz), such as 127.0.0.1:9474; a loopback address unless --metrics-allow-remote; empty: no endpoint")
-	vmUsers := fs.String("vm-users", cfg.VMUsers, "host user IDs the VMs run as, one each, FIRST-LAST, so that one VM's QEMU cannot open another's disks; off: every VM runs as qemu.conf's user")
-	presetsDir := fs.String("presets-dir", cfg.PresetsDir, "directory of VM presets (one YAML file each) that pods select by name (VirtletPreset) or that select pods by label; read at start")
-	vmGroup := fs.String("vm-group", cfg.VMGroup, "with --vm-users: own (each VM a group of its own, the default) or a group (name or ID) every VM runs in")
-	maxImage := fs.String("max-image-size", cfg.MaxImageSize, "the largest image a pull downloads (a quantity such as 64Gi; 0: no bound)")
-	maxVirtual := fs.String("max-virtual-size", cfg.MaxVirtualSize, "the largest disk a guest may see: an image's virtual size, VirtletRootVolumeSize (0: no bound)")
-	keepFree := fs.String("keep-free-space", cfg.KeepFreeSpace, "the space pulls leave free on the image store's file system (0: none)")
-	allowDump := fs.Bool("allow-watchdog-dump", cfg.AllowWatchdogDump, "let pods set VirtletWatchdogAction: dump (libvirtd writes the guest's memory to the node's disk, as root, when its watchdog fires)")
-	metricsRemote := fs.Bool("metrics-allow-remote", cfg.MetricsAllowRemote, "let --metrics-address be a non-loopback address (the endpoint has no authentication or TLS: put it on a network only Prometheus reaches)")
+	bindFlags(fs, &cfg)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: virtlet [FLAGS]          run the daemon\n"+
+			"       virtlet config default   print the default configuration file\n"+
+			"       virtlet config validate [FLAGS]\n"+
+			"                                check a configuration as the daemon would\n\nFlags:\n%s", fs.FlagUsages())
+	}
 	if err := fs.Parse(args); err != nil {
 		return cfg, false, err
 	}
@@ -165,203 +174,55 @@ func parseConfig(args []string) (config, bool, error) {
 		return cfg, true, nil
 	}
 	if *configFile != "" {
-		data, err := os.ReadFile(*configFile)
+		file, err := readConfigFile(*configFile)
 		if err != nil {
-			return cfg, false, fmt.Errorf("read config: %w", err)
+			return cfg, false, err
 		}
-		if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-			return cfg, false, fmt.Errorf("config %s: %w", *configFile, err)
-		}
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *pflag.Flag) { set[f.Name] = true })
-	override := func(name string, dst *string, v string) {
-		if set[name] {
-			*dst = v
+		// The file's values, except where a flag was given.
+		v, fv := reflect.ValueOf(&cfg).Elem(), reflect.ValueOf(file)
+		for _, f := range configFields() {
+			if !fs.Changed(f.Flag) {
+				v.Field(f.index).Set(fv.Field(f.index))
+			}
 		}
 	}
-	override("listen", &cfg.Listen, *listen)
-	override("admin-socket", &cfg.AdminSocket, *adminSocket)
-	override("state-dir", &cfg.StateDir, *stateDir)
-	override("plugins-dir", &cfg.PluginsDir, *pluginsDir)
-	override("plugin-bin-dir", &cfg.PluginBinDir, *pluginBinDir)
-	override("image-translations-dir", &cfg.ImageTranslations, *translations)
-	override("log-format", &cfg.LogFormat, *logFormat)
-	override("log-level", &cfg.LogLevel, *logLevel)
-	override("default-vm-memory", &cfg.DefaultVMMemory, *memory)
-	override("kubeconfig", &cfg.Kubeconfig, *kubeconfig)
-	override("kube-objects-dir", &cfg.KubeObjectsDir, *kubeObjectsDir)
-	override("streaming-address", &cfg.StreamingAddress, *streamingAddress)
-	override("cgroup-driver", &cfg.CgroupDriver, *cgroupDriver)
-	override("forward-runtime", &cfg.ForwardRuntime, *forwardRuntime)
-	override("metrics-address", &cfg.MetricsAddress, *metricsAddress)
-	override("vm-users", &cfg.VMUsers, *vmUsers)
-	override("vm-group", &cfg.VMGroup, *vmGroup)
-	override("presets-dir", &cfg.PresetsDir, *presetsDir)
-	override("max-image-size", &cfg.MaxImageSize, *maxImage)
-	override("max-virtual-size", &cfg.MaxVirtualSize, *maxVirtual)
-	override("keep-free-space", &cfg.KeepFreeSpace, *keepFree)
-	if _, err := cfg.limits(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return cfg, false, err
 	}
-	if _, err := cfg.vmUsers(); err != nil {
-		return cfg, false, err
-	}
-	if set["allow-watchdog-dump"] {
-		cfg.AllowWatchdogDump = *allowDump
-	}
-	if set["metrics-allow-remote"] {
-		cfg.MetricsAllowRemote = *metricsRemote
-	}
-	if err := cfg.checkMetrics(); err != nil {
-		return cfg, false, err
-	}
-	if cfg.ForwardRuntime != "" && !strings.HasPrefix(cfg.ForwardRuntime, "unix:///") {
-		return cfg, false, fmt.Errorf("forward runtime (forwardRuntime, --forward-runtime) %q: want unix:///absolute/path/to/the/cri.sock", cfg.ForwardRuntime)
-	}
-	if cfg.ForwardRuntime != "" && strings.TrimPrefix(cfg.ForwardRuntime, "unix://") == strings.TrimPrefix(cfg.Listen, "unix://") {
-		return cfg, false, fmt.Errorf("forward runtime (forwardRuntime, --forward-runtime) %q is Virtlet's own socket", cfg.ForwardRuntime)
-	}
-	if cfg.CgroupDriver == "" {
-		cfg.CgroupDriver = "cgroupfs"
-		if st, err := os.Stat(systemdRunDir); err == nil && st.IsDir() {
-			cfg.CgroupDriver = "systemd"
-		}
-	}
-	if cfg.CgroupDriver != "systemd" && cfg.CgroupDriver != "cgroupfs" {
-		return cfg, false, fmt.Errorf("cgroup driver (cgroupDriver, --cgroup-driver) %q: want systemd or cgroupfs", cfg.CgroupDriver)
-	}
-	if cfg.Kubeconfig != "" && cfg.KubeObjectsDir != "" {
-		return cfg, false, fmt.Errorf("kubeconfig and kube objects directory are both set: choose one source of ConfigMaps and Secrets")
-	}
-	override("operation-timeout", &cfg.OperationTimeout, *opTimeout)
-	if cfg.LogFormat != "text" && cfg.LogFormat != "json" {
-		return cfg, false, fmt.Errorf("log format %q: want text or json", cfg.LogFormat)
-	}
-	if _, err := cfg.memoryBytes(); err != nil {
-		return cfg, false, err
-	}
-	if _, err := cfg.operationTimeout(); err != nil {
-		return cfg, false, err
-	}
+	cfg.resolve()
 	return cfg, false, nil
 }
 
-// checkMetrics refuses an endpoint the network could reach unless the
-// operator asked for it: the metrics name every pod and carry no
-// authentication.
-func (c config) checkMetrics() error {
-	if c.MetricsAddress == "" {
-		if c.MetricsAllowRemote {
-			return fmt.Errorf("metricsAllowRemote (--metrics-allow-remote) is set without metricsAddress (--metrics-address): the metrics endpoint is off")
-		}
-		return nil
-	}
-	host, port, err := net.SplitHostPort(c.MetricsAddress)
-	if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
-		return fmt.Errorf("metrics address (metricsAddress, --metrics-address) %q: want host:port, such as 127.0.0.1:9474", c.MetricsAddress)
-	}
-	if ip := net.ParseIP(host); !c.MetricsAllowRemote && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return fmt.Errorf("metrics address (metricsAddress, --metrics-address) %q is not a loopback address: the endpoint has no authentication or TLS "+
-			"and names every pod; use 127.0.0.1 or [::1], or set metricsAllowRemote (--metrics-allow-remote) to serve it beyond this node", c.MetricsAddress)
-	}
-	return nil
-}
+var (
+	unknownKeyRE = regexp.MustCompile(`unknown field "([^"]+)"`)
+	wrongTypeRE  = regexp.MustCompile(`Go struct field config\.(\S+) of type (\S+)`)
+)
 
-func (c config) operationTimeout() (time.Duration, error) {
-	d, err := time.ParseDuration(c.OperationTimeout)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("operation timeout (operationTimeout, --operation-timeout) %q: want a positive duration such as 15m or 90s", c.OperationTimeout)
-	}
-	return d, nil
-}
-
-func (c config) memoryBytes() (int64, error) {
-	q, err := resource.ParseQuantity(c.DefaultVMMemory)
-	if err != nil || q.Value() <= 0 {
-		return 0, fmt.Errorf("default VM memory %q: want a positive quantity such as 1Gi", c.DefaultVMMemory)
-	}
-	return q.Value(), nil
-}
-
-// limits reads the node's image and disk limits into core's options.
-func (c config) limits() (core.Options, error) {
-	var o core.Options
-	for _, l := range []struct {
-		key, flag, value string
-		into             *int64
-	}{
-		{"maxImageSize", "max-image-size", c.MaxImageSize, &o.MaxImageBytes},
-		{"maxVirtualSize", "max-virtual-size", c.MaxVirtualSize, &o.MaxVirtualBytes},
-		{"keepFreeSpace", "keep-free-space", c.KeepFreeSpace, &o.KeepFreeBytes},
-	} {
-		q, err := resource.ParseQuantity(l.value)
-		if err != nil || q.Sign() < 0 {
-			return o, fmt.Errorf("%s (--%s) %q: want a quantity such as 64Gi, or 0 for no bound", l.key, l.flag, l.value)
-		}
-		*l.into = q.Value()
-	}
-	return o, nil
-}
-
-// vmUsers reads the VMs' users: nil when off.
-func (c config) vmUsers() (*core.VMUsers, error) {
-	if c.VMUsers == "off" {
-		return nil, nil
-	}
-	bad := func(why string) error {
-		return fmt.Errorf("VM users (vmUsers, --vm-users) %q: %s; want FIRST-LAST user IDs such as %s, or off", c.VMUsers, why, DefaultVMUsers)
-	}
-	first, last, ok := strings.Cut(c.VMUsers, "-")
-	f, err1 := strconv.Atoi(strings.TrimSpace(first))
-	l, err2 := strconv.Atoi(strings.TrimSpace(last))
-	if !ok || err1 != nil || err2 != nil || l < f {
-		return nil, bad("not a range")
-	}
-	gid := core.OwnGroup
-	if c.VMGroup != "" && c.VMGroup != "own" {
-		var err error
-		if gid, err = strconv.Atoi(c.VMGroup); err != nil || gid < 0 {
-			g, lerr := user.LookupGroup(c.VMGroup)
-			if lerr != nil {
-				return nil, fmt.Errorf("VM group (vmGroup, --vm-group) %q: no such group on this node; want own or a group", c.VMGroup)
-			}
-			gid, _ = strconv.Atoi(g.Gid)
-		}
-	}
-	u := &core.VMUsers{FirstUID: f, Count: l - f + 1, GID: gid}
-	if err := u.Validate(); err != nil {
-		return nil, bad(err.Error())
-	}
-	return u, nil
-}
-
-// presets reads the preset files of PresetsDir (nil without one). A
-// directory that cannot be read, or a bad preset, stops the daemon.
-func (c config) presets() (*presets.Set, error) {
-	if c.PresetsDir == "" {
-		return nil, nil
-	}
-	entries, err := os.ReadDir(c.PresetsDir)
+// readConfigFile reads a config file over the defaults: a file of another
+// version or kind, an unknown key or a value of the wrong type is refused
+// naming the file and the key.
+func readConfigFile(path string) (config, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("presets (presetsDir, --presets-dir): %w", err)
+		return config{}, fmt.Errorf("read config: %w", err)
 	}
-	files := map[string][]byte{}
-	for _, e := range entries {
-		name := e.Name()
-		// Hidden entries are skipped: a mounted ConfigMap's ..data links.
-		if strings.HasPrefix(name, ".") || e.IsDir() || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
-			continue
+	var meta metav1.TypeMeta
+	if err := yaml.Unmarshal(data, &meta); err != nil {
+		return config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	if meta.APIVersion != configAPIVersion || meta.Kind != configKind {
+		return config{}, fmt.Errorf("config %s: apiVersion %q, kind %q: want apiVersion: %s and kind: %s as the file's first keys",
+			path, meta.APIVersion, meta.Kind, configAPIVersion, configKind)
+	}
+	cfg := defaults()
+	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
+		if m := unknownKeyRE.FindStringSubmatch(err.Error()); m != nil {
+			return config{}, fmt.Errorf("config %s: unknown key %q (keys: %s)", path, m[1], strings.Join(configKeys(), ", "))
 		}
-		b, err := os.ReadFile(filepath.Join(c.PresetsDir, name))
-		if err != nil {
-			return nil, fmt.Errorf("presets (presetsDir, --presets-dir): %w", err)
+		if m := wrongTypeRE.FindStringSubmatch(err.Error()); m != nil {
+			return config{}, fmt.Errorf("config %s: key %s: want a %s", path, m[1], m[2])
 		}
-		files[name] = b
+		return config{}, fmt.Errorf("config %s: %w", path, err)
 	}
-	set, err := presets.Load(files)
-	if err != nil {
-		return nil, fmt.Errorf("presets (presetsDir, --presets-dir) %s: %w", c.PresetsDir, err)
-	}
-	return set, nil
+	return cfg, nil
 }

@@ -42,6 +42,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "config" {
+		os.Exit(configCommand(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	cfg, showVersion, err := parseConfig(os.Args[1:])
 	if errors.Is(err, pflag.ErrHelp) {
 		return // pflag printed the usage
