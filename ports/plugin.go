@@ -46,6 +46,11 @@ type PluginInfo struct {
 	// the hypervisor flavour (libvirt) for hypervisor plugins, the network
 	// flavour (cni) for network plugins.
 	Handles []string
+	// ConfigSchema is the JSON Schema (draft 2020-12) of the plugin's
+	// manifest config, which the daemon checks the manifest against before
+	// Configure; empty when the plugin declares none. The plugin SDK makes
+	// it from the adapter's ConfigDefaulter.
+	ConfigSchema []byte
 }
 
 // Describer is implemented by every adapter that is served as a plugin.
@@ -65,6 +70,17 @@ type PluginConfig struct {
 // that do not implement it refuse a non-empty manifest `config`.
 type Configurer interface {
 	Configure(ctx context.Context, cfg PluginConfig) error
+}
+
+// ConfigDefaulter is implemented by Configurers to declare their config:
+// DefaultConfig returns it with every default filled in. Its type is the
+// config's schema (the JSON names of its fields, each described by a
+// `jsonschema_description` tag; see github.com/invopop/jsonschema), its
+// values the defaults the schema shows. The daemon checks a manifest's
+// config against that schema before Configure, naming the manifest file
+// and the key of every problem.
+type ConfigDefaulter interface {
+	DefaultConfig() any
 }
 
 // Decode reads the manifest config into v strictly: an unknown field is an

@@ -34,20 +34,13 @@ import (
 
 // Config is the plugin's manifest config.
 type Config struct {
-	// ConfDir holds CNI network configs (*.conflist, *.conf, *.json); the
-	// first in lexical order is used, as kubelet-era runtimes do.
-	ConfDir string `json:"confDir"`
-	// BinDirs are searched for CNI plugin binaries.
-	BinDirs []string `json:"binDirs"`
-	// TeardownRetry is how often a pod network whose teardown failed (its
-	// CNI DEL, say) is torn down again, until it goes: a duration such as
-	// 1m (the default).
-	TeardownRetry string `json:"teardownRetry,omitempty"`
-	// NetNSPrefix begins the name of each pod's network namespace in
-	// NetNSDir, before the sandbox ID's first 16 characters: "virtlet-" by
-	// default. Daemons sharing a host (a test's beside a node's, several
-	// nodes' worth) each name theirs apart.
-	NetNSPrefix string `json:"netnsPrefix,omitempty"`
+	// The first config in lexical order is used, as kubelet-era runtimes do.
+	ConfDir       string   `json:"confDir" jsonschema_description:"directory of CNI network configs (*.conflist, *.conf, *.json); the first in lexical order is used"`
+	BinDirs       []string `json:"binDirs" jsonschema_description:"directories searched for CNI plugin binaries"`
+	TeardownRetry string   `json:"teardownRetry,omitempty" jsonschema_description:"how often a pod network whose teardown failed (its CNI DEL, say) is torn down again, until it goes: a duration such as 1m"`
+	// Daemons sharing a host (a test's beside a node's, several nodes'
+	// worth) each name theirs apart.
+	NetNSPrefix string `json:"netnsPrefix,omitempty" jsonschema:"pattern=^[a-z0-9][-a-z0-9.]{0\\,39}$" jsonschema_description:"the start of each pod's network namespace name, before the sandbox ID's first 16 characters"`
 }
 
 // DefaultNetNSPrefix begins the names of pods' network namespaces.
@@ -92,10 +85,15 @@ func (n *Network) PluginInfo() ports.PluginInfo {
 	return ports.PluginInfo{Name: "cni", Kind: ports.KindNetwork}
 }
 
+// DefaultConfig declares the plugin's config (ports.ConfigDefaulter).
+func (n *Network) DefaultConfig() any {
+	return Config{ConfDir: DefaultConfDir, BinDirs: DefaultBinDirs, TeardownRetry: "1m", NetNSPrefix: DefaultNetNSPrefix}
+}
+
 // Configure reads the config, and brings back the DHCP servers of the
 // pods set up before a restart; it tears down what a crash interrupted.
 func (n *Network) Configure(ctx context.Context, pc ports.PluginConfig) error {
-	cfg := Config{ConfDir: DefaultConfDir, BinDirs: DefaultBinDirs, NetNSPrefix: DefaultNetNSPrefix}
+	cfg := n.DefaultConfig().(Config)
 	if err := pc.Decode(&cfg); err != nil {
 		return err
 	}

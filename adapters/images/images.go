@@ -31,16 +31,11 @@ import (
 
 // Config is the plugin's manifest config.
 type Config struct {
-	// CAFiles are PEM files of CAs trusted besides the system's.
-	CAFiles []string `json:"caFiles,omitempty"`
-	// MaxRedirects bounds redirects (default 10).
-	MaxRedirects int `json:"maxRedirects,omitempty"`
-	// ProgressInterval is how often a download logs its progress (default 5s).
-	ProgressInterval string `json:"progressInterval,omitempty"`
-	// ToolUID is the user (and group) id that runs qemu-img check on a
-	// downloaded image (default diskimage.DefaultToolUID): an id no
-	// account or VM has.
-	ToolUID uint32 `json:"toolUID,omitempty"`
+	CAFiles          []string `json:"caFiles,omitempty" jsonschema_description:"PEM files of certificate authorities trusted besides the system's"`
+	MaxRedirects     int      `json:"maxRedirects,omitempty" jsonschema:"minimum=0" jsonschema_description:"the most redirects a download follows"`
+	ProgressInterval string   `json:"progressInterval,omitempty" jsonschema_description:"how often a download logs its progress: a duration such as 5s"`
+	// An id no account or VM has.
+	ToolUID uint32 `json:"toolUID,omitempty" jsonschema_description:"the user (and group) ID that runs qemu-img check on a downloaded image"`
 }
 
 // Source is the image source adapter.
@@ -68,9 +63,14 @@ func (s *Source) PluginInfo() ports.PluginInfo {
 	return ports.PluginInfo{Name: "images", Kind: ports.KindImage, Handles: []string{"https", "http", "file", "docker", "oci"}}
 }
 
+// DefaultConfig declares the plugin's config (ports.ConfigDefaulter).
+func (s *Source) DefaultConfig() any {
+	return Config{MaxRedirects: 10, ProgressInterval: "5s", ToolUID: diskimage.DefaultToolUID}
+}
+
 // Configure applies the manifest config.
 func (s *Source) Configure(ctx context.Context, pc ports.PluginConfig) error {
-	var c Config
+	c := s.DefaultConfig().(Config)
 	if err := pc.Decode(&c); err != nil {
 		return fmt.Errorf("images: %w", err)
 	}

@@ -25,32 +25,18 @@ import (
 
 // Config is the plugin's manifest config.
 type Config struct {
-	// URI of libvirtd (default qemu:///system).
-	URI string `json:"uri,omitempty"`
-	// Accelerator: "auto" (default: probe KVM, else TCG), "kvm" or "tcg".
-	Accelerator string `json:"accelerator,omitempty"`
-	// VMDir holds root disk overlays and raw console logs; QEMU must be able
-	// to reach it (default <plugin state dir>/vms).
-	VMDir string `json:"vmDir,omitempty"`
-	// QEMU is the emulator run by the accelerator probe.
-	QEMU string `json:"qemu,omitempty"`
-	// AgentWait is how long after a VM starts an exec waits for its guest
-	// agent to connect (a duration such as 2m; default 2m, 0 fails at
-	// once): a booting guest starts its agent late.
-	AgentWait string `json:"agentWait,omitempty"`
+	URI         string `json:"uri,omitempty" jsonschema_description:"URI of libvirtd"`
+	Accelerator string `json:"accelerator,omitempty" jsonschema:"enum=auto,enum=kvm,enum=tcg" jsonschema_description:"auto (probe KVM, else TCG), kvm or tcg"`
+	VMDir       string `json:"vmDir,omitempty" jsonschema_description:"directory of the VMs' root disk overlays and raw console logs, which QEMU must reach (empty: vms in the plugin's state directory)"`
+	QEMU        string `json:"qemu,omitempty" jsonschema_description:"the emulator the accelerator probe runs"`
+	// A booting guest starts its agent late.
+	AgentWait string `json:"agentWait,omitempty" jsonschema_description:"how long after a VM starts an exec waits for its guest agent to connect: a duration such as 2m; 0 fails at once"`
 	agentWait time.Duration
-	// QEMUStateDir is libvirtd's QEMU state directory (default
-	// /var/lib/libvirt/qemu), which holds each running domain's private
-	// directory and guest agent socket. A VM that runs as a user of its own
-	// must be able to pass through it; see grants.go.
-	QEMUStateDir string `json:"qemuStateDir,omitempty"`
-	// Pool keeps domains launched paused ahead of the VMs that claim
-	// them (see PoolConfig); off unless pool.size is set.
-	Pool PoolConfig `json:"pool,omitempty"`
-	// AutoDumpDir is libvirtd's auto_dump_path (default
-	// DefaultAutoDumpDir): a VM's watchdog dumps there are pruned to its
-	// newest, and removed with the VM.
-	AutoDumpDir string `json:"autoDumpDir,omitempty"`
+	// A VM that runs as a user of its own must be able to pass through
+	// QEMUStateDir; see grants.go.
+	QEMUStateDir string     `json:"qemuStateDir,omitempty" jsonschema_description:"libvirtd's QEMU state directory, which holds each running domain's private directory and guest agent socket"`
+	Pool         PoolConfig `json:"pool,omitempty" jsonschema_description:"domains launched paused ahead of the VMs that claim them; off unless size is set"`
+	AutoDumpDir  string     `json:"autoDumpDir,omitempty" jsonschema_description:"libvirtd's auto_dump_path: a VM's watchdog dumps there are pruned to its newest, and removed with the VM"`
 }
 
 // Hypervisor is the libvirt hypervisor adapter.
@@ -134,12 +120,17 @@ func (h *Hypervisor) PluginInfo() ports.PluginInfo {
 	return ports.PluginInfo{Name: "libvirt", Kind: ports.KindHypervisor, Handles: []string{"libvirt"}}
 }
 
+// DefaultConfig declares the plugin's config (ports.ConfigDefaulter).
+func (h *Hypervisor) DefaultConfig() any {
+	return Config{URI: "qemu:///system", Accelerator: "auto", QEMU: "qemu-system-x86_64", AgentWait: DefaultAgentWait.String(),
+		QEMUStateDir: "/var/lib/libvirt/qemu", AutoDumpDir: DefaultAutoDumpDir, Pool: PoolConfig{Users: defaultPoolUsers}}
+}
+
 // Configure connects to libvirtd, chooses the accelerator, and takes up the
 // VMs a previous plugin process left: their records, states and console
 // streams.
 func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error {
-	cfg := Config{URI: "qemu:///system", Accelerator: "auto", QEMU: "qemu-system-x86_64", AgentWait: DefaultAgentWait.String(),
-		QEMUStateDir: "/var/lib/libvirt/qemu"}
+	cfg := h.DefaultConfig().(Config)
 	if err := pc.Decode(&cfg); err != nil {
 		return fmt.Errorf("libvirt: %w", err)
 	}

@@ -39,17 +39,13 @@ import (
 // (P1)".
 // PoolConfig is the `pool` section of the plugin's config.
 type PoolConfig struct {
-	// Size is the most pool domains held at once (0, the default: no
-	// pool). They go to the shapes VMs used most recently, at least one
-	// each while there is room.
-	Size int `json:"size,omitempty"`
-	// Users is the range of host users pool domains run as, one each
-	// ("FIRST-LAST", default 2000065536-2000131071: above the daemon's
-	// default vmUsers). A pool domain runs before its VM exists, so its
-	// QEMU cannot run as the user the daemon gives the VM: the claimed VM
-	// keeps the pool domain's, unique on the node as the daemon's are. It
-	// must not overlap the daemon's vmUsers (a VM spec in it is refused).
-	Users string `json:"users,omitempty"`
+	// The pool's domains go to the shapes VMs used most recently, at least
+	// one each while there is room.
+	Size int `json:"size,omitempty" jsonschema:"minimum=0" jsonschema_description:"the most pool domains held at once (0: no pool)"`
+	// A pool domain runs before its VM exists, so its QEMU cannot run as
+	// the user the daemon gives the VM: the claimed VM keeps the pool
+	// domain's, unique on the node as the daemon's are.
+	Users string `json:"users,omitempty" jsonschema_description:"the range of host users (FIRST-LAST) pool domains run as, one each, apart from the daemon's vmUsers"`
 }
 
 const defaultPoolUsers = "2000065536-2000131071"

@@ -23,8 +23,10 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
+// config is the manifest's `config`: its type and DefaultConfig's value are
+// the schema the daemon checks a manifest against before Configure.
 type config struct {
-	DefaultSize int64 `json:"defaultSize"`
+	DefaultSize int64 `json:"defaultSize" jsonschema:"minimum=1" jsonschema_description:"size in bytes of a scratch disk whose volume names none"`
 }
 
 type scratch struct {
@@ -38,8 +40,11 @@ func (s *scratch) PluginInfo() ports.PluginInfo {
 	return ports.PluginInfo{Name: "scratch", Kind: ports.KindVolume, Version: "1.0.0", Handles: []string{"scratch"}}
 }
 
+// DefaultConfig declares the config (ports.ConfigDefaulter).
+func (s *scratch) DefaultConfig() any { return config{DefaultSize: 64 << 20} }
+
 func (s *scratch) Configure(ctx context.Context, pc ports.PluginConfig) error {
-	s.cfg = config{DefaultSize: 64 << 20}
+	s.cfg = s.DefaultConfig().(config)
 	if err := pc.Decode(&s.cfg); err != nil {
 		return err
 	}

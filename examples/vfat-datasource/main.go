@@ -34,6 +34,10 @@ func (v *vfat) PluginInfo() ports.PluginInfo {
 	return ports.PluginInfo{Name: "vfat", Kind: ports.KindDatasource, Version: "1.0.0", Handles: []string{Type}}
 }
 
+// DefaultConfig declares that the plugin takes no config
+// (ports.ConfigDefaulter): a manifest with a config key is refused naming it.
+func (v *vfat) DefaultConfig() any { return struct{}{} }
+
 // Configure takes the state directory; QEMU must traverse to the images
 // (the images themselves stay 0600: libvirt hands them to QEMU).
 func (v *vfat) Configure(ctx context.Context, pc ports.PluginConfig) error {

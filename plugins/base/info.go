@@ -18,9 +18,13 @@ type Server struct {
 
 func (s *Server) PluginInfo(ctx context.Context, _ *basev1.PluginInfoRequest) (*basev1.PluginInfoResponse, error) {
 	info := Describe(s.Adapter)
+	schema, err := ConfigSchema(s.Adapter)
+	if err != nil {
+		return nil, ToRPC(fmt.Errorf("config schema of plugin %s: %w", info.Name, err))
+	}
 	return &basev1.PluginInfoResponse{
 		Name: info.Name, Kind: string(s.Kind), Version: info.Version,
-		ApiVersion: int32(APIVersions[s.Kind]), Handles: info.Handles,
+		ApiVersion: int32(APIVersions[s.Kind]), Handles: info.Handles, ConfigSchemaJson: schema,
 	}, nil
 }
 
@@ -60,7 +64,7 @@ func Info(ctx context.Context, c Conn) (ports.PluginInfo, error) {
 	}
 	return ports.PluginInfo{
 		Name: resp.Name, Kind: ports.PluginKind(resp.Kind), Version: resp.Version,
-		APIVersion: int(resp.ApiVersion), Handles: resp.Handles,
+		APIVersion: int(resp.ApiVersion), Handles: resp.Handles, ConfigSchema: resp.ConfigSchemaJson,
 	}, nil
 }
 

@@ -351,7 +351,9 @@ func TestBadPluginsStopStartup(t *testing.T) {
 		{"claims a taken volume type", fmt.Sprintf("name: scratch-two\nkind: volume\ncommand: %s\nsha256: %s\n", scratch, sum(t, scratch)),
 			[]string{"field handles[0]", `volume "scratch" is already handled by plugin scratch`}},
 		{"config rejected", fmt.Sprintf("name: scratch-cfg\nkind: volume\ncommand: %s\nsha256: %s\nconfig: {defaultSise: 1}\n", scratch, sum(t, scratch)),
-			[]string{"plugin scratch-cfg", "configure", `unknown field "defaultSise"`}},
+			[]string{"plugin scratch-cfg", "30-bad.yaml: field config.defaultSise: no such key (keys: defaultSize)"}},
+		{"config of the wrong type", fmt.Sprintf("name: scratch-cfg\nkind: volume\ncommand: %s\nsha256: %s\nconfig: {defaultSize: big}\n", scratch, sum(t, scratch)),
+			[]string{"plugin scratch-cfg", "30-bad.yaml: field config.defaultSize: got string, want integer"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -189,6 +189,9 @@ func (s *Supervisor) launch(ctx context.Context) error {
 	if err != nil {
 		return fail(err)
 	}
+	if err := s.m.CheckConfig(info.ConfigSchema); err != nil {
+		return fail(err)
+	}
 	if err := base.Configure(ctx, sc, ports.PluginConfig{Config: s.m.Config, StateDir: stateDir}); err != nil {
 		return fail(fmt.Errorf("configure: %w", err))
 	}

@@ -37,6 +37,10 @@ func (m *Media) PluginInfo() ports.PluginInfo {
 	return ports.PluginInfo{Name: m.Name, Kind: ports.KindDatasource, Handles: []string{m.Name}}
 }
 
+// DefaultConfig declares that the plugin takes no config
+// (ports.ConfigDefaulter).
+func (m *Media) DefaultConfig() any { return struct{}{} }
+
 // Configure takes the plugin's state directory. The ISO library stages
 // the files (secrets included) under $TMPDIR, which the plugin host makes
 // a private directory of the plugin process, emptied at every launch; the

@@ -42,13 +42,11 @@ var schema = flexopts.Schema{Type: "ceph",
 
 // Config is the plugin's manifest config.
 type Config struct {
-	// Timeout bounds talking to the Ceph cluster (default 30s).
-	Timeout string `json:"timeout,omitempty"`
-	// KeysDir holds the keys of mounted volumes (default
-	// /run/virtlet/ceph-keys: a tmpfs on systemd nodes, so that keys never
+	Timeout string `json:"timeout,omitempty" jsonschema_description:"bound of each talk with the Ceph cluster: a duration such as 30s"`
+	// /run/virtlet/ceph-keys is a tmpfs on systemd nodes, so that keys never
 	// reach a disk; it outlives the plugin and the daemon, and a reboot
-	// makes kubelet mount the volumes, and hand their keys, again).
-	KeysDir string `json:"keysDir,omitempty"`
+	// makes kubelet mount the volumes, and hand their keys, again.
+	KeysDir string `json:"keysDir,omitempty" jsonschema_description:"directory of the keys of mounted volumes (best a tmpfs)"`
 }
 
 // DefaultKeysDir is where the plugin keeps keys by default.
@@ -68,9 +66,14 @@ func (v *Volumes) PluginInfo() ports.PluginInfo {
 	return ports.PluginInfo{Name: "ceph", Kind: ports.KindVolume, Handles: []string{"ceph"}}
 }
 
+// DefaultConfig declares the plugin's config (ports.ConfigDefaulter).
+func (v *Volumes) DefaultConfig() any {
+	return Config{Timeout: "30s", KeysDir: DefaultKeysDir}
+}
+
 // Configure makes the private keys directory.
 func (v *Volumes) Configure(ctx context.Context, pc ports.PluginConfig) error {
-	var cfg Config
+	cfg := v.DefaultConfig().(Config)
 	if err := pc.Decode(&cfg); err != nil {
 		return err
 	}

@@ -33,17 +33,11 @@ import (
 
 // Config is the plugin's manifest config.
 type Config struct {
-	// Owner is the user and group (user[:group]; without a group, the
-	// user's primary one) QEMU runs as: libvirt's DAC label, which `virsh
-	// capabilities` shows. VirtletChown9pfsMounts gives a volume's files to
-	// them, and idmapped shares map root to them (default
-	// "libvirt-qemu:libvirt-qemu", Debian's libvirt; "libvirt-qemu" alone
-	// where that group does not exist).
-	Owner string `json:"owner,omitempty"`
-	// AccessMode is virtio-9p's security model: "squash" (default: files
-	// keep the host's owners; the guest's chown requests are ignored) or
-	// "mapped" (owners kept in extended attributes).
-	AccessMode string `json:"accessMode,omitempty"`
+	// Owner is libvirt's DAC label (virsh capabilities shows it);
+	// VirtletChown9pfsMounts gives a volume's files to it, and idmapped
+	// shares map root to it.
+	Owner      string `json:"owner,omitempty" jsonschema_description:"the user and group QEMU runs as (user[:group]; without a group, the user's primary one)"`
+	AccessMode string `json:"accessMode,omitempty" jsonschema:"enum=squash,enum=mapped" jsonschema_description:"virtio-9p's security model: squash (files keep the host's owners; the guest's chown requests are ignored) or mapped (owners kept in extended attributes)"`
 }
 
 // defaultOwner is QEMU's user and group under Debian's libvirt.
@@ -66,15 +60,22 @@ func (v *Volumes) PluginInfo() ports.PluginInfo {
 	return ports.PluginInfo{Name: "ninep", Kind: ports.KindVolume, Handles: []string{ports.VolumeShare}}
 }
 
+// DefaultConfig declares the plugin's config (ports.ConfigDefaulter): QEMU's
+// user and group are Debian libvirt's.
+func (v *Volumes) DefaultConfig() any { return Config{Owner: defaultOwner, AccessMode: "squash"} }
+
 // Configure resolves QEMU's user and makes the shares' directory
 // traversable.
 func (v *Volumes) Configure(ctx context.Context, pc ports.PluginConfig) error {
-	cfg := Config{Owner: defaultOwner, AccessMode: "squash"}
-	if _, err := user.LookupGroup("libvirt-qemu"); err != nil {
-		cfg.Owner = "libvirt-qemu"
-	}
+	cfg := v.DefaultConfig().(Config)
 	if err := pc.Decode(&cfg); err != nil {
 		return err
+	}
+	// The default owner's group, where it does not exist: the user's own.
+	if cfg.Owner == defaultOwner {
+		if _, err := user.LookupGroup("libvirt-qemu"); err != nil {
+			cfg.Owner = "libvirt-qemu"
+		}
 	}
 	if cfg.AccessMode != "squash" && cfg.AccessMode != "mapped" {
 		return &ports.InvalidError{Field: "ninep config accessMode", Value: cfg.AccessMode, Allowed: "squash or mapped"}

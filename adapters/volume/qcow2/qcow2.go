@@ -31,9 +31,7 @@ var schema = flexopts.Schema{Type: "qcow2", Optional: []string{"capacity", "uuid
 
 // Config is the plugin's manifest config.
 type Config struct {
-	// Dir holds the disks (default <state dir>/disks); QEMU must be able
-	// to traverse to it.
-	Dir string `json:"dir,omitempty"`
+	Dir string `json:"dir,omitempty" jsonschema_description:"directory of the disks, which QEMU must be able to traverse to (empty: disks in the plugin's state directory)"`
 }
 
 // Volumes is the qcow2 volume adapter.
@@ -48,6 +46,9 @@ func New(log logrus.FieldLogger) *Volumes { return &Volumes{log: log} }
 func (v *Volumes) PluginInfo() ports.PluginInfo {
 	return ports.PluginInfo{Name: "qcow2", Kind: ports.KindVolume, Handles: []string{"qcow2"}}
 }
+
+// DefaultConfig declares the plugin's config (ports.ConfigDefaulter).
+func (v *Volumes) DefaultConfig() any { return Config{} }
 
 // Configure makes the disk directory, traversable by QEMU's user.
 func (v *Volumes) Configure(ctx context.Context, pc ports.PluginConfig) error {

@@ -22,10 +22,7 @@ import (
 
 // Config is the plugin's manifest config.
 type Config struct {
-	// AllowedPaths are the globs (filepath.Match) a raw flexvolume's path
-	// must match, e.g. ["/dev/mapper/vg0-*", "/dev/loop*"]. Empty: no raw
-	// flexvolume is allowed.
-	AllowedPaths []string `json:"allowedPaths,omitempty"`
+	AllowedPaths []string `json:"allowedPaths,omitempty" jsonschema_description:"globs (filepath.Match) under /dev/ that a raw flexvolume's path must match, such as /dev/mapper/vg0-*; empty: no raw flexvolume is allowed"`
 }
 
 var schema = flexopts.Schema{Type: "raw", Required: []string{"path"}}
@@ -44,6 +41,9 @@ func New(log logrus.FieldLogger) *Volumes { return &Volumes{log: log, devRoot: "
 func (v *Volumes) PluginInfo() ports.PluginInfo {
 	return ports.PluginInfo{Name: "raw", Kind: ports.KindVolume, Handles: []string{"raw", ports.VolumeBlock}}
 }
+
+// DefaultConfig declares the plugin's config (ports.ConfigDefaulter).
+func (v *Volumes) DefaultConfig() any { return Config{} }
 
 // Configure reads the allowed globs.
 func (v *Volumes) Configure(ctx context.Context, pc ports.PluginConfig) error {

@@ -58,14 +58,18 @@ func (*PluginInfoRequest) Descriptor() ([]byte, []int) {
 }
 
 type PluginInfoResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	Version       string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
-	ApiVersion    int32                  `protobuf:"varint,4,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
-	Handles       []string               `protobuf:"bytes,5,rep,name=handles,proto3" json:"handles,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Kind       string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Version    string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	ApiVersion int32                  `protobuf:"varint,4,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	Handles    []string               `protobuf:"bytes,5,rep,name=handles,proto3" json:"handles,omitempty"`
+	// The JSON Schema (draft 2020-12) of the plugin's manifest config; the
+	// daemon checks the config against it before Configure. Empty: the
+	// plugin declares none (it checks its config in Configure alone).
+	ConfigSchemaJson []byte `protobuf:"bytes,6,opt,name=config_schema_json,json=configSchemaJson,proto3" json:"config_schema_json,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PluginInfoResponse) Reset() {
@@ -129,6 +133,13 @@ func (x *PluginInfoResponse) GetApiVersion() int32 {
 func (x *PluginInfoResponse) GetHandles() []string {
 	if x != nil {
 		return x.Handles
+	}
+	return nil
+}
+
+func (x *PluginInfoResponse) GetConfigSchemaJson() []byte {
+	if x != nil {
+		return x.ConfigSchemaJson
 	}
 	return nil
 }
@@ -227,14 +238,15 @@ var File_base_v1_base_proto protoreflect.FileDescriptor
 const file_base_v1_base_proto_rawDesc = "" +
 	"\n" +
 	"\x12base/v1/base.proto\x12\x0fvirtlet.base.v1\"\x13\n" +
-	"\x11PluginInfoRequest\"\x91\x01\n" +
+	"\x11PluginInfoRequest\"\xbf\x01\n" +
 	"\x12PluginInfoResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\tR\aversion\x12\x1f\n" +
 	"\vapi_version\x18\x04 \x01(\x05R\n" +
 	"apiVersion\x12\x18\n" +
-	"\ahandles\x18\x05 \x03(\tR\ahandles\"P\n" +
+	"\ahandles\x18\x05 \x03(\tR\ahandles\x12,\n" +
+	"\x12config_schema_json\x18\x06 \x01(\fR\x10configSchemaJson\"P\n" +
 	"\x10ConfigureRequest\x12\x1f\n" +
 	"\vconfig_json\x18\x01 \x01(\fR\n" +
 	"configJson\x12\x1b\n" +
