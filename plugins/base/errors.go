@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -20,7 +21,46 @@ func ToRPC(err error) error {
 	if _, ok := status.FromError(err); ok && errors.Unwrap(err) == nil {
 		return err // already a status
 	}
-	return status.Error(codeOf(err), err.Error())
+	st := status.New(codeOf(err), err.Error())
+	var invalid *ports.InvalidError
+	if errors.As(err, &invalid) {
+		// Its fields cross as an ErrorInfo, so that the daemon's side can
+		// tell which field and value were refused, not only read the text.
+		if detailed, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: invalidFieldReason, Domain: errorDomain, Metadata: map[string]string{
+			"field": invalid.Field, "value": invalid.Value, "allowed": invalid.Allowed, "reason": invalid.Reason,
+		}}); derr == nil {
+			st = detailed
+		}
+	}
+	return st.Err()
+}
+
+// An InvalidError crosses the process boundary as a google.rpc.ErrorInfo
+// of this reason and domain.
+const (
+	invalidFieldReason = "INVALID_FIELD"
+	errorDomain        = "virtlet.cloud"
+)
+
+// remoteError is an error a plugin returned: its message, naming the
+// plugin, and the port error it carries (errors.Is, errors.As).
+type remoteError struct {
+	msg   string
+	cause error
+}
+
+func (e *remoteError) Error() string { return e.msg }
+func (e *remoteError) Unwrap() error { return e.cause }
+
+// invalidOf returns the InvalidError a status carries, if any.
+func invalidOf(st *status.Status) *ports.InvalidError {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Reason == invalidFieldReason && info.Domain == errorDomain {
+			m := info.Metadata
+			return &ports.InvalidError{Field: m["field"], Value: m["value"], Allowed: m["allowed"], Reason: m["reason"]}
+		}
+	}
+	return nil
 }
 
 func codeOf(err error) codes.Code {
@@ -63,6 +103,9 @@ func FromRPC(err error, plugin string, kind ports.PluginKind) error {
 	case codes.AlreadyExists:
 		sentinel = ports.ErrAlreadyExists
 	case codes.InvalidArgument:
+		if invalid := invalidOf(st); invalid != nil {
+			return &remoteError{msg: fmt.Sprintf("plugin %s (%s): %s", plugin, kind, st.Message()), cause: invalid}
+		}
 		sentinel = ports.ErrInvalidArgument
 	case codes.FailedPrecondition:
 		sentinel = ports.ErrFailedPrecondition

@@ -7,6 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/virtlet/virtlet/plugins/base"
 	"github.com/virtlet/virtlet/ports"
 )
@@ -38,5 +42,36 @@ func TestErrorsCrossTheBoundaryWithTheirKind(t *testing.T) {
 	}
 	if base.ToRPC(nil) != nil || base.FromRPC(nil, "p", ports.KindVolume) != nil {
 		t.Error("nil errors must stay nil")
+	}
+}
+
+// An InvalidError keeps its fields across the boundary (as a
+// google.rpc.ErrorInfo in the status, marshalled as on the wire), and its
+// text as the plugin wrote it.
+func TestInvalidErrorKeepsItsFields(t *testing.T) {
+	sent := &ports.InvalidError{Field: "libvirt config accelerator", Value: "hvf", Allowed: "auto, kvm or tcg", Reason: "not on Linux"}
+	wrapped := fmt.Errorf("libvirt: %w", sent)
+	st, _ := status.FromError(base.ToRPC(wrapped))
+	wire, err := proto.Marshal(st.Proto())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back spb.Status
+	if err := proto.Unmarshal(wire, &back); err != nil {
+		t.Fatal(err)
+	}
+	got := base.FromRPC(status.ErrorProto(&back), "libvirt", ports.KindHypervisor)
+	var invalid *ports.InvalidError
+	if !errors.As(got, &invalid) {
+		t.Fatalf("%v: no InvalidError on the daemon's side", got)
+	}
+	if *invalid != *sent {
+		t.Errorf("fields came back as %+v, want %+v", *invalid, *sent)
+	}
+	if !errors.Is(got, ports.ErrInvalidArgument) {
+		t.Errorf("%v is not an invalid argument", got)
+	}
+	if want := "plugin libvirt (hypervisor): " + wrapped.Error(); got.Error() != want {
+		t.Errorf("message %q, want %q", got, want)
 	}
 }
