@@ -352,12 +352,18 @@ func TestBadPluginsStopStartup(t *testing.T) {
 			[]string{"field handles[0]", `volume "scratch" is already handled by plugin scratch`}},
 		{"config rejected", fmt.Sprintf("name: scratch-cfg\nkind: volume\ncommand: %s\nsha256: %s\nconfig: {defaultSise: 1}\n", scratch, sum(t, scratch)),
 			[]string{"plugin scratch-cfg", "30-bad.yaml: field config.defaultSise: no such key (keys: defaultSize)"}},
+		{"built against the previous API", fmt.Sprintf("name: old-hypervisor\nkind: hypervisor\ncommand: %s\nargs: [hypervisor-previous-api]\nsha256: %s\n", fake, sum(t, fake)),
+			[]string{"plugin old-hypervisor", fmt.Sprintf("%s speaks version %d of the hypervisor plugin API, this daemon version %d: rebuild the plugin against this daemon's plugin SDK",
+				fake, base.APIVersions[ports.KindHypervisor]-1, base.APIVersions[ports.KindHypervisor])}},
 		{"config of the wrong type", fmt.Sprintf("name: scratch-cfg\nkind: volume\ncommand: %s\nsha256: %s\nconfig: {defaultSize: big}\n", scratch, sum(t, scratch)),
 			[]string{"plugin scratch-cfg", "30-bad.yaml: field config.defaultSize: got string, want integer"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			files := map[string]string{"10-hypervisor.yaml": standard(t)["10-hypervisor.yaml"], "30-bad.yaml": tt.yaml}
+			if strings.Contains(tt.yaml, "kind: hypervisor") {
+				delete(files, "10-hypervisor.yaml") // one hypervisor a node
+			}
 			if tt.name == "claims a taken volume type" {
 				files["20-scratch.yaml"] = standard(t)["20-scratch.yaml"]
 			}

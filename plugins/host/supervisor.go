@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -83,6 +85,10 @@ type Supervisor struct {
 
 	calls atomic.Uint64 // RPCs made to the plugin
 }
+
+// incompatibleRE reads go-plugin's refusal of a plugin that speaks no
+// protocol version the daemon does.
+var incompatibleRE = regexp.MustCompile(`incompatible API version with plugin\. Plugin version: (\d+), Client versions: (\[[\d ]*\])`)
 
 func newSupervisor(m manifest.Manifest, opts Options) *Supervisor {
 	return &Supervisor{
@@ -170,6 +176,10 @@ func (s *Supervisor) launch(ctx context.Context) error {
 		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
 			return fail(fmt.Errorf("binary %s no longer matches the manifest's sha256", s.m.Command))
 		}
+		if m := incompatibleRE.FindStringSubmatch(err.Error()); m != nil {
+			return fail(fmt.Errorf("%s speaks version %s of the %s plugin API, this daemon version %s: rebuild the plugin against this daemon's plugin SDK (plugins/sdk), "+
+				"or run it with a daemon of its API version", s.m.Command, m[1], s.m.Kind, strings.Trim(m[2], "[]")))
+		}
 		return fail(fmt.Errorf("start %s: %w", s.m.Command, err))
 	}
 	raw, err := rpc.Dispense(string(s.m.Kind))
@@ -181,6 +191,9 @@ func (s *Supervisor) launch(ctx context.Context) error {
 	info, err := base.Info(ctx, sc)
 	if err != nil {
 		return fail(fmt.Errorf("ask for plugin info: %w", err))
+	}
+	if want := base.APIVersions[s.m.Kind]; info.APIVersion != want {
+		return fail(fmt.Errorf("%s reports version %d of the %s plugin API, this daemon speaks %d", s.m.Command, info.APIVersion, s.m.Kind, want))
 	}
 	if info.Kind != s.m.Kind {
 		return fail(fmt.Errorf("%s does not serve a %s plugin: the manifest says kind %s, the plugin says kind %s", s.m.Command, s.m.Kind, s.m.Kind, info.Kind))

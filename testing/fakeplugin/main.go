@@ -4,7 +4,8 @@
 // image` an image source that serves deterministic bytes for https URLs.
 //
 // `virtlet-fake-plugin hypervisor-panicking` is the hypervisor with a bug:
-// its Start panics.
+// its Start panics. `virtlet-fake-plugin hypervisor-previous-api` speaks
+// the version of the hypervisor plugin API before this one.
 //
 // It exists to drive the daemon end to end in tests; it runs no VM and is
 // never shipped.
@@ -15,6 +16,9 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/hashicorp/go-plugin"
+
+	"github.com/virtlet/virtlet/plugins/base"
 	"github.com/virtlet/virtlet/plugins/sdk"
 	"github.com/virtlet/virtlet/ports"
 	"github.com/virtlet/virtlet/testing/fakehypervisor"
@@ -37,6 +41,22 @@ func main() {
 		h := fakehypervisor.New()
 		h.Log = sdk.Log
 		sdk.Serve(panicking{h})
+	case "hypervisor-previous-api":
+		// A plugin built against the previous version of the hypervisor
+		// plugin API.
+		h := fakehypervisor.New()
+		kind, register, err := sdk.Registration(h)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		plugin.Serve(&plugin.ServeConfig{
+			HandshakeConfig: base.Handshake,
+			VersionedPlugins: map[int]plugin.PluginSet{
+				base.APIVersions[kind] - 1: {string(kind): &base.GRPCPlugin{Kind: kind, Register: register}},
+			},
+			GRPCServer: plugin.DefaultGRPCServer,
+		})
 	case "image":
 		sdk.Serve(fakes.NewImageSource())
 	default:
