@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/virtlet/virtlet/core/annotations"
-	"github.com/virtlet/virtlet/core/cloudinit"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -81,233 +78,6 @@ func (r *Runtime) CreateContainer(ctx context.Context, sandboxID string, cfg Con
 	return id, err
 }
 
-func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg ContainerConfig) (string, error) {
-	sb, ok := r.sandbox(sandboxID)
-	if !ok {
-		return "", notFound("sandbox", sandboxID)
-	}
-	pod := sb.Namespace + "/" + sb.Name
-	if sb.State != SandboxReady {
-		return "", fmt.Errorf("pod %s: sandbox %s is %s, not ready: %w", pod, short(sb.ID), sb.State, ports.ErrFailedPrecondition)
-	}
-	for _, c := range r.containersOf(sandboxID) {
-		switch {
-		case c.Name == cfg.Name && c.Attempt == cfg.Attempt && c.State != ContainerCreating:
-			return c.ID, nil
-		case c.Name != cfg.Name:
-			return "", fmt.Errorf("pod %s: a VM pod has exactly one container, and it already has %q; refusing container %q: %w",
-				pod, c.Name, cfg.Name, ports.ErrInvalidArgument)
-		case c.State == ContainerCreated || c.State == ContainerRunning:
-			return "", fmt.Errorf("pod %s: the VM of container %q (attempt %d) is still %s: %w",
-				pod, c.Name, c.Attempt, c.State, ports.ErrFailedPrecondition)
-		}
-	}
-	// The operator's presets under the pod's own annotations.
-	applied, err := r.opts.Presets.Apply(sb.Labels, sb.Annotations, cfg.MemoryLimitBytes)
-	if err != nil {
-		return "", fmt.Errorf("pod %s: %w", pod, err)
-	}
-	ann := applied.Annotations
-	opts, err := annotations.Parse(ann)
-	if err != nil {
-		return "", fmt.Errorf("pod %s: %w", pod, err)
-	}
-	img, err := r.imageForContainer(cfg)
-	if err != nil {
-		return "", fmt.Errorf("pod %s: %w", pod, err)
-	}
-	imagePath, err := r.deps.ImageFiles.Path(ctx, img.ID)
-	if errors.Is(err, ports.ErrNotFound) {
-		return "", fmt.Errorf("pod %s: the data file of image %s (%s) is missing from the image store; remove the image and pull it again: %w",
-			pod, img.ID, strings.Join(img.Names, ", "), ports.ErrNotFound)
-	}
-	if err != nil {
-		return "", fmt.Errorf("pod %s: image %s: %w", pod, img.ID, err)
-	}
-	memory, err := r.memory(cfg, applied.MemoryBytes)
-	if err != nil {
-		return "", fmt.Errorf("pod %s: %w", pod, err)
-	}
-	hugepages, err := hugepageSize(cfg.HugepageLimits, memory)
-	if err != nil {
-		return "", fmt.Errorf("pod %s: %w", pod, err)
-	}
-	if err := checkMaxMemory(opts.MaxMemoryBytes, memory, hugepages, ann[annotations.MaxMemory]); err != nil {
-		return "", fmt.Errorf("pod %s: %w", pod, err)
-	}
-	vcpus, err := bootVCPUs(opts, cfg.CPUQuota, cfg.CPUPeriod)
-	if err != nil {
-		return "", fmt.Errorf("pod %s: %w", pod, err)
-	}
-	cpuSet, err := ParseCPUList(cfg.CPUSet)
-	if err != nil {
-		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{Field: "resources cpuset_cpus", Value: cfg.CPUSet,
-			Allowed: "a CPU list such as 1,3-5", Reason: err.Error()})
-	}
-	plan, err := r.planVolumes(ctx, cfg, opts)
-	if err != nil {
-		return "", fmt.Errorf("pod %s: %w", pod, err)
-	}
-	root := plan.rootfs()
-	switch {
-	case root != nil && opts.RootVolumeSize > 0:
-		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
-			Field: "annotation " + annotations.RootVolumeSize, Value: ann[annotations.RootVolumeSize],
-			Reason:  fmt.Sprintf("the VM's root is the persistent root filesystem on block volume %s, whose size is the device's", root.Name),
-			Allowed: "no " + annotations.RootVolumeSize + " with a persistent root filesystem"})
-	case root == nil && opts.RootfsReinit:
-		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
-			Field: "annotation " + annotations.PersistentRootfsReinit, Value: ann[annotations.PersistentRootfsReinit],
-			Reason:  "the pod has no persistent root filesystem",
-			Allowed: "only with a block volume at devicePath \"/\""})
-	case r.opts.MaxVirtualBytes > 0 && opts.RootVolumeSize > r.opts.MaxVirtualBytes:
-		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
-			Field: "annotation " + annotations.RootVolumeSize, Value: ann[annotations.RootVolumeSize],
-			Reason:  fmt.Sprintf("more than the %d bytes the node allows a disk (maxVirtualSize)", r.opts.MaxVirtualBytes),
-			Allowed: fmt.Sprintf("at most %d bytes", r.opts.MaxVirtualBytes)})
-	case opts.Watchdog != nil && opts.Watchdog.Action == "dump" && !r.opts.AllowWatchdogDump:
-		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
-			Field: "annotation " + annotations.WatchdogAction, Value: "dump",
-			Reason:  "this node's operator has not enabled memory dumps (the daemon's allowWatchdogDump): a dump writes the guest's memory to the node's disk",
-			Allowed: "reset, poweroff or shutdown"})
-	case opts.RootVolumeSize > 0 && opts.RootVolumeSize < img.VirtualSize:
-		return "", fmt.Errorf("pod %s: %w", pod, &ports.InvalidError{
-			Field: "annotation " + annotations.RootVolumeSize, Value: ann[annotations.RootVolumeSize],
-			Reason:  fmt.Sprintf("smaller than the image's virtual size (%d bytes)", img.VirtualSize),
-			Allowed: "a size of at least the image's virtual size (the root disk can grow, not shrink)"})
-	}
-
-	ds, err := r.datasource(opts)
-	if err != nil {
-		return "", fmt.Errorf("pod %s: %w", pod, err)
-	}
-	rootFiles, err := r.filesFromDataSource(ctx, sb, opts)
-	if err != nil {
-		return "", fmt.Errorf("pod %s: %w", pod, err)
-	}
-	ciInput, err := r.cloudInitInput(ctx, sb, opts, cfg, plan.projected)
-	if err != nil {
-		return "", fmt.Errorf("pod %s: %w", pod, err)
-	}
-	// A persistent root keeps the network configuration of its first pod;
-	// later pods get theirs by DHCP (seed 004).
-	ciInput.PersistentRoot = root != nil
-
-	id := newContainerID()
-	spec := ports.VMSpec{
-		ID: id, Name: domainName(id, sb.Name), UUID: opts.SystemUUID,
-		SandboxID: sb.ID, PodName: sb.Name, PodNamespace: sb.Namespace, PodUID: sb.UID,
-		VCPUs: vcpus, MaxVCPUs: opts.MaxVCPUCount, MinVCPUs: opts.VCPUCount, MemoryBytes: memory, MaxMemoryBytes: max(opts.MaxMemoryBytes, memory), HugepageSizeBytes: hugepages,
-		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting}, Machine: opts.MachineType, Firmware: opts.Firmware, SecureBoot: opts.SecureBoot, HyperV: opts.HyperV, Clock: opts.Clock, Watchdog: opts.Watchdog, CPUSet: cpuSet,
-		Disks: []ports.Disk{{
-			Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true, Serial: RootSerial,
-			Source: ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"},
-			Overlay: &ports.DiskOverlay{BasePath: imagePath, BaseFormat: formatOr(img.Format, "qcow2"), SizeBytes: opts.RootVolumeSize,
-				KeepFreeBytes: r.opts.KeepFreeBytes},
-		}},
-	}
-	spec.NICs = vmNICs(sb.Network)
-	// The VM's own user, held by this creation until its record holds it.
-	runAs, releaseUser, err := r.takeVMUser()
-	if err != nil {
-		return "", fmt.Errorf("pod %s: %w", pod, err)
-	}
-	defer releaseUser()
-	spec.RunAs = runAs
-	if other := r.uuidUser(spec.UUID); spec.UUID != "" && other != nil {
-		return "", fmt.Errorf("pod %s: annotation %s: UUID %s is used by the VM of pod %s/%s; SMBIOS UUIDs must be unique on a node: %w",
-			pod, annotations.SystemUUID, spec.UUID, other.Spec.PodNamespace, other.Spec.PodName, ports.ErrFailedPrecondition)
-	}
-	if sb.LogDirectory != "" && cfg.LogPath != "" {
-		spec.ConsoleLogPath = filepath.Join(sb.LogDirectory, cfg.LogPath)
-	}
-	c := &Container{
-		ID: id, SandboxID: sb.ID, Name: cfg.Name, Attempt: cfg.Attempt,
-		Image:  ImageRef{Spec: cfg.Image, UserSpecified: cfg.UserImage, ID: img.ID},
-		Labels: cfg.Labels, Annotations: cfg.Annotations, LogPath: cfg.LogPath, Mounts: cfg.Mounts, Volumes: plan.uses,
-		Spec: spec, Datasource: opts.CloudInitImageType, State: ContainerCreating, CreatedAt: r.opts.Now(),
-	}
-	log := r.log.WithFields(logrus.Fields{"pod": pod, "container": short(id), "vm": spec.Name})
-	// Record the intent before anything is made: after a crash the
-	// reconciler finds a "creating" record and undoes what was done.
-	if err := r.commit(ctx, write{container: c}); err != nil {
-		return "", err
-	}
-	r.failpoint(FPCreateRecorded)
-	fail := func(err error) (string, error) {
-		r.undoCreate(ctx, c, log)
-		return "", fmt.Errorf("pod %s: %w", pod, err)
-	}
-	var rootfs *ports.RootfsRequest
-	if root != nil {
-		rootfs = &ports.RootfsRequest{ImagePath: imagePath, ImageFormat: formatOr(img.Format, "qcow2"), ImageDigest: img.ID,
-			ImageName: cfg.UserImage, ImageVirtualSize: img.VirtualSize, Reinitialize: opts.RootfsReinit}
-	}
-	start := time.Now()
-	vols, err := r.prepareVolumes(ctx, c, opts.DiskDriver, rootfs)
-	if err != nil {
-		return fail(err)
-	}
-	r.phaseDone(ports.PhaseVolumes, start)
-	r.failpoint(FPCreateVolumes)
-	if vols.root != nil {
-		spec.Disks[0] = *vols.root
-	}
-	spec.Disks = append(spec.Disks, vols.disks...)
-	spec.Filesystems = vols.filesystems
-	ciInput.Volumes = guestVolumes(plan.uses, vols.formats, opts.DiskDriver)
-	start = time.Now()
-	ci, err := cloudinit.Build(ciInput)
-	if err != nil {
-		return fail(err)
-	}
-	media, err := ds.BuildMedia(ctx, ports.MediaRequest{VMID: id, Datasource: opts.CloudInitImageType,
-		MetaData: ci.MetaData, UserData: ci.UserData, NetworkConfig: ci.NetworkConfig, Network: ci.Network})
-	if err != nil {
-		return fail(fmt.Errorf("build %s cloud-init media: %w", opts.CloudInitImageType, err))
-	}
-	r.phaseDone(ports.PhaseCloudInit, start)
-	r.failpoint(FPCreateMedia)
-	media.Serial = CIDataSerial
-	spec.Disks = append(spec.Disks, cloudInitDisk(media, opts.DiskDriver))
-	if err := checkDiskCount(spec.Disks); err != nil {
-		return fail(err)
-	}
-	start = time.Now()
-	if err := r.deps.Hypervisor.Define(ctx, spec); err != nil {
-		return fail(fmt.Errorf("define VM %s: %w", spec.Name, err))
-	}
-	vm, err := r.definedAs(ctx, &spec)
-	if err != nil {
-		return fail(err)
-	}
-	r.phaseDone(pathPhase(vm.Prelaunched, ports.PhaseDefine, ports.PhaseClaim), start)
-	r.failpoint(FPCreateDefined)
-	if len(rootFiles) > 0 {
-		start = time.Now()
-		if err := r.deps.Hypervisor.WriteFiles(ctx, id, rootFiles); err != nil {
-			return fail(fmt.Errorf("annotation %s: write the files of %s into the root file system: %w",
-				annotations.FilesFromDataSource, opts.FilesFromDataSource, err))
-		}
-		r.phaseDone(ports.PhaseWriteFiles, start)
-		// Writing a pre-launched VM's root disk ends its paused process.
-		if vm, err = r.definedAs(ctx, &spec); err != nil {
-			return fail(err)
-		}
-	}
-	created := *c
-	created.Spec = spec.WithoutSecrets()
-	created.State = ContainerCreated
-	created.Prelaunched = vm.Prelaunched
-	if err := r.commit(ctx, write{container: &created}); err != nil {
-		r.undoCreate(ctx, c, log)
-		return "", err
-	}
-	log.WithFields(logrus.Fields{"vcpus": spec.VCPUs, "memory": spec.MemoryBytes, "image": img.ID, "volumes": len(plan.uses),
-		"presets": strings.Join(applied.Presets, ","), "domain": spec.Name, "prelaunched": vm.Prelaunched}).Info("VM defined")
-	return id, nil
-}
-
 // definedAs asks the hypervisor how it defined a VM and takes the name
 // and UUID it gave the VM into the spec: a VM claimed from a pool of
 // pre-launched VMs keeps the pool's, and a spec without a UUID gets the
@@ -342,12 +112,18 @@ func checkDiskCount(disks []ports.Disk) error {
 	return nil
 }
 
-// undoCreate removes what a failed CreateContainer made.
+// undoCreate undoes a creation from its record: every step's undo, then
+// the record goes. When an undo fails, the record stays "creating" and
+// the undo is tried again shortly (retryUndos; the next resync would too).
 func (r *Runtime) undoCreate(ctx context.Context, c *Container, log logrus.FieldLogger) {
-	if err := r.releaseVM(ctx, c); err != nil {
-		// The record stays "creating"; retryUndos tries again shortly
-		// (and the next resync would).
-		log.WithError(err).Error("undo VM creation; will retry")
+	r.forgetCreation(ctx, c, r.releaseVM(ctx, c), log)
+}
+
+// forgetCreation removes the record of a creation whose steps were undone,
+// or, when undoErr says they were not all undone, queues the undo again.
+func (r *Runtime) forgetCreation(ctx context.Context, c *Container, undoErr error, log logrus.FieldLogger) {
+	if undoErr != nil {
+		log.WithError(undoErr).Error("undo VM creation; will retry")
 		select {
 		case r.undos <- c.ID:
 		default: // a full queue: the next resync undoes it
@@ -359,15 +135,17 @@ func (r *Runtime) undoCreate(ctx context.Context, c *Container, log logrus.Field
 	}
 }
 
-// releaseVM undefines a VM, releases its volumes and deletes its
-// cloud-init media; each step tolerates what is already gone.
+// releaseVM undoes every step of a VM's creation, as its record says it
+// was made: the domain, its cloud-init media, its volumes; each undo
+// tolerates what is already gone.
 func (r *Runtime) releaseVM(ctx context.Context, c *Container) error {
-	if err := r.deps.Hypervisor.Undefine(ctx, c.ID); err != nil && !errors.Is(err, ports.ErrNotFound) {
-		return err
-	}
-	if err := r.releaseVolumes(ctx, c); err != nil {
-		return err
-	}
+	log := r.log.WithField("container", short(c.ID))
+	return undoSteps(ctx, createSteps, &creation{rt: r, c: c}, log)
+}
+
+// removeMedia has the datasource plugin that made a VM's cloud-init media
+// remove it.
+func (r *Runtime) removeMedia(ctx context.Context, c *Container) error {
 	if c.Datasource == "" {
 		return nil
 	}

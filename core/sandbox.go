@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -105,17 +104,17 @@ func (r *Runtime) RunSandbox(ctx context.Context, cfg SandboxConfig) (string, er
 			return err
 		}
 		r.failpoint(FPSandboxRecorded)
-		att, err := r.setupNetwork(ctx, sb)
-		if err != nil {
-			r.teardownNetwork(ctx, sb, log)
+		run := &sandboxRun{rt: r, sb: sb, log: log}
+		if err, _ := runSteps(ctx, r, runSandboxSteps, run, log); err != nil {
+			// A network plugin retries a teardown that failed (logged by
+			// the undo); the pending record goes, and kubelet retries.
 			if cerr := r.commit(ctx, write{sandboxID: id}); cerr != nil {
 				log.WithError(cerr).Error("forget failed sandbox")
 			}
 			return err
 		}
-		r.failpoint(FPSandboxNetworked)
 		ready := *sb
-		ready.Network = att
+		ready.Network = run.att
 		ready.State = SandboxReady
 		if err := r.commit(ctx, write{sandbox: &ready}); err != nil {
 			return err
@@ -129,11 +128,36 @@ func (r *Runtime) RunSandbox(ctx context.Context, cfg SandboxConfig) (string, er
 	return id, nil
 }
 
+// sandboxRun is one RunPodSandbox: its pending record and what its steps
+// made.
+type sandboxRun struct {
+	rt  *Runtime
+	sb  *Sandbox
+	att *ports.NetworkAttachment
+	log logrus.FieldLogger
+}
+
+// runSandboxSteps are RunPodSandbox's side effects, after its pending
+// record is written (FPSandboxRecorded) and before it says ready.
+var runSandboxSteps = []step[sandboxRun]{{
+	name: "network", failpoint: FPSandboxNetworked,
+	phase: func(s *sandboxRun) ports.VMPhase {
+		if s.att == nil {
+			return "" // no network plugin: nothing was set up
+		}
+		return ports.PhaseNetwork
+	},
+	do: func(ctx context.Context, s *sandboxRun) (err error) {
+		s.att, err = s.rt.setupNetwork(ctx, s.sb)
+		return err
+	},
+	undo: func(ctx context.Context, s *sandboxRun) error { return s.rt.teardownNetwork(ctx, s.sb, s.log) },
+}}
+
 func (r *Runtime) setupNetwork(ctx context.Context, sb *Sandbox) (*ports.NetworkAttachment, error) {
 	if r.deps.Network == nil {
 		return nil, nil
 	}
-	start := time.Now()
 	att, err := r.deps.Network.Setup(ctx, networkRequest(sb))
 	if err != nil {
 		return nil, fmt.Errorf("set up network of pod %s/%s: %w", sb.Namespace, sb.Name, err)
@@ -141,7 +165,6 @@ func (r *Runtime) setupNetwork(ctx context.Context, sb *Sandbox) (*ports.Network
 	if err := att.Validate(); err != nil {
 		return nil, fmt.Errorf("network of pod %s/%s: the network plugin's attachment: %w", sb.Namespace, sb.Name, err)
 	}
-	r.phaseDone(ports.PhaseNetwork, start)
 	return &att, nil
 }
 

@@ -172,22 +172,12 @@ func (r *Runtime) planVolumes(ctx context.Context, cfg ContainerConfig, opts ann
 	}
 	roots := 0
 	for _, d := range cfg.Devices {
-		if d.HostPath == "" || !path.IsAbs(d.ContainerPath) {
-			return volumePlan{}, &ports.InvalidError{Field: "device " + d.ContainerPath, Value: d.HostPath,
-				Reason: "a device needs a host path and an absolute device path", Allowed: "a block volume as kubelet passes it"}
+		u, err := blockDeviceUse(d)
+		if err != nil {
+			return volumePlan{}, err
 		}
-		bv := kubeletBlockVolume.FindStringSubmatch(path.Clean(d.HostPath))
-		if bv == nil {
-			return volumePlan{}, fmt.Errorf("device %s (host %s) is not a block volume: devices of device plugins (or other host devices) cannot be given to a VM (supported: %s): %w",
-				d.ContainerPath, d.HostPath, SupportedVolumes, ports.ErrInvalidArgument)
-		}
-		u := VolumeUse{Name: bv[1], Kind: "block device", Type: ports.VolumeBlock, HostPath: d.HostPath,
-			ReadOnly: !strings.Contains(d.Permissions, "w") && d.Permissions != ""}
-		if path.Clean(d.ContainerPath) == "/" {
+		if u.Rootfs {
 			roots++
-			u.Kind, u.Rootfs = "persistent root filesystem", true
-		} else {
-			u.DevicePath = path.Clean(d.ContainerPath)
 		}
 		if roots > 1 {
 			return volumePlan{}, fmt.Errorf("devices: two block volumes ask to be the persistent root filesystem (devicePath \"/\"); a VM has one root: %w", ports.ErrInvalidArgument)
@@ -201,6 +191,28 @@ func (r *Runtime) planVolumes(ctx context.Context, cfg ContainerConfig, opts ann
 	}
 	assignSerialsAndTags(p.uses)
 	return p, nil
+}
+
+// blockDeviceUse reads a CRI device: a block volume kubelet passes, the
+// persistent root filesystem at devicePath "/".
+func blockDeviceUse(d Device) (VolumeUse, error) {
+	if d.HostPath == "" || !path.IsAbs(d.ContainerPath) {
+		return VolumeUse{}, &ports.InvalidError{Field: "device " + d.ContainerPath, Value: d.HostPath,
+			Reason: "a device needs a host path and an absolute device path", Allowed: "a block volume as kubelet passes it"}
+	}
+	bv := kubeletBlockVolume.FindStringSubmatch(path.Clean(d.HostPath))
+	if bv == nil {
+		return VolumeUse{}, fmt.Errorf("device %s (host %s) is not a block volume: devices of device plugins (or other host devices) cannot be given to a VM (supported: %s): %w",
+			d.ContainerPath, d.HostPath, SupportedVolumes, ports.ErrInvalidArgument)
+	}
+	u := VolumeUse{Name: bv[1], Kind: "block device", Type: ports.VolumeBlock, HostPath: d.HostPath,
+		ReadOnly: !strings.Contains(d.Permissions, "w") && d.Permissions != ""}
+	if path.Clean(d.ContainerPath) == "/" {
+		u.Kind, u.Rootfs = "persistent root filesystem", true
+	} else {
+		u.DevicePath = path.Clean(d.ContainerPath)
+	}
+	return u, nil
 }
 
 type mountKind int
