@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/virtlet/virtlet/adapters/rpcguard"
-	"github.com/virtlet/virtlet/adapters/unixsock"
+	"github.com/virtlet/virtlet/adapters/internal/rpcguard"
+	"github.com/virtlet/virtlet/adapters/internal/unixsock"
 	"github.com/virtlet/virtlet/plugins/base"
 	"github.com/virtlet/virtlet/ports"
 	adminv1 "github.com/virtlet/virtlet/proto/admin/v1"

@@ -28,7 +28,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
-	"github.com/virtlet/virtlet/adapters/keyedmutex"
+	"github.com/virtlet/virtlet/adapters/internal/keyedmutex"
 	"github.com/virtlet/virtlet/ports"
 )
 

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/virtlet/virtlet/adapters/rpcguard"
+	"github.com/virtlet/virtlet/adapters/internal/rpcguard"
 	"github.com/virtlet/virtlet/ports"
 )
 

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/virtlet/virtlet/adapters/rpcguard"
-	"github.com/virtlet/virtlet/adapters/unixsock"
+	"github.com/virtlet/virtlet/adapters/internal/rpcguard"
+	"github.com/virtlet/virtlet/adapters/internal/unixsock"
 	"github.com/virtlet/virtlet/core"
 )
 

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/virtlet/virtlet/adapters/keyedmutex"
+	"github.com/virtlet/virtlet/adapters/internal/keyedmutex"
 	"github.com/virtlet/virtlet/adapters/posixacl"
 )
 

@@ -3,8 +3,8 @@
 package main
 
 import (
-	"github.com/virtlet/virtlet/adapters/images"
+	"github.com/virtlet/virtlet/adapters/imagesource"
 	"github.com/virtlet/virtlet/plugins/sdk"
 )
 
-func main() { sdk.Serve(images.New(sdk.Log)) }
+func main() { sdk.Serve(imagesource.New(sdk.Log)) }

@@ -17,7 +17,7 @@ import (
 	"github.com/virtlet/virtlet/adapters/cloudinit/configdrive"
 	"github.com/virtlet/virtlet/adapters/cloudinit/nocloud"
 	"github.com/virtlet/virtlet/adapters/cni"
-	"github.com/virtlet/virtlet/adapters/images"
+	"github.com/virtlet/virtlet/adapters/imagesource"
 	"github.com/virtlet/virtlet/adapters/libvirt"
 	"github.com/virtlet/virtlet/adapters/volume/ceph"
 	"github.com/virtlet/virtlet/adapters/volume/ninep"
@@ -35,7 +35,7 @@ var update = flag.Bool("update", false, "rewrite the generated parts of docs/")
 func shipped() map[string]ports.Describer {
 	log := logrus.New()
 	return map[string]ports.Describer{
-		"libvirt": libvirt.New(log), "images": images.New(log), "nocloud": nocloud.New(), "configdrive": configdrive.New(),
+		"libvirt": libvirt.New(log), "images": imagesource.New(log), "nocloud": nocloud.New(), "configdrive": configdrive.New(),
 		"cni": cni.New(log), "ceph": ceph.New(log), "ninep": ninep.New(log), "qcow2": qcow2.New(log), "raw": raw.New(log),
 	}
 }

@@ -1,4 +1,4 @@
-package images_test
+package imagesource_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/virtlet/virtlet/adapters/images"
+	"github.com/virtlet/virtlet/adapters/imagesource"
 	"github.com/virtlet/virtlet/ports"
 	"github.com/virtlet/virtlet/testing/harness"
 )
@@ -51,7 +51,7 @@ func TestTransports(t *testing.T) {
 	caPEM := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: secure.Certificate().Raw}))
 	trust := ports.TransportConfig{TLS: &ports.TransportTLS{Certificates: []ports.TLSCertificate{{Cert: caPEM}}}}
 	zero := 0
-	s := images.New(quiet())
+	s := imagesource.New(quiet())
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name, location string

@@ -1,4 +1,4 @@
-package images_test
+package imagesource_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
-	"github.com/virtlet/virtlet/adapters/images"
+	"github.com/virtlet/virtlet/adapters/imagesource"
 	"github.com/virtlet/virtlet/ports"
 	"github.com/virtlet/virtlet/testing/harness"
 )
@@ -52,9 +52,9 @@ func TestSlowDownloadLogsProgress(t *testing.T) {
 	defer quick.Close()
 
 	log, hook := logtest.NewNullLogger()
-	s := images.New(log)
+	s := imagesource.New(log)
 	const every = 50 * time.Millisecond
-	cfg, _ := json.Marshal(images.Config{ProgressInterval: every.String()})
+	cfg, _ := json.Marshal(imagesource.Config{ProgressInterval: every.String()})
 	if err := s.Configure(context.Background(), ports.PluginConfig{Config: cfg}); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestSlowDownloadLogsProgress(t *testing.T) {
 	}
 
 	hook.Reset()
-	cfg, _ = json.Marshal(images.Config{ProgressInterval: "5s"})
+	cfg, _ = json.Marshal(imagesource.Config{ProgressInterval: "5s"})
 	if err := s.Configure(context.Background(), ports.PluginConfig{Config: cfg}); err != nil {
 		t.Fatal(err)
 	}

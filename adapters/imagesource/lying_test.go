@@ -1,4 +1,4 @@
-package images_test
+package imagesource_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/virtlet/virtlet/adapters/images"
+	"github.com/virtlet/virtlet/adapters/imagesource"
 	"github.com/virtlet/virtlet/ports"
 	"github.com/virtlet/virtlet/testing/containerdisk"
 	"github.com/virtlet/virtlet/testing/harness"
@@ -48,7 +48,7 @@ func TestLyingRegistryIsRefused(t *testing.T) {
 	}
 	pinned := func(lie string) string { return "docker://" + liar.Addr + "/" + lie + "/disks/tiny@" + tinyDigest }
 	insecure, _ := json.Marshal(ports.TransportConfig{TLS: &ports.TransportTLS{Insecure: true}})
-	s := images.New(quiet())
+	s := imagesource.New(quiet())
 	// A layer larger than the node allows an image is refused before it
 	// is read.
 	_, err = s.Fetch(ctx, ports.FetchRequest{Name: "virtlet.cloud/x", Location: pinned("honest"), TransportConfig: insecure,

@@ -1,4 +1,4 @@
-package images_test
+package imagesource_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 
 	"github.com/containers/image/v5/types"
 
-	"github.com/virtlet/virtlet/adapters/images"
+	"github.com/virtlet/virtlet/adapters/imagesource"
 	"github.com/virtlet/virtlet/ports"
 	"github.com/virtlet/virtlet/testing/containerdisk"
 	"github.com/virtlet/virtlet/testing/harness"
@@ -47,7 +47,7 @@ func TestRegistryAndOCILayoutPulls(t *testing.T) {
 		t.Fatal(err)
 	}
 	insecure, _ := json.Marshal(ports.TransportConfig{TLS: &ports.TransportTLS{Insecure: true}})
-	s := images.New(quiet())
+	s := imagesource.New(quiet())
 	for _, tc := range []struct {
 		name, location string
 		transport      []byte
@@ -105,7 +105,7 @@ func TestPullSecretsAndRegistryTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	trust, _ := json.Marshal(ports.TransportConfig{TLS: &ports.TransportTLS{Certificates: []ports.TLSCertificate{{Cert: string(ca)}}}})
-	s := images.New(quiet())
+	s := imagesource.New(quiet())
 	fetch := func(auth *ports.RegistryAuth, transport []byte) error {
 		_, err := s.Fetch(ctx, ports.FetchRequest{Name: "x", Location: "docker://" + reg.Addr + "/private/disk:v1",
 			TransportConfig: transport, Auth: auth, Dest: filepath.Join(harness.SearchableTempDir(t), "d")})

@@ -1,9 +1,9 @@
-// Package images downloads VM disk images: https URLs (TLS verified against
+// Package imagesource downloads VM disk images: https URLs (TLS verified against
 // the system's CAs, the configured ones and a translation's transport), and
 // the http and file URLs an operator's translation names; hashed while they
 // are written, then checked to be a VM disk (qcow2 or a raw partitioned
 // disk). It is served as the image plugin.
-package images
+package imagesource
 
 import (
 	"context"

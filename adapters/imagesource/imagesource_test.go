@@ -1,4 +1,4 @@
-package images_test
+package imagesource_test
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/virtlet/virtlet/adapters/images"
+	"github.com/virtlet/virtlet/adapters/imagesource"
 	"github.com/virtlet/virtlet/plugins/image"
 	"github.com/virtlet/virtlet/plugins/sdk/sdktest"
 	"github.com/virtlet/virtlet/ports"
@@ -33,7 +33,7 @@ func quiet() logrus.FieldLogger {
 
 // serve starts the test image server over a directory holding a real qcow2
 // image, an HTML page and a raw disk; it returns a source that trusts its CA.
-func serve(t *testing.T) (*imageserver.Server, *images.Source) {
+func serve(t *testing.T) (*imageserver.Server, *imagesource.Source) {
 	t.Helper()
 	dir := t.TempDir()
 	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", filepath.Join(dir, "disk.qcow2"), "48M").CombinedOutput(); err != nil {
@@ -64,8 +64,8 @@ func serve(t *testing.T) (*imageserver.Server, *images.Source) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	s := images.New(quiet())
-	cfg, _ := json.Marshal(images.Config{CAFiles: []string{srv.CAFile}})
+	s := imagesource.New(quiet())
+	cfg, _ := json.Marshal(imagesource.Config{CAFiles: []string{srv.CAFile}})
 	if err := s.Configure(context.Background(), ports.PluginConfig{Config: cfg}); err != nil {
 		t.Fatal(err)
 	}
@@ -104,11 +104,11 @@ func TestFetchErrors(t *testing.T) {
 		http.Error(w, "backend down", http.StatusBadGateway)
 	}))
 	defer failing.Close()
-	untrusted := images.New(quiet()) // system CAs only
+	untrusted := imagesource.New(quiet()) // system CAs only
 	base := "https://" + srv.Host
 	for _, tt := range []struct {
 		name     string
-		src      *images.Source
+		src      *imagesource.Source
 		location string
 		digest   string
 		kind     error
@@ -138,7 +138,7 @@ func TestFetchErrors(t *testing.T) {
 }
 
 func TestBadConfig(t *testing.T) {
-	s := images.New(quiet())
+	s := imagesource.New(quiet())
 	for _, cfg := range []string{`{"caFile": "x"}`, `{"caFiles": ["/nonexistent"]}`, `{"progressInterval": "often"}`} {
 		if err := s.Configure(context.Background(), ports.PluginConfig{Config: []byte(cfg)}); !errors.Is(err, ports.ErrInvalidArgument) {
 			t.Errorf("%s: %v", cfg, err)
@@ -161,7 +161,7 @@ func TestFetchLimits(t *testing.T) {
 	defer chunked.Close()
 	for _, tt := range []struct {
 		name          string
-		src           *images.Source
+		src           *imagesource.Source
 		location      string
 		maxBytes      int64
 		keepFreeBytes int64

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/virtlet/virtlet/adapters/rpcguard"
+	"github.com/virtlet/virtlet/adapters/internal/rpcguard"
 )
 
 func TestAPanicFailsTheCallOnly(t *testing.T) {
