@@ -82,7 +82,7 @@ func (n ImageName) Normalized() string {
 }
 
 // Location is where the image is downloaded from by default: the path
-// after the prefix, as an https URL (seed 001).
+// after the prefix, as an https URL (docs/vm-pods.md).
 func (n ImageName) Location() string { return "https://" + n.Path }
 
 // Scheme returns the URL scheme (the image source transport) of a location.

@@ -45,7 +45,7 @@ func ClaimsPod(podAnnotations map[string]string, runtimeHandler string) bool {
 	return runtimeHandler == RuntimeHandler || podAnnotations[annotations.TargetRuntime] == annotations.TargetRuntimeValue
 }
 
-// checkVMPod applies the VM pod rules (seed 001) that RunPodSandbox can see:
+// checkVMPod applies the VM pod rules (docs/vm-pods.md) that RunPodSandbox can see:
 // the pod carries the target-runtime annotation or runs with the virtlet
 // RuntimeClass handler, and does not use the host's network.
 func checkVMPod(cfg SandboxConfig) error {

@@ -16,7 +16,7 @@ import (
 //go:embed *.yaml
 var files embed.FS
 
-// NodeLabel marks the nodes that run Virtlet: the seeds' VM pods select
+// NodeLabel marks the nodes that run Virtlet: Virtlet's example VM pods select
 // it in their node affinity, and the RuntimeClass in its scheduling.
 const NodeLabel, NodeLabelValue = "extraRuntime", "virtlet"
 

@@ -95,7 +95,7 @@ func TestDomainGolden(t *testing.T) {
 				ports.Disk{Name: "vol-data", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Source: ports.DiskSource{Type: ports.SourceBlock, Path: "/dev/loop7", Format: "raw"}})
 			s.Filesystems = []ports.Filesystem{{Source: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~empty-dir/data", Tag: "data", AccessMode: "squash"}}
 		}, true},
-		// seed 004's volumes: a qcow2 flexvolume, a raw device, a Ceph RBD
+		// the volumes of Virtlet's ubuntu-vm example: a qcow2 flexvolume, a raw device, a Ceph RBD
 		// image (its key in a libvirt secret the domain names), 9p shares
 		// read-write and read-only; every disk with its serial.
 		{"volumes", with(), func(s *ports.VMSpec) {

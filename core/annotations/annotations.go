@@ -1,5 +1,5 @@
 // Package annotations turns the annotations of a VM pod into typed VM
-// options, with Virtlet's names and defaults (seeds 001 and 004), and
+// options, with Virtlet's names and defaults (docs/vm-pods.md lists them), and
 // refuses bad values with errors that name the annotation, the value and
 // what is allowed.
 package annotations
@@ -85,17 +85,6 @@ const (
 	// hot-plugs or unplugs vCPUs.
 	MaxVCPUCount = "VirtletMaxVCPUCount"
 )
-
-// Known lists every Virtlet annotation this package understands.
-var Known = []string{
-	VCPUCount, DiskDriver, CPUModel, LibvirtCPUSetting, CloudInitImageType,
-	CloudInitMetaData, CloudInitUserData, CloudInitUserDataOverwrite,
-	CloudInitUserDataScript, CloudInitUserDataSource, CloudInitUserDataSourceKey,
-	CloudInitUserDataSourceEncoding, SSHKeys, SSHKeySource, FilesFromDataSource,
-	RootVolumeSize, Chown9pfsMounts, SystemUUID, ForceDHCPNetworkConfig,
-	PersistentRootfsReinit, MachineType, Clock, ClockTimers, Watchdog, WatchdogAction, CPUTopology, Preset,
-	Firmware, SecureBoot, MaxMemory, HyperV, MaxVCPUCount,
-}
 
 // MaxVCPUs is the largest VirtletVCPUCount accepted.
 const MaxVCPUs = 255

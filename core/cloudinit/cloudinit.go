@@ -1,4 +1,4 @@
-// Package cloudinit builds a VM pod's cloud-init data (seed 004): the
+// Package cloudinit builds a VM pod's cloud-init data (docs/cloud-init.md): the
 // meta-data, the user-data and the network configuration, from the pod's
 // identity, its annotations, the ConfigMap/Secret data they point to, the
 // container's env, mounts and volumes, and the pod network. It is pure:
@@ -389,7 +389,7 @@ func fsType(t string) string {
 
 // linkMountsToDisks points the user's own mounts entries that name a block
 // volume's device path at its disk instead: cloud-init mounts file systems
-// before runcmd makes the links (seed 004).
+// before runcmd makes the links (docs/cloud-init.md).
 func linkMountsToDisks(ud map[string]interface{}, vols []Volume) {
 	list, ok := ud["mounts"].([]interface{})
 	if !ok {

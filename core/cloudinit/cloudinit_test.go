@@ -32,7 +32,8 @@ func opts(t *testing.T, kv ...string) annotations.VMOptions {
 	return o
 }
 
-// seed004 is the pod of seed 004's example: every source of data at once.
+// seed004 is the pod of Virtlet's cloud-init example (ubuntu-vm): every
+// source of data at once.
 func seed004(t *testing.T) Input {
 	return Input{
 		PodName: "ubuntu-vm", Namespace: "default",
@@ -78,7 +79,7 @@ func withDNSOptions(att *ports.NetworkAttachment, options ...string) *ports.Netw
 func TestGolden(t *testing.T) {
 	cases := map[string]func(t *testing.T) Input{
 		"seed-004-example": seed004,
-		// The seed's user has inactive: true, which cloud-init 22.4's schema
+		// The example's user has inactive: true, which cloud-init 22.4's schema
 		// wants as a string of days; this variant must validate cleanly.
 		"seed-004-schema-valid": func(t *testing.T) Input {
 			in := seed004(t)
@@ -177,7 +178,7 @@ func TestGolden(t *testing.T) {
 		},
 		// kubelet's ClusterFirst resolver options: a resolv_conf in the
 		// user-data (DHCP and network-config cannot carry them), merged with
-		// the user's by seed 004's rules: the user's ndots replaces the
+		// the user's by the merge rules of docs/cloud-init.md: the user's ndots replaces the
 		// pod's, its attempts is added, its name server follows the pod's.
 		"dns-options": func(t *testing.T) Input {
 			return Input{PodName: "p", Namespace: "ns", Network: withDNSOptions(network, "ndots:5", "rotate", "timeout:2"),
@@ -222,7 +223,7 @@ func TestGolden(t *testing.T) {
 				seedUser := "users.0: {'gecos': 'Magic Cloud App Daemon User', 'inactive': True, 'name': 'cloudy', 'system': True} is not valid"
 				switch {
 				case strings.HasPrefix(name, "seed-004-ex") || name == "overwrite":
-					// The seed's own user entry is the only problem.
+					// The example's own user entry is the only problem.
 					if err == nil || strings.Count(string(out), "is not") != 1 || !strings.Contains(string(out), seedUser) {
 						t.Errorf("want exactly the seed's user refused by cloud-init schema, got %v:\n%s", err, out)
 					}

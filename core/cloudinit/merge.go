@@ -2,8 +2,8 @@ package cloudinit
 
 import "sigs.k8s.io/yaml"
 
-// Merge combines user-data documents the way seed 004 says cloud-init does
-// by default: mappings merge key by key, recursively; lists are appended;
+// Merge combines user-data documents as cloud-init does by default
+// (docs/cloud-init.md): mappings merge key by key, recursively; lists are appended;
 // any other value of the later document replaces the earlier one. Neither
 // argument is modified.
 func Merge(base, over map[string]interface{}) map[string]interface{} {

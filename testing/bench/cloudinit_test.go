@@ -16,7 +16,7 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
-// typicalPod is the cloud-init input of a typical VM pod: the seed-004
+// typicalPod is the cloud-init input of a typical VM pod: Virtlet's ubuntu-vm
 // annotations, two SSH keys plus a key Secret, a user-data ConfigMap, a
 // ConfigMap volume of three files, a Secret volume, five env vars.
 func typicalPod(b *testing.B) cloudinit.Input {

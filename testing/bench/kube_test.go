@@ -11,7 +11,8 @@ import (
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
-// kubeVMPod is a seed-001-shaped VM pod of the tiny guest.
+// kubeVMPod is a VM pod shaped as Virtlet's cirros-vm example
+// (docs/vm-pods.md), of the tiny guest.
 func kubeVMPod(name string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
@@ -35,7 +36,7 @@ spec:
 }
 
 // BenchmarkKubeApply: through a real kubelet and API server (the e2e-k8s
-// harness), `kubectl apply` of a seed-001-shaped VM pod → pod Running and
+// harness), `kubectl apply` of a cirros-vm-shaped VM pod → pod Running and
 // → the guest's ready marker in `kubectl logs`, p50 of 5 (polled every
 // 100 ms: that is the resolution); then 10 VM pods applied at once → each
 // Running (p50, p99). For scale: KubeVirt publishes VMI creation → Running

@@ -23,6 +23,7 @@ import (
 	"github.com/virtlet/virtlet/adapters/volume/ninep"
 	"github.com/virtlet/virtlet/adapters/volume/qcow2"
 	"github.com/virtlet/virtlet/adapters/volume/raw"
+	"github.com/virtlet/virtlet/core/annotations"
 	"github.com/virtlet/virtlet/plugins/base"
 	"github.com/virtlet/virtlet/plugins/manifest"
 	"github.com/virtlet/virtlet/ports"
@@ -206,4 +207,20 @@ func checkGenerated(t *testing.T, file, begin, end, want string) {
 		return
 	}
 	t.Errorf("%s's generated part is not what the code says; run go test ./testing/docs -update", file)
+}
+
+// docs/vm-pods.md's table of annotations is core/annotations.Reference.
+func TestAnnotationReference(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("| Annotation | Values | Default | Meaning |\n|---|---|---|---|\n")
+	for _, d := range annotations.Reference {
+		def := d.Default
+		if def == "" {
+			def = "none"
+		}
+		cell := func(s string) string { return strings.NewReplacer("|", "\\|", "<", "&lt;", ">", "&gt;").Replace(s) }
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", d.Name, cell(d.Values), cell(def), cell(d.Meaning))
+	}
+	checkGenerated(t, filepath.Join("..", "..", "docs", "vm-pods.md"),
+		"<!-- BEGIN: generated from core/annotations.Reference by `go test ./testing/docs -update` -->\n", pluginsEnd, b.String())
 }

@@ -19,7 +19,7 @@ const (
 	secretValue   = "e2e-S3CRET-value-9d1c"
 )
 
-// The seed-004 objects: a Secret with SSH keys, a ConfigMap of user-data
+// The objects of Virtlet's ubuntu-vm example: a Secret with SSH keys, a ConfigMap of user-data
 // parts.
 const cloudObjects = `apiVersion: v1
 kind: Secret
@@ -56,7 +56,7 @@ echo "@@FOOBAR=$(tr ' ' _ < /foobar.txt)"
 echo "@@CI-REPORT-DONE"
 `
 
-// A VM pod annotated as in seed 004 boots the cloud image (real
+// A VM pod annotated as Virtlet's ubuntu-vm example boots the cloud image (real
 // cloud-init), which acts on everything Virtlet generated: hostname, SSH
 // keys for the default user, merged users, ConfigMap and Secret files with
 // their modes, the environment file and runcmd; with NoCloud and with

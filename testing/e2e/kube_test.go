@@ -275,7 +275,7 @@ func TestKubeNode(t *testing.T) {
 		})
 		t.Logf("kubectl apply → Running %s, → guest ready marker %s", running.Round(10*time.Millisecond), time.Since(applied).Round(10*time.Millisecond))
 		logs := n.podLogs("cirros-vm")
-		// The seed's annotations reached the guest: one vCPU, the root
+		// The example's annotations reached the guest: one vCPU, the root
 		// disk grown to 1Gi on virtio, the SSH key in the meta-data, the
 		// service account's projected token as a cloud-init file.
 		if got := marker(t, logs, "CPUS"); got != "1" {
@@ -330,7 +330,7 @@ func TestKubeNode(t *testing.T) {
 		n.assertEmptyNode(t)
 	})
 
-	// Seed 004's ubuntu-vm on the cloud image (the seed's image name,
+	// Virtlet's ubuntu-vm example on the cloud image (the example's image name,
 	// translated), with real cloud-init: the daemon reads the ConfigMap and
 	// the Secret from the API server as its node: the namespace lets the
 	// nodes read those two by name (README), for the Node authorizer allows
@@ -452,7 +452,7 @@ spec:
 			{[]string{"cat", "/var/lib/cloud/data/instance-id"}, "foobar"},                              // VirtletCloudInitMetaData
 			{[]string{"getent", "passwd", "cloudy"}, "Magic Cloud App Daemon User"},                     // VirtletCloudInitUserData
 			{[]string{"grep", "-c", "user-data-from-configmap", "/var/log/cloud-init-output.log"}, "1"}, // the ConfigMap's runcmd, merged
-			// The seed's users list has no "default": its keys reach
+			// The example's users list has no "default": its keys reach
 			// cloud-init, which has no default user to give them to.
 			{[]string{"cloud-init", "query", "v1.public_ssh_keys"}, "ssh-rsa AAAAkey-one"},     // VirtletSSHKeys
 			{[]string{"cloud-init", "query", "v1.public_ssh_keys"}, "AAAAkey-from-the-secret"}, // VirtletSSHKeySource, through the API
@@ -619,8 +619,8 @@ spec:
 		n.kubectl(t, "delete", "service", "web")
 	})
 
-	// seed-002's k8s-in-k8s shape, scaled: a headless Service and a
-	// StatefulSet of 2 VM pods of the cloud image (seed-002's Ubuntu image
+	// Virtlet's k8s-in-k8s example's shape, scaled: a headless Service and a
+	// StatefulSet of 2 VM pods of the cloud image (the example's Ubuntu image
 	// name, translated), cloud-init user-data with a provisioning script
 	// and root's SSH key, a tcp/22 readiness probe; the pods become Ready
 	// in order and keep their stable names as hostnames.

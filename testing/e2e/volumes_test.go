@@ -62,7 +62,7 @@ func cloudPod(t *testing.T, d *harness.Daemon, name string, ann map[string]strin
 	return podJSON, ctrJSON
 }
 
-// A VM pod with every volume form of seed 001/004 on SCSI, in the Debian
+// A VM pod with every volume form Virtlet's examples use on SCSI, in the Debian
 // cloud image (real cloud-init and udev): a qcow2 flexvolume made ext4 with
 // its uuid, a raw flexvolume (a loop device holding a file system), a Ceph
 // RBD image on a real cluster (data written with go-ceph read by the guest,

@@ -85,7 +85,7 @@ const pluginCount = 5
 const image = "virtlet.cloud/example.com/tiny.qcow2"
 
 // vmPod writes the CRI pod and container configs of a VM pod the way
-// kubelet would send them for the seed-001 example, and returns their paths.
+// kubelet would send them for the cirros-vm example (docs/vm-pods.md), and returns their paths.
 func vmPod(t *testing.T, d *harness.Daemon, name string, annotations map[string]string) (pod, ctr string) {
 	t.Helper()
 	ann := map[string]string{

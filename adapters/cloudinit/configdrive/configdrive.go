@@ -1,6 +1,6 @@
 // Package configdrive is cloud-init's ConfigDrive (OpenStack) datasource:
 // an ISO labelled config-2 holding openstack/latest/meta_data.json,
-// user_data and network_data.json (seed 004). It owns OpenStack's forms:
+// user_data and network_data.json (docs/cloud-init.md). It owns OpenStack's forms:
 // the meta-data repeats the instance-id as uuid and the hostname as
 // hostname and names the keys public_keys, and the network is OpenStack's
 // network_data.json.

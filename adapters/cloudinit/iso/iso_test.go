@@ -18,7 +18,7 @@ import (
 )
 
 // Both datasources meet the contract in process and through the plugin
-// shims, with seed 004's file layout.
+// shims, with the file layout of docs/cloud-init.md.
 func TestDatasourceContract(t *testing.T) {
 	for _, tc := range []struct {
 		new      func() *iso.Media

@@ -1,5 +1,5 @@
 // Package nocloud is cloud-init's NoCloud datasource: an ISO labelled
-// cidata holding meta-data, user-data and network-config (seed 004), in
+// cidata holding meta-data, user-data and network-config (docs/cloud-init.md), in
 // cloud-init's own forms, as the core makes them.
 package nocloud
 
