@@ -43,7 +43,17 @@ func specFor(t *testing.T, ann map[string]string) ports.VMSpec {
 // this node's libvirt may not have.
 var libvirt9_1Cases = map[string]bool{"watchdog-itco": true}
 
-func TestDomainGolden(t *testing.T) {
+// domainCase is a VM the golden tests render: a pod's annotations, and
+// what the core adds to its spec.
+type domainCase struct {
+	name string
+	ann  map[string]string
+	edit func(*ports.VMSpec)
+	tcg  bool
+}
+
+// domainCases are the golden tests' VMs, each testdata/<name>.xml.
+func domainCases() []domainCase {
 	target := map[string]string{annotations.TargetRuntime: annotations.TargetRuntimeValue}
 	with := func(kv ...string) map[string]string {
 		m := map[string]string{}
@@ -55,12 +65,7 @@ func TestDomainGolden(t *testing.T) {
 		}
 		return m
 	}
-	cases := []struct {
-		name string
-		ann  map[string]string
-		edit func(*ports.VMSpec)
-		tcg  bool
-	}{
+	return []domainCase{
 		{"defaults", with(), nil, true},
 		// The VM's own user and group (the daemon's vmUsers).
 		{"own-user", with(), func(s *ports.VMSpec) { s.RunAs = &ports.ProcessIdentity{UID: 100000007, GID: 109} }, true},
@@ -127,19 +132,27 @@ func TestDomainGolden(t *testing.T) {
 			}
 		}, true},
 	}
-	for _, tc := range cases {
+}
+
+// input is the domain input of a golden case.
+func (tc domainCase) input(t *testing.T) domainInput {
+	spec := specFor(t, tc.ann)
+	if tc.edit != nil {
+		tc.edit(&spec)
+	}
+	dt := "kvm"
+	if tc.tcg {
+		dt = "qemu"
+	}
+	return domainInput{Spec: spec, DomainType: dt,
+		DiskPaths: map[string]string{"root": "/var/lib/virtlet/vms/" + spec.ID + "-root.qcow2"}, ConsoleLog: "/var/lib/virtlet/vms/" + spec.ID + ".console",
+		Secrets: map[string]string{"vol-ceph": "1c0a2b3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d"}, HostCPUs: []int{0, 1, 2, 3}}
+}
+
+func TestDomainGolden(t *testing.T) {
+	for _, tc := range domainCases() {
 		t.Run(tc.name, func(t *testing.T) {
-			spec := specFor(t, tc.ann)
-			if tc.edit != nil {
-				tc.edit(&spec)
-			}
-			dt := "kvm"
-			if tc.tcg {
-				dt = "qemu"
-			}
-			got, err := domainXML(domainInput{Spec: spec, DomainType: dt,
-				DiskPaths: map[string]string{"root": "/var/lib/virtlet/vms/" + spec.ID + "-root.qcow2"}, ConsoleLog: "/var/lib/virtlet/vms/" + spec.ID + ".console",
-				Secrets: map[string]string{"vol-ceph": "1c0a2b3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d"}, HostCPUs: []int{0, 1, 2, 3}})
+			got, err := domainXML(tc.input(t))
 			if err != nil {
 				t.Fatal(err)
 			}
