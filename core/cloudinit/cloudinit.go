@@ -171,30 +171,47 @@ func (in Input) hostname() string {
 	return in.PodName
 }
 
-// userData merges, in order, the generated user-data, the user-data source
-// and VirtletCloudInitUserData; or returns VirtletCloudInitUserDataScript
-// with its placeholder replaced.
+// userData is, as Virtlet made it, one of:
+//   - the whole document VirtletCloudInitUserDataSourceKey names in the
+//     source, else VirtletCloudInitUserDataScript, with the mount script
+//     placeholder replaced;
+//   - the user's data merged into the generated user-data (generated first,
+//     lists appended, the user's values winning otherwise). The user's data
+//     is the source's keys and VirtletCloudInitUserData merged, or, with
+//     VirtletCloudInitUserDataOverwrite, VirtletCloudInitUserData alone
+//     replacing the source's. The generated parts (files, mounts, scripts)
+//     are kept either way.
 func userData(in Input) ([]byte, error) {
 	o := in.Options
-	if o.UserDataScript != "" {
+	script := o.UserDataScript
+	if ref := o.UserDataSource; ref != nil && ref.Key != "" && in.UserDataSource != nil {
+		doc, err := sourceDocument(o, in.UserDataSource)
+		if err != nil {
+			return nil, err
+		}
+		script = string(doc)
+	}
+	if script != "" {
 		scripts := symlinkScript(in.Volumes) + mountScript(in.Volumes)
-		return []byte(strings.ReplaceAll(o.UserDataScript, MountScriptPlaceholder, scripts)), nil
+		return []byte(strings.ReplaceAll(script, MountScriptPlaceholder, scripts)), nil
 	}
-	merge := Merge
-	if o.UserDataOverwrite {
-		merge = Overwrite
-	}
-	ud := generated(in)
-	if in.UserDataSource != nil {
+	user := map[string]interface{}{}
+	if in.UserDataSource != nil && o.UserDataSource != nil {
 		src, err := sourceUserData(o, in.UserDataSource)
 		if err != nil {
 			return nil, err
 		}
-		ud = merge(ud, src)
+		user = src
 	}
 	if o.UserData != nil {
-		ud = merge(ud, copyValue(o.UserData).(map[string]interface{}))
+		ann := copyValue(o.UserData).(map[string]interface{})
+		if o.UserDataOverwrite {
+			user = ann
+		} else {
+			user = Merge(user, ann)
+		}
 	}
+	ud := Merge(generated(in), user)
 	linkMountsToDisks(ud, in.Volumes)
 	if len(ud) == 0 {
 		return nil, nil
@@ -206,32 +223,37 @@ func userData(in Input) ([]byte, error) {
 	return append([]byte("#cloud-config\n"), out...), nil
 }
 
-// sourceUserData reads the user-data object: every key as YAML into the
-// dict, or the one key VirtletCloudInitUserDataSourceKey names holding the
-// whole document, plain or base64.
+// sourceDocument is the whole user-data document VirtletCloudInitUserDataSourceKey
+// names in the source (decoded per VirtletCloudInitUserDataSourceEncoding):
+// a script, or a #cloud-config document, which must then be a mapping.
+func sourceDocument(o annotations.VMOptions, data map[string][]byte) ([]byte, error) {
+	ref := o.UserDataSource
+	raw, ok := data[ref.Key]
+	if !ok {
+		return nil, invalid(annotations.CloudInitUserDataSourceKey, ref.Key,
+			fmt.Sprintf("%s %s has no such key", ref.Kind, ref.Name), "one of its keys: "+keyList(data))
+	}
+	if o.UserDataSourceEncoding == annotations.EncodingBase64 {
+		dec, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(raw)))
+		if err != nil {
+			return nil, invalid(annotations.CloudInitUserDataSourceEncoding, o.UserDataSourceEncoding,
+				fmt.Sprintf("key %s of %s %s is not valid base64: %v", ref.Key, ref.Kind, ref.Name, err), "")
+		}
+		raw = dec
+	}
+	if strings.HasPrefix(string(raw), "#cloud-config") {
+		if _, err := yamlMap(raw); err != nil {
+			return nil, invalid(annotations.CloudInitUserDataSourceKey, ref.Key,
+				fmt.Sprintf("key %s of %s %s: %v", ref.Key, ref.Kind, ref.Name, err), "a #cloud-config document that is a YAML mapping, or a script")
+		}
+	}
+	return raw, nil
+}
+
+// sourceUserData reads every key of a VirtletCloudInitUserDataSource object
+// as a user-data key, its value YAML.
 func sourceUserData(o annotations.VMOptions, data map[string][]byte) (map[string]interface{}, error) {
 	ref := o.UserDataSource
-	if ref.Key != "" {
-		raw, ok := data[ref.Key]
-		if !ok {
-			return nil, invalid(annotations.CloudInitUserDataSourceKey, ref.Key,
-				fmt.Sprintf("%s %s has no such key", ref.Kind, ref.Name), "one of its keys: "+keyList(data))
-		}
-		if o.UserDataSourceEncoding == annotations.EncodingBase64 {
-			dec, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(raw)))
-			if err != nil {
-				return nil, invalid(annotations.CloudInitUserDataSourceEncoding, o.UserDataSourceEncoding,
-					fmt.Sprintf("key %s of %s %s is not valid base64: %v", ref.Key, ref.Kind, ref.Name, err), "")
-			}
-			raw = dec
-		}
-		m, err := yamlMap(raw)
-		if err != nil {
-			return nil, invalid(annotations.CloudInitUserDataSourceKey, ref.Key,
-				fmt.Sprintf("key %s of %s %s: %v", ref.Key, ref.Kind, ref.Name, err), "a YAML mapping of cloud-config keys")
-		}
-		return m, nil
-	}
 	out := map[string]interface{}{}
 	for k, raw := range data {
 		var v interface{}

@@ -29,16 +29,6 @@ func mergeValue(base, over interface{}) interface{} {
 	return copyValue(over)
 }
 
-// Overwrite is VirtletCloudInitUserDataOverwrite's rule: every top-level
-// key of the later document replaces the earlier one's.
-func Overwrite(base, over map[string]interface{}) map[string]interface{} {
-	out := copyMap(base)
-	for k, v := range over {
-		out[k] = copyValue(v)
-	}
-	return out
-}
-
 func copyMap(m map[string]interface{}) map[string]interface{} {
 	if m == nil {
 		return map[string]interface{}{}

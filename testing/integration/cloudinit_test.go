@@ -39,7 +39,7 @@ metadata: {name: whole-ud, namespace: default}
 stringData:
   ud: "I2Nsb3VkLWNvbmZpZwpib290Y21kOgotIGVjaG8gZnJvbS1iYXNlNjQK"
   notb64: "%%%"
-  list: "- a\n- b\n"
+  list: "#cloud-config\n- a\n- b\n"
 `
 
 // withMounts adds mounts to a container config written by vmPod.
