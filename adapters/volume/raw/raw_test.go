@@ -3,6 +3,9 @@ package raw
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"io"
 	"os"
@@ -232,5 +235,79 @@ func TestPersistentRootfs(t *testing.T) {
 	}
 	if got := harness.ReadAt(t, dev, DataOffset, int64(len(rawB))); !bytes.Equal(got, rawB) {
 		t.Fatal("release changed the device")
+	}
+}
+
+// A persistent root written by Virtlet 1.x (its header in the first
+// sector, the root file system from the second) is used where Virtlet put
+// it while it holds the pod's image, and re-initialised, as Virtlet did,
+// when the image changed; a metadata version Virtlet never wrote is
+// refused.
+func TestVirtlet1PersistentRootfs(t *testing.T) {
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Skip("qemu-img is not installed")
+	}
+	v := configured(t)
+	ctx := context.Background()
+	imgA, _ := image(t, "image-A!", 2<<20)
+	imgB, rawB := image(t, "image-B?", 2<<20)
+	hashA := sha256.Sum256([]byte("image A"))
+	digestA := "sha256:" + hex.EncodeToString(hashA[:])
+	virtlet1 := func(version uint16, hash [32]byte) string {
+		dev := loopDevice(t, 8<<20)
+		hdr := binary.BigEndian.AppendUint64(nil, 0x263dbe52ba576702)
+		hdr = binary.BigEndian.AppendUint16(hdr, version)
+		hdr = append(hdr, hash[:]...)
+		f, err := os.OpenFile(dev, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteAt(hdr, 0)
+		f.WriteAt([]byte("written-by-virtlet-1"), 512)
+		f.Close()
+		return dev
+	}
+	req := func(dev, img, digest string) ports.VolumeRequest {
+		return ports.VolumeRequest{VMID: "vm", Name: "root-pv", Type: ports.VolumeBlock, HostPath: dev,
+			Rootfs: &ports.RootfsRequest{ImagePath: img, ImageFormat: "qcow2", ImageDigest: digest, ImageName: "virtlet.cloud/x", ImageVirtualSize: 2 << 20}}
+	}
+
+	// The same image: the guest's disk is where Virtlet 1.x put it, as
+	// large as the image; nothing is written.
+	dev := virtlet1(1, hashA)
+	att, err := v.Prepare(ctx, req(dev, imgA, digestA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := att.Disks[0].Source; d.Offset != 512 || d.Size != 2<<20 || d.Path != dev {
+		t.Fatalf("disk source %+v, want offset 512, size %d", d, 2<<20)
+	}
+	if got := harness.ReadAt(t, dev, 512, 20); string(got) != "written-by-virtlet-1" {
+		t.Fatalf("the root file system was touched: %q", got)
+	}
+
+	// Another image: re-initialised unasked, as Virtlet did, in this
+	// project's layout.
+	att, err = v.Prepare(ctx, req(dev, imgB, "sha256:bbbb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := att.Disks[0].Source; d.Offset != DataOffset {
+		t.Fatalf("re-initialised disk source %+v", d)
+	}
+	if got := harness.ReadAt(t, dev, DataOffset, int64(len(rawB))); !bytes.Equal(got, rawB) {
+		t.Fatal("the new image was not written")
+	}
+	if h := harness.ReadAt(t, dev, 0, 64); !bytes.HasPrefix(h, []byte(headerMagic+`{"image":"sha256:bbbb"`)) {
+		t.Fatalf("header %q", h)
+	}
+
+	// A metadata version Virtlet never wrote.
+	odd := virtlet1(7, hashA)
+	if _, err := v.Prepare(ctx, req(odd, imgA, digestA)); !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), "metadata version 7") {
+		t.Fatalf("version 7: %v", err)
+	}
+	if got := harness.ReadAt(t, odd, 512, 20); string(got) != "written-by-virtlet-1" {
+		t.Fatal("a refused device was touched")
 	}
 }

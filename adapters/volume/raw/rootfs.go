@@ -3,6 +3,9 @@ package raw
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -34,6 +37,34 @@ const (
 	// blank (never written).
 	probeSize = 1 << 20
 )
+
+// Virtlet 1.x wrote its own header in the device's first sector (its
+// pkg/blockdev): a big-endian magic number, a metadata version (1) and the
+// sha256 of the image, the root file system following from the second
+// sector, as long as the image's virtual size. Such a device is used as
+// Virtlet used it while it holds the pod's image; when the image changed,
+// it is re-initialised, as Virtlet did (it then gets this package's header).
+const (
+	virtlet1Magic      = 0x263dbe52ba576702
+	virtlet1Version    = 1
+	virtlet1HeaderSize = 8 + 2 + sha256.Size
+	virtlet1DataOffset = 512
+	virtlet1DigestAlgo = "sha256:"
+)
+
+// virtlet1Header is Virtlet 1.x's header, if first starts with one.
+type virtlet1Header struct {
+	version uint16
+	image   string // "sha256:<hex>"
+}
+
+func readVirtlet1Header(first []byte) (*virtlet1Header, bool) {
+	if len(first) < virtlet1HeaderSize || binary.BigEndian.Uint64(first) != virtlet1Magic {
+		return nil, false
+	}
+	return &virtlet1Header{version: binary.BigEndian.Uint16(first[8:]),
+		image: virtlet1DigestAlgo + hex.EncodeToString(first[10:virtlet1HeaderSize])}, true
+}
 
 // header is what a persistent root's device holds.
 type header struct {
@@ -96,6 +127,27 @@ func prepareRootfs(ctx context.Context, dev, volume string, want ports.RootfsReq
 	first = first[:n]
 	field := "block volume " + volume + " (persistent root file system)"
 	reinit := "set the pod annotation VirtletPersistentRootfsReinit: \"true\" to overwrite it"
+	if v1, isV1 := readVirtlet1Header(first); isV1 {
+		switch {
+		case v1.version != virtlet1Version:
+			return 0, 0, &ports.InvalidError{Field: field, Value: dev,
+				Reason:  fmt.Sprintf("it holds a Virtlet 1.x persistent root of metadata version %d, which neither Virtlet 1.x nor this node reads", v1.version),
+				Allowed: reinit}
+		case v1.image == want.ImageDigest:
+			if need := virtlet1DataOffset + want.ImageVirtualSize; devSize < need {
+				return 0, 0, &ports.InvalidError{Field: field, Value: dev,
+					Reason:  fmt.Sprintf("it holds a Virtlet 1.x persistent root of image %s, %d bytes, on a device of %d", v1.image, want.ImageVirtualSize, devSize),
+					Allowed: fmt.Sprintf("a device of at least %d bytes", need)}
+			}
+			log.WithFields(logrus.Fields{"volume": volume, "device": dev, "image": v1.image}).
+				Info("persistent root file system written by Virtlet 1.x holds the image; used as Virtlet used it")
+			return virtlet1DataOffset, want.ImageVirtualSize, nil
+		}
+		// Virtlet re-initialised a root whose image changed, unasked.
+		log.WithFields(logrus.Fields{"volume": volume, "device": dev, "image": v1.image, "podImage": want.ImageDigest}).
+			Info("persistent root file system written by Virtlet 1.x holds another image; re-initialising it, as Virtlet did")
+		want.Reinitialize = true
+	}
 	h, ok := readHeader(first)
 	switch {
 	case ok && h.Image == want.ImageDigest:
