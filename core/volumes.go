@@ -46,6 +46,11 @@ var shareKinds = map[string]string{
 	"kubernetes.io~empty-dir":    "emptyDir",
 	"kubernetes.io~csi":          "CSI persistent volume",
 	"kubernetes.io~local-volume": "local persistent volume",
+	// The in-tree file system volumes kubelet still mounts itself, as a
+	// file system on the node (Virtlet's ubuntu-vm-nfs-pv example).
+	"kubernetes.io~nfs":   "NFS volume",
+	"kubernetes.io~iscsi": "iSCSI file system volume",
+	"kubernetes.io~fc":    "Fibre Channel file system volume",
 }
 
 // cloudInitKinds are the kubelet volume directories whose files travel into
@@ -59,7 +64,7 @@ var cloudInitKinds = map[string]string{
 
 // SupportedVolumes says, for error messages, what a VM pod may use.
 const SupportedVolumes = "configMap, secret, projected and downwardAPI volumes (files written by cloud-init); " +
-	"emptyDir, hostPath directories, CSI and local filesystem persistent volumes (9p shares); " +
+	"emptyDir, hostPath directories, CSI, local, NFS, iSCSI and Fibre Channel file system volumes (9p shares); " +
 	"Virtlet flexvolumes (driver " + flexvolumeDriver + "); block persistent volumes as volumeDevices " +
 	"(devicePath \"/\" for a persistent root filesystem)"
 

@@ -42,13 +42,16 @@ func TestEveryMountKubeletMakesGoesSomewhere(t *testing.T) {
 		{ContainerPath: "/srv", HostPath: "/data/srv", ReadOnly: true},
 		{ContainerPath: "/pv", HostPath: volDir("kubernetes.io~csi", "pvc-1234") + "/mount"},
 		{ContainerPath: "/local", HostPath: volDir("kubernetes.io~local-volume", "local-pv-1")},
+		{ContainerPath: "/nfs", HostPath: volDir("kubernetes.io~nfs", "nfs-pv")},
+		{ContainerPath: "/iscsi", HostPath: volDir("kubernetes.io~iscsi", "iscsi-pv"), ReadOnly: true},
 	}
 	cfg.Devices = []core.Device{{ContainerPath: "/dev/testpvc", HostPath: podDir + "/volumeDevices/kubernetes.io~local-volume/block-pv", Permissions: "mrw"}}
 	id, err := e.rt.CreateContainer(context.Background(), sb, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{id + "/block-pv block", id + "/cache share", id + "/extra qcow2", id + "/local-pv-1 share", id + "/pvc-1234 share", id + "/srv share"}
+	want := []string{id + "/block-pv block", id + "/cache share", id + "/extra qcow2", id + "/iscsi-pv share", id + "/local-pv-1 share", id + "/nfs-pv share",
+		id + "/pvc-1234 share", id + "/srv share"}
 	if got := e.vols.Prepared(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("prepared volumes %v, want %v", got, want)
 	}
@@ -70,7 +73,8 @@ func TestEveryMountKubeletMakesGoesSomewhere(t *testing.T) {
 		t.Errorf("disks %s", got)
 	}
 	if got := strings.Join(shares, " "); got != "cache:/fake/shares/"+id+"-cache:ro=false srv:/fake/shares/"+id+"-srv:ro=true "+
-		"pvc-1234:/fake/shares/"+id+"-pvc-1234:ro=false local-pv-1:/fake/shares/"+id+"-local-pv-1:ro=false" {
+		"pvc-1234:/fake/shares/"+id+"-pvc-1234:ro=false local-pv-1:/fake/shares/"+id+"-local-pv-1:ro=false "+
+		"nfs-pv:/fake/shares/"+id+"-nfs-pv:ro=false iscsi-pv:/fake/shares/"+id+"-iscsi-pv:ro=true" {
 		t.Errorf("shares %s", got)
 	}
 	req, _ := e.nc.Media(id)
@@ -100,8 +104,8 @@ func TestUnsupportedVolumesAreRefused(t *testing.T) {
 		want  []string
 		is    error
 	}{
-		{"nfs", core.Mount{ContainerPath: "/nfs", HostPath: volDir("kubernetes.io~nfs", "shared")},
-			nil, []string{"mount /nfs: volume shared is a nfs volume, which VM pods do not support", "supported: configMap"}, ports.ErrInvalidArgument},
+		{"gitRepo", core.Mount{ContainerPath: "/src", HostPath: volDir("kubernetes.io~git-repo", "repo")},
+			nil, []string{"mount /src: volume repo is a git-repo volume, which VM pods do not support", "supported: configMap"}, ports.ErrInvalidArgument},
 		{"subPath", core.Mount{ContainerPath: "/etc/app.conf", HostPath: podDir + "/volume-subpaths/config/vm/0"},
 			nil, []string{"volume config is mounted with subPath"}, ports.ErrInvalidArgument},
 		{"image volume", core.Mount{ContainerPath: "/img", Image: "sha256:abcd"},

@@ -184,17 +184,17 @@ func TestFlexvolumeDriverRefusals(t *testing.T) {
 // naming the volume, its kind and what is supported.
 func TestUnsupportedVolumeFailsCreateContainer(t *testing.T) {
 	d, c := startDaemon(t, volumePlugins()...)
-	k := harness.KubeletPod{Root: filepath.Join(d.Dir, "kubelet"), UID: "uid-nfs"}
+	k := harness.KubeletPod{Root: filepath.Join(d.Dir, "kubelet"), UID: "uid-gitrepo"}
 	c.Must(t, "pull", image)
-	podJSON, ctrJSON := vmPod(t, d, "nfs", nil)
+	podJSON, ctrJSON := vmPod(t, d, "gitrepo", nil)
 	var ctr map[string]interface{}
 	b, _ := os.ReadFile(ctrJSON)
 	json.Unmarshal(b, &ctr)
-	ctr["mounts"] = []map[string]interface{}{{"container_path": "/shared", "host_path": k.Volume("kubernetes.io~nfs", "shared")}}
-	ctrJSON = harness.WriteJSON(t, d.Dir, "nfs-ctr2.json", ctr)
+	ctr["mounts"] = []map[string]interface{}{{"container_path": "/shared", "host_path": k.Volume("kubernetes.io~git-repo", "shared")}}
+	ctrJSON = harness.WriteJSON(t, d.Dir, "gitrepo-ctr2.json", ctr)
 	sb := c.Must(t, "runp", podJSON)
 	_, errOut, err := c.Run("create", sb, ctrJSON, podJSON)
-	if err == nil || !strings.Contains(errOut, "mount /shared: volume shared is a nfs volume, which VM pods do not support (supported: configMap") ||
+	if err == nil || !strings.Contains(errOut, "mount /shared: volume shared is a git-repo volume, which VM pods do not support (supported: configMap") ||
 		!strings.Contains(errOut, "InvalidArgument") {
 		t.Fatalf("create: %v\n%s", err, errOut)
 	}

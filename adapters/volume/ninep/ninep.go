@@ -1,5 +1,5 @@
 // Package ninep is the volume plugin of directory volumes (emptyDir,
-// hostPath, CSI and local filesystem PersistentVolumes): each is shared
+// hostPath, CSI, local, NFS, iSCSI and Fibre Channel file system volumes): each is shared
 // with the VM over virtio-9p.
 //
 // QEMU runs as its own unprivileged user, and kubelet keeps a pod's
