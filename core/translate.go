@@ -107,12 +107,14 @@ func withReference(location string, n ImageName) string {
 
 func translated(cfg ports.TranslationConfig, t ports.Translation, url string) (location, error) {
 	loc := location{URL: url, Transport: t.Transport, Source: cfg.Source}
-	if t.Transport != "" {
-		tc, ok := cfg.Transports[t.Transport]
-		if !ok {
-			return location{}, &ports.InvalidError{Field: "image translation " + cfg.Source, Value: t.Transport,
-				Reason: "names a transport the file does not define"}
-		}
+	// A translation without a transport takes the file's transport named
+	// "" when it has one, as Virtlet did: its default.
+	tc, ok := cfg.Transports[t.Transport]
+	if !ok && t.Transport != "" {
+		return location{}, &ports.InvalidError{Field: "image translation " + cfg.Source, Value: t.Transport,
+			Reason: "names a transport the file does not define"}
+	}
+	if ok {
 		b, err := json.Marshal(tc)
 		if err != nil {
 			return location{}, err

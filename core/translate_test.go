@@ -40,6 +40,11 @@ func TestImageNameTranslations(t *testing.T) {
 		{Source: "/etc/virtlet/images/30-prefix.yaml", Prefix: "corp", Translations: []ports.Translation{
 			{Regexp: `(.*)`, URL: "https://images.corp.example.com/$1"},
 		}},
+		// A match anywhere in the name, and the file's default transport
+		// (named ""), as Virtlet had them.
+		{Source: "/etc/virtlet/images/40-partial.yaml", Prefix: "mirror", Translations: []ports.Translation{
+			{Regexp: `fedora-(\d+)`, URL: "https://mirror.example.com/fedora/$1.qcow2"},
+		}, Transports: map[string]ports.TransportConfig{"": {TimeoutMillis: 7000}}},
 	}
 	images := fakes.NewImageSource()
 	rt, err := core.New(core.Deps{Hypervisor: fakehypervisor.New(), Store: fakes.NewStore(), ImageFiles: fakes.NewImageFiles(t.TempDir()),
@@ -58,6 +63,7 @@ func TestImageNameTranslations(t *testing.T) {
 		{"virtlet.cloud/disk", "file:///srv/images/disk.qcow2", ""},
 		{"virtlet.cloud/corp/team/vm.qcow2", "https://images.corp.example.com/team/vm.qcow2", ""},
 		{"virtlet.cloud/example.com/other.img", "https://example.com/other.img", ""}, // the default rule
+		{"virtlet.cloud/mirror/images/fedora-40-cloud", "https://mirror.example.com/fedora/40.qcow2", `{"timeout":7000}`},
 	} {
 		if _, err := rt.PullImage(ctx, tc.image, nil); err != nil {
 			t.Errorf("%s: %v", tc.image, err)

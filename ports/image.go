@@ -112,10 +112,11 @@ type Translation struct {
 	Transport string `json:"transport,omitempty"`
 }
 
-// Pattern compiles the translation's regexp as it applies: to the whole
-// name (the part after the config's prefix).
+// Pattern compiles the translation's regexp as it applies, as Virtlet
+// applied it: a match anywhere in the name (the part after the config's
+// prefix) translates it; ^ and $ anchor it to the whole name.
 func (t Translation) Pattern() (*regexp.Regexp, error) {
-	return regexp.Compile("^(?:" + t.Regexp + ")$")
+	return regexp.Compile(t.Regexp)
 }
 
 // TransportConfig says how to reach a server.

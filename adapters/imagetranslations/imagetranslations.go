@@ -133,9 +133,8 @@ func Parse(file string, data []byte) (ports.TranslationConfig, error) {
 			return fail(field+".url", "required")
 		}
 		if t.Regexp != "" {
-			// Compiled as the core applies it: a regexp that compiles
-			// alone may not once anchored (an unterminated \Q quotes the
-			// anchor's parenthesis), and would be skipped silently.
+			// Compiled as the core applies it, so that a regexp the core
+			// could not use is reported here, not skipped silently.
 			if _, err := t.Pattern(); err != nil {
 				return fail(field+".regexp", "%v", err)
 			}
