@@ -82,7 +82,33 @@ skipped.`,
 	}
 	dump.Flags().BoolVar(&asJSON, "json", false, "print one JSON document to stdout instead of writing a directory")
 	dump.Flags().BoolVarP(&all, "all-namespaces", "A", false, "the VM pods of all namespaces")
-	diag.AddCommand(dump)
+	unpack := &cobra.Command{
+		Use:   "unpack [FILE] DIR",
+		Short: "Lay a JSON dump (diag dump --json) out as dump writes a directory",
+		Long: `unpack reads a JSON document diag dump --json printed, from FILE or, without
+one (or with -), from stdin, and writes the directory dump would have
+written: DIR/<node>/<namespace>_<pod>/ with diag.json, each VM's domain XML
+and the plugins' log lines.`,
+		Example: "  " + name + " diag unpack diag.json ./virtlet-diag\n  " + name + " diag dump --json -A | " + name + " diag unpack ./virtlet-diag",
+		Args:    cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			in, dir := cmd.InOrStdin(), args[len(args)-1]
+			if len(args) == 2 && args[0] != "-" {
+				f, err := os.Open(args[0])
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				in = f
+			}
+			var report dumpReport
+			if err := json.NewDecoder(in).Decode(&report); err != nil {
+				return fmt.Errorf("read the dump: %w", err)
+			}
+			return report.write(dir, cmd.OutOrStdout())
+		},
+	}
+	diag.AddCommand(dump, unpack)
 	return diag
 }
 
@@ -102,6 +128,18 @@ type dumpReport struct {
 // per VM, and the plugin log lines as text.
 func (r dumpReport) write(dir string, w io.Writer) error {
 	for _, p := range r.Pods {
+		// A dump read back by unpack is a file anyone may have written:
+		// its names become path components only when they are names.
+		for _, part := range []string{p.Node, p.Namespace, p.Pod} {
+			if !pathSafe(part) {
+				return fmt.Errorf("pod %s/%s on node %s: %q cannot name a directory", p.Namespace, p.Pod, p.Node, part)
+			}
+		}
+		for id := range p.Diagnostics.VMs {
+			if !pathSafe(short(id)) {
+				return fmt.Errorf("pod %s/%s: VM ID %q cannot name a file", p.Namespace, p.Pod, id)
+			}
+		}
 		pd := filepath.Join(dir, p.Node, p.Namespace+"_"+p.Pod)
 		if err := os.MkdirAll(pd, 0o755); err != nil {
 			return err
@@ -139,6 +177,12 @@ func (r dumpReport) write(dir string, w io.Writer) error {
 		return fmt.Errorf("no running VM pod answered (%d skipped)", len(r.Skipped))
 	}
 	return nil
+}
+
+// pathSafe reports whether s can be one path component: a name, not
+// empty, not . or .., without a slash or a NUL.
+func pathSafe(s string) bool {
+	return s != "" && s != "." && s != ".." && !strings.ContainsAny(s, "/\x00")
 }
 
 func short(id string) string {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
@@ -322,5 +323,67 @@ func TestVirshTarget(t *testing.T) {
 		if err != nil || pod != tc.pod || strings.Join(rest, " ") != tc.rest {
 			t.Errorf("%v: pod %q, virsh %q, %v; want %q, %q", tc.args, pod, rest, err, tc.pod, tc.rest)
 		}
+	}
+}
+
+// diag unpack lays a JSON dump out as dump writes a directory, and refuses
+// names that would leave it.
+func TestDiagUnpack(t *testing.T) {
+	r := dumpReport{Pods: []podDiag{{Namespace: "default", Pod: "vm", Node: "node-1", Diagnostics: vmtools.Diagnostics{
+		Version: "v1", VMs: map[string]vmtools.VMInfo{"0123456789abcdef": {Definition: "<domain/>"}}}}}}
+	dump, _ := json.Marshal(r)
+	file := filepath.Join(t.TempDir(), "diag.json")
+	os.WriteFile(file, dump, 0o644)
+	for _, args := range [][]string{{file}, {"-"}, {}} {
+		dir := t.TempDir()
+		root := newRoot("virtletctl")
+		root.SetArgs(append(append([]string{"diag", "unpack"}, args...), dir))
+		root.SetIn(bytes.NewReader(dump))
+		root.SetOut(io.Discard)
+		if err := root.Execute(); err != nil {
+			t.Fatalf("unpack %v: %v", args, err)
+		}
+		if got, err := os.ReadFile(filepath.Join(dir, "node-1", "default_vm", "domain-0123456789abc.xml")); err != nil || string(got) != "<domain/>" {
+			t.Errorf("unpack %v: domain XML %q %v", args, got, err)
+		}
+	}
+	for _, bad := range []podDiag{
+		{Namespace: "..", Pod: "x", Node: "n"},
+		{Namespace: "ns", Pod: "x", Node: "../../etc"},
+		{Namespace: "ns", Pod: "x", Node: "n", Diagnostics: vmtools.Diagnostics{VMs: map[string]vmtools.VMInfo{"../evil": {}}}},
+	} {
+		dir := t.TempDir()
+		if err := (dumpReport{Pods: []podDiag{bad}}).write(filepath.Join(dir, "out"), io.Discard); err == nil || !strings.Contains(err.Error(), "cannot name") {
+			t.Errorf("%+v: %v", bad, err)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+			t.Errorf("%+v: wrote %v", bad, entries)
+		}
+	}
+}
+
+// install copies the binary as kubectl's virtlet plugin, replacing an
+// earlier copy whole.
+func TestInstallAsKubectlPlugin(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "virtletctl")
+	os.WriteFile(src, []byte("new binary"), 0o700)
+	dir := filepath.Join(t.TempDir(), "bin")
+	os.MkdirAll(dir, 0o755)
+	os.WriteFile(filepath.Join(dir, "kubectl-virtlet"), []byte("old binary, longer than the new"), 0o755)
+	target, err := installAs(src, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(target)
+	st, _ := os.Stat(target)
+	if target != filepath.Join(dir, "kubectl-virtlet") || string(got) != "new binary" || st.Mode().Perm() != 0o755 {
+		t.Errorf("installed %s: %q %v", target, got, st.Mode())
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("left %v", entries)
+	}
+	t.Setenv("PATH", dir+":/usr/bin")
+	if !onPath(dir) || onPath(t.TempDir()) {
+		t.Error("onPath")
 	}
 }
