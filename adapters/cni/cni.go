@@ -22,6 +22,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
+	cnitypes "github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/insomniacslk/dhcp/dhcpv4"
@@ -489,6 +490,7 @@ func attachment(r *record, res *types100.Result, ifaces []podIface, req ports.Ne
 	if len(att.Interfaces[0].IPs) == 0 {
 		return ports.NetworkAttachment{}, errors.New("the CNI result has no IP address for the pod")
 	}
+	onLinkGateways(&att, res)
 	for _, rt := range res.Routes {
 		route := ports.Route{Destination: rt.Dst.String()}
 		if rt.GW != nil {
@@ -511,6 +513,38 @@ func attachment(r *record, res *types100.Result, ifaces []podIface, req ports.Ne
 		return ports.NetworkAttachment{}, fmt.Errorf("the CNI result: %w", err)
 	}
 	return att, nil
+}
+
+// CalicoGateway is the link-local gateway Calico gives pods (and answers
+// ARP for on the host's end of their veth).
+var CalicoGateway = net.IPv4(169, 254, 1, 1)
+
+// onLinkGateways gives a Calico-style address its gateway: an IPv4 /32
+// without one, in a result whose IPv4 default route has none either (Calico
+// sets it up in the pod's namespace through 169.254.1.1, on-link, and
+// reports neither). The VM then reaches 169.254.1.1 on its link, which
+// Calico's host end answers, as Virtlet's Calico support had it; the DHCP
+// lease says so as clients of a /32 lease expect (router outside the
+// subnet, reached on-link).
+func onLinkGateways(att *ports.NetworkAttachment, res *types100.Result) {
+	deviceDefault := slices.ContainsFunc(res.Routes, func(r *cnitypes.Route) bool {
+		ones, _ := r.Dst.Mask.Size()
+		return ones == 0 && r.Dst.IP.To4() != nil && r.GW == nil
+	})
+	if !deviceDefault {
+		return
+	}
+	for i := range att.Interfaces {
+		for j, c := range att.Interfaces[i].IPs {
+			ip, ipnet, err := net.ParseCIDR(c.Address)
+			if err != nil || ip.To4() == nil || c.Gateway != "" {
+				continue
+			}
+			if ones, _ := ipnet.Mask.Size(); ones == 32 {
+				att.Interfaces[i].IPs[j].Gateway = CalicoGateway.String()
+			}
+		}
+	}
 }
 
 // gatewayFor is the first gateway of the family among the interfaces.
@@ -572,6 +606,13 @@ func leasesFor(att ports.NetworkAttachment, links []plumbing, hostname string) [
 		hasDefault := slices.ContainsFunc(l.Routes, func(r *dhcpv4.Route) bool { ones, _ := r.Dest.Mask.Size(); return ones == 0 })
 		if l.Gateway != nil && hasV4Routes && !hasDefault {
 			l.Routes = append([]*dhcpv4.Route{{Dest: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Router: l.Gateway}}, l.Routes...)
+		}
+		// A gateway outside the address's subnet (Calico's 169.254.1.1 for a
+		// /32) is reached on its link: a host route to it through router
+		// 0.0.0.0, which clients install as a route on the interface, comes
+		// before the routes through it.
+		if l.Gateway != nil && len(l.Routes) > 0 && !(&net.IPNet{IP: l.IP, Mask: l.Mask}).Contains(l.Gateway) {
+			l.Routes = append([]*dhcpv4.Route{{Dest: &net.IPNet{IP: l.Gateway, Mask: net.CIDRMask(32, 32)}, Router: net.IPv4zero.To4()}}, l.Routes...)
 		}
 		out = append(out, *l)
 	}

@@ -140,12 +140,20 @@ func dhcpAsVM(t *testing.T, att ports.NetworkAttachment) *nclient4.Lease {
 
 func dhcpAsVMOn(t *testing.T, iface ports.NetworkInterface) *nclient4.Lease {
 	t.Helper()
+	return dhcpIn(t, vmClient(t, iface))
+}
+
+// vmClient makes a namespace standing for the VM: its interface vmnic has
+// the VM's MAC and joins the host bridge libvirt would plug the VM's tap
+// into. The namespace goes after the test.
+func vmClient(t *testing.T, iface ports.NetworkInterface) string {
+	t.Helper()
 	name := runName("n")
 	nsPath, err := createNetNS(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer deleteNetNS(name)
+	t.Cleanup(func() { deleteNetNS(name) })
 	ns, err := netns.GetFromPath(nsPath)
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +165,7 @@ func dhcpAsVMOn(t *testing.T, iface ports.NetworkInterface) *nclient4.Lease {
 	if err := netlink.LinkAdd(veth); err != nil {
 		t.Fatal(err)
 	}
-	defer netlink.LinkDel(veth)
+	t.Cleanup(func() { netlink.LinkDel(veth) })
 	br, err := netlink.LinkByName(iface.Bridge)
 	if err != nil {
 		t.Fatal(err)
@@ -168,8 +176,14 @@ func dhcpAsVMOn(t *testing.T, iface ports.NetworkInterface) *nclient4.Lease {
 	if err := netlink.LinkSetUp(veth); err != nil {
 		t.Fatal(err)
 	}
+	return nsPath
+}
+
+// dhcpIn asks for a lease from the VM's namespace.
+func dhcpIn(t *testing.T, nsPath string) *nclient4.Lease {
+	t.Helper()
 	var lease *nclient4.Lease
-	err = inNetNS(nsPath, func() error {
+	err := inNetNS(nsPath, func() error {
 		l, err := netlink.LinkByName("vmnic")
 		if err != nil {
 			return err
@@ -570,5 +584,77 @@ func TestNetNSPrefix(t *testing.T) {
 			t.Errorf("netnsPrefix %q: %v", bad, err)
 		}
 		n.Close()
+	}
+}
+
+// A pod Calico sets up (its address a /32, its default route through the
+// link-local 169.254.1.1 on-link, neither in the CNI result) gets a working
+// default route: the attachment and the DHCP lease name 169.254.1.1,
+// reached on the link, and a client that configures itself from the lease
+// as DHCP clients do reaches the host through the proxy ARP of Calico's
+// host end.
+func TestCalicoStyleAddress(t *testing.T) {
+	bin := t.TempDir()
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "virtlet-test-cni-calico"), "github.com/virtlet/virtlet/testing/cnicalico").CombinedOutput(); err != nil {
+		t.Fatalf("build the Calico-style plugin: %v\n%s", err, out)
+	}
+	prefix := harness.RunBridgePrefix(harness.RunID())
+	tn := &testNet{state: t.TempDir(), ipam: t.TempDir(), bridge: runName(""), conf: t.TempDir(), extraBin: bin, netnsPrefix: runName("n") + "-"}
+	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "calico", "type": "virtlet-test-cni-calico", "subnet": "198.18.7.0/24", "hostPrefix": %q}`, prefix)
+	if err := os.WriteFile(filepath.Join(tn.conf, "10-calico.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tn.n = tn.start(t)
+	// What the host routes elsewhere, as a node routes 169.254.1.1 by its
+	// default route (proxy ARP answers for what the host routes through
+	// another link), and an address of the host for the VM to reach.
+	elsewhere := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: runName("d")}} // a link of its own (no dummy module here)
+	if err := netlink.LinkAdd(elsewhere); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netlink.LinkDel(elsewhere) })
+	hostIP := net.IPv4(198, 18, 7, 254)
+	if err := netlink.AddrAdd(elsewhere, &netlink.Addr{IPNet: &net.IPNet{IP: hostIP, Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(elsewhere); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: elsewhere.Attrs().Index, Dst: &net.IPNet{IP: CalicoGateway, Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+
+	_, _, att := setupPod(t, tn)
+	eth0 := att.Interfaces[0]
+	if len(eth0.IPs) != 1 || !strings.HasSuffix(eth0.IPs[0].Address, "/32") || eth0.IPs[0].Gateway != "169.254.1.1" {
+		t.Fatalf("addresses %+v: want a /32 with gateway 169.254.1.1", eth0.IPs)
+	}
+	if len(att.Routes) != 1 || att.Routes[0] != (ports.Route{Destination: "0.0.0.0/0", Gateway: "169.254.1.1"}) {
+		t.Fatalf("routes %+v: want the default route through 169.254.1.1", att.Routes)
+	}
+	nsPath := vmClient(t, eth0)
+	lease := dhcpIn(t, nsPath)
+	ip, _, _ := net.ParseCIDR(eth0.IPs[0].Address)
+	ack := lease.ACK
+	if !ack.YourIPAddr.Equal(ip) || net.IP(ack.SubnetMask()).String() != "255.255.255.255" || len(ack.Router()) != 1 || !ack.Router()[0].Equal(CalicoGateway) {
+		t.Fatalf("lease %s: want %s/32 with router 169.254.1.1", ack.Summary(), ip)
+	}
+	routes := ack.ClasslessStaticRoute()
+	if len(routes) != 2 || routes[0].Dest.String() != "169.254.1.1/32" || !routes[0].Router.Equal(net.IPv4zero) ||
+		routes[1].Dest.String() != "0.0.0.0/0" || !routes[1].Router.Equal(CalicoGateway) {
+		t.Fatalf("classless routes %v: want 169.254.1.1/32 on the link, then the default route through it", routes)
+	}
+	// As a DHCP client applies the lease (dhclient's /32 rule, RFC 3442's
+	// routes with router 0.0.0.0 on the link).
+	for _, args := range [][]string{
+		{"ip", "link", "set", "vmnic", "up"},
+		{"ip", "addr", "add", ip.String() + "/32", "dev", "vmnic"},
+		{"ip", "route", "add", "169.254.1.1/32", "dev", "vmnic"},
+		{"ip", "route", "add", "default", "via", "169.254.1.1", "dev", "vmnic"},
+		{"ping", "-c", "1", "-W", "5", hostIP.String()},
+	} {
+		if out, err := exec.Command("nsenter", append([]string{"--net=" + nsPath}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("in the VM's namespace, %v: %v\n%s", args, err, out)
+		}
 	}
 }

@@ -173,6 +173,16 @@ func TestGolden(t *testing.T) {
 			}
 			return Input{PodName: "p", Namespace: "ns", Options: annotations.Defaults(), Network: two}
 		},
+		// Calico's addressing: a /32 whose gateway, 169.254.1.1, is on the
+		// link outside it; network-config leaves the address to DHCP.
+		"network-calico": func(t *testing.T) Input {
+			calico := &ports.NetworkAttachment{
+				Interfaces: []ports.NetworkInterface{{Name: "eth0", MAC: "0a:58:c6:12:07:09",
+					IPs: []ports.IPConfig{{Address: "198.18.7.9/32", Gateway: "169.254.1.1"}}}},
+				Routes: []ports.Route{{Destination: "0.0.0.0/0", Gateway: "169.254.1.1"}},
+			}
+			return Input{PodName: "p", Namespace: "ns", Options: annotations.Defaults(), Network: calico}
+		},
 		"network-force-dhcp": func(t *testing.T) Input {
 			return Input{PodName: "p", Namespace: "ns", Options: opts(t, annotations.ForceDHCPNetworkConfig, "true"), Network: network}
 		},

@@ -1,6 +1,8 @@
 package cloudinit
 
 import (
+	"net"
+
 	"sigs.k8s.io/yaml"
 
 	"github.com/virtlet/virtlet/ports"
@@ -23,6 +25,15 @@ func networkConfigV1(att *ports.NetworkAttachment) ([]byte, error) {
 		var subnets []interface{}
 		for j, ip := range iface.IPs {
 			role := roles[[2]int{i, j}]
+			if onLinkGateway(ip.Address, role.Gateway) {
+				// network-config v1 cannot say that a gateway lies on the
+				// link outside the subnet (Calico's 169.254.1.1 for a /32):
+				// its renderers route "via" it, which ifupdown, for one,
+				// refuses. DHCP can: the pod's DHCP server answers with this
+				// address, the gateway on the link, and its routes.
+				subnets = append(subnets, map[string]interface{}{"type": "dhcp"})
+				continue
+			}
 			sn := map[string]interface{}{"type": "static", "address": ip.Address}
 			if role.Gateway != "" {
 				sn["gateway"] = role.Gateway
@@ -53,4 +64,13 @@ func networkConfigV1(att *ports.NetworkAttachment) ([]byte, error) {
 		config = append(config, ns)
 	}
 	return yaml.Marshal(map[string]interface{}{"version": 1, "config": config})
+}
+
+// onLinkGateway reports whether an IPv4 address's gateway lies outside its
+// subnet, reached on the link (IPv6 gateways are link-local as a rule,
+// which every renderer handles).
+func onLinkGateway(address, gateway string) bool {
+	ip, subnet, err := net.ParseCIDR(address)
+	gw := net.ParseIP(gateway)
+	return err == nil && gw != nil && ip.To4() != nil && gw.To4() != nil && !subnet.Contains(gw)
 }

@@ -174,6 +174,7 @@ func FuzzNetworkConfig(f *testing.F) {
 				podDefault[dst.IP.To4() != nil] = r.Gateway
 			}
 		}
+		roles, _ := att.AddressRoles()
 		var routes []string
 		for i, want := range att.Interfaces {
 			got := doc.Config[i]
@@ -190,8 +191,19 @@ func FuzzNetworkConfig(f *testing.F) {
 				t.Fatalf("interface %d: subnets %+v, addresses %+v", i, got.Subnets, want.IPs)
 			}
 			for j, sn := range got.Subnets {
-				addr, _, _ := net.ParseCIDR(want.IPs[j].Address)
+				addr, subnet, _ := net.ParseCIDR(want.IPs[j].Address)
 				v4 := addr.To4() != nil
+				if sn.Type == "dhcp" {
+					// Only for an IPv4 address whose gateway is on the
+					// link, outside its subnet: DHCP says what it is.
+					gw := net.ParseIP(roles[[2]int{i, j}].Gateway)
+					if !v4 || gw == nil || subnet.Contains(gw) {
+						t.Fatalf("interface %d subnet %d: dhcp for %+v (gateway %v)", i, j, want.IPs[j], gw)
+					}
+					gateways[v4]++
+					defaultVia[v4] = gw.String()
+					continue
+				}
 				if sn.Type != "static" || sn.Address != want.IPs[j].Address || (sn.Gateway != "" && sn.Gateway != want.IPs[j].Gateway && sn.Gateway != podDefault[v4]) {
 					t.Fatalf("interface %d subnet %d: %+v, want %+v", i, j, sn, want.IPs[j])
 				}
