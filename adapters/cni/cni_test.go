@@ -658,3 +658,43 @@ func TestCalicoStyleAddress(t *testing.T) {
 		}
 	}
 }
+
+// A pod interface that is an SR-IOV virtual function (its PCI device has a
+// physfn link) is refused by name; a physical function or a veth is not
+// one.
+func TestSRIOVVirtualFunctionsAreRefused(t *testing.T) {
+	root := t.TempDir()
+	defer func(d string) { pciDevices = d }(pciDevices)
+	pciDevices = root
+	os.MkdirAll(filepath.Join(root, "0000:03:00.0"), 0o755)
+	os.MkdirAll(filepath.Join(root, "0000:03:02.1"), 0o755)
+	os.Symlink("../0000:03:00.0", filepath.Join(root, "0000:03:02.1", "physfn"))
+	if vfAt("0000:03:02.1") != "0000:03:02.1" || vfAt("0000:03:00.0") != "" || vfAt("../0000:03:02.1") != "" || vfAt("..") != "" {
+		t.Error("vfAt")
+	}
+	err := errSRIOV("net1", "0000:03:02.1")
+	if !errors.Is(err, ports.ErrUnimplemented) || !strings.Contains(err.Error(), "pod interface net1 is the SR-IOV virtual function 0000:03:02.1") ||
+		!strings.Contains(err.Error(), `ARCHITECTURE.md, "SR-IOV"`) {
+		t.Errorf("error %v", err)
+	}
+	// A veth reports no PCI bus: no VF.
+	name := runName("n")
+	nsPath, err := createNetNS(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer deleteNetNS(name)
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: runName("c")}, PeerName: "podnic", PeerNamespace: netlink.NsFd(int(ns))}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatal(err)
+	}
+	defer netlink.LinkDel(veth)
+	if vf, err := sriovVF(nsPath, "podnic"); vf != "" || err != nil {
+		t.Errorf("a veth: VF %q, %v", vf, err)
+	}
+}

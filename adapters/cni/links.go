@@ -82,6 +82,11 @@ func wireVM(nsPath string, p plumbing) (podInterface, error) {
 	if err != nil {
 		return pi, fmt.Errorf("pod interface %s: %w", ifName, err)
 	}
+	if vf, err := sriovVF(nsPath, ifName); err != nil {
+		return pi, fmt.Errorf("pod interface %s: %w", ifName, err)
+	} else if vf != "" {
+		return pi, errSRIOV(ifName, vf)
+	}
 	pi.MAC, pi.MTU = eth.Attrs().HardwareAddr, eth.Attrs().MTU
 	addrs, err := pod.AddrList(eth, netlink.FAMILY_ALL)
 	if err != nil {
