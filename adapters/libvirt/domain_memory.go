@@ -9,7 +9,8 @@ import (
 // setMemory sets the memory: the most the VM can be resized to, what it
 // starts with (its balloon holding the rest), its hugepages, and the
 // balloon, through which the guest reports its memory use every few
-// seconds (stats).
+// seconds (stats) and hands back the pages it frees (free page reporting:
+// QEMU drops them, so the host gets back what the guest no longer uses).
 func setMemory(d *libvirtxml.Domain, in domainInput, slots pciSlots) error {
 	s := in.Spec
 	d.Memory = &libvirtxml.DomainMemory{Value: uint((maxMemory(s) + 1023) / 1024), Unit: "KiB"}
@@ -20,7 +21,8 @@ func setMemory(d *libvirtxml.Domain, in domainInput, slots pciSlots) error {
 		d.MemoryBacking = &libvirtxml.DomainMemoryBacking{MemoryHugePages: &libvirtxml.DomainMemoryHugepages{
 			Hugepages: []libvirtxml.DomainMemoryHugepage{{Size: uint(size >> 10), Unit: "KiB"}}}}
 	}
-	d.Devices.MemBalloon = &libvirtxml.DomainMemBalloon{Model: "virtio", Stats: &libvirtxml.DomainMemBalloonStats{Period: balloonPeriod}, Address: slots.at(slots.balloon)}
+	d.Devices.MemBalloon = &libvirtxml.DomainMemBalloon{Model: "virtio", FreePageReporting: "on",
+		Stats: &libvirtxml.DomainMemBalloonStats{Period: balloonPeriod}, Address: slots.at(slots.balloon)}
 	return nil
 }
 

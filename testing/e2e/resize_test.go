@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -109,6 +111,81 @@ func TestInPlaceVCPUResize(t *testing.T) {
 	if got := vcpuCount(); got != "3" {
 		t.Errorf("virsh vcpucount --live --active after growing back: %q", got)
 	}
+	c.Must(t, "rmp", "-f", sb)
+	assertNothingLeft(t, d, c)
+}
+
+// Memory a guest frees goes back to the host: every domain's balloon has
+// free page reporting on, so QEMU's resident memory grows by what the
+// guest touches and shrinks back (≥ 90 % of it) once the guest frees it.
+// The guest reports freed pages after 2 s; the bound here is a minute, for
+// a loaded machine: how long it takes is a benchmark's figure, not this
+// test's.
+func TestFreedGuestMemoryGoesBack(t *testing.T) {
+	parallel(t)
+	d, c := startDaemon(t)
+	c.Must(t, "pull", tinyRef)
+	podJSON, ctrJSON := vmPod(t, d, "freepages", nil, 512<<20)
+	sb, ctr, _ := bootTiny(t, c, podJSON, ctrJSON)
+	domain := inspectCtr(t, c, ctr).VM.Name
+	if xml, err := harness.Virsh("dumpxml", domain); err != nil || !strings.Contains(xml, `freePageReporting="on"`) && !strings.Contains(xml, `freePageReporting='on'`) {
+		t.Fatalf("the domain's balloon has no free page reporting: %v\n%s", err, xml)
+	}
+	rss := func() int64 {
+		pid, err := harness.QEMUPID(domain)
+		if err != nil {
+			return 0
+		}
+		status, err := os.ReadFile("/proc/" + pid + "/status")
+		if err != nil {
+			return 0
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				return kb << 10
+			}
+		}
+		return 0
+	}
+	// The guest settles after boot (its agent, page cache) before the
+	// baseline is taken.
+	time.Sleep(3 * time.Second)
+	before := rss()
+	if before == 0 {
+		t.Fatal("no QEMU resident memory to read")
+	}
+	const touched = 300 << 20
+	var peak atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if r := rss(); r > peak.Load() {
+				peak.Store(r)
+			}
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-t.Context().Done():
+				return
+			}
+			if peak.Load() >= before+touched*2/3 {
+				return
+			}
+		}
+	}()
+	// busybox dd allocates its 300 MiB block, fills it from /dev/zero and
+	// frees it when it exits.
+	c.Must(t, "exec", "-s", "--timeout", "120", ctr, "dd", "if=/dev/zero", "of=/dev/null", "bs=300M", "count=1")
+	<-done
+	if peak.Load() < before+touched*2/3 {
+		t.Fatalf("QEMU's resident memory went from %d MiB to at most %d MiB while the guest touched %d MiB: the test touched too little", before>>20, peak.Load()>>20, touched>>20)
+	}
+	freed := time.Now()
+	harness.Eventually(t, time.Minute, "QEMU's resident memory back within 10 % of what the guest touched", func() bool {
+		return rss() <= before+touched/10
+	})
+	t.Logf("QEMU RSS %d MiB → peak %d MiB → %d MiB %.1f s after the guest freed it", before>>20, peak.Load()>>20, rss()>>20, time.Since(freed).Seconds())
 	c.Must(t, "rmp", "-f", sb)
 	assertNothingLeft(t, d, c)
 }
