@@ -156,6 +156,10 @@ type VMSpec struct {
 	SecureBoot bool
 	// HyperV gives the guest Hyper-V enlightenments (KVM only).
 	HyperV bool
+	// NoMemorySharing keeps the host from merging the VM's memory pages
+	// with other VMs' (KSM): identical pages shared across tenants are a
+	// known side channel (VirtletMemorySharing: "false").
+	NoMemorySharing bool
 	// Clock is the guest's hardware clock and timers.
 	Clock ClockSpec
 	// Watchdog, when set, is the VM's watchdog device: a guest that stops

@@ -21,6 +21,13 @@ func setMemory(d *libvirtxml.Domain, in domainInput, slots pciSlots) error {
 		d.MemoryBacking = &libvirtxml.DomainMemoryBacking{MemoryHugePages: &libvirtxml.DomainMemoryHugepages{
 			Hugepages: []libvirtxml.DomainMemoryHugepage{{Size: uint(size >> 10), Unit: "KiB"}}}}
 	}
+	if s.NoMemorySharing {
+		// QEMU marks guest memory mergeable unless told otherwise.
+		if d.MemoryBacking == nil {
+			d.MemoryBacking = &libvirtxml.DomainMemoryBacking{}
+		}
+		d.MemoryBacking.MemoryNosharepages = &libvirtxml.DomainMemoryNosharepages{}
+	}
 	d.Devices.MemBalloon = &libvirtxml.DomainMemBalloon{Model: "virtio", FreePageReporting: "on",
 		Stats: &libvirtxml.DomainMemBalloonStats{Period: balloonPeriod}, Address: slots.at(slots.balloon)}
 	return nil

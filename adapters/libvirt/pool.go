@@ -161,6 +161,8 @@ func poolable(s ports.VMSpec, domainType string) (poolShape, string) {
 		why = "UEFI firmware or Hyper-V enlightenments"
 	case s.HugepageSizeBytes > 0 || len(s.CPUSet) > 0:
 		why = "hugepages or pinned CPUs"
+	case s.NoMemorySharing:
+		why = "no memory sharing (VirtletMemorySharing), which a domain takes at its launch"
 	case s.MaxMemoryBytes > s.MemoryBytes:
 		why = "a memory ceiling above its memory (VirtletMaxMemory)"
 	case hotplugVCPUs(s) != nil:

@@ -62,6 +62,7 @@ func TestPoolable(t *testing.T) {
 		{"uefi", with(annotations.Firmware, "uefi"), nil, "UEFI"},
 		{"hyperv", with(annotations.HyperV, "true"), nil, "Hyper-V"},
 		{"hugepages", with(), func(s *ports.VMSpec) { s.HugepageSizeBytes = 2 << 20 }, "hugepages"},
+		{"no memory sharing", with(), func(s *ports.VMSpec) { s.NoMemorySharing = true }, "VirtletMemorySharing"},
 		{"pinned", with(), func(s *ports.VMSpec) { s.CPUSet = []int{1} }, "pinned"},
 		{"memory ceiling", with(), func(s *ports.VMSpec) { s.MaxMemoryBytes = 2 * s.MemoryBytes }, "VirtletMaxMemory"},
 		{"vCPU hotplug", with(), func(s *ports.VMSpec) { s.MaxVCPUs = 4 }, "VirtletMaxVCPUCount"},

@@ -84,6 +84,9 @@ const (
 	// up, at least VirtletVCPUCount), and an in-place resize of the limit
 	// hot-plugs or unplugs vCPUs.
 	MaxVCPUCount = "VirtletMaxVCPUCount"
+	// MemorySharing, "false", keeps the host from merging the VM's memory
+	// pages with other VMs' (KSM).
+	MemorySharing = "VirtletMemorySharing"
 )
 
 // MaxVCPUs is the largest VirtletVCPUCount accepted.
@@ -176,6 +179,8 @@ type VMOptions struct {
 	// RootfsReinit allows overwriting a persistent root filesystem that
 	// holds something else than the pod's image.
 	RootfsReinit bool `json:"persistentRootfsReinit,omitempty"`
+	// NoMemorySharing: VirtletMemorySharing "false".
+	NoMemorySharing bool `json:"noMemorySharing,omitempty"`
 }
 
 // Defaults returns the options of a VM pod without Virtlet annotations.
@@ -749,6 +754,15 @@ func (p *parser) misc() {
 	p.opts.Chown9pfsMounts = p.boolean(Chown9pfsMounts)
 	p.opts.ForceDHCP = p.boolean(ForceDHCPNetworkConfig)
 	p.opts.RootfsReinit = p.boolean(PersistentRootfsReinit)
+	if v, ok := p.get(MemorySharing); ok {
+		switch v {
+		case "true":
+		case "false":
+			p.opts.NoMemorySharing = true
+		default:
+			p.fail(MemorySharing, v, "true or false", "")
+		}
+	}
 	if v, ok := p.get(SystemUUID); ok {
 		id, err := uuid.Parse(strings.TrimSpace(v))
 		switch {

@@ -60,6 +60,8 @@ var Reference = []Doc{
 	{ForceDHCPNetworkConfig, "true or false", "false", "the guest configures its network by DHCP only: no network-config in the cloud-init data"},
 	{PersistentRootfsReinit, "true or false, with a persistent root filesystem", "false",
 		"overwrite a persistent root filesystem that holds another image (or data that is not one) with the pod's image"},
+	{MemorySharing, "true or false", "true",
+		"false keeps the host from merging the VM's memory pages with other VMs' (KSM, where the node runs it): identical pages shared across tenants are a known side channel"},
 	{Preset, "the name of one of the node's VM presets", "", "the operator's preset the pod starts from; the pod's own annotations win over it"},
 }
 

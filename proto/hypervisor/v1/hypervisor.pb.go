@@ -2132,10 +2132,12 @@ type VMSpec struct {
 	HyperV         bool  `protobuf:"varint,24,opt,name=hyper_v,json=hyperV,proto3" json:"hyper_v,omitempty"`
 	// vCPU hotplug: the VM boots with vcpus of max_vcpus, the first
 	// min_vcpus of them fixed (0, 0: vcpus, all fixed).
-	MaxVcpus      int32 `protobuf:"varint,25,opt,name=max_vcpus,json=maxVcpus,proto3" json:"max_vcpus,omitempty"`
-	MinVcpus      int32 `protobuf:"varint,26,opt,name=min_vcpus,json=minVcpus,proto3" json:"min_vcpus,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MaxVcpus int32 `protobuf:"varint,25,opt,name=max_vcpus,json=maxVcpus,proto3" json:"max_vcpus,omitempty"`
+	MinVcpus int32 `protobuf:"varint,26,opt,name=min_vcpus,json=minVcpus,proto3" json:"min_vcpus,omitempty"`
+	// The host never merges the VM's memory pages with others' (KSM).
+	NoMemorySharing bool `protobuf:"varint,27,opt,name=no_memory_sharing,json=noMemorySharing,proto3" json:"no_memory_sharing,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *VMSpec) Reset() {
@@ -2348,6 +2350,13 @@ func (x *VMSpec) GetMinVcpus() int32 {
 		return x.MinVcpus
 	}
 	return 0
+}
+
+func (x *VMSpec) GetNoMemorySharing() bool {
+	if x != nil {
+		return x.NoMemorySharing
+	}
+	return false
 }
 
 type Watchdog struct {
@@ -3163,7 +3172,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x04name\x18\b \x01(\tR\x04name\x12\x12\n" +
 	"\x04uuid\x18\t \x01(\tR\x04uuid\x12 \n" +
 	"\vprelaunched\x18\n" +
-	" \x01(\bR\vprelaunched\"\xb2\a\n" +
+	" \x01(\bR\vprelaunched\"\xde\a\n" +
 	"\x06VMSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -3193,7 +3202,8 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x10max_memory_bytes\x18\x17 \x01(\x03R\x0emaxMemoryBytes\x12\x17\n" +
 	"\ahyper_v\x18\x18 \x01(\bR\x06hyperV\x12\x1b\n" +
 	"\tmax_vcpus\x18\x19 \x01(\x05R\bmaxVcpus\x12\x1b\n" +
-	"\tmin_vcpus\x18\x1a \x01(\x05R\bminVcpus\"8\n" +
+	"\tmin_vcpus\x18\x1a \x01(\x05R\bminVcpus\x12*\n" +
+	"\x11no_memory_sharing\x18\x1b \x01(\bR\x0fnoMemorySharing\"8\n" +
 	"\bWatchdog\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\"\xa9\x01\n" +
