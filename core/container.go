@@ -39,6 +39,8 @@ type ContainerConfig struct {
 	// figures (quota ≤ 0: no limit). A VM with VirtletMaxVCPUCount has as
 	// many vCPUs as the limit, rounded up.
 	CPUQuota, CPUPeriod int64
+	// CPUShares is the container's CPU request as CFS shares (0: none).
+	CPUShares int64
 }
 
 // HugepageLimit is a container's limit of hugepages of one size.

@@ -16,9 +16,42 @@ import (
 type ContainerResources struct {
 	MemoryLimitBytes int64  // 0: unchanged
 	CPUSet           string // "": unchanged
-	// CPUQuota and CPUPeriod are the CPU limit (quota ≤ 0: none, the vCPUs
-	// are unchanged).
+	// CPUQuota and CPUPeriod are the CPU limit (quota ≤ 0: unchanged).
 	CPUQuota, CPUPeriod int64
+	// CPUShares is the CPU request as CFS shares (0: unchanged).
+	CPUShares int64
+}
+
+// minShares are the CFS shares kubelet gives a container without a CPU
+// request (cgroup v2's least weight): such a VM keeps the hypervisor's
+// default weight, as every other VM without a request does, rather than
+// the least, which would starve it beside VMs created outside kubelet.
+const minShares = 2
+
+// cpuLimits are the VM's CPU limits for a container's CFS figures: the
+// request's shares, and the limit's quota per period for the whole VM.
+func cpuLimits(shares, period, quota int64) ports.CPULimits {
+	l := ports.CPULimits{}
+	if shares > minShares {
+		l.Shares = uint64(shares)
+	}
+	if quota > 0 {
+		l.Quota, l.Period = quota, cfsPeriod(period)
+	}
+	return l
+}
+
+// resizedCPULimits are the VM's CPU limits after a resize: what it asks
+// for replaces what it names.
+func resizedCPULimits(spec ports.VMSpec, res ContainerResources) ports.CPULimits {
+	l := spec.CPULimits
+	if res.CPUShares > minShares {
+		l.Shares = uint64(res.CPUShares)
+	}
+	if res.CPUQuota > 0 {
+		l.Quota, l.Period = res.CPUQuota, cfsPeriod(res.CPUPeriod)
+	}
+	return l
 }
 
 // checkMaxMemory: VirtletMaxMemory leaves room above the VM's memory for
@@ -106,6 +139,16 @@ func (r *Runtime) UpdateContainerResources(ctx context.Context, id string, res C
 			return err
 		}
 		r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": spec.Name, "from": spec.VCPUs, "to": vcpus}).Info("VM vCPUs resized")
+	}
+	if limits := resizedCPULimits(spec, res); limits != spec.CPULimits {
+		if err := r.deps.Hypervisor.SetCPULimits(ctx, c.ID, limits); err != nil {
+			return fmt.Errorf("set the CPU limits of VM %s: %w", spec.Name, err)
+		}
+		if c, err = r.resized(ctx, c, func(s *ports.VMSpec) { s.CPULimits = limits }); err != nil {
+			return err
+		}
+		r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": spec.Name, "shares": limits.Shares,
+			"limit": cpuLimit(limits.Quota, limits.Period)}).Info("VM CPU limits changed")
 	}
 	if memory != spec.MemoryBytes {
 		if err := r.deps.Hypervisor.SetMemory(ctx, c.ID, memory); err != nil {

@@ -198,3 +198,46 @@ func TestVCPUsFollowTheCPULimit(t *testing.T) {
 		t.Fatalf("a VM without VirtletMaxVCPUCount: %d vCPUs (max %d)", hv.VCPUs, hv.MaxVCPUs)
 	}
 }
+
+// A container's CPU request and limit are its VM's weight and limit (the
+// whole VM's quota per period); a resize changes them, and what a resize
+// leaves out stays. kubelet's shares for no request (2) keep the default
+// weight.
+func TestCPULimits(t *testing.T) {
+	e := newEnv(t)
+	sb := e.runPod(t, "p", nil)
+	cfg := vmContainer(e.pull(t))
+	cfg.CPUShares, cfg.CPUQuota, cfg.CPUPeriod = 512, 50_000, 100_000
+	ctx := context.Background()
+	id, err := e.rt.CreateContainer(ctx, sb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, want ports.CPULimits) {
+		t.Helper()
+		c, _ := e.rt.ContainerStatus(ctx, id)
+		hvSpec, _ := e.hv.Spec(id)
+		if c.Spec.CPULimits != want || hvSpec.CPULimits != want {
+			t.Errorf("%s: record %+v, hypervisor %+v, want %+v", what, c.Spec.CPULimits, hvSpec.CPULimits, want)
+		}
+	}
+	check("created", ports.CPULimits{Shares: 512, Period: 100_000, Quota: 50_000})
+	if err := e.rt.UpdateContainerResources(ctx, id, core.ContainerResources{CPUQuota: 25_000, CPUPeriod: 100_000}); err != nil {
+		t.Fatal(err)
+	}
+	check("limit resized", ports.CPULimits{Shares: 512, Period: 100_000, Quota: 25_000})
+	if err := e.rt.UpdateContainerResources(ctx, id, core.ContainerResources{CPUShares: 1024, MemoryLimitBytes: cfg.MemoryLimitBytes}); err != nil {
+		t.Fatal(err)
+	}
+	check("request resized", ports.CPULimits{Shares: 1024, Period: 100_000, Quota: 25_000})
+
+	sb2 := e.runPod(t, "q", nil)
+	cfg.CPUShares, cfg.CPUQuota, cfg.CPUPeriod = 2, 0, 0
+	id2, err := e.rt.CreateContainer(ctx, sb2, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hvSpec, _ := e.hv.Spec(id2); hvSpec.CPULimits != (ports.CPULimits{}) {
+		t.Errorf("no request, no limit: %+v", hvSpec.CPULimits)
+	}
+}

@@ -46,6 +46,20 @@ type Hypervisor interface {
 	// when the VM runs (the guest's agent brings new ones online), and for
 	// its next boot.
 	SetVCPUs(ctx context.Context, id string, n int) error
+	// SetCPULimits sets the VM's CPU weight and limit: live when it runs,
+	// and for its next boot.
+	SetCPULimits(ctx context.Context, id string, l CPULimits) error
+}
+
+// CPULimits are a VM's share of the node's CPU time, as a pod's CPU
+// request and limit give a container's (CFS): Shares weighs the VM against
+// the others (cpu_shares, 2 to 262144; 0: the hypervisor's default), and
+// the whole VM may use Quota microseconds of CPU time per Period (Quota ≤
+// 0: no limit; Period 0: 100 ms).
+type CPULimits struct {
+	Shares uint64
+	Period int64
+	Quota  int64
 }
 
 // WithoutSecrets returns a copy of the spec whose disks carry no
@@ -160,6 +174,8 @@ type VMSpec struct {
 	// with other VMs' (KSM): identical pages shared across tenants are a
 	// known side channel (VirtletMemorySharing: "false").
 	NoMemorySharing bool
+	// CPULimits are the VM's CPU weight and limit.
+	CPULimits CPULimits
 	// Clock is the guest's hardware clock and timers.
 	Clock ClockSpec
 	// Watchdog, when set, is the VM's watchdog device: a guest that stops

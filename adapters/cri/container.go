@@ -22,6 +22,7 @@ func (s *Server) CreateContainer(ctx context.Context, req *runtimeapi.CreateCont
 		CPUSet:           c.GetLinux().GetResources().GetCpusetCpus(),
 		CPUQuota:         c.GetLinux().GetResources().GetCpuQuota(),
 		CPUPeriod:        c.GetLinux().GetResources().GetCpuPeriod(),
+		CPUShares:        c.GetLinux().GetResources().GetCpuShares(),
 	}
 	// kubelet lists every page size the node has, with limit 0 unless the
 	// pod asks for that size.
@@ -243,7 +244,7 @@ func unsupported(call, why string) error {
 func (s *Server) UpdateContainerResources(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
 	res := req.GetLinux()
 	err := s.rt.UpdateContainerResources(ctx, req.ContainerId, core.ContainerResources{
-		MemoryLimitBytes: res.GetMemoryLimitInBytes(), CPUSet: res.GetCpusetCpus(), CPUQuota: res.GetCpuQuota(), CPUPeriod: res.GetCpuPeriod()})
+		MemoryLimitBytes: res.GetMemoryLimitInBytes(), CPUSet: res.GetCpusetCpus(), CPUQuota: res.GetCpuQuota(), CPUPeriod: res.GetCpuPeriod(), CPUShares: res.GetCpuShares()})
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"libvirt.org/go/libvirt"
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/virtlet/virtlet/ports"
@@ -25,7 +26,42 @@ func setCompute(d *libvirtxml.Domain, in domainInput, _ pciSlots) error {
 	}
 	d.CPU = cpu
 	d.CPUTune = cpuTune(topVCPUs(s), s.CPUSet, in.HostCPUs)
+	if l := s.CPULimits; l.Shares > 0 || l.Quota > 0 {
+		if d.CPUTune == nil {
+			d.CPUTune = &libvirtxml.DomainCPUTune{}
+		}
+		if l.Shares > 0 {
+			d.CPUTune.Shares = &libvirtxml.DomainCPUTuneShares{Value: uint(l.Shares)}
+		}
+		if l.Quota > 0 {
+			// The whole VM's limit, its vCPUs and QEMU's own threads
+			// together, as a container's is.
+			d.CPUTune.GlobalPeriod = &libvirtxml.DomainCPUTunePeriod{Value: uint64(cfsPeriod(l.Period))}
+			d.CPUTune.GlobalQuota = &libvirtxml.DomainCPUTuneQuota{Value: l.Quota}
+		}
+	}
 	return nil
+}
+
+// cfsPeriod is a CFS period, CFS's default when none is given.
+func cfsPeriod(period int64) int64 {
+	if period <= 0 {
+		return 100_000
+	}
+	return period
+}
+
+// schedulerParams are libvirt's scheduler parameters for CPU limits: a
+// limit of none is libvirt's -1 (no quota).
+func schedulerParams(l ports.CPULimits) *libvirt.DomainSchedulerParameters {
+	p := &libvirt.DomainSchedulerParameters{GlobalPeriodSet: true, GlobalPeriod: uint64(cfsPeriod(l.Period)), GlobalQuotaSet: true, GlobalQuota: -1}
+	if l.Quota > 0 {
+		p.GlobalQuota = l.Quota
+	}
+	if l.Shares > 0 {
+		p.CpuSharesSet, p.CpuShares = true, l.Shares
+	}
+	return p
 }
 
 func domainCPU(c ports.CPUSpec) (*libvirtxml.DomainCPU, error) {

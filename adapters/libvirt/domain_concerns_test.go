@@ -12,7 +12,7 @@ import (
 // concernCases names, for each concern of the converter, the golden cases
 // that exercise it.
 var concernCases = map[string][]string{
-	"compute":  {"defaults", "vcpu-hotplug", "cpu-topology", "pinned", "libvirt-cpu-setting"},
+	"compute":  {"defaults", "vcpu-hotplug", "cpu-topology", "pinned", "libvirt-cpu-setting", "cpu-limits"},
 	"memory":   {"defaults", "max-memory", "hugepages-2m", "volumes"},
 	"clock":    {"defaults", "clock-offset-timers", "clock-timezone"},
 	"firmware": {"defaults", "q35", "uefi-secure-boot", "hyperv", "system-uuid"},

@@ -87,6 +87,8 @@ func domainCases() []domainCase {
 		{"max-memory", with(), func(s *ports.VMSpec) { s.MaxMemoryBytes = 512 << 20 }, true},
 		{"hyperv", with(annotations.HyperV, "true"), nil, true},
 		{"no-memory-sharing", with(annotations.MemorySharing, "false"), nil, true},
+		// A CPU request and a 0.5 CPU limit, for the whole VM.
+		{"cpu-limits", with(), func(s *ports.VMSpec) { s.CPULimits = ports.CPULimits{Shares: 512, Period: 100_000, Quota: 50_000} }, true},
 		{"uefi", with(annotations.Firmware, "uefi"), nil, true},
 		{"uefi-secure-boot", with(annotations.Firmware, "uefi", annotations.SecureBoot, "true", annotations.MachineType, "q35"), nil, true},
 		{"pinned-to-all-host-cpus", with(annotations.VCPUCount, "2"), func(s *ports.VMSpec) { s.CPUSet = []int{0, 1, 2, 3} }, true},

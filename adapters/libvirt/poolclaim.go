@@ -103,6 +103,12 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 			return fail(fmt.Sprintf("plug in NIC %d", i), libvirtError("plug in a NIC", err))
 		}
 	}
+	// The pool domain was launched without the VM's CPU weight and limit.
+	if l := spec.CPULimits; l.Shares > 0 || l.Quota > 0 {
+		if err := step("cpuLimits", func() error { return dom.SetSchedulerParametersFlags(schedulerParams(l), libvirt.DOMAIN_AFFECT_LIVE) }); err != nil {
+			return fail("set its CPU limits", libvirtError("set CPU limits", err))
+		}
+	}
 	// The guest has not run: a reset makes the firmware and the guest
 	// find the hot-plugged devices as a cold machine's (no pending ACPI
 	// hotplug event, the boot order read again).

@@ -51,6 +51,40 @@ func (h *Hypervisor) SetMemory(ctx context.Context, id string, bytes int64) erro
 	return nil
 }
 
+// SetCPULimits sets a VM's CPU weight and limit (libvirt's scheduler
+// parameters: cpu_shares, global_period and global_quota, the whole VM's),
+// live while it runs and in its definition for the next boot.
+func (h *Hypervisor) SetCPULimits(ctx context.Context, id string, l ports.CPULimits) error {
+	r, dom, err := h.lookup(id)
+	if err != nil {
+		return err
+	}
+	defer dom.Free()
+	if l.Shares > 262144 || l.Quota > 0 && l.Quota < 1000 {
+		return &ports.InvalidError{Field: "resources cpu", Value: fmt.Sprintf("shares %d, quota %d", l.Shares, l.Quota),
+			Allowed: "cpu_shares up to 262144, a quota of at least 1000 µs (1 millicore per 1 s period)"}
+	}
+	h.mu.Lock()
+	name := r.Spec.Name
+	h.mu.Unlock()
+	flags := libvirt.DOMAIN_AFFECT_CONFIG
+	if state, _, err := dom.GetState(); err == nil && (state == libvirt.DOMAIN_RUNNING || state == libvirt.DOMAIN_PAUSED) {
+		flags |= libvirt.DOMAIN_AFFECT_LIVE
+	}
+	if err := dom.SetSchedulerParametersFlags(schedulerParams(l), flags); err != nil {
+		return libvirtError("set the CPU limits of domain "+name, err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := r.Spec.CPULimits
+	r.Spec.CPULimits = l
+	if err := h.saveRecord(r); err != nil {
+		r.Spec.CPULimits = old
+		return err
+	}
+	return nil
+}
+
 // SetVCPUs changes a VM's vCPUs within its range, live while it runs and
 // in its definition for the next boot. Growing hot-plugs vCPUs and has the
 // guest's agent bring them online in the background (Linux leaves a

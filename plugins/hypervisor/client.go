@@ -183,6 +183,21 @@ func (c *Client) SetMemory(ctx context.Context, id string, bytes int64) error {
 	return c.conn.Error(err)
 }
 
+func (c *Client) SetCPULimits(ctx context.Context, id string, l ports.CPULimits) error {
+	rpc, err := c.rpc()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := base.WithTimeout(ctx, base.QuickCallTimeout)
+	defer cancel()
+	limits := CPULimitsToProto(l)
+	if limits == nil {
+		limits = &hypervisorv1.CPULimits{}
+	}
+	_, err = rpc.SetCPULimits(ctx, &hypervisorv1.SetCPULimitsRequest{Id: id, Limits: limits})
+	return c.conn.Error(err)
+}
+
 func (c *Client) SetVCPUs(ctx context.Context, id string, n int) error {
 	rpc, err := c.rpc()
 	if err != nil {

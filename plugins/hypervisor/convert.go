@@ -13,7 +13,7 @@ func specToProto(s ports.VMSpec) *hypervisorv1.VMSpec {
 		Vcpus: int32(s.VCPUs), MaxVcpus: int32(s.MaxVCPUs), MinVcpus: int32(s.MinVCPUs), MemoryBytes: s.MemoryBytes, MaxMemoryBytes: s.MaxMemoryBytes, HugepageSizeBytes: s.HugepageSizeBytes,
 		Cpu:   &hypervisorv1.CPUSpec{Model: s.CPU.Model, Setting: cpuSettingToProto(s.CPU.Setting)},
 		Disks: base.DisksToProto(s.Disks), Filesystems: base.FilesystemsToProto(s.Filesystems), Nics: base.NICsToProto(s.NICs),
-		ConsoleLogPath: s.ConsoleLogPath, RunAs: base.IdentityToProto(s.RunAs), Machine: s.Machine, Firmware: s.Firmware, SecureBoot: s.SecureBoot, HyperV: s.HyperV, NoMemorySharing: s.NoMemorySharing,
+		ConsoleLogPath: s.ConsoleLogPath, RunAs: base.IdentityToProto(s.RunAs), Machine: s.Machine, Firmware: s.Firmware, SecureBoot: s.SecureBoot, HyperV: s.HyperV, NoMemorySharing: s.NoMemorySharing, CpuLimits: CPULimitsToProto(s.CPULimits),
 		Clock: clockToProto(s.Clock), Watchdog: watchdogToProto(s.Watchdog), CpuSet: ints32(s.CPUSet),
 	}
 }
@@ -25,7 +25,7 @@ func specFromProto(p *hypervisorv1.VMSpec) ports.VMSpec {
 		VCPUs: int(p.Vcpus), MaxVCPUs: int(p.MaxVcpus), MinVCPUs: int(p.MinVcpus), MemoryBytes: p.MemoryBytes, MaxMemoryBytes: p.MaxMemoryBytes, HugepageSizeBytes: p.HugepageSizeBytes,
 		CPU:   ports.CPUSpec{Model: p.GetCpu().GetModel(), Setting: cpuSettingFromProto(p.GetCpu().GetSetting())},
 		Disks: base.DisksFromProto(p.Disks), Filesystems: base.FilesystemsFromProto(p.Filesystems), NICs: base.NICsFromProto(p.Nics),
-		ConsoleLogPath: p.ConsoleLogPath, RunAs: base.IdentityFromProto(p.RunAs), Machine: p.Machine, Firmware: p.Firmware, SecureBoot: p.SecureBoot, HyperV: p.HyperV, NoMemorySharing: p.NoMemorySharing,
+		ConsoleLogPath: p.ConsoleLogPath, RunAs: base.IdentityFromProto(p.RunAs), Machine: p.Machine, Firmware: p.Firmware, SecureBoot: p.SecureBoot, HyperV: p.HyperV, NoMemorySharing: p.NoMemorySharing, CPULimits: CPULimitsFromProto(p.GetCpuLimits()),
 		Clock: clockFromProto(p.GetClock()), Watchdog: watchdogFromProto(p.GetWatchdog()), CPUSet: ints(p.GetCpuSet()),
 	}
 }
@@ -150,4 +150,16 @@ func ints(in []int32) []int {
 		out = append(out, int(v))
 	}
 	return out
+}
+
+// CPULimitsToProto and CPULimitsFromProto convert a VM's CPU limits.
+func CPULimitsToProto(l ports.CPULimits) *hypervisorv1.CPULimits {
+	if l == (ports.CPULimits{}) {
+		return nil
+	}
+	return &hypervisorv1.CPULimits{Shares: l.Shares, Period: l.Period, Quota: l.Quota}
+}
+
+func CPULimitsFromProto(p *hypervisorv1.CPULimits) ports.CPULimits {
+	return ports.CPULimits{Shares: p.GetShares(), Period: p.GetPeriod(), Quota: p.GetQuota()}
 }

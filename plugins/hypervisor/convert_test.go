@@ -17,7 +17,7 @@ func TestSpecCrossesThePluginBoundary(t *testing.T) {
 		PodName: "pod", PodNamespace: "ns", PodUID: "uid",
 		VCPUs: 2, MaxVCPUs: 4, MinVCPUs: 1, MemoryBytes: 128 << 20, MaxMemoryBytes: 256 << 20, HugepageSizeBytes: 2 << 20,
 		CPU:    ports.CPUSpec{Model: "host-model", Setting: &ports.CPUSetting{Mode: "custom", Model: &ports.CPUSettingModel{Value: "qemu64"}}},
-		CPUSet: []int{1, 3}, Machine: "q35", Firmware: ports.FirmwareUEFI, SecureBoot: true, HyperV: true, NoMemorySharing: true,
+		CPUSet: []int{1, 3}, Machine: "q35", Firmware: ports.FirmwareUEFI, SecureBoot: true, HyperV: true, NoMemorySharing: true, CPULimits: ports.CPULimits{Shares: 512, Period: 100000, Quota: 50000},
 		Clock:    ports.ClockSpec{Offset: "variable", AdjustmentSeconds: 7200, Timers: []ports.ClockTimer{{Name: "rtc", TickPolicy: "catchup"}}},
 		Watchdog: &ports.Watchdog{Model: "i6300esb", Action: "poweroff"},
 		Disks: []ports.Disk{{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Serial: "root",

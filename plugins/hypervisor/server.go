@@ -93,6 +93,10 @@ func (s *Server) SetMemory(ctx context.Context, req *hypervisorv1.SetMemoryReque
 	return &hypervisorv1.SetMemoryResponse{}, base.ToRPC(s.impl.SetMemory(ctx, req.Id, req.MemoryBytes))
 }
 
+func (s *Server) SetCPULimits(ctx context.Context, req *hypervisorv1.SetCPULimitsRequest) (*hypervisorv1.SetCPULimitsResponse, error) {
+	return &hypervisorv1.SetCPULimitsResponse{}, base.ToRPC(s.impl.SetCPULimits(ctx, req.Id, CPULimitsFromProto(req.GetLimits())))
+}
+
 func (s *Server) SetVCPUs(ctx context.Context, req *hypervisorv1.SetVCPUsRequest) (*hypervisorv1.SetVCPUsResponse, error) {
 	return &hypervisorv1.SetVCPUsResponse{}, base.ToRPC(s.impl.SetVCPUs(ctx, req.Id, int(req.Vcpus)))
 }

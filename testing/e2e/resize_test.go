@@ -189,3 +189,75 @@ func TestFreedGuestMemoryGoesBack(t *testing.T) {
 	c.Must(t, "rmp", "-f", sb)
 	assertNothingLeft(t, d, c)
 }
+
+// A container's CPU limit bounds its VM (the whole VM's CFS quota, as a
+// container's bounds it): libvirt holds the limit, a guest burning CPU
+// under a 0.5 CPU limit gets no more than that, and an in-place resize
+// to 0.25 CPU takes effect live. How close to the limit a guest gets on an
+// idle machine is a benchmark's figure; here the machine runs other tests.
+func TestCPULimitBoundsTheVM(t *testing.T) {
+	parallel(t)
+	d, c := startDaemon(t)
+	c.Must(t, "pull", tinyRef)
+	podJSON, ctrJSON := vmPod(t, d, "cpulimit", nil, 128<<20)
+	ctrJSON = withResources(t, ctrJSON, func(r *runtimeapi.LinuxContainerResources) {
+		r.CpuQuota, r.CpuPeriod, r.CpuShares = 50_000, 100_000, 512
+	})
+	sb, ctr, _ := bootTiny(t, c, podJSON, ctrJSON)
+	domain := inspectCtr(t, c, ctr).VM.Name
+	schedinfo := func() string {
+		out, _ := harness.Virsh("schedinfo", domain, "--live")
+		return out
+	}
+	for _, want := range []string{"cpu_shares     : 512", "global_period  : 100000", "global_quota   : 50000"} {
+		if !strings.Contains(schedinfo(), want) {
+			t.Fatalf("libvirt's live scheduler parameters lack %q:\n%s", want, schedinfo())
+		}
+	}
+	// cpuTime is the CPU time QEMU's process has used.
+	cpuTime := func() time.Duration {
+		pid, err := harness.QEMUPID(domain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stat, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(string(stat)[strings.LastIndexByte(string(stat), ')')+2:])
+		utime, _ := strconv.ParseInt(f[11], 10, 64)
+		stime, _ := strconv.ParseInt(f[12], 10, 64)
+		return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
+	}
+	// usage burns CPU in the guest for 12 s and returns the CPUs QEMU used
+	// over 8 s of it.
+	usage := func() float64 {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			c.Run("exec", "-s", "--timeout", "60", ctr, "timeout", "12", "sh", "-c", "while :; do :; done")
+		}()
+		time.Sleep(2 * time.Second)
+		t0, c0 := time.Now(), cpuTime()
+		time.Sleep(8 * time.Second)
+		used := float64(cpuTime()-c0) / float64(time.Since(t0))
+		<-done
+		return used
+	}
+	if used := usage(); used > 0.55 {
+		t.Errorf("under a 0.5 CPU limit the VM used %.2f CPUs", used)
+	} else {
+		t.Logf("under a 0.5 CPU limit the VM used %.2f CPUs", used)
+	}
+	c.Must(t, "update", "--cpu-quota", "25000", "--cpu-period", "100000", ctr)
+	if !strings.Contains(schedinfo(), "global_quota   : 25000") {
+		t.Fatalf("after the resize to 0.25 CPU:\n%s", schedinfo())
+	}
+	if used := usage(); used > 0.3 {
+		t.Errorf("under a 0.25 CPU limit the VM used %.2f CPUs", used)
+	} else {
+		t.Logf("under a 0.25 CPU limit the VM used %.2f CPUs", used)
+	}
+	c.Must(t, "rmp", "-f", sb)
+	assertNothingLeft(t, d, c)
+}

@@ -451,6 +451,21 @@ func (h *Hypervisor) SetMemory(ctx context.Context, id string, bytes int64) erro
 	return h.save()
 }
 
+// SetCPULimits records the VM's new CPU limits.
+func (h *Hypervisor) SetCPULimits(ctx context.Context, id string, l ports.CPULimits) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.fail("SetCPULimits"); err != nil {
+		return err
+	}
+	v, ok := h.vms[id]
+	if !ok {
+		return fmt.Errorf("fake set CPU limits %s: %w", id, ports.ErrNotFound)
+	}
+	v.Spec.CPULimits = l
+	return h.save()
+}
+
 // SetVCPUs records the VM's new vCPU count, refusing one outside the
 // VM's hotplug range as a hypervisor would.
 func (h *Hypervisor) SetVCPUs(ctx context.Context, id string, n int) error {

@@ -1567,6 +1567,159 @@ func (*SetMemoryResponse) Descriptor() ([]byte, []int) {
 	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{25}
 }
 
+type SetCPULimitsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Limits        *CPULimits             `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetCPULimitsRequest) Reset() {
+	*x = SetCPULimitsRequest{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetCPULimitsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetCPULimitsRequest) ProtoMessage() {}
+
+func (x *SetCPULimitsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetCPULimitsRequest.ProtoReflect.Descriptor instead.
+func (*SetCPULimitsRequest) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *SetCPULimitsRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SetCPULimitsRequest) GetLimits() *CPULimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+type SetCPULimitsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetCPULimitsResponse) Reset() {
+	*x = SetCPULimitsResponse{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetCPULimitsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetCPULimitsResponse) ProtoMessage() {}
+
+func (x *SetCPULimitsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetCPULimitsResponse.ProtoReflect.Descriptor instead.
+func (*SetCPULimitsResponse) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{27}
+}
+
+// CPULimits are a VM's share of the node's CPU time (CFS, as a pod's CPU
+// request and limit give them).
+type CPULimits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The VM's weight against others (cpu_shares; 0: the default).
+	Shares uint64 `protobuf:"varint,1,opt,name=shares,proto3" json:"shares,omitempty"`
+	// The whole VM's CPU time: quota microseconds per period (quota <= 0:
+	// no limit).
+	Period        int64 `protobuf:"varint,2,opt,name=period,proto3" json:"period,omitempty"`
+	Quota         int64 `protobuf:"varint,3,opt,name=quota,proto3" json:"quota,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CPULimits) Reset() {
+	*x = CPULimits{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CPULimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CPULimits) ProtoMessage() {}
+
+func (x *CPULimits) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CPULimits.ProtoReflect.Descriptor instead.
+func (*CPULimits) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *CPULimits) GetShares() uint64 {
+	if x != nil {
+		return x.Shares
+	}
+	return 0
+}
+
+func (x *CPULimits) GetPeriod() int64 {
+	if x != nil {
+		return x.Period
+	}
+	return 0
+}
+
+func (x *CPULimits) GetQuota() int64 {
+	if x != nil {
+		return x.Quota
+	}
+	return 0
+}
+
 type SetVCPUsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1577,7 +1730,7 @@ type SetVCPUsRequest struct {
 
 func (x *SetVCPUsRequest) Reset() {
 	*x = SetVCPUsRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +1742,7 @@ func (x *SetVCPUsRequest) String() string {
 func (*SetVCPUsRequest) ProtoMessage() {}
 
 func (x *SetVCPUsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[26]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +1755,7 @@ func (x *SetVCPUsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetVCPUsRequest.ProtoReflect.Descriptor instead.
 func (*SetVCPUsRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{26}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SetVCPUsRequest) GetId() string {
@@ -1627,7 +1780,7 @@ type SetVCPUsResponse struct {
 
 func (x *SetVCPUsResponse) Reset() {
 	*x = SetVCPUsResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1792,7 @@ func (x *SetVCPUsResponse) String() string {
 func (*SetVCPUsResponse) ProtoMessage() {}
 
 func (x *SetVCPUsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[27]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1805,7 @@ func (x *SetVCPUsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetVCPUsResponse.ProtoReflect.Descriptor instead.
 func (*SetVCPUsResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{27}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{30}
 }
 
 type WriteFilesRequest struct {
@@ -1665,7 +1818,7 @@ type WriteFilesRequest struct {
 
 func (x *WriteFilesRequest) Reset() {
 	*x = WriteFilesRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1677,7 +1830,7 @@ func (x *WriteFilesRequest) String() string {
 func (*WriteFilesRequest) ProtoMessage() {}
 
 func (x *WriteFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[28]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1690,7 +1843,7 @@ func (x *WriteFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFilesRequest.ProtoReflect.Descriptor instead.
 func (*WriteFilesRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{28}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WriteFilesRequest) GetId() string {
@@ -1720,7 +1873,7 @@ type GuestFile struct {
 
 func (x *GuestFile) Reset() {
 	*x = GuestFile{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +1885,7 @@ func (x *GuestFile) String() string {
 func (*GuestFile) ProtoMessage() {}
 
 func (x *GuestFile) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[29]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +1898,7 @@ func (x *GuestFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GuestFile.ProtoReflect.Descriptor instead.
 func (*GuestFile) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{29}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GuestFile) GetPath() string {
@@ -1784,7 +1937,7 @@ type WriteFilesResponse struct {
 
 func (x *WriteFilesResponse) Reset() {
 	*x = WriteFilesResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1796,7 +1949,7 @@ func (x *WriteFilesResponse) String() string {
 func (*WriteFilesResponse) ProtoMessage() {}
 
 func (x *WriteFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[30]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1809,7 +1962,7 @@ func (x *WriteFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFilesResponse.ProtoReflect.Descriptor instead.
 func (*WriteFilesResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{30}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{33}
 }
 
 type StopRequest struct {
@@ -1822,7 +1975,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +1987,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[31]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +2000,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{31}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *StopRequest) GetId() string {
@@ -1872,7 +2025,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1884,7 +2037,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[32]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1897,7 +2050,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{32}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{35}
 }
 
 type ListResponse struct {
@@ -1909,7 +2062,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +2074,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[33]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2087,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{33}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListResponse) GetVms() []*VMStatus {
@@ -1952,7 +2105,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2117,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[34]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2130,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{34}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{37}
 }
 
 type VMStatus struct {
@@ -2000,7 +2153,7 @@ type VMStatus struct {
 
 func (x *VMStatus) Reset() {
 	*x = VMStatus{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2012,7 +2165,7 @@ func (x *VMStatus) String() string {
 func (*VMStatus) ProtoMessage() {}
 
 func (x *VMStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[35]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2025,7 +2178,7 @@ func (x *VMStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMStatus.ProtoReflect.Descriptor instead.
 func (*VMStatus) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{35}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *VMStatus) GetId() string {
@@ -2135,14 +2288,15 @@ type VMSpec struct {
 	MaxVcpus int32 `protobuf:"varint,25,opt,name=max_vcpus,json=maxVcpus,proto3" json:"max_vcpus,omitempty"`
 	MinVcpus int32 `protobuf:"varint,26,opt,name=min_vcpus,json=minVcpus,proto3" json:"min_vcpus,omitempty"`
 	// The host never merges the VM's memory pages with others' (KSM).
-	NoMemorySharing bool `protobuf:"varint,27,opt,name=no_memory_sharing,json=noMemorySharing,proto3" json:"no_memory_sharing,omitempty"`
+	NoMemorySharing bool       `protobuf:"varint,27,opt,name=no_memory_sharing,json=noMemorySharing,proto3" json:"no_memory_sharing,omitempty"`
+	CpuLimits       *CPULimits `protobuf:"bytes,28,opt,name=cpu_limits,json=cpuLimits,proto3" json:"cpu_limits,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
 
 func (x *VMSpec) Reset() {
 	*x = VMSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2154,7 +2308,7 @@ func (x *VMSpec) String() string {
 func (*VMSpec) ProtoMessage() {}
 
 func (x *VMSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[36]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2167,7 +2321,7 @@ func (x *VMSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMSpec.ProtoReflect.Descriptor instead.
 func (*VMSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{36}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *VMSpec) GetId() string {
@@ -2359,6 +2513,13 @@ func (x *VMSpec) GetNoMemorySharing() bool {
 	return false
 }
 
+func (x *VMSpec) GetCpuLimits() *CPULimits {
+	if x != nil {
+		return x.CpuLimits
+	}
+	return nil
+}
+
 type Watchdog struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -2369,7 +2530,7 @@ type Watchdog struct {
 
 func (x *Watchdog) Reset() {
 	*x = Watchdog{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2542,7 @@ func (x *Watchdog) String() string {
 func (*Watchdog) ProtoMessage() {}
 
 func (x *Watchdog) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[37]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2555,7 @@ func (x *Watchdog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Watchdog.ProtoReflect.Descriptor instead.
 func (*Watchdog) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{37}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Watchdog) GetModel() string {
@@ -2423,7 +2584,7 @@ type ClockSpec struct {
 
 func (x *ClockSpec) Reset() {
 	*x = ClockSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[38]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2435,7 +2596,7 @@ func (x *ClockSpec) String() string {
 func (*ClockSpec) ProtoMessage() {}
 
 func (x *ClockSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[38]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2448,7 +2609,7 @@ func (x *ClockSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockSpec.ProtoReflect.Descriptor instead.
 func (*ClockSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{38}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ClockSpec) GetOffset() string {
@@ -2490,7 +2651,7 @@ type ClockTimer struct {
 
 func (x *ClockTimer) Reset() {
 	*x = ClockTimer{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[39]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2663,7 @@ func (x *ClockTimer) String() string {
 func (*ClockTimer) ProtoMessage() {}
 
 func (x *ClockTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[39]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2676,7 @@ func (x *ClockTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockTimer.ProtoReflect.Descriptor instead.
 func (*ClockTimer) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{39}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ClockTimer) GetName() string {
@@ -2549,7 +2710,7 @@ type CPUSpec struct {
 
 func (x *CPUSpec) Reset() {
 	*x = CPUSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2561,7 +2722,7 @@ func (x *CPUSpec) String() string {
 func (*CPUSpec) ProtoMessage() {}
 
 func (x *CPUSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2574,7 +2735,7 @@ func (x *CPUSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSpec.ProtoReflect.Descriptor instead.
 func (*CPUSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{40}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CPUSpec) GetModel() string {
@@ -2610,7 +2771,7 @@ type CPUSetting struct {
 
 func (x *CPUSetting) Reset() {
 	*x = CPUSetting{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2622,7 +2783,7 @@ func (x *CPUSetting) String() string {
 func (*CPUSetting) ProtoMessage() {}
 
 func (x *CPUSetting) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2635,7 +2796,7 @@ func (x *CPUSetting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSetting.ProtoReflect.Descriptor instead.
 func (*CPUSetting) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{41}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CPUSetting) GetMode() string {
@@ -2726,7 +2887,7 @@ type CPUModel struct {
 
 func (x *CPUModel) Reset() {
 	*x = CPUModel{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2738,7 +2899,7 @@ func (x *CPUModel) String() string {
 func (*CPUModel) ProtoMessage() {}
 
 func (x *CPUModel) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2751,7 +2912,7 @@ func (x *CPUModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUModel.ProtoReflect.Descriptor instead.
 func (*CPUModel) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{42}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CPUModel) GetFallback() string {
@@ -2787,7 +2948,7 @@ type CPUTopology struct {
 
 func (x *CPUTopology) Reset() {
 	*x = CPUTopology{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2799,7 +2960,7 @@ func (x *CPUTopology) String() string {
 func (*CPUTopology) ProtoMessage() {}
 
 func (x *CPUTopology) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2812,7 +2973,7 @@ func (x *CPUTopology) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUTopology.ProtoReflect.Descriptor instead.
 func (*CPUTopology) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{43}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CPUTopology) GetSockets() int32 {
@@ -2853,7 +3014,7 @@ type CPUFeature struct {
 
 func (x *CPUFeature) Reset() {
 	*x = CPUFeature{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2865,7 +3026,7 @@ func (x *CPUFeature) String() string {
 func (*CPUFeature) ProtoMessage() {}
 
 func (x *CPUFeature) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2878,7 +3039,7 @@ func (x *CPUFeature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUFeature.ProtoReflect.Descriptor instead.
 func (*CPUFeature) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{44}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CPUFeature) GetPolicy() string {
@@ -2905,7 +3066,7 @@ type CPUCache struct {
 
 func (x *CPUCache) Reset() {
 	*x = CPUCache{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2917,7 +3078,7 @@ func (x *CPUCache) String() string {
 func (*CPUCache) ProtoMessage() {}
 
 func (x *CPUCache) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2930,7 +3091,7 @@ func (x *CPUCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUCache.ProtoReflect.Descriptor instead.
 func (*CPUCache) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{45}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CPUCache) GetLevel() int32 {
@@ -2959,7 +3120,7 @@ type CPUNumaCell struct {
 
 func (x *CPUNumaCell) Reset() {
 	*x = CPUNumaCell{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2971,7 +3132,7 @@ func (x *CPUNumaCell) String() string {
 func (*CPUNumaCell) ProtoMessage() {}
 
 func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2984,7 +3145,7 @@ func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUNumaCell.ProtoReflect.Descriptor instead.
 func (*CPUNumaCell) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{46}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CPUNumaCell) GetId() int32 {
@@ -3138,7 +3299,15 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x10SetMemoryRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\"\x13\n" +
-	"\x11SetMemoryResponse\"7\n" +
+	"\x11SetMemoryResponse\"_\n" +
+	"\x13SetCPULimitsRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x128\n" +
+	"\x06limits\x18\x02 \x01(\v2 .virtlet.hypervisor.v1.CPULimitsR\x06limits\"\x16\n" +
+	"\x14SetCPULimitsResponse\"Q\n" +
+	"\tCPULimits\x12\x16\n" +
+	"\x06shares\x18\x01 \x01(\x04R\x06shares\x12\x16\n" +
+	"\x06period\x18\x02 \x01(\x03R\x06period\x12\x14\n" +
+	"\x05quota\x18\x03 \x01(\x03R\x05quota\"7\n" +
 	"\x0fSetVCPUsRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05vcpus\x18\x02 \x01(\x05R\x05vcpus\"\x12\n" +
@@ -3172,7 +3341,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x04name\x18\b \x01(\tR\x04name\x12\x12\n" +
 	"\x04uuid\x18\t \x01(\tR\x04uuid\x12 \n" +
 	"\vprelaunched\x18\n" +
-	" \x01(\bR\vprelaunched\"\xde\a\n" +
+	" \x01(\bR\vprelaunched\"\x9f\b\n" +
 	"\x06VMSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -3203,7 +3372,9 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\ahyper_v\x18\x18 \x01(\bR\x06hyperV\x12\x1b\n" +
 	"\tmax_vcpus\x18\x19 \x01(\x05R\bmaxVcpus\x12\x1b\n" +
 	"\tmin_vcpus\x18\x1a \x01(\x05R\bminVcpus\x12*\n" +
-	"\x11no_memory_sharing\x18\x1b \x01(\bR\x0fnoMemorySharing\"8\n" +
+	"\x11no_memory_sharing\x18\x1b \x01(\bR\x0fnoMemorySharing\x12?\n" +
+	"\n" +
+	"cpu_limits\x18\x1c \x01(\v2 .virtlet.hypervisor.v1.CPULimitsR\tcpuLimits\"8\n" +
 	"\bWatchdog\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\"\xa9\x01\n" +
@@ -3259,7 +3430,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x04cpus\x18\x02 \x01(\tR\x04cpus\x12\x16\n" +
 	"\x06memory\x18\x03 \x01(\x04R\x06memory\x12\x12\n" +
 	"\x04unit\x18\x04 \x01(\tR\x04unitB\x05\n" +
-	"\x03_id2\x96\r\n" +
+	"\x03_id2\xff\r\n" +
 	"\n" +
 	"Hypervisor\x12g\n" +
 	"\fCapabilities\x12*.virtlet.hypervisor.v1.CapabilitiesRequest\x1a+.virtlet.hypervisor.v1.CapabilitiesResponse\x12U\n" +
@@ -3274,7 +3445,8 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\n" +
 	"WriteFiles\x12(.virtlet.hypervisor.v1.WriteFilesRequest\x1a).virtlet.hypervisor.v1.WriteFilesResponse\x12^\n" +
 	"\tSetMemory\x12'.virtlet.hypervisor.v1.SetMemoryRequest\x1a(.virtlet.hypervisor.v1.SetMemoryResponse\x12[\n" +
-	"\bSetVCPUs\x12&.virtlet.hypervisor.v1.SetVCPUsRequest\x1a'.virtlet.hypervisor.v1.SetVCPUsResponse\x12X\n" +
+	"\bSetVCPUs\x12&.virtlet.hypervisor.v1.SetVCPUsRequest\x1a'.virtlet.hypervisor.v1.SetVCPUsResponse\x12g\n" +
+	"\fSetCPULimits\x12*.virtlet.hypervisor.v1.SetCPULimitsRequest\x1a+.virtlet.hypervisor.v1.SetCPULimitsResponse\x12X\n" +
 	"\aConsole\x12#.virtlet.hypervisor.v1.ConsoleInput\x1a$.virtlet.hypervisor.v1.ConsoleOutput(\x010\x01\x12^\n" +
 	"\tGuestExec\x12'.virtlet.hypervisor.v1.GuestExecRequest\x1a(.virtlet.hypervisor.v1.GuestExecResponse\x12W\n" +
 	"\tGuestInfo\x12 .virtlet.hypervisor.v1.VMRequest\x1a(.virtlet.hypervisor.v1.GuestInfoResponse\x12R\n" +
@@ -3295,7 +3467,7 @@ func file_hypervisor_v1_hypervisor_proto_rawDescGZIP() []byte {
 	return file_hypervisor_v1_hypervisor_proto_rawDescData
 }
 
-var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*ConsoleInput)(nil),         // 0: virtlet.hypervisor.v1.ConsoleInput
 	(*ConsoleOutput)(nil),        // 1: virtlet.hypervisor.v1.ConsoleOutput
@@ -3323,33 +3495,36 @@ var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*ReopenLogResponse)(nil),    // 23: virtlet.hypervisor.v1.ReopenLogResponse
 	(*SetMemoryRequest)(nil),     // 24: virtlet.hypervisor.v1.SetMemoryRequest
 	(*SetMemoryResponse)(nil),    // 25: virtlet.hypervisor.v1.SetMemoryResponse
-	(*SetVCPUsRequest)(nil),      // 26: virtlet.hypervisor.v1.SetVCPUsRequest
-	(*SetVCPUsResponse)(nil),     // 27: virtlet.hypervisor.v1.SetVCPUsResponse
-	(*WriteFilesRequest)(nil),    // 28: virtlet.hypervisor.v1.WriteFilesRequest
-	(*GuestFile)(nil),            // 29: virtlet.hypervisor.v1.GuestFile
-	(*WriteFilesResponse)(nil),   // 30: virtlet.hypervisor.v1.WriteFilesResponse
-	(*StopRequest)(nil),          // 31: virtlet.hypervisor.v1.StopRequest
-	(*ListRequest)(nil),          // 32: virtlet.hypervisor.v1.ListRequest
-	(*ListResponse)(nil),         // 33: virtlet.hypervisor.v1.ListResponse
-	(*WatchRequest)(nil),         // 34: virtlet.hypervisor.v1.WatchRequest
-	(*VMStatus)(nil),             // 35: virtlet.hypervisor.v1.VMStatus
-	(*VMSpec)(nil),               // 36: virtlet.hypervisor.v1.VMSpec
-	(*Watchdog)(nil),             // 37: virtlet.hypervisor.v1.Watchdog
-	(*ClockSpec)(nil),            // 38: virtlet.hypervisor.v1.ClockSpec
-	(*ClockTimer)(nil),           // 39: virtlet.hypervisor.v1.ClockTimer
-	(*CPUSpec)(nil),              // 40: virtlet.hypervisor.v1.CPUSpec
-	(*CPUSetting)(nil),           // 41: virtlet.hypervisor.v1.CPUSetting
-	(*CPUModel)(nil),             // 42: virtlet.hypervisor.v1.CPUModel
-	(*CPUTopology)(nil),          // 43: virtlet.hypervisor.v1.CPUTopology
-	(*CPUFeature)(nil),           // 44: virtlet.hypervisor.v1.CPUFeature
-	(*CPUCache)(nil),             // 45: virtlet.hypervisor.v1.CPUCache
-	(*CPUNumaCell)(nil),          // 46: virtlet.hypervisor.v1.CPUNumaCell
-	nil,                          // 47: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	nil,                          // 48: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	(*v1.Disk)(nil),              // 49: virtlet.types.v1.Disk
-	(*v1.Filesystem)(nil),        // 50: virtlet.types.v1.Filesystem
-	(*v1.NIC)(nil),               // 51: virtlet.types.v1.NIC
-	(*v1.ProcessIdentity)(nil),   // 52: virtlet.types.v1.ProcessIdentity
+	(*SetCPULimitsRequest)(nil),  // 26: virtlet.hypervisor.v1.SetCPULimitsRequest
+	(*SetCPULimitsResponse)(nil), // 27: virtlet.hypervisor.v1.SetCPULimitsResponse
+	(*CPULimits)(nil),            // 28: virtlet.hypervisor.v1.CPULimits
+	(*SetVCPUsRequest)(nil),      // 29: virtlet.hypervisor.v1.SetVCPUsRequest
+	(*SetVCPUsResponse)(nil),     // 30: virtlet.hypervisor.v1.SetVCPUsResponse
+	(*WriteFilesRequest)(nil),    // 31: virtlet.hypervisor.v1.WriteFilesRequest
+	(*GuestFile)(nil),            // 32: virtlet.hypervisor.v1.GuestFile
+	(*WriteFilesResponse)(nil),   // 33: virtlet.hypervisor.v1.WriteFilesResponse
+	(*StopRequest)(nil),          // 34: virtlet.hypervisor.v1.StopRequest
+	(*ListRequest)(nil),          // 35: virtlet.hypervisor.v1.ListRequest
+	(*ListResponse)(nil),         // 36: virtlet.hypervisor.v1.ListResponse
+	(*WatchRequest)(nil),         // 37: virtlet.hypervisor.v1.WatchRequest
+	(*VMStatus)(nil),             // 38: virtlet.hypervisor.v1.VMStatus
+	(*VMSpec)(nil),               // 39: virtlet.hypervisor.v1.VMSpec
+	(*Watchdog)(nil),             // 40: virtlet.hypervisor.v1.Watchdog
+	(*ClockSpec)(nil),            // 41: virtlet.hypervisor.v1.ClockSpec
+	(*ClockTimer)(nil),           // 42: virtlet.hypervisor.v1.ClockTimer
+	(*CPUSpec)(nil),              // 43: virtlet.hypervisor.v1.CPUSpec
+	(*CPUSetting)(nil),           // 44: virtlet.hypervisor.v1.CPUSetting
+	(*CPUModel)(nil),             // 45: virtlet.hypervisor.v1.CPUModel
+	(*CPUTopology)(nil),          // 46: virtlet.hypervisor.v1.CPUTopology
+	(*CPUFeature)(nil),           // 47: virtlet.hypervisor.v1.CPUFeature
+	(*CPUCache)(nil),             // 48: virtlet.hypervisor.v1.CPUCache
+	(*CPUNumaCell)(nil),          // 49: virtlet.hypervisor.v1.CPUNumaCell
+	nil,                          // 50: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	nil,                          // 51: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	(*v1.Disk)(nil),              // 52: virtlet.types.v1.Disk
+	(*v1.Filesystem)(nil),        // 53: virtlet.types.v1.Filesystem
+	(*v1.NIC)(nil),               // 54: virtlet.types.v1.NIC
+	(*v1.ProcessIdentity)(nil),   // 55: virtlet.types.v1.ProcessIdentity
 }
 var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	5,  // 0: virtlet.hypervisor.v1.GuestInfoResponse.interfaces:type_name -> virtlet.hypervisor.v1.GuestInterface
@@ -3357,68 +3532,72 @@ var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	9,  // 2: virtlet.hypervisor.v1.VMStats.memory:type_name -> virtlet.hypervisor.v1.MemoryStats
 	10, // 3: virtlet.hypervisor.v1.VMStats.disks:type_name -> virtlet.hypervisor.v1.DiskStats
 	11, // 4: virtlet.hypervisor.v1.VMStats.nics:type_name -> virtlet.hypervisor.v1.NICStats
-	47, // 5: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	48, // 6: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	36, // 7: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
-	29, // 8: virtlet.hypervisor.v1.WriteFilesRequest.files:type_name -> virtlet.hypervisor.v1.GuestFile
-	35, // 9: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
-	40, // 10: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
-	49, // 11: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
-	50, // 12: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
-	51, // 13: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
-	52, // 14: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
-	38, // 15: virtlet.hypervisor.v1.VMSpec.clock:type_name -> virtlet.hypervisor.v1.ClockSpec
-	37, // 16: virtlet.hypervisor.v1.VMSpec.watchdog:type_name -> virtlet.hypervisor.v1.Watchdog
-	39, // 17: virtlet.hypervisor.v1.ClockSpec.timers:type_name -> virtlet.hypervisor.v1.ClockTimer
-	41, // 18: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
-	42, // 19: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
-	43, // 20: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
-	44, // 21: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
-	45, // 22: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
-	46, // 23: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
-	16, // 24: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
-	18, // 25: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
-	20, // 26: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
-	31, // 27: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
-	20, // 28: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
-	20, // 29: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
-	32, // 30: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
-	34, // 31: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
-	20, // 32: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
-	28, // 33: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
-	24, // 34: virtlet.hypervisor.v1.Hypervisor.SetMemory:input_type -> virtlet.hypervisor.v1.SetMemoryRequest
-	26, // 35: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:input_type -> virtlet.hypervisor.v1.SetVCPUsRequest
-	0,  // 36: virtlet.hypervisor.v1.Hypervisor.Console:input_type -> virtlet.hypervisor.v1.ConsoleInput
-	2,  // 37: virtlet.hypervisor.v1.Hypervisor.GuestExec:input_type -> virtlet.hypervisor.v1.GuestExecRequest
-	20, // 38: virtlet.hypervisor.v1.Hypervisor.GuestInfo:input_type -> virtlet.hypervisor.v1.VMRequest
-	6,  // 39: virtlet.hypervisor.v1.Hypervisor.Stats:input_type -> virtlet.hypervisor.v1.StatsRequest
-	20, // 40: virtlet.hypervisor.v1.Hypervisor.Diagnose:input_type -> virtlet.hypervisor.v1.VMRequest
-	13, // 41: virtlet.hypervisor.v1.Hypervisor.Inspect:input_type -> virtlet.hypervisor.v1.InspectRequest
-	20, // 42: virtlet.hypervisor.v1.Hypervisor.Display:input_type -> virtlet.hypervisor.v1.VMRequest
-	17, // 43: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
-	19, // 44: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
-	21, // 45: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
-	35, // 46: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
-	22, // 47: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
-	35, // 48: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
-	33, // 49: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
-	35, // 50: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
-	23, // 51: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
-	30, // 52: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
-	25, // 53: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
-	27, // 54: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:output_type -> virtlet.hypervisor.v1.SetVCPUsResponse
-	1,  // 55: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
-	3,  // 56: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
-	4,  // 57: virtlet.hypervisor.v1.Hypervisor.GuestInfo:output_type -> virtlet.hypervisor.v1.GuestInfoResponse
-	7,  // 58: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
-	12, // 59: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
-	14, // 60: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
-	15, // 61: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
-	43, // [43:62] is the sub-list for method output_type
-	24, // [24:43] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	50, // 5: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	51, // 6: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	39, // 7: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
+	28, // 8: virtlet.hypervisor.v1.SetCPULimitsRequest.limits:type_name -> virtlet.hypervisor.v1.CPULimits
+	32, // 9: virtlet.hypervisor.v1.WriteFilesRequest.files:type_name -> virtlet.hypervisor.v1.GuestFile
+	38, // 10: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
+	43, // 11: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
+	52, // 12: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
+	53, // 13: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
+	54, // 14: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
+	55, // 15: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
+	41, // 16: virtlet.hypervisor.v1.VMSpec.clock:type_name -> virtlet.hypervisor.v1.ClockSpec
+	40, // 17: virtlet.hypervisor.v1.VMSpec.watchdog:type_name -> virtlet.hypervisor.v1.Watchdog
+	28, // 18: virtlet.hypervisor.v1.VMSpec.cpu_limits:type_name -> virtlet.hypervisor.v1.CPULimits
+	42, // 19: virtlet.hypervisor.v1.ClockSpec.timers:type_name -> virtlet.hypervisor.v1.ClockTimer
+	44, // 20: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
+	45, // 21: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
+	46, // 22: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
+	47, // 23: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
+	48, // 24: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
+	49, // 25: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
+	16, // 26: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
+	18, // 27: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
+	20, // 28: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
+	34, // 29: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
+	20, // 30: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
+	20, // 31: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
+	35, // 32: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
+	37, // 33: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
+	20, // 34: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
+	31, // 35: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
+	24, // 36: virtlet.hypervisor.v1.Hypervisor.SetMemory:input_type -> virtlet.hypervisor.v1.SetMemoryRequest
+	29, // 37: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:input_type -> virtlet.hypervisor.v1.SetVCPUsRequest
+	26, // 38: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:input_type -> virtlet.hypervisor.v1.SetCPULimitsRequest
+	0,  // 39: virtlet.hypervisor.v1.Hypervisor.Console:input_type -> virtlet.hypervisor.v1.ConsoleInput
+	2,  // 40: virtlet.hypervisor.v1.Hypervisor.GuestExec:input_type -> virtlet.hypervisor.v1.GuestExecRequest
+	20, // 41: virtlet.hypervisor.v1.Hypervisor.GuestInfo:input_type -> virtlet.hypervisor.v1.VMRequest
+	6,  // 42: virtlet.hypervisor.v1.Hypervisor.Stats:input_type -> virtlet.hypervisor.v1.StatsRequest
+	20, // 43: virtlet.hypervisor.v1.Hypervisor.Diagnose:input_type -> virtlet.hypervisor.v1.VMRequest
+	13, // 44: virtlet.hypervisor.v1.Hypervisor.Inspect:input_type -> virtlet.hypervisor.v1.InspectRequest
+	20, // 45: virtlet.hypervisor.v1.Hypervisor.Display:input_type -> virtlet.hypervisor.v1.VMRequest
+	17, // 46: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
+	19, // 47: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
+	21, // 48: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
+	38, // 49: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
+	22, // 50: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
+	38, // 51: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
+	36, // 52: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
+	38, // 53: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
+	23, // 54: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
+	33, // 55: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
+	25, // 56: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
+	30, // 57: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:output_type -> virtlet.hypervisor.v1.SetVCPUsResponse
+	27, // 58: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:output_type -> virtlet.hypervisor.v1.SetCPULimitsResponse
+	1,  // 59: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
+	3,  // 60: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
+	4,  // 61: virtlet.hypervisor.v1.Hypervisor.GuestInfo:output_type -> virtlet.hypervisor.v1.GuestInfoResponse
+	7,  // 62: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
+	12, // 63: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
+	14, // 64: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
+	15, // 65: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
+	46, // [46:66] is the sub-list for method output_type
+	26, // [26:46] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_hypervisor_v1_hypervisor_proto_init() }
@@ -3426,14 +3605,14 @@ func file_hypervisor_v1_hypervisor_proto_init() {
 	if File_hypervisor_v1_hypervisor_proto != nil {
 		return
 	}
-	file_hypervisor_v1_hypervisor_proto_msgTypes[46].OneofWrappers = []any{}
+	file_hypervisor_v1_hypervisor_proto_msgTypes[49].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hypervisor_v1_hypervisor_proto_rawDesc), len(file_hypervisor_v1_hypervisor_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   49,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,7 @@ const (
 	Hypervisor_WriteFiles_FullMethodName   = "/virtlet.hypervisor.v1.Hypervisor/WriteFiles"
 	Hypervisor_SetMemory_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/SetMemory"
 	Hypervisor_SetVCPUs_FullMethodName     = "/virtlet.hypervisor.v1.Hypervisor/SetVCPUs"
+	Hypervisor_SetCPULimits_FullMethodName = "/virtlet.hypervisor.v1.Hypervisor/SetCPULimits"
 	Hypervisor_Console_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Console"
 	Hypervisor_GuestExec_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/GuestExec"
 	Hypervisor_GuestInfo_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/GuestInfo"
@@ -67,6 +68,9 @@ type HypervisorClient interface {
 	// SetVCPUs hot-plugs or unplugs vCPUs between the VM's min_vcpus and
 	// max_vcpus: live when it runs, and for its next boot.
 	SetVCPUs(ctx context.Context, in *SetVCPUsRequest, opts ...grpc.CallOption) (*SetVCPUsResponse, error)
+	// SetCPULimits sets a VM's CPU weight and limit: live when it runs, and
+	// for its next boot.
+	SetCPULimits(ctx context.Context, in *SetCPULimitsRequest, opts ...grpc.CallOption) (*SetCPULimitsResponse, error)
 	// Console attaches one viewer to a VM's serial console: the first input
 	// message names the VM (id), later ones carry keystrokes (data); output
 	// messages carry what the console printed. The stream ends when the VM
@@ -219,6 +223,16 @@ func (c *hypervisorClient) SetVCPUs(ctx context.Context, in *SetVCPUsRequest, op
 	return out, nil
 }
 
+func (c *hypervisorClient) SetCPULimits(ctx context.Context, in *SetCPULimitsRequest, opts ...grpc.CallOption) (*SetCPULimitsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetCPULimitsResponse)
+	err := c.cc.Invoke(ctx, Hypervisor_SetCPULimits_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *hypervisorClient) Console(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConsoleInput, ConsoleOutput], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Hypervisor_ServiceDesc.Streams[1], Hypervisor_Console_FullMethodName, cOpts...)
@@ -319,6 +333,9 @@ type HypervisorServer interface {
 	// SetVCPUs hot-plugs or unplugs vCPUs between the VM's min_vcpus and
 	// max_vcpus: live when it runs, and for its next boot.
 	SetVCPUs(context.Context, *SetVCPUsRequest) (*SetVCPUsResponse, error)
+	// SetCPULimits sets a VM's CPU weight and limit: live when it runs, and
+	// for its next boot.
+	SetCPULimits(context.Context, *SetCPULimitsRequest) (*SetCPULimitsResponse, error)
 	// Console attaches one viewer to a VM's serial console: the first input
 	// message names the VM (id), later ones carry keystrokes (data); output
 	// messages carry what the console printed. The stream ends when the VM
@@ -377,6 +394,9 @@ func (UnimplementedHypervisorServer) SetMemory(context.Context, *SetMemoryReques
 }
 func (UnimplementedHypervisorServer) SetVCPUs(context.Context, *SetVCPUsRequest) (*SetVCPUsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetVCPUs not implemented")
+}
+func (UnimplementedHypervisorServer) SetCPULimits(context.Context, *SetCPULimitsRequest) (*SetCPULimitsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetCPULimits not implemented")
 }
 func (UnimplementedHypervisorServer) Console(grpc.BidiStreamingServer[ConsoleInput, ConsoleOutput]) error {
 	return status.Errorf(codes.Unimplemented, "method Console not implemented")
@@ -629,6 +649,24 @@ func _Hypervisor_SetVCPUs_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hypervisor_SetCPULimits_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetCPULimitsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).SetCPULimits(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_SetCPULimits_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).SetCPULimits(ctx, req.(*SetCPULimitsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Hypervisor_Console_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(HypervisorServer).Console(&grpc.GenericServerStream[ConsoleInput, ConsoleOutput]{ServerStream: stream})
 }
@@ -794,6 +832,10 @@ var Hypervisor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetVCPUs",
 			Handler:    _Hypervisor_SetVCPUs_Handler,
+		},
+		{
+			MethodName: "SetCPULimits",
+			Handler:    _Hypervisor_SetCPULimits_Handler,
 		},
 		{
 			MethodName: "GuestExec",
