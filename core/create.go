@@ -234,7 +234,7 @@ func (r *Runtime) vmSpec(sb *Sandbox, cfg ContainerConfig, opts annotations.VMOp
 		SandboxID: sb.ID, PodName: sb.Name, PodNamespace: sb.Namespace, PodUID: sb.UID,
 		VCPUs: vcpus, MaxVCPUs: opts.MaxVCPUCount, MinVCPUs: opts.VCPUCount, MemoryBytes: memory, MaxMemoryBytes: max(opts.MaxMemoryBytes, memory), HugepageSizeBytes: hugepages,
 		CPU: ports.CPUSpec{Model: opts.CPUModel, Setting: opts.CPUSetting}, Machine: opts.MachineType, Firmware: opts.Firmware, SecureBoot: opts.SecureBoot, HyperV: opts.HyperV, Clock: opts.Clock, Watchdog: opts.Watchdog, CPUSet: cpuSet,
-		NoMemorySharing: opts.NoMemorySharing,
+		NoMemorySharing: opts.NoMemorySharing || r.opts.NoMemorySharing,
 		CPULimits:       cpuLimits(cfg.CPUShares, cfg.CPUPeriod, cfg.CPUQuota),
 		Disks: []ports.Disk{{
 			Name: "root", Device: ports.DeviceDisk, Bus: opts.DiskDriver, Boot: true, Serial: RootSerial,

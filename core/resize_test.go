@@ -241,3 +241,35 @@ func TestCPULimits(t *testing.T) {
 		t.Errorf("no request, no limit: %+v", hvSpec.CPULimits)
 	}
 }
+
+// Memory sharing: a pod opts out with VirtletMemorySharing: "false"; a node
+// whose operator turned it off keeps every VM out, whatever its pod says.
+func TestMemorySharing(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		nodeOff    bool
+		annotation string
+		want       bool // NoMemorySharing
+	}{
+		{"default", false, "", false},
+		{"pod opts out", false, "false", true},
+		{"node off", true, "", true},
+		{"node off, pod asks", true, "true", true},
+	} {
+		e := newEnv(t)
+		e.limits.NoMemorySharing = tc.nodeOff
+		e.start(t)
+		ann := map[string]string{}
+		if tc.annotation != "" {
+			ann["VirtletMemorySharing"] = tc.annotation
+		}
+		sb := e.runPod(t, "p", ann)
+		id, err := e.rt.CreateContainer(context.Background(), sb, vmContainer(e.pull(t)))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if spec, _ := e.hv.Spec(id); spec.NoMemorySharing != tc.want {
+			t.Errorf("%s: NoMemorySharing %v, want %v", tc.name, spec.NoMemorySharing, tc.want)
+		}
+	}
+}

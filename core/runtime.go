@@ -59,6 +59,9 @@ type Options struct {
 	// each time the guest stops petting its watchdog. Off, such a pod is
 	// refused.
 	AllowWatchdogDump bool
+	// NoMemorySharing keeps every VM's memory pages out of the host's
+	// merging (KSM), whatever its pod says (the node's memorySharing off).
+	NoMemorySharing bool
 	// MaxImageBytes bounds an image's download, MaxVirtualBytes the disk
 	// its guest sees (the image's virtual size, a root volume's size);
 	// KeepFreeBytes is the space a pull leaves free on the image store's

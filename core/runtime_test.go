@@ -85,7 +85,8 @@ func (e *env) start(t *testing.T) {
 		Kube:        e.kube, Files: e.vfiles, VolumeDirs: e.vdirs, Dialer: e.dialer, Observer: e.obs,
 		Volumes: map[string]ports.Volumes{ports.VolumeShare: e.vols, ports.VolumeBlock: e.vols, "qcow2": e.vols, "ceph": e.vols, "sized": e.vols},
 	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second, VMUsers: e.users, Presets: e.presets,
-		MaxImageBytes: e.limits.MaxImageBytes, MaxVirtualBytes: e.limits.MaxVirtualBytes, KeepFreeBytes: e.limits.KeepFreeBytes})
+		MaxImageBytes: e.limits.MaxImageBytes, MaxVirtualBytes: e.limits.MaxVirtualBytes, KeepFreeBytes: e.limits.KeepFreeBytes,
+		NoMemorySharing: e.limits.NoMemorySharing})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,6 +55,7 @@ type config struct {
 	VMGroup           string `json:"vmGroup" flag:"vm-group" default:"own" help:"with vmUsers: own (each VM a group of its own, its user's ID) or a group (name or ID) every VM runs in"`
 	PresetsDir        string `json:"presetsDir" flag:"presets-dir" help:"directory of VM presets (one YAML file each, *.yaml or *.yml) that pods select by name (VirtletPreset) or that select pods by label; read at start; empty: none"`
 	AllowWatchdogDump bool   `json:"allowWatchdogDump" flag:"allow-watchdog-dump" help:"let pods set VirtletWatchdogAction: dump (libvirtd writes the guest's memory to the node's disk, as root, when its watchdog fires; a VM keeps its newest dump, removed with the VM)"`
+	MemorySharing     bool   `json:"memorySharing" flag:"memory-sharing" help:"let VMs' identical memory pages be merged with other VMs' where the node runs KSM (a pod opts out with VirtletMemorySharing: false); false keeps every VM's pages apart, a known side channel closed"`
 	MaxImageSize      string `json:"maxImageSize" flag:"max-image-size" help:"the largest image a pull downloads (a quantity such as 64Gi; 0: no bound)"`
 	MaxVirtualSize    string `json:"maxVirtualSize" flag:"max-virtual-size" help:"the largest disk a guest may see: an image's virtual size, VirtletRootVolumeSize (0: no bound)"`
 	KeepFreeSpace     string `json:"keepFreeSpace" flag:"keep-free-space" help:"the space pulls leave free on the image store's file system (0: none)"`
@@ -74,7 +75,7 @@ func defaults() config {
 		Listen:   "unix:///run/virtlet.sock", AdminSocket: admin.DefaultSocket, StateDir: "/var/lib/virtlet", PluginsDir: manifest.DefaultDir,
 		PluginBinDir: bin, ImageTranslations: imagetranslations.DefaultDir, LogFormat: "text", LogLevel: "info", DefaultVMMemory: "1Gi", OperationTimeout: "15m",
 		StreamingAddress: streaming.DefaultAddress, VMUsers: DefaultVMUsers,
-		MaxImageSize: "64Gi", MaxVirtualSize: "1Ti", KeepFreeSpace: "1Gi",
+		MaxImageSize: "64Gi", MaxVirtualSize: "1Ti", KeepFreeSpace: "1Gi", MemorySharing: true,
 	}
 }
 

@@ -150,6 +150,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.Host{}, Observer: observer,
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core"),
 		Failpoint: failpointHook(log), VMUsers: vmUsers, Presets: vmPresets, AllowWatchdogDump: cfg.AllowWatchdogDump,
+		NoMemorySharing: !cfg.MemorySharing,
 		MaxImageBytes: limits.MaxImageBytes, MaxVirtualBytes: limits.MaxVirtualBytes, KeepFreeBytes: limits.KeepFreeBytes})
 	if err != nil {
 		return err
