@@ -151,7 +151,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core"),
 		Failpoint: failpointHook(log), VMUsers: vmUsers, Presets: vmPresets, AllowWatchdogDump: cfg.AllowWatchdogDump,
 		NoMemorySharing: !cfg.MemorySharing,
-		MaxImageBytes: limits.MaxImageBytes, MaxVirtualBytes: limits.MaxVirtualBytes, KeepFreeBytes: limits.KeepFreeBytes})
+		MaxImageBytes:   limits.MaxImageBytes, MaxVirtualBytes: limits.MaxVirtualBytes, KeepFreeBytes: limits.KeepFreeBytes})
 	if err != nil {
 		return err
 	}
