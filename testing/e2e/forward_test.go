@@ -118,21 +118,30 @@ func TestForwardToContainerd(t *testing.T) {
 	})
 
 	t.Run("a forward runtime that is down makes the node not ready, naming it", func(t *testing.T) {
-		ctrd.Stop(t)
+		type condition struct {
+			Type    string
+			Status  bool
+			Reason  string
+			Message string
+		}
 		var info struct {
-			Status struct {
-				Conditions []struct {
-					Type    string
-					Status  bool
-					Reason  string
-					Message string
-				}
+			Status struct{ Conditions []condition }
+		}
+		readInfo := func() {
+			out := c.Must(t, "info")
+			info.Status.Conditions = nil
+			if err := json.Unmarshal([]byte(out), &info); err != nil {
+				t.Fatalf("crictl info: %v\n%s", err, out)
 			}
 		}
-		out := c.Must(t, "info")
-		if err := json.Unmarshal([]byte(out), &info); err != nil {
-			t.Fatalf("crictl info: %v\n%s", err, out)
-		}
+		// The daemon the previous step restarted is ready once it has
+		// reconciled its records; only then is the forward the reason.
+		harness.Eventually(t, 2*time.Minute, "the restarted daemon to be ready", func() bool {
+			readInfo()
+			return slices.ContainsFunc(info.Status.Conditions, func(c condition) bool { return c.Type == "RuntimeReady" && c.Status })
+		})
+		ctrd.Stop(t)
+		readInfo()
 		for _, cond := range info.Status.Conditions {
 			if cond.Type == "RuntimeReady" && (cond.Status || cond.Reason != "ForwardRuntimeUnreachable" || !strings.Contains(cond.Message, ctrd.Endpoint)) {
 				t.Errorf("RuntimeReady with containerd down: %+v", cond)
