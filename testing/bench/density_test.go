@@ -75,7 +75,7 @@ func BenchmarkP5Density(b *testing.B) {
 	rss := treeRSS(d.PID())
 	var qemu []int64
 	for _, p := range pods {
-		if r := qemuRSS(p.domain); r > 0 {
+		if r := harness.QEMURSS(p.domain); r > 0 {
 			qemu = append(qemu, r)
 		}
 	}
@@ -223,36 +223,9 @@ func daemonGoroutines(b *testing.B, rt runtimeapi.RuntimeServiceClient) int {
 // treeRSS sums the resident memory of pid and its children (the daemon
 // and its plugins).
 func treeRSS(pid int) int64 {
-	total := rssOf(pid)
+	total := harness.ProcessRSS(pid)
 	for child := range harness.ChildrenOf(pid) {
-		total += rssOf(child)
+		total += harness.ProcessRSS(child)
 	}
 	return total
-}
-
-func rssOf(pid int) int64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			f := strings.Fields(line)
-			if len(f) >= 2 {
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				return kb << 10
-			}
-		}
-	}
-	return 0
-}
-
-// qemuRSS is the resident memory of a domain's QEMU.
-func qemuRSS(domain string) int64 {
-	pid, err := harness.QEMUPID(domain)
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(pid)
-	return rssOf(n)
 }

@@ -131,23 +131,7 @@ func TestFreedGuestMemoryGoesBack(t *testing.T) {
 	if xml, err := harness.Virsh("dumpxml", domain); err != nil || !strings.Contains(xml, `freePageReporting="on"`) && !strings.Contains(xml, `freePageReporting='on'`) {
 		t.Fatalf("the domain's balloon has no free page reporting: %v\n%s", err, xml)
 	}
-	rss := func() int64 {
-		pid, err := harness.QEMUPID(domain)
-		if err != nil {
-			return 0
-		}
-		status, err := os.ReadFile("/proc/" + pid + "/status")
-		if err != nil {
-			return 0
-		}
-		for _, line := range strings.Split(string(status), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				return kb << 10
-			}
-		}
-		return 0
-	}
+	rss := func() int64 { return harness.QEMURSS(domain) }
 	// The guest settles after boot (its agent, page cache) before the
 	// baseline is taken.
 	time.Sleep(3 * time.Second)

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -69,6 +70,32 @@ func GuestImage(kind string) (string, error) {
 func QEMUPID(domain string) (string, error) {
 	pid, err := os.ReadFile("/run/libvirt/qemu/" + domain + ".pid")
 	return strings.TrimSpace(string(pid)), err
+}
+
+// ProcessRSS is a process's resident memory (VmRSS), 0 when it cannot be
+// read.
+func ProcessRSS(pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// QEMURSS is the resident memory of a domain's QEMU, 0 when unknown.
+func QEMURSS(domain string) int64 {
+	pid, err := QEMUPID(domain)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(pid)
+	return ProcessRSS(n)
 }
 
 // Virsh runs virsh against the test libvirtd.
