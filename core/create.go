@@ -42,22 +42,22 @@ type creation struct {
 // intent is written (FPCreateRecorded) and before the record says created.
 var createSteps = []step[creation]{{
 	name: "volumes", failpoint: FPCreateVolumes, phase: fixedPhase[creation](ports.PhaseVolumes),
-	do: func(ctx context.Context, cr *creation) error { return cr.r().prepareVolumesOf(ctx, cr) },
+	do: func(ctx context.Context, cr *creation) error { return cr.rt.prepareVolumesOf(ctx, cr) },
 	undo: func(ctx context.Context, cr *creation) error {
-		return cr.r().releaseVolumes(ctx, cr.c)
+		return cr.rt.releaseVolumes(ctx, cr.c)
 	},
 }, {
 	name: "cloud-init media", failpoint: FPCreateMedia, phase: fixedPhase[creation](ports.PhaseCloudInit),
-	do:   func(ctx context.Context, cr *creation) error { return cr.r().buildMedia(ctx, cr) },
-	undo: func(ctx context.Context, cr *creation) error { return cr.r().removeMedia(ctx, cr.c) },
+	do:   func(ctx context.Context, cr *creation) error { return cr.rt.buildMedia(ctx, cr) },
+	undo: func(ctx context.Context, cr *creation) error { return cr.rt.removeMedia(ctx, cr.c) },
 }, {
 	name: "define", failpoint: FPCreateDefined,
 	phase: func(cr *creation) ports.VMPhase {
 		return pathPhase(cr.vm.Prelaunched, ports.PhaseDefine, ports.PhaseClaim)
 	},
-	do: func(ctx context.Context, cr *creation) error { return cr.r().define(ctx, cr) },
+	do: func(ctx context.Context, cr *creation) error { return cr.rt.define(ctx, cr) },
 	undo: func(ctx context.Context, cr *creation) error {
-		if err := cr.r().deps.Hypervisor.Undefine(ctx, cr.c.ID); err != nil && !errors.Is(err, ports.ErrNotFound) {
+		if err := cr.rt.deps.Hypervisor.Undefine(ctx, cr.c.ID); err != nil && !errors.Is(err, ports.ErrNotFound) {
 			return err
 		}
 		return nil
@@ -65,12 +65,9 @@ var createSteps = []step[creation]{{
 }, {
 	name: "write files", phase: fixedPhase[creation](ports.PhaseWriteFiles),
 	skip: func(cr *creation) bool { return len(cr.rootFiles) == 0 },
-	do:   func(ctx context.Context, cr *creation) error { return cr.r().writeRootFiles(ctx, cr) },
+	do:   func(ctx context.Context, cr *creation) error { return cr.rt.writeRootFiles(ctx, cr) },
 	// The files are in the VM's root disk, which the define's undo removes.
 }}
-
-// r returns the runtime the creation runs in.
-func (cr *creation) r() *Runtime { return cr.rt }
 
 func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg ContainerConfig) (string, error) {
 	sb, ok := r.sandbox(sandboxID)
