@@ -12,18 +12,28 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
+// accessService reaches running VMs: exec and the guest agent, attach and
+// the console, port-forward, the VNC display, diagnosis, power (halt,
+// boot, reboot) and resize. It keeps no state of its own; what it changes
+// it writes to the containers' records.
+type accessService struct {
+	*shared
+	pods *sandboxService
+	vms  *vmService
+}
+
 // DetachKey (Ctrl-]) ends an attach session and leaves the VM running, as
 // in Virtlet and virsh console.
 const DetachKey = 0x1d
 
 // runningVM returns a container whose VM runs, or an error saying why the
 // call (what) needs one.
-func (r *Runtime) runningVM(id, what string) (*Container, error) {
+func (r *accessService) runningVM(id, what string) (*Container, error) {
 	full, ok, err := r.resolveContainer(id)
 	if err != nil {
 		return nil, err
 	}
-	c, found := r.container(full)
+	c, found := r.containers.get(full)
 	if !ok || !found || c.State == ContainerCreating {
 		return nil, notFound("container", id)
 	}
@@ -43,7 +53,7 @@ func (r *Runtime) runningVM(id, what string) (*Container, error) {
 
 // CheckAttach tells whether a container can be attached to now (kubelet
 // asks for the URL before it connects: a stopped VM is refused at once).
-func (r *Runtime) CheckAttach(id string) error {
+func (r *accessService) CheckAttach(id string) error {
 	c, err := r.runningVM(id, "attach")
 	if err != nil {
 		return err
@@ -59,7 +69,7 @@ func (r *Runtime) CheckAttach(id string) error {
 // Several viewers may be attached at once; the VM keeps running when they
 // leave. A serial console has no window size: terminal resizes are not
 // passed on.
-func (r *Runtime) Attach(ctx context.Context, id string, stdin io.Reader, stdout io.Writer) error {
+func (r *accessService) Attach(ctx context.Context, id string, stdin io.Reader, stdout io.Writer) error {
 	c, err := r.runningVM(id, "attach")
 	if err != nil {
 		return err

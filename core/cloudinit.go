@@ -18,13 +18,18 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
+// cloudInitService reads what a VM's cloud-init data is made from: the
+// pod's ConfigMaps and Secrets, its datasource plugin and the files of
+// VirtletFilesFromDataSource.
+type cloudInitService struct{ *shared }
+
 // cloudInitInput gathers what a VM's cloud-init data is built from: the
 // objects the annotations name, the files of the ConfigMap, Secret,
 // projected and downward API volume mounts (a VM cannot see the node's
 // files, so they travel into the guest by cloud-init write_files), the
 // container's env and the pod's network. Errors name the annotation or
 // mount at fault.
-func (r *Runtime) cloudInitInput(ctx context.Context, sb *Sandbox, opts annotations.VMOptions, cfg ContainerConfig, projected []Mount) (cloudinit.Input, error) {
+func (r *cloudInitService) cloudInitInput(ctx context.Context, sb *Sandbox, opts annotations.VMOptions, cfg ContainerConfig, projected []Mount) (cloudinit.Input, error) {
 	in := cloudinit.Input{PodName: sb.Name, Namespace: sb.Namespace, Hostname: sb.Hostname, Options: opts, Network: sb.Network}
 	if ref := opts.UserDataSource; ref != nil {
 		data, err := r.kubeObject(ctx, sb.Namespace, *ref, annotations.CloudInitUserDataSource)
@@ -60,7 +65,7 @@ func (r *Runtime) cloudInitInput(ctx context.Context, sb *Sandbox, opts annotati
 
 // kubeObject fetches the ConfigMap or Secret an annotation names, in the
 // pod's namespace.
-func (r *Runtime) kubeObject(ctx context.Context, namespace string, ref annotations.ObjectRef, annotation string) (map[string][]byte, error) {
+func (r *cloudInitService) kubeObject(ctx context.Context, namespace string, ref annotations.ObjectRef, annotation string) (map[string][]byte, error) {
 	if r.deps.Kube == nil {
 		return nil, fmt.Errorf("annotation %s refers to %s/%s, but the daemon reads no Kubernetes objects (run it in the cluster, or with --kubeconfig or --kube-objects-dir): %w",
 			annotation, ref.Kind, ref.Name, ports.ErrFailedPrecondition)
@@ -88,7 +93,7 @@ func (r *Runtime) kubeObject(ctx context.Context, namespace string, ref annotati
 
 // datasource returns the plugin for the pod's VirtletCloudInitImageType:
 // any type an installed datasource plugin handles.
-func (r *Runtime) datasource(opts annotations.VMOptions) (ports.Datasource, error) {
+func (r *cloudInitService) datasource(opts annotations.VMOptions) (ports.Datasource, error) {
 	ds, ok := r.deps.Datasources[opts.CloudInitImageType]
 	if !ok {
 		installed := slices.Sorted(maps.Keys(r.deps.Datasources))
@@ -106,7 +111,7 @@ func (r *Runtime) datasource(opts annotations.VMOptions) (ports.Datasource, erro
 // every key X of the ConfigMap or Secret is a file, written at the path in
 // X_path, its value encoded as X_encoding says (base64, the default, or
 // plain), as Virtlet did. Errors name the key and the path.
-func (r *Runtime) filesFromDataSource(ctx context.Context, sb *Sandbox, opts annotations.VMOptions) ([]ports.GuestFile, error) {
+func (r *cloudInitService) filesFromDataSource(ctx context.Context, sb *Sandbox, opts annotations.VMOptions) ([]ports.GuestFile, error) {
 	ref := opts.FilesFromDataSource
 	if ref == nil {
 		return nil, nil

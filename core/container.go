@@ -13,6 +13,19 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
+// vmService creates, starts, stops and removes the VMs of VM pods (their
+// containers), with the volumes and cloud-init media made for them.
+type vmService struct {
+	*shared
+	imgs  *imageService // the images VMs boot from
+	vols  *volumeService
+	ci    *cloudInitService
+	users vmUserPool // the VMs' own users, when Options.VMUsers
+	// undos are the containers whose failed creation could not be undone;
+	// the reconciler retries them (retryUndos).
+	undos chan string
+}
+
 // ContainerConfig is what kubelet asks for in CreateContainer.
 type ContainerConfig struct {
 	Name    string
@@ -59,7 +72,7 @@ type EnvVar struct {
 // container; kubelet may create it again (a new attempt) once the previous
 // VM has exited. Creating the same name and attempt again returns the same
 // ID.
-func (r *Runtime) CreateContainer(ctx context.Context, sandboxID string, cfg ContainerConfig) (string, error) {
+func (r *vmService) CreateContainer(ctx context.Context, sandboxID string, cfg ContainerConfig) (string, error) {
 	full, ok, err := r.resolveSandbox(sandboxID)
 	if err != nil {
 		return "", err
@@ -84,7 +97,7 @@ func (r *Runtime) CreateContainer(ctx context.Context, sandboxID string, cfg Con
 // and UUID it gave the VM into the spec: a VM claimed from a pool of
 // pre-launched VMs keeps the pool's, and a spec without a UUID gets the
 // hypervisor's.
-func (r *Runtime) definedAs(ctx context.Context, spec *ports.VMSpec) (ports.VMStatus, error) {
+func (r *vmService) definedAs(ctx context.Context, spec *ports.VMSpec) (ports.VMStatus, error) {
 	vm, err := r.deps.Hypervisor.Status(ctx, spec.ID)
 	if err != nil {
 		return ports.VMStatus{}, fmt.Errorf("VM %s after its definition: %w", spec.Name, err)
@@ -117,13 +130,13 @@ func checkDiskCount(disks []ports.Disk) error {
 // undoCreate undoes a creation from its record: every step's undo, then
 // the record goes. When an undo fails, the record stays "creating" and
 // the undo is tried again shortly (retryUndos; the next resync would too).
-func (r *Runtime) undoCreate(ctx context.Context, c *Container, log logrus.FieldLogger) {
+func (r *vmService) undoCreate(ctx context.Context, c *Container, log logrus.FieldLogger) {
 	r.forgetCreation(ctx, c, r.releaseVM(ctx, c), log)
 }
 
 // forgetCreation removes the record of a creation whose steps were undone,
 // or, when undoErr says they were not all undone, queues the undo again.
-func (r *Runtime) forgetCreation(ctx context.Context, c *Container, undoErr error, log logrus.FieldLogger) {
+func (r *vmService) forgetCreation(ctx context.Context, c *Container, undoErr error, log logrus.FieldLogger) {
 	if undoErr != nil {
 		log.WithError(undoErr).Error("undo VM creation; will retry")
 		select {
@@ -132,7 +145,7 @@ func (r *Runtime) forgetCreation(ctx context.Context, c *Container, undoErr erro
 		}
 		return
 	}
-	if err := r.commit(ctx, write{containerID: c.ID}); err != nil {
+	if err := r.containers.delete(ctx, c.ID); err != nil {
 		log.WithError(err).Error("forget failed container")
 	}
 }
@@ -140,14 +153,14 @@ func (r *Runtime) forgetCreation(ctx context.Context, c *Container, undoErr erro
 // releaseVM undoes every step of a VM's creation, as its record says it
 // was made: the domain, its cloud-init media, its volumes; each undo
 // tolerates what is already gone.
-func (r *Runtime) releaseVM(ctx context.Context, c *Container) error {
+func (r *vmService) releaseVM(ctx context.Context, c *Container) error {
 	log := r.log.WithField("container", short(c.ID))
 	return undoSteps(ctx, createSteps, &creation{rt: r, c: c}, log)
 }
 
 // removeMedia has the datasource plugin that made a VM's cloud-init media
 // remove it.
-func (r *Runtime) removeMedia(ctx context.Context, c *Container) error {
+func (r *vmService) removeMedia(ctx context.Context, c *Container) error {
 	if c.Datasource == "" {
 		return nil
 	}
@@ -165,13 +178,13 @@ func (r *Runtime) removeMedia(ctx context.Context, c *Container) error {
 
 // imageForContainer finds the stored image a container names, and checks
 // that the pod asks for a VM image.
-func (r *Runtime) imageForContainer(cfg ContainerConfig) (*Image, error) {
+func (r *vmService) imageForContainer(cfg ContainerConfig) (*Image, error) {
 	if cfg.UserImage != "" {
 		if _, err := ParseImageName(cfg.UserImage); err != nil {
 			return nil, err
 		}
 	}
-	img, err := r.resolveImage(cfg.Image)
+	img, err := r.imgs.resolveImage(cfg.Image)
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +200,7 @@ func (r *Runtime) imageForContainer(cfg ContainerConfig) (*Image, error) {
 
 // memory is the VM's memory: the container's limit, else the presets'
 // default, else the daemon's.
-func (r *Runtime) memory(cfg ContainerConfig, presetDefault int64) (int64, error) {
+func (r *vmService) memory(cfg ContainerConfig, presetDefault int64) (int64, error) {
 	m, field := cfg.MemoryLimitBytes, "resources.limits.memory"
 	if m == 0 && presetDefault != 0 {
 		m, field = presetDefault, "the presets' memory"
@@ -203,15 +216,8 @@ func (r *Runtime) memory(cfg ContainerConfig, presetDefault int64) (int64, error
 	}
 }
 
-func (r *Runtime) uuidUser(vmUUID string) *Container {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	for _, c := range r.containers {
-		if strings.EqualFold(c.Spec.UUID, vmUUID) {
-			return c
-		}
-	}
-	return nil
+func (r *vmService) uuidUser(vmUUID string) *Container {
+	return r.containers.find(func(c *Container) bool { return strings.EqualFold(c.Spec.UUID, vmUUID) })
 }
 
 // domainName is unique (the ID) and readable (the pod name).
@@ -231,7 +237,7 @@ func formatOr(format, def string) string {
 }
 
 // StartContainer boots a created VM. Starting a running VM succeeds.
-func (r *Runtime) StartContainer(ctx context.Context, id string) error {
+func (r *vmService) StartContainer(ctx context.Context, id string) error {
 	c, unlock, err := r.lockContainer(ctx, id)
 	if err != nil {
 		return err
@@ -254,7 +260,7 @@ func (r *Runtime) StartContainer(ctx context.Context, id string) error {
 	running.State = ContainerRunning
 	running.StartedAt = r.opts.Now()
 	running.Prelaunched = false
-	if err := r.commit(ctx, write{container: &running}); err != nil {
+	if err := r.containers.put(ctx, &running); err != nil {
 		return err
 	}
 	r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name, "resumed": c.Prelaunched,
@@ -264,7 +270,7 @@ func (r *Runtime) StartContainer(ctx context.Context, id string) error {
 
 // StopContainer shuts the VM down: ACPI first, forced off after timeout.
 // Stopping a VM that is not running succeeds.
-func (r *Runtime) StopContainer(ctx context.Context, id string, timeout time.Duration) error {
+func (r *vmService) StopContainer(ctx context.Context, id string, timeout time.Duration) error {
 	c, unlock, err := r.lockContainer(ctx, id)
 	if err != nil {
 		if errors.Is(err, ports.ErrNotFound) {
@@ -279,7 +285,7 @@ func (r *Runtime) StopContainer(ctx context.Context, id string, timeout time.Dur
 	return r.stopLocked(ctx, c, timeout)
 }
 
-func (r *Runtime) stopLocked(ctx context.Context, c *Container, timeout time.Duration) error {
+func (r *vmService) stopLocked(ctx context.Context, c *Container, timeout time.Duration) error {
 	st, err := r.deps.Hypervisor.Stop(ctx, c.ID, timeout)
 	if err != nil {
 		return fmt.Errorf("stop VM %s: %w", c.Spec.Name, err)
@@ -290,7 +296,7 @@ func (r *Runtime) stopLocked(ctx context.Context, c *Container, timeout time.Dur
 	if c.Halted() {
 		exited.Message = "the container was stopped while its VM was halted (virtletctl stop)"
 	}
-	if err := r.commit(ctx, write{container: &exited}); err != nil {
+	if err := r.containers.put(ctx, &exited); err != nil {
 		return err
 	}
 	r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name, "exitCode": exited.ExitCode, "reason": exited.Reason}).
@@ -299,7 +305,7 @@ func (r *Runtime) stopLocked(ctx context.Context, c *Container, timeout time.Dur
 }
 
 // applyExit records a stopped VM's exit status.
-func (r *Runtime) applyExit(c *Container, st ports.VMStatus) {
+func (r *vmService) applyExit(c *Container, st ports.VMStatus) {
 	c.State = ContainerExited
 	c.ExitCode, c.Reason, c.Message = st.ExitCode, st.Reason, st.Message
 	c.FinishedAt = st.FinishedAt
@@ -316,7 +322,7 @@ func (r *Runtime) applyExit(c *Container, st ports.VMStatus) {
 
 // ReopenContainerLog makes the VM's console log be written to a new file
 // after kubelet rotated the old one.
-func (r *Runtime) ReopenContainerLog(ctx context.Context, id string) error {
+func (r *vmService) ReopenContainerLog(ctx context.Context, id string) error {
 	c, err := r.ContainerStatus(ctx, id)
 	if err != nil {
 		return err
@@ -337,7 +343,7 @@ func (r *Runtime) ReopenContainerLog(ctx context.Context, id string) error {
 
 // RemoveContainer removes the VM and everything made for it. Removing an
 // unknown container succeeds.
-func (r *Runtime) RemoveContainer(ctx context.Context, id string) error {
+func (r *vmService) RemoveContainer(ctx context.Context, id string) error {
 	c, unlock, err := r.lockContainer(ctx, id)
 	if err != nil {
 		if errors.Is(err, ports.ErrNotFound) {
@@ -349,7 +355,7 @@ func (r *Runtime) RemoveContainer(ctx context.Context, id string) error {
 	return r.removeLocked(ctx, c)
 }
 
-func (r *Runtime) removeLocked(ctx context.Context, c *Container) error {
+func (r *vmService) removeLocked(ctx context.Context, c *Container) error {
 	if c.State == ContainerRunning {
 		if err := r.stopLocked(ctx, c, 0); err != nil {
 			return err
@@ -359,45 +365,22 @@ func (r *Runtime) removeLocked(ctx context.Context, c *Container) error {
 		return fmt.Errorf("remove VM %s: %w", c.Spec.Name, err)
 	}
 	r.failpoint(FPRemoveReleased)
-	if err := r.commit(ctx, write{containerID: c.ID}); err != nil {
+	if err := r.containers.delete(ctx, c.ID); err != nil {
 		return err
 	}
 	r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name}).Info("VM removed")
-	r.collectNamelessImage(ctx, c.Image.ID)
+	r.imgs.collectNamelessImage(ctx, c.Image.ID)
 	return nil
-}
-
-// collectNamelessImage deletes an image whose names all moved to newer
-// content once its last VM is gone (it was kept only as that VM's base).
-func (r *Runtime) collectNamelessImage(ctx context.Context, id string) {
-	r.imgMu.Lock()
-	defer r.imgMu.Unlock()
-	r.mu.RLock()
-	img, ok := r.images[id]
-	unused := ok && len(img.Names) == 0 && !r.imageInUseLocked(id)
-	r.mu.RUnlock()
-	if !unused {
-		return
-	}
-	if err := r.commit(ctx, write{imageID: id}); err != nil {
-		r.log.WithError(err).WithField("id", id).Warn("forget nameless image")
-		return
-	}
-	if err := r.deps.ImageFiles.Remove(ctx, id); err != nil {
-		r.log.WithError(err).WithField("id", id).Warn("remove data of nameless image")
-		return
-	}
-	r.log.WithField("id", id).Info("removed an image whose names moved on, with its last VM")
 }
 
 // lockContainer resolves id, takes its pod's lock, and returns the
 // container as seen under the lock.
-func (r *Runtime) lockContainer(ctx context.Context, id string) (*Container, func(), error) {
+func (r *vmService) lockContainer(ctx context.Context, id string) (*Container, func(), error) {
 	full, ok, err := r.resolveContainer(id)
 	if err != nil {
 		return nil, nil, err
 	}
-	c, found := r.container(full)
+	c, found := r.containers.get(full)
 	if !ok || !found {
 		return nil, nil, notFound("container", id)
 	}
@@ -405,7 +388,7 @@ func (r *Runtime) lockContainer(ctx context.Context, id string) (*Container, fun
 	if err != nil {
 		return nil, nil, err
 	}
-	c, found = r.container(full)
+	c, found = r.containers.get(full)
 	if !found || c.State == ContainerCreating {
 		unlock()
 		return nil, nil, notFound("container", id)
@@ -414,12 +397,12 @@ func (r *Runtime) lockContainer(ctx context.Context, id string) (*Container, fun
 }
 
 // ContainerStatus returns a container.
-func (r *Runtime) ContainerStatus(ctx context.Context, id string) (Container, error) {
+func (r *vmService) ContainerStatus(ctx context.Context, id string) (Container, error) {
 	full, ok, err := r.resolveContainer(id)
 	if err != nil {
 		return Container{}, err
 	}
-	c, found := r.container(full)
+	c, found := r.containers.get(full)
 	if !ok || !found || c.State == ContainerCreating {
 		return Container{}, notFound("container", id)
 	}
@@ -436,20 +419,14 @@ type ContainerFilter struct {
 
 // ListContainers returns the containers matching f, newest first. The
 // records are shared immutable snapshots: callers must not modify them.
-func (r *Runtime) ListContainers(f ContainerFilter) []*Container {
-	r.mu.RLock()
-	out := make([]*Container, 0, len(r.containers))
-	for _, c := range r.containers {
-		if c.State == ContainerCreating ||
-			(f.ID != "" && !strings.HasPrefix(c.ID, f.ID)) ||
-			(f.SandboxID != "" && !strings.HasPrefix(c.SandboxID, f.SandboxID)) ||
-			(f.State != "" && c.State != f.State) ||
-			!matchLabels(c.Labels, f.LabelSelector) {
-			continue
-		}
-		out = append(out, c)
-	}
-	r.mu.RUnlock()
+func (r *vmService) ListContainers(f ContainerFilter) []*Container {
+	out := r.containers.list(func(c *Container) bool {
+		return c.State != ContainerCreating &&
+			(f.ID == "" || strings.HasPrefix(c.ID, f.ID)) &&
+			(f.SandboxID == "" || strings.HasPrefix(c.SandboxID, f.SandboxID)) &&
+			(f.State == "" || c.State == f.State) &&
+			matchLabels(c.Labels, f.LabelSelector)
+	})
 	slices.SortFunc(out, func(a, b *Container) int { return b.CreatedAt.Compare(a.CreatedAt) })
 	return out
 }

@@ -19,7 +19,7 @@ import (
 // what its steps made. The undo steps read only c, the record, so that the
 // reconciler can undo a creation a crash interrupted from its record.
 type creation struct {
-	rt        *Runtime
+	rt        *vmService
 	sb        *Sandbox
 	cfg       ContainerConfig
 	applied   presets.Applied
@@ -44,7 +44,7 @@ var createSteps = []step[creation]{{
 	name: "volumes", failpoint: FPCreateVolumes, phase: fixedPhase[creation](ports.PhaseVolumes),
 	do: func(ctx context.Context, cr *creation) error { return cr.rt.prepareVolumesOf(ctx, cr) },
 	undo: func(ctx context.Context, cr *creation) error {
-		return cr.rt.releaseVolumes(ctx, cr.c)
+		return cr.rt.vols.releaseVolumes(ctx, cr.c)
 	},
 }, {
 	name: "cloud-init media", failpoint: FPCreateMedia, phase: fixedPhase[creation](ports.PhaseCloudInit),
@@ -69,8 +69,8 @@ var createSteps = []step[creation]{{
 	// The files are in the VM's root disk, which the define's undo removes.
 }}
 
-func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg ContainerConfig) (string, error) {
-	sb, ok := r.sandbox(sandboxID)
+func (r *vmService) createLocked(ctx context.Context, sandboxID string, cfg ContainerConfig) (string, error) {
+	sb, ok := r.sandboxes.get(sandboxID)
 	if !ok {
 		return "", notFound("sandbox", sandboxID)
 	}
@@ -106,11 +106,11 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	log := r.log.WithFields(logrus.Fields{"pod": pod, "container": short(id), "vm": cr.spec.Name})
 	// Record the intent before anything is made: after a crash the
 	// reconciler finds a "creating" record and undoes what was done.
-	if err := r.commit(ctx, write{container: cr.c}); err != nil {
+	if err := r.containers.put(ctx, cr.c); err != nil {
 		return "", err
 	}
 	r.failpoint(FPCreateRecorded)
-	if err, undoErr := runSteps(ctx, r, createSteps, cr, log); err != nil {
+	if err, undoErr := runSteps(ctx, r.shared, createSteps, cr, log); err != nil {
 		r.forgetCreation(ctx, cr.c, undoErr, log)
 		return "", fmt.Errorf("pod %s: %w", pod, err)
 	}
@@ -118,7 +118,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 	created.Spec = cr.spec.WithoutSecrets()
 	created.State = ContainerCreated
 	created.Prelaunched = cr.vm.Prelaunched
-	if err := r.commit(ctx, write{container: &created}); err != nil {
+	if err := r.containers.put(ctx, &created); err != nil {
 		r.undoCreate(ctx, cr.c, log)
 		return "", err
 	}
@@ -130,7 +130,7 @@ func (r *Runtime) createLocked(ctx context.Context, sandboxID string, cfg Contai
 // existingContainer answers a CreateContainer the pod's records already
 // answer: the same name and attempt again returns its ID; another
 // container, or a new attempt while the VM still exists, is refused.
-func (r *Runtime) existingContainer(sb *Sandbox, cfg ContainerConfig) (string, error) {
+func (r *vmService) existingContainer(sb *Sandbox, cfg ContainerConfig) (string, error) {
 	pod := sb.Namespace + "/" + sb.Name
 	for _, c := range r.containersOf(sb.ID) {
 		switch {
@@ -150,7 +150,7 @@ func (r *Runtime) existingContainer(sb *Sandbox, cfg ContainerConfig) (string, e
 // planCreation reads and checks everything a VM is made from (presets,
 // annotations, image, resources, volumes, cloud-init sources) and makes
 // its spec; it changes nothing.
-func (r *Runtime) planCreation(ctx context.Context, sb *Sandbox, cfg ContainerConfig) (*creation, error) {
+func (r *vmService) planCreation(ctx context.Context, sb *Sandbox, cfg ContainerConfig) (*creation, error) {
 	cr := &creation{rt: r, sb: sb, cfg: cfg}
 	var err error
 	// The operator's presets under the pod's own annotations.
@@ -174,19 +174,19 @@ func (r *Runtime) planCreation(ctx context.Context, sb *Sandbox, cfg ContainerCo
 	if cr.spec, err = r.vmSpec(sb, cfg, cr.opts, cr.applied, cr.img, cr.imagePath); err != nil {
 		return nil, err
 	}
-	if cr.volumes, err = r.planVolumes(ctx, cfg, cr.opts); err != nil {
+	if cr.volumes, err = r.vols.planVolumes(ctx, cfg, cr.opts); err != nil {
 		return nil, err
 	}
 	if err := r.checkCreation(cr); err != nil {
 		return nil, err
 	}
-	if cr.ds, err = r.datasource(cr.opts); err != nil {
+	if cr.ds, err = r.ci.datasource(cr.opts); err != nil {
 		return nil, err
 	}
-	if cr.rootFiles, err = r.filesFromDataSource(ctx, sb, cr.opts); err != nil {
+	if cr.rootFiles, err = r.ci.filesFromDataSource(ctx, sb, cr.opts); err != nil {
 		return nil, err
 	}
-	if cr.ciInput, err = r.cloudInitInput(ctx, sb, cr.opts, cfg, cr.volumes.projected); err != nil {
+	if cr.ciInput, err = r.ci.cloudInitInput(ctx, sb, cr.opts, cfg, cr.volumes.projected); err != nil {
 		return nil, err
 	}
 	// A persistent root keeps the network configuration of its first pod;
@@ -203,7 +203,7 @@ func (r *Runtime) planCreation(ctx context.Context, sb *Sandbox, cfg ContainerCo
 // vmSpec makes the spec of a container's VM from its resources and
 // annotations: compute, memory, firmware, its root disk over the image, its
 // NICs and console log.
-func (r *Runtime) vmSpec(sb *Sandbox, cfg ContainerConfig, opts annotations.VMOptions, applied presets.Applied, img *Image, imagePath string) (ports.VMSpec, error) {
+func (r *vmService) vmSpec(sb *Sandbox, cfg ContainerConfig, opts annotations.VMOptions, applied presets.Applied, img *Image, imagePath string) (ports.VMSpec, error) {
 	ann := applied.Annotations
 	memory, err := r.memory(cfg, applied.MemoryBytes)
 	if err != nil {
@@ -249,7 +249,7 @@ func (r *Runtime) vmSpec(sb *Sandbox, cfg ContainerConfig, opts annotations.VMOp
 
 // checkCreation refuses the combinations of annotations, volumes, image
 // and node settings that cannot make a VM.
-func (r *Runtime) checkCreation(cr *creation) error {
+func (r *vmService) checkCreation(cr *creation) error {
 	opts, ann := cr.opts, cr.applied.Annotations
 	root := cr.volumes.rootfs()
 	switch {
@@ -284,8 +284,8 @@ func (r *Runtime) checkCreation(cr *creation) error {
 
 // prepareVolumesOf has the volume plugins prepare the VM's volumes and
 // puts their disks and shares into its spec.
-func (r *Runtime) prepareVolumesOf(ctx context.Context, cr *creation) error {
-	vols, err := r.prepareVolumes(ctx, cr.c, cr.opts.DiskDriver, cr.rootfs)
+func (r *vmService) prepareVolumesOf(ctx context.Context, cr *creation) error {
+	vols, err := r.vols.prepareVolumes(ctx, cr.c, cr.opts.DiskDriver, cr.rootfs)
 	if err != nil {
 		return err
 	}
@@ -301,7 +301,7 @@ func (r *Runtime) prepareVolumesOf(ctx context.Context, cr *creation) error {
 
 // buildMedia has the datasource plugin make the VM's cloud-init medium
 // and adds it to the spec's disks.
-func (r *Runtime) buildMedia(ctx context.Context, cr *creation) error {
+func (r *vmService) buildMedia(ctx context.Context, cr *creation) error {
 	ci, err := cloudinit.Build(cr.ciInput)
 	if err != nil {
 		return err
@@ -317,7 +317,7 @@ func (r *Runtime) buildMedia(ctx context.Context, cr *creation) error {
 }
 
 // define has the hypervisor define the VM.
-func (r *Runtime) define(ctx context.Context, cr *creation) error {
+func (r *vmService) define(ctx context.Context, cr *creation) error {
 	if err := r.deps.Hypervisor.Define(ctx, cr.spec); err != nil {
 		return fmt.Errorf("define VM %s: %w", cr.spec.Name, err)
 	}
@@ -328,7 +328,7 @@ func (r *Runtime) define(ctx context.Context, cr *creation) error {
 
 // writeRootFiles writes VirtletFilesFromDataSource's files into the VM's
 // root file system.
-func (r *Runtime) writeRootFiles(ctx context.Context, cr *creation) error {
+func (r *vmService) writeRootFiles(ctx context.Context, cr *creation) error {
 	if err := r.deps.Hypervisor.WriteFiles(ctx, cr.spec.ID, cr.rootFiles); err != nil {
 		return fmt.Errorf("annotation %s: write the files of %s into the root file system: %w",
 			annotations.FilesFromDataSource, cr.opts.FilesFromDataSource, err)

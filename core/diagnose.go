@@ -21,12 +21,12 @@ type Diagnosis struct {
 
 // Diagnose gathers the records of the container's pod and the hypervisor's
 // view of its VMs.
-func (r *Runtime) Diagnose(ctx context.Context, containerID string) (Diagnosis, error) {
-	c, err := r.ContainerStatus(ctx, containerID)
+func (r *accessService) Diagnose(ctx context.Context, containerID string) (Diagnosis, error) {
+	c, err := r.vms.ContainerStatus(ctx, containerID)
 	if err != nil {
 		return Diagnosis{}, err
 	}
-	sb, err := r.SandboxStatus(ctx, c.SandboxID)
+	sb, err := r.pods.SandboxStatus(ctx, c.SandboxID)
 	if err != nil {
 		return Diagnosis{}, err
 	}
@@ -66,8 +66,8 @@ func redactDisks(disks []ports.Disk) []ports.Disk {
 
 // InspectVM runs a read-only command of the hypervisor's own tool (virsh)
 // against the container's VM.
-func (r *Runtime) InspectVM(ctx context.Context, containerID string, args []string) (ports.CommandOutput, error) {
-	c, err := r.ContainerStatus(ctx, containerID)
+func (r *accessService) InspectVM(ctx context.Context, containerID string, args []string) (ports.CommandOutput, error) {
+	c, err := r.vms.ContainerStatus(ctx, containerID)
 	if err != nil {
 		return ports.CommandOutput{}, err
 	}
@@ -84,7 +84,7 @@ func (r *Runtime) InspectVM(ctx context.Context, containerID string, args []stri
 
 // OpenDisplay connects to the running VM's graphical console (VNC) on
 // this host.
-func (r *Runtime) OpenDisplay(ctx context.Context, containerID string) (ports.Display, ports.Conn, error) {
+func (r *accessService) OpenDisplay(ctx context.Context, containerID string) (ports.Display, ports.Conn, error) {
 	c, err := r.runningVM(containerID, "display")
 	if err != nil {
 		return ports.Display{}, nil, err

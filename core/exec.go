@@ -36,7 +36,7 @@ type ExecStreams struct {
 	TTY    bool
 }
 
-func (r *Runtime) guestExecer(c *Container) (ports.GuestExecer, error) {
+func (r *accessService) guestExecer(c *Container) (ports.GuestExecer, error) {
 	ge, ok := r.deps.Hypervisor.(ports.GuestExecer)
 	if !ok {
 		return nil, fmt.Errorf("exec in VM %s: the hypervisor plugin cannot run commands in guests: %w", c.Spec.Name, ports.ErrUnimplemented)
@@ -46,7 +46,7 @@ func (r *Runtime) guestExecer(c *Container) (ports.GuestExecer, error) {
 
 // CheckExec tells whether cmd can be run in the container now (kubelet
 // asks for the URL before it connects).
-func (r *Runtime) CheckExec(id string, cmd []string, tty bool) error {
+func (r *accessService) CheckExec(id string, cmd []string, tty bool) error {
 	if err := checkCommand(cmd, tty); err != nil {
 		return err
 	}
@@ -78,11 +78,11 @@ func checkCommand(cmd []string, tty bool) error {
 // command "ends" with ExitHalted and the reason on stderr, so that exec
 // probes fail (kubelet ignores a probe that errors: the pod would stay
 // Ready).
-func (r *Runtime) ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (ExecResult, error) {
+func (r *accessService) ExecSync(ctx context.Context, id string, cmd []string, timeout time.Duration) (ExecResult, error) {
 	if err := checkCommand(cmd, false); err != nil {
 		return ExecResult{}, err
 	}
-	if c, err := r.ContainerStatus(ctx, id); err == nil && c.Halted() {
+	if c, err := r.vms.ContainerStatus(ctx, id); err == nil && c.Halted() {
 		return ExecResult{ExitCode: ExitHalted, Stderr: []byte(haltedError("exec", &c).Error() + "\n")}, nil
 	}
 	return r.exec(ctx, id, cmd, nil, timeout)
@@ -95,7 +95,7 @@ const ExitHalted = 126
 // Exec runs cmd with streams (kubectl exec, crictl exec). The guest agent
 // hands output over when the command ends, so output arrives at the end;
 // stdin is read to its end before the command starts.
-func (r *Runtime) Exec(ctx context.Context, id string, cmd []string, s ExecStreams) (int32, error) {
+func (r *accessService) Exec(ctx context.Context, id string, cmd []string, s ExecStreams) (int32, error) {
 	if err := checkCommand(cmd, s.TTY); err != nil {
 		return 0, err
 	}
@@ -128,7 +128,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, cmd []string, s ExecStrea
 	return res.ExitCode, nil
 }
 
-func (r *Runtime) exec(ctx context.Context, id string, cmd []string, stdin []byte, timeout time.Duration) (ExecResult, error) {
+func (r *accessService) exec(ctx context.Context, id string, cmd []string, stdin []byte, timeout time.Duration) (ExecResult, error) {
 	c, err := r.runningVM(id, "exec")
 	if err != nil {
 		return ExecResult{}, err
@@ -170,7 +170,7 @@ func (r *Runtime) exec(ctx context.Context, id string, cmd []string, stdin []byt
 
 // GuestInfo is the guest's own account of itself, from its agent (OS,
 // host name, interfaces): `virtletctl status`.
-func (r *Runtime) GuestInfo(ctx context.Context, id string) (ports.GuestInfo, error) {
+func (r *accessService) GuestInfo(ctx context.Context, id string) (ports.GuestInfo, error) {
 	c, err := r.runningVM(id, "guest information")
 	if err != nil {
 		return ports.GuestInfo{}, err

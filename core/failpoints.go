@@ -32,7 +32,7 @@ var Failpoints = []string{
 	FPRemoveImageForgot,
 }
 
-func (r *Runtime) failpoint(name string) {
+func (r *shared) failpoint(name string) {
 	if f := r.opts.Failpoint; f != nil {
 		f(name)
 	}

@@ -10,9 +10,11 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/virtlet/virtlet/ports"
 )
@@ -22,9 +24,17 @@ var (
 	hexPrefix  = regexp.MustCompile(`^(sha256:)?[0-9a-f]{3,64}$`)
 )
 
+// imageService pulls, lists and removes VM images. Its lock serialises
+// the changes to the image index (a pull's, a removal's, a collection's).
+type imageService struct {
+	*shared
+	mu    sync.Mutex
+	pulls singleflight.Group // one download per image at a time
+}
+
 // PullImage downloads a VM image into the store and returns its ID.
 // Concurrent pulls of one image download it once.
-func (r *Runtime) PullImage(ctx context.Context, name string, auth *ports.RegistryAuth) (string, error) {
+func (r *imageService) PullImage(ctx context.Context, name string, auth *ports.RegistryAuth) (string, error) {
 	refused := func(class ports.PullFailure, err error) (string, error) {
 		r.pulled(ports.ImagePull{Failure: pullFailure(err, class)})
 		return "", err
@@ -74,7 +84,7 @@ func (r *Runtime) PullImage(ctx context.Context, name string, auth *ports.Regist
 
 // pull downloads, stores and indexes an image; a failure comes with the
 // class of the step that failed (its error's kind may say more).
-func (r *Runtime) pull(ctx context.Context, n ImageName, loc location, src ports.ImageSource, auth *ports.RegistryAuth) (ports.FetchResult, ports.PullFailure, error) {
+func (r *imageService) pull(ctx context.Context, n ImageName, loc location, src ports.ImageSource, auth *ports.RegistryAuth) (ports.FetchResult, ports.PullFailure, error) {
 	location := loc.URL
 	log := r.log.WithFields(logrus.Fields{"image": n.Raw, "location": redactURL(location), "translation": loc.Source})
 	files := r.deps.ImageFiles
@@ -158,15 +168,14 @@ func redactURL(s string) string {
 // indexImage records that n now names the image res. A name moves from an
 // older image to the new one; an older image left without names and unused
 // is deleted.
-func (r *Runtime) indexImage(ctx context.Context, n ImageName, res ports.FetchResult, location string, registry bool) error {
-	r.imgMu.Lock()
-	defer r.imgMu.Unlock()
-	var writes []write
+func (r *imageService) indexImage(ctx context.Context, n ImageName, res ports.FetchResult, location string, registry bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var puts []*Image
 	var orphans []string
-	r.mu.RLock()
 	img := &Image{ID: res.Digest, Size: res.Size, Format: res.Format, VirtualSize: res.VirtualSize,
 		Location: location, Registry: registry, PulledAt: r.opts.Now()}
-	if old, ok := r.images[res.Digest]; ok {
+	if old, ok := r.images.get(res.Digest); ok {
 		img.Names = old.withoutName(n)
 		img.ManifestDigests = maps.Clone(old.ManifestDigests)
 	}
@@ -176,24 +185,19 @@ func (r *Runtime) indexImage(ctx context.Context, n ImageName, res ports.FetchRe
 		}
 		img.ManifestDigests[n.Repository()] = res.ManifestDigest
 	}
-	for _, other := range r.images {
-		if other.ID == res.Digest || !other.HasName(n) {
-			continue
-		}
+	for _, other := range r.images.list(func(i *Image) bool { return i.ID != res.Digest && i.HasName(n) }) {
 		moved := *other
 		moved.Names = other.withoutName(n)
-		if len(moved.Names) == 0 && !r.imageInUseLocked(other.ID) {
-			writes = append(writes, write{imageID: other.ID})
+		if len(moved.Names) == 0 && r.imageUser(other.ID) == nil {
 			orphans = append(orphans, other.ID)
 		} else {
-			writes = append(writes, write{image: &moved})
+			puts = append(puts, &moved)
 		}
 	}
-	r.mu.RUnlock()
 	img.Names = append(img.Names, n.Normalized())
 	sort.Strings(img.Names)
-	writes = append(writes, write{image: img})
-	if err := r.commit(ctx, writes...); err != nil {
+	puts = append(puts, img)
+	if err := r.images.apply(ctx, puts, orphans); err != nil {
 		return err
 	}
 	for _, id := range orphans {
@@ -206,10 +210,8 @@ func (r *Runtime) indexImage(ctx context.Context, n ImageName, res ports.FetchRe
 
 // resolveImage finds a stored image by ID, unique ID prefix or name; nil
 // when there is none.
-func (r *Runtime) resolveImage(spec string) (*Image, error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if img, ok := r.images[spec]; ok {
+func (r *imageService) resolveImage(spec string) (*Image, error) {
+	if img, ok := r.images.get(spec); ok {
 		return img, nil
 	}
 	if hexPrefix.MatchString(spec) {
@@ -217,33 +219,23 @@ func (r *Runtime) resolveImage(spec string) (*Image, error) {
 		if !strings.HasPrefix(prefix, "sha256:") {
 			prefix = "sha256:" + prefix
 		}
-		var match *Image
-		for id, img := range r.images {
-			if strings.HasPrefix(id, prefix) {
-				if match != nil {
-					return nil, fmt.Errorf("image ID prefix %q is ambiguous: %w", spec, ports.ErrInvalidArgument)
-				}
-				match = img
-			}
+		id, ok, err := r.images.resolve(prefix)
+		if err != nil { // more than one image has the prefix
+			return nil, fmt.Errorf("image ID prefix %q is ambiguous: %w", spec, ports.ErrInvalidArgument)
 		}
-		if match != nil {
-			return match, nil
+		if img, found := r.images.get(id); ok && found {
+			return img, nil
 		}
 	}
 	n, err := ParseImageName(spec)
 	if err != nil {
 		return nil, err
 	}
-	for _, img := range r.images {
-		if img.HasName(n) || img.PinnedBy(n) {
-			return img, nil
-		}
-	}
-	return nil, nil
+	return r.images.find(func(img *Image) bool { return img.HasName(n) || img.PinnedBy(n) }), nil
 }
 
 // ImageStatus returns a stored image; ErrNotFound if there is none.
-func (r *Runtime) ImageStatus(ctx context.Context, spec string) (Image, error) {
+func (r *imageService) ImageStatus(ctx context.Context, spec string) (Image, error) {
 	img, err := r.resolveImage(spec)
 	if err != nil {
 		return Image{}, err
@@ -255,7 +247,7 @@ func (r *Runtime) ImageStatus(ctx context.Context, spec string) (Image, error) {
 }
 
 // ListImages returns every stored image (or the one spec names), sorted by ID.
-func (r *Runtime) ListImages(ctx context.Context, spec string) ([]Image, error) {
+func (r *imageService) ListImages(ctx context.Context, spec string) ([]Image, error) {
 	if spec != "" {
 		img, err := r.resolveImage(spec)
 		if err != nil || img == nil {
@@ -263,33 +255,30 @@ func (r *Runtime) ListImages(ctx context.Context, spec string) ([]Image, error) 
 		}
 		return []Image{*img}, nil
 	}
-	r.mu.RLock()
-	out := make([]Image, 0, len(r.images))
-	for _, img := range r.images {
+	all := r.images.list(nil)
+	out := make([]Image, 0, len(all))
+	for _, img := range all {
 		out = append(out, *img)
 	}
-	r.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
 }
 
 // RemoveImage deletes an image and its data. It refuses while a VM's root
 // disk is backed by the image. Removing an unknown image succeeds.
-func (r *Runtime) RemoveImage(ctx context.Context, spec string) error {
-	r.imgMu.Lock()
-	defer r.imgMu.Unlock()
+func (r *imageService) RemoveImage(ctx context.Context, spec string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	img, err := r.resolveImage(spec)
 	if err != nil || img == nil {
 		return err
 	}
-	r.mu.RLock()
-	user := r.imageUserLocked(img.ID)
-	r.mu.RUnlock()
+	user := r.imageUser(img.ID)
 	if user != nil {
 		return fmt.Errorf("image %s is in use by the VM of pod %s/%s (container %s): %w",
 			spec, user.Spec.PodNamespace, user.Spec.PodName, short(user.ID), ports.ErrFailedPrecondition)
 	}
-	if err := r.commit(ctx, write{imageID: img.ID}); err != nil {
+	if err := r.images.delete(ctx, img.ID); err != nil {
 		return err
 	}
 	r.failpoint(FPRemoveImageForgot)
@@ -300,22 +289,61 @@ func (r *Runtime) RemoveImage(ctx context.Context, spec string) error {
 	return nil
 }
 
-func (r *Runtime) imageInUseLocked(id string) bool { return r.imageUserLocked(id) != nil }
-
-func (r *Runtime) imageUserLocked(id string) *Container {
-	for _, c := range r.containers {
-		if c.Image.ID == id {
-			return c
-		}
-	}
-	return nil
+// imageUser returns a container whose VM's root disk the image backs
+// (nil: none).
+func (r *imageService) imageUser(id string) *Container {
+	return r.containers.find(func(c *Container) bool { return c.Image.ID == id })
 }
 
 // ImageFsInfo reports the space the image store uses.
-func (r *Runtime) ImageFsInfo(ctx context.Context) (ports.FilesystemUsage, error) {
+func (r *imageService) ImageFsInfo(ctx context.Context) (ports.FilesystemUsage, error) {
 	u, err := r.deps.ImageFiles.Usage(ctx)
 	if err != nil {
 		return ports.FilesystemUsage{}, fmt.Errorf("image store usage: %w", err)
 	}
 	return u, nil
+}
+
+// collectImageFiles removes stored image data that no image record and no
+// VM refers to: what a crash between storing a download and recording it
+// leaves.
+func (r *imageService) collectImageFiles(ctx context.Context) error {
+	digests, err := r.deps.ImageFiles.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list image data: %w", err)
+	}
+	var garbage []string
+	for _, d := range digests {
+		if _, ok := r.images.get(d); !ok && r.imageUser(d) == nil {
+			garbage = append(garbage, d)
+		}
+	}
+	for _, d := range garbage {
+		if err := r.deps.ImageFiles.Remove(ctx, d); err != nil {
+			return fmt.Errorf("remove unreferenced image data %s: %w", d, err)
+		}
+		r.log.WithField("id", d).Info("removed image data no record refers to")
+	}
+	return nil
+}
+
+// collectNamelessImage deletes an image whose names all moved to newer
+// content once its last VM is gone (it was kept only as that VM's base).
+func (r *imageService) collectNamelessImage(ctx context.Context, id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	img, ok := r.images.get(id)
+	unused := ok && len(img.Names) == 0 && r.imageUser(id) == nil
+	if !unused {
+		return
+	}
+	if err := r.images.delete(ctx, id); err != nil {
+		r.log.WithError(err).WithField("id", id).Warn("forget nameless image")
+		return
+	}
+	if err := r.deps.ImageFiles.Remove(ctx, id); err != nil {
+		r.log.WithError(err).WithField("id", id).Warn("remove data of nameless image")
+		return
+	}
+	r.log.WithField("id", id).Info("removed an image whose names moved on, with its last VM")
 }

@@ -14,7 +14,7 @@ import (
 // records themselves.
 
 // phaseDone reports a phase that succeeded, begun at start.
-func (r *Runtime) phaseDone(p ports.VMPhase, start time.Time) {
+func (r *shared) phaseDone(p ports.VMPhase, start time.Time) {
 	if o := r.deps.Observer; o != nil {
 		o.VMPhase(p, time.Since(start))
 	}
@@ -30,7 +30,7 @@ func pathPhase(prelaunched bool, cold, pooled ports.VMPhase) ports.VMPhase {
 }
 
 // pulled reports a pull's outcome.
-func (r *Runtime) pulled(p ports.ImagePull) {
+func (r *shared) pulled(p ports.ImagePull) {
 	if o := r.deps.Observer; o != nil {
 		o.ImagePull(p)
 	}
@@ -71,12 +71,10 @@ var (
 // Counts counts the records in memory: no plugin is asked.
 func (r *Runtime) Counts() Counts {
 	c := Counts{Sandboxes: map[SandboxState]int{}, Containers: map[ContainerState]int{}}
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	for _, sb := range r.sandboxes {
+	for _, sb := range r.sandboxes.list(nil) {
 		c.Sandboxes[sb.State]++
 	}
-	for _, ct := range r.containers {
+	for _, ct := range r.containers.list(nil) {
 		c.Containers[ct.State]++
 		if ct.Halted() {
 			c.HaltedVMs++

@@ -16,18 +16,18 @@ import (
 
 // CheckPortForward tells whether the pod's VM can be reached now (kubelet
 // asks for the URL before it connects).
-func (r *Runtime) CheckPortForward(sandboxID string) error {
+func (r *accessService) CheckPortForward(sandboxID string) error {
 	_, _, err := r.forwardTarget(sandboxID)
 	return err
 }
 
 // forwardTarget returns the sandbox and its addresses, primary first.
-func (r *Runtime) forwardTarget(sandboxID string) (*Sandbox, []string, error) {
+func (r *accessService) forwardTarget(sandboxID string) (*Sandbox, []string, error) {
 	full, ok, err := r.resolveSandbox(sandboxID)
 	if err != nil {
 		return nil, nil, err
 	}
-	sb, found := r.sandbox(full)
+	sb, found := r.sandboxes.get(full)
 	if !ok || !found || sb.State == SandboxPending {
 		return nil, nil, notFound("sandbox", sandboxID)
 	}
@@ -64,7 +64,7 @@ func (r *Runtime) forwardTarget(sandboxID string) (*Sandbox, []string, error) {
 // one family only is still reached), and copies data both ways until both
 // directions end. When no address answers, the error names each attempt
 // (connection refused for a closed port), as container runtimes do.
-func (r *Runtime) PortForward(ctx context.Context, sandboxID string, port int32, stream io.ReadWriteCloser) error {
+func (r *accessService) PortForward(ctx context.Context, sandboxID string, port int32, stream io.ReadWriteCloser) error {
 	defer stream.Close()
 	if port < 1 || port > 65535 {
 		return &ports.InvalidError{Field: "port", Value: strconv.Itoa(int(port)), Allowed: "1 to 65535"}

@@ -25,27 +25,27 @@ import (
 
 // HaltVM shuts the VM of a running container down (ACPI, forced off after
 // timeout) and keeps it halted. Halting a halted VM succeeds.
-func (r *Runtime) HaltVM(ctx context.Context, id string, timeout time.Duration) error {
+func (r *accessService) HaltVM(ctx context.Context, id string, timeout time.Duration) error {
 	return r.power(ctx, id, "stop", func(ctx context.Context, c *Container) error {
 		return r.haltLocked(ctx, c, timeout, "stop")
 	})
 }
 
 // BootVM starts a halted VM again. Booting a VM that runs succeeds.
-func (r *Runtime) BootVM(ctx context.Context, id string) error {
+func (r *accessService) BootVM(ctx context.Context, id string) error {
 	return r.power(ctx, id, "start", r.bootLocked)
 }
 
 // RebootVM power-cycles the VM: a halt (ACPI, forced off after timeout)
 // and a boot, so the guest starts on fresh virtual hardware from the same
 // disks. A halted VM is just booted.
-func (r *Runtime) RebootVM(ctx context.Context, id string, timeout time.Duration) error {
+func (r *accessService) RebootVM(ctx context.Context, id string, timeout time.Duration) error {
 	return r.power(ctx, id, "restart", func(ctx context.Context, c *Container) error {
 		if !c.Halted() {
 			if err := r.haltLocked(ctx, c, timeout, "restart"); err != nil {
 				return err
 			}
-			c, _ = r.container(c.ID)
+			c, _ = r.containers.get(c.ID)
 		}
 		return r.bootLocked(ctx, c)
 	})
@@ -54,9 +54,9 @@ func (r *Runtime) RebootVM(ctx context.Context, id string, timeout time.Duration
 // power runs a power operation on a running container's VM under its
 // pod's lock. It goes on when the caller goes away: the guest may already
 // be shutting down.
-func (r *Runtime) power(ctx context.Context, id, op string, act func(context.Context, *Container) error) error {
+func (r *accessService) power(ctx context.Context, id, op string, act func(context.Context, *Container) error) error {
 	return r.detached(ctx, func(ctx context.Context) error {
-		c, unlock, err := r.lockContainer(ctx, id)
+		c, unlock, err := r.vms.lockContainer(ctx, id)
 		if err != nil {
 			return err
 		}
@@ -71,7 +71,7 @@ func (r *Runtime) power(ctx context.Context, id, op string, act func(context.Con
 // checkPowerable refuses a container whose VM is not the running VM of a
 // live pod: a created VM starts with StartContainer, an exited one is
 // kubelet's to restart.
-func (r *Runtime) checkPowerable(c *Container, op string) error {
+func (r *accessService) checkPowerable(c *Container, op string) error {
 	if c.State == ContainerRunning {
 		return nil
 	}
@@ -83,13 +83,13 @@ func (r *Runtime) checkPowerable(c *Container, op string) error {
 		op, c.Spec.Name, c.Spec.PodNamespace, c.Spec.PodName, state, ports.ErrFailedPrecondition)
 }
 
-func (r *Runtime) haltLocked(ctx context.Context, c *Container, timeout time.Duration, op string) error {
+func (r *accessService) haltLocked(ctx context.Context, c *Container, timeout time.Duration, op string) error {
 	log := r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name, "op": op})
 	halted := *c
 	if !c.Halted() {
 		halted.HaltedAt = r.opts.Now()
 		halted.CPUNanosBefore += r.cpuNanos(ctx, c)
-		if err := r.commit(ctx, write{container: &halted}); err != nil {
+		if err := r.containers.put(ctx, &halted); err != nil {
 			return err
 		}
 	}
@@ -100,7 +100,7 @@ func (r *Runtime) haltLocked(ctx context.Context, c *Container, timeout time.Dur
 		if st, serr := r.deps.Hypervisor.Status(ctx, c.ID); serr == nil && st.State == ports.VMRunning && !c.Halted() {
 			// Still running: the halt did not happen.
 			unhalted := *c
-			if cerr := r.commit(ctx, write{container: &unhalted}); cerr != nil {
+			if cerr := r.containers.put(ctx, &unhalted); cerr != nil {
 				log.WithError(cerr).Warn("forget the halt mark of a VM that did not stop")
 			}
 		}
@@ -110,7 +110,7 @@ func (r *Runtime) haltLocked(ctx context.Context, c *Container, timeout time.Dur
 	return nil
 }
 
-func (r *Runtime) bootLocked(ctx context.Context, c *Container) error {
+func (r *accessService) bootLocked(ctx context.Context, c *Container) error {
 	if err := r.deps.Hypervisor.Start(ctx, c.ID); err != nil {
 		return fmt.Errorf("start VM %s: %w", c.Spec.Name, err)
 	}
@@ -119,7 +119,7 @@ func (r *Runtime) bootLocked(ctx context.Context, c *Container) error {
 	}
 	booted := *c
 	booted.HaltedAt, booted.BootedAt = time.Time{}, r.opts.Now()
-	if err := r.commit(ctx, write{container: &booted}); err != nil {
+	if err := r.containers.put(ctx, &booted); err != nil {
 		return err
 	}
 	r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name}).Info("halted VM started")
@@ -129,7 +129,7 @@ func (r *Runtime) bootLocked(ctx context.Context, c *Container) error {
 // cpuNanos is the CPU time the VM has used since it last booted, or 0 when
 // the hypervisor cannot tell: a halted VM's next boot counts from zero, and
 // the container's CPU time must not go back.
-func (r *Runtime) cpuNanos(ctx context.Context, c *Container) uint64 {
+func (r *accessService) cpuNanos(ctx context.Context, c *Container) uint64 {
 	sr, ok := r.deps.Hypervisor.(ports.StatsReporter)
 	if !ok {
 		return 0

@@ -12,12 +12,23 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
+// reconciler keeps the records in step with the hypervisor: it resyncs
+// after every (re)subscription to the VMs' events, applies each event,
+// and retries the undos of failed creations.
+type reconciler struct {
+	*shared
+	pods   *sandboxService
+	vms    *vmService
+	synced chan struct{} // closed after the first resync
+	events eventQueue    // the hypervisor's VM state events, applied per VM
+}
+
 // Run keeps the records in step with the hypervisor until ctx ends. It
 // subscribes to VM state changes and, after every (re)subscription (the
 // hypervisor plugin may have restarted), reconciles all records with the
 // VMs the hypervisor has: the list-then-watch pattern, so no change is
 // missed.
-func (r *Runtime) Run(ctx context.Context) {
+func (r *reconciler) Run(ctx context.Context) {
 	var once sync.Once
 	ev := &r.events
 	go r.retryUndos(ctx)
@@ -57,7 +68,7 @@ func sleep(ctx context.Context, d time.Duration) {
 }
 
 // WaitSynced blocks until the first reconciliation is done or ctx ends.
-func (r *Runtime) WaitSynced(ctx context.Context) error {
+func (r *reconciler) WaitSynced(ctx context.Context) error {
 	select {
 	case <-r.synced:
 		return nil
@@ -74,7 +85,7 @@ func (r *Runtime) WaitSynced(ctx context.Context) error {
 //     gone has exited with reason Lost;
 //   - a VM of ours that no record knows (a crash between undefine and
 //     forgetting, or the reverse) is undefined.
-func (r *Runtime) resync(ctx context.Context) error {
+func (r *reconciler) resync(ctx context.Context) error {
 	for _, sb := range r.ListSandboxesIncludingPending() {
 		if sb.State == SandboxPending {
 			if err := r.dropPendingSandbox(ctx, sb.ID); err != nil {
@@ -85,12 +96,11 @@ func (r *Runtime) resync(ctx context.Context) error {
 	// The records as they were before the list: a record that changes
 	// after it (a creation that was in flight) is newer than the list
 	// and is not judged by it (CRI calls are served meanwhile).
-	r.mu.RLock()
-	revisions := make(map[string]uint64, len(r.containers))
-	for id, c := range r.containers {
-		revisions[id] = c.Revision
+	listed := r.containers.list(nil)
+	revisions := make(map[string]uint64, len(listed))
+	for _, c := range listed {
+		revisions[c.ID] = c.Revision
 	}
-	r.mu.RUnlock()
 	vms, err := r.deps.Hypervisor.List(ctx)
 	if err != nil {
 		return fmt.Errorf("list VMs: %w", err)
@@ -105,7 +115,7 @@ func (r *Runtime) resync(ctx context.Context) error {
 		}
 	}
 	for id, vm := range byID {
-		if _, known := r.container(id); known {
+		if _, known := r.containers.get(id); known {
 			continue
 		}
 		r.log.WithFields(logrus.Fields{"vm": id, "state": vm.State}).Warn("removing a VM of ours that no record knows")
@@ -117,36 +127,35 @@ func (r *Runtime) resync(ctx context.Context) error {
 }
 
 // ListSandboxesIncludingPending is ListSandboxes without hiding pending ones.
-func (r *Runtime) ListSandboxesIncludingPending() []Sandbox {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	out := make([]Sandbox, 0, len(r.sandboxes))
-	for _, sb := range r.sandboxes {
+func (r *reconciler) ListSandboxesIncludingPending() []Sandbox {
+	all := r.sandboxes.list(nil)
+	out := make([]Sandbox, 0, len(all))
+	for _, sb := range all {
 		out = append(out, *sb)
 	}
 	return out
 }
 
-func (r *Runtime) dropPendingSandbox(ctx context.Context, id string) error {
+func (r *reconciler) dropPendingSandbox(ctx context.Context, id string) error {
 	unlock, err := r.lockPod(ctx, id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	sb, ok := r.sandbox(id)
+	sb, ok := r.sandboxes.get(id)
 	if !ok || sb.State != SandboxPending {
 		return nil
 	}
 	log := r.log.WithFields(logrus.Fields{"sandbox": short(id), "pod": sb.Namespace + "/" + sb.Name})
 	log.Warn("cleaning up a sandbox whose creation was interrupted")
-	if err := r.teardownNetwork(ctx, sb, log); err != nil {
+	if err := r.pods.teardownNetwork(ctx, sb, log); err != nil {
 		return err
 	}
-	return r.commit(ctx, write{sandboxID: id})
+	return r.sandboxes.delete(ctx, id)
 }
 
-func (r *Runtime) resyncContainer(ctx context.Context, id string, listedAt uint64, vms map[string]ports.VMStatus) error {
-	c, ok := r.container(id)
+func (r *reconciler) resyncContainer(ctx context.Context, id string, listedAt uint64, vms map[string]ports.VMStatus) error {
+	c, ok := r.containers.get(id)
 	if !ok {
 		return nil
 	}
@@ -155,7 +164,7 @@ func (r *Runtime) resyncContainer(ctx context.Context, id string, listedAt uint6
 		return err
 	}
 	defer unlock()
-	if c, ok = r.container(id); !ok || c.Revision != listedAt {
+	if c, ok = r.containers.get(id); !ok || c.Revision != listedAt {
 		return nil // gone, or changed since the list
 	}
 	log := r.log.WithFields(logrus.Fields{"container": short(id), "vm": c.Spec.Name})
@@ -176,12 +185,12 @@ func (r *Runtime) resyncContainer(ctx context.Context, id string, listedAt uint6
 
 // undoInterruptedLocked removes what a creation that failed or was
 // interrupted made, and its record.
-func (r *Runtime) undoInterruptedLocked(ctx context.Context, c *Container, log logrus.FieldLogger) error {
+func (r *reconciler) undoInterruptedLocked(ctx context.Context, c *Container, log logrus.FieldLogger) error {
 	log.Warn("cleaning up a VM whose creation was interrupted")
-	if err := r.releaseVM(ctx, c); err != nil {
+	if err := r.vms.releaseVM(ctx, c); err != nil {
 		return fmt.Errorf("undo interrupted creation of VM %s: %w", c.Spec.Name, err)
 	}
-	if err := r.commit(ctx, write{containerID: c.ID}); err != nil {
+	if err := r.containers.delete(ctx, c.ID); err != nil {
 		return err
 	}
 	log.Info("interrupted creation undone")
@@ -192,7 +201,7 @@ func (r *Runtime) undoInterruptedLocked(ctx context.Context, c *Container, log l
 // (a plugin it needed was restarting, usually back within seconds).
 // Without it their volumes, media and records would wait for the next
 // resubscription to the hypervisor, which may be days away.
-func (r *Runtime) retryUndos(ctx context.Context) {
+func (r *reconciler) retryUndos(ctx context.Context) {
 	type pending struct {
 		next    time.Time
 		backoff time.Duration
@@ -208,7 +217,7 @@ func (r *Runtime) retryUndos(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case id := <-r.undos:
+		case id := <-r.vms.undos:
 			if todo[id] == nil {
 				todo[id] = &pending{next: time.Now().Add(time.Second), backoff: time.Second}
 			}
@@ -234,8 +243,8 @@ func (r *Runtime) retryUndos(ctx context.Context) {
 
 // undoInterrupted undoes the creation of container id if its record is
 // still "creating".
-func (r *Runtime) undoInterrupted(ctx context.Context, id string) error {
-	c, ok := r.container(id)
+func (r *reconciler) undoInterrupted(ctx context.Context, id string) error {
+	c, ok := r.containers.get(id)
 	if !ok {
 		return nil
 	}
@@ -244,14 +253,14 @@ func (r *Runtime) undoInterrupted(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
-	if c, ok = r.container(id); !ok || c.State != ContainerCreating {
+	if c, ok = r.containers.get(id); !ok || c.State != ContainerCreating {
 		return nil
 	}
 	return r.undoInterruptedLocked(ctx, c, r.log.WithFields(logrus.Fields{"container": short(id), "vm": c.Spec.Name}))
 }
 
 // applyLocked moves a container to the state its VM reports.
-func (r *Runtime) applyLocked(ctx context.Context, c *Container, vm ports.VMStatus) error {
+func (r *reconciler) applyLocked(ctx context.Context, c *Container, vm ports.VMStatus) error {
 	next := *c
 	switch {
 	case c.Halted() && vm.State == ports.VMRunning && vm.StartedAt.After(c.HaltedAt):
@@ -275,14 +284,14 @@ func (r *Runtime) applyLocked(ctx context.Context, c *Container, vm ports.VMStat
 			next.StartedAt = r.opts.Now()
 		}
 	case vm.State == ports.VMStopped && (c.State == ContainerRunning || c.State == ContainerCreated):
-		r.applyExit(&next, vm)
+		r.vms.applyExit(&next, vm)
 		if next.StartedAt.IsZero() {
 			next.StartedAt = vm.StartedAt
 		}
 	default:
 		return nil
 	}
-	if err := r.commit(ctx, write{container: &next}); err != nil {
+	if err := r.containers.put(ctx, &next); err != nil {
 		return err
 	}
 	r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name, "state": next.State,
@@ -294,7 +303,8 @@ func (r *Runtime) applyLocked(ctx context.Context, c *Container, vm ports.VMStat
 // operation on one pod never delays another pod's events. Only the latest
 // status of a VM matters: it carries the whole state.
 type eventQueue struct {
-	r        *Runtime
+	apply    func(context.Context, ports.VMStatus) error
+	log      logrus.FieldLogger
 	mu       sync.Mutex
 	pending  map[string]ports.VMStatus
 	active   map[string]bool
@@ -330,8 +340,8 @@ func (q *eventQueue) work(ctx context.Context, id string) {
 			return
 		}
 		q.mu.Unlock()
-		if err := q.r.observe(ctx, st); err != nil && ctx.Err() == nil {
-			q.r.log.WithError(err).WithField("container", short(id)).Warn("apply VM state change")
+		if err := q.apply(ctx, st); err != nil && ctx.Err() == nil {
+			q.log.WithError(err).WithField("container", short(id)).Warn("apply VM state change")
 		}
 	}
 }
@@ -340,15 +350,15 @@ func (q *eventQueue) work(ctx context.Context, id string) {
 // the hypervisor's stream, and whether each of them has been applied to
 // its container (none is queued or being applied). A caller that knows
 // how many events the hypervisor sent waits on it instead of sleeping.
-func (r *Runtime) EventsSettled() (received uint64, settled bool) {
+func (r *reconciler) EventsSettled() (received uint64, settled bool) {
 	q := &r.events
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.received, len(q.active) == 0
 }
 
-func (r *Runtime) observe(ctx context.Context, st ports.VMStatus) error {
-	c, ok := r.container(st.ID)
+func (r *reconciler) observe(ctx context.Context, st ports.VMStatus) error {
+	c, ok := r.containers.get(st.ID)
 	if !ok {
 		return nil
 	}
@@ -357,7 +367,7 @@ func (r *Runtime) observe(ctx context.Context, st ports.VMStatus) error {
 		return err
 	}
 	defer unlock()
-	if c, ok = r.container(st.ID); !ok {
+	if c, ok = r.containers.get(st.ID); !ok {
 		return nil
 	}
 	return r.applyLocked(ctx, c, st)

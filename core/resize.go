@@ -109,8 +109,8 @@ func bootVCPUs(opts annotations.VMOptions, quota, period int64) (int, error) {
 // each time: unchanged ones pass, CPU shares and quota are not applied to
 // VMs otherwise (README); a new CPU set, a memory or CPU limit beyond the
 // VM's range is refused, naming the field, before anything changes.
-func (r *Runtime) UpdateContainerResources(ctx context.Context, id string, res ContainerResources) error {
-	c, unlock, err := r.lockContainer(ctx, id)
+func (r *accessService) UpdateContainerResources(ctx context.Context, id string, res ContainerResources) error {
+	c, unlock, err := r.vms.lockContainer(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -163,10 +163,10 @@ func (r *Runtime) UpdateContainerResources(ctx context.Context, id string, res C
 }
 
 // resized records a change of the container's VM.
-func (r *Runtime) resized(ctx context.Context, c *Container, change func(*ports.VMSpec)) (*Container, error) {
+func (r *accessService) resized(ctx context.Context, c *Container, change func(*ports.VMSpec)) (*Container, error) {
 	next := *c
 	change(&next.Spec)
-	if err := r.commit(ctx, write{container: &next}); err != nil {
+	if err := r.containers.put(ctx, &next); err != nil {
 		return nil, err
 	}
 	return &next, nil

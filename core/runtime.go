@@ -2,15 +2,13 @@ package core
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
-	"golang.org/x/sync/singleflight"
 
 	"github.com/virtlet/virtlet/core/presets"
 	"github.com/virtlet/virtlet/ports"
@@ -76,31 +74,38 @@ const (
 	MinMemoryBytes = 32 << 20
 )
 
-// Runtime runs VM pods. It keeps every record in memory (lists and statuses
-// never touch a plugin) and writes each change through to the state store
-// before acting on it.
+// Runtime runs VM pods. It is made of services, each owning its state and
+// lock: the pod sandboxes, the VM containers, the images, access to the
+// VMs (exec, attach, port-forward, console, power, resize), statistics and
+// the reconciler. They share one small store of records (one table per
+// kind, each behind its own lock) and a per-pod lock that serialises the
+// operations on one VM pod. Lists and statuses never touch a plugin; every
+// change is written through to the state store before it is acted on.
+//
+// Every service's methods take the receiver name r: each is a part of the
+// runtime.
 type Runtime struct {
+	*shared
+	*sandboxService
+	*vmService
+	*imageService
+	*volumeService
+	*accessService
+	*statsService
+	*reconciler
+}
+
+// shared is what the services share: the dependencies, the records and
+// the per-pod lock.
+type shared struct {
 	deps Deps
 	opts Options
 	log  logrus.FieldLogger
 
-	mu         sync.RWMutex
-	sandboxes  map[string]*Sandbox
-	containers map[string]*Container
-	images     map[string]*Image // by ID
-
-	revision uint64 // last Revision given to a record; guarded by mu
-
-	users  vmUserPool         // the VMs' own users, when Options.VMUsers
-	pods   keyedLock          // one operation at a time per sandbox ID
-	imgMu  sync.Mutex         // serialises image index updates
-	pulls  singleflight.Group // one download per image at a time
-	synced chan struct{}      // closed after the first resync with the hypervisor
-	undos  chan string        // containers whose failed creation could not be undone (retryUndos)
-	events eventQueue         // the hypervisor's VM state events, applied per VM (Run)
-
-	fsMu         sync.Mutex // guards fsMountpoint
-	fsMountpoint string     // the image store's filesystem, once found (stats)
+	sandboxes  *table[Sandbox]
+	containers *table[Container]
+	images     *table[Image] // by ID
+	podLocks   keyedLock     // one operation at a time per sandbox ID
 }
 
 // New checks the dependencies and returns a runtime with no records; call
@@ -134,163 +139,55 @@ func New(deps Deps, opts Options) (*Runtime, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	r := &Runtime{
-		deps:       deps,
-		opts:       opts,
-		log:        opts.Log,
-		sandboxes:  make(map[string]*Sandbox),
-		containers: make(map[string]*Container),
-		images:     make(map[string]*Image),
-		synced:     make(chan struct{}),
-		undos:      make(chan string, 64),
+	// Sandboxes and containers share one revision counter: a resync
+	// tells a record changed since it listed them by it.
+	revision := new(atomic.Uint64)
+	sh := &shared{
+		deps: deps, opts: opts, log: opts.Log,
+		sandboxes: newTable(deps.Store, ports.BucketSandboxes, func(s *Sandbox) string { return s.ID }).
+			revisioned(revision, func(s *Sandbox, rev uint64) { s.Revision = rev }),
+		containers: newTable(deps.Store, ports.BucketContainers, func(c *Container) string { return c.ID }).
+			revisioned(revision, func(c *Container, rev uint64) { c.Revision = rev }),
+		images: newTable(deps.Store, ports.BucketImages, func(i *Image) string { return i.ID }),
 	}
-	r.events.r = r
-	return r, nil
+	images := &imageService{shared: sh}
+	volumes := &volumeService{shared: sh}
+	vms := &vmService{shared: sh, imgs: images, vols: volumes, ci: &cloudInitService{shared: sh}, undos: make(chan string, 64)}
+	sandboxes := &sandboxService{shared: sh, vms: vms}
+	rec := &reconciler{shared: sh, pods: sandboxes, vms: vms, synced: make(chan struct{})}
+	rec.events.apply, rec.events.log = rec.observe, sh.log
+	return &Runtime{
+		shared: sh, sandboxService: sandboxes, vmService: vms, imageService: images, volumeService: volumes,
+		accessService: &accessService{shared: sh, pods: sandboxes, vms: vms},
+		statsService:  &statsService{shared: sh, pods: sandboxes, vms: vms},
+		reconciler:    rec,
+	}, nil
 }
 
 // Load reads every record from the state store into memory.
 func (r *Runtime) Load(ctx context.Context) error {
-	sandboxes := make(map[string]*Sandbox)
-	containers := make(map[string]*Container)
-	images := make(map[string]*Image)
-	if err := loadBucket(ctx, r.deps.Store, ports.BucketSandboxes, sandboxes); err != nil {
+	sandboxes, err := r.sandboxes.load(ctx)
+	if err != nil {
 		return err
 	}
-	if err := loadBucket(ctx, r.deps.Store, ports.BucketContainers, containers); err != nil {
+	containers, err := r.containers.load(ctx)
+	if err != nil {
 		return err
 	}
-	if err := loadBucket(ctx, r.deps.Store, ports.BucketImages, images); err != nil {
+	images, err := r.images.load(ctx)
+	if err != nil {
 		return err
 	}
-	r.mu.Lock()
-	r.sandboxes, r.containers, r.images = sandboxes, containers, images
-	for _, sb := range sandboxes {
-		r.revision++
-		sb.Revision = r.revision
-	}
-	for _, c := range containers {
-		r.revision++
-		c.Revision = r.revision
-	}
-	r.mu.Unlock()
-	r.log.WithFields(logrus.Fields{"sandboxes": len(sandboxes), "containers": len(containers), "images": len(images)}).
+	r.log.WithFields(logrus.Fields{"sandboxes": sandboxes, "containers": containers, "images": images}).
 		Info("state loaded")
 	return r.collectImageFiles(ctx)
-}
-
-// collectImageFiles removes stored image data that no image record and no
-// VM refers to: what a crash between storing a download and recording it
-// leaves.
-func (r *Runtime) collectImageFiles(ctx context.Context) error {
-	digests, err := r.deps.ImageFiles.List(ctx)
-	if err != nil {
-		return fmt.Errorf("list image data: %w", err)
-	}
-	r.mu.RLock()
-	var garbage []string
-	for _, d := range digests {
-		if _, ok := r.images[d]; !ok && !r.imageInUseLocked(d) {
-			garbage = append(garbage, d)
-		}
-	}
-	r.mu.RUnlock()
-	for _, d := range garbage {
-		if err := r.deps.ImageFiles.Remove(ctx, d); err != nil {
-			return fmt.Errorf("remove unreferenced image data %s: %w", d, err)
-		}
-		r.log.WithField("id", d).Info("removed image data no record refers to")
-	}
-	return nil
-}
-
-func loadBucket[T any](ctx context.Context, store ports.StateStore, bucket ports.Bucket, into map[string]*T) error {
-	records, err := store.List(ctx, bucket)
-	if err != nil {
-		return fmt.Errorf("load %s: %w", bucket, err)
-	}
-	for key, raw := range records {
-		v := new(T)
-		if err := json.Unmarshal(raw, v); err != nil {
-			return fmt.Errorf("load %s/%s: decode record: %w", bucket, key, err)
-		}
-		into[key] = v
-	}
-	return nil
-}
-
-// write stores records durably and then updates the in-memory view. A nil
-// value deletes.
-type write struct {
-	sandbox   *Sandbox
-	container *Container
-	image     *Image
-	// deletes
-	sandboxID, containerID, imageID string
-}
-
-func (r *Runtime) commit(ctx context.Context, writes ...write) error {
-	ops := make([]ports.StoreOp, 0, len(writes))
-	put := func(bucket ports.Bucket, id string, v interface{}) error {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return fmt.Errorf("encode the record of %s: %w", id, err)
-		}
-		ops = append(ops, ports.Put(bucket, id, b))
-		return nil
-	}
-	for _, w := range writes {
-		var err error
-		switch {
-		case w.sandbox != nil:
-			err = put(ports.BucketSandboxes, w.sandbox.ID, w.sandbox)
-		case w.container != nil:
-			err = put(ports.BucketContainers, w.container.ID, w.container)
-		case w.image != nil:
-			err = put(ports.BucketImages, w.image.ID, w.image)
-		case w.sandboxID != "":
-			ops = append(ops, ports.Delete(ports.BucketSandboxes, w.sandboxID))
-		case w.containerID != "":
-			ops = append(ops, ports.Delete(ports.BucketContainers, w.containerID))
-		case w.imageID != "":
-			ops = append(ops, ports.Delete(ports.BucketImages, w.imageID))
-		}
-		if err != nil {
-			return fmt.Errorf("write state: %w", err)
-		}
-	}
-	if err := r.deps.Store.Apply(ctx, ops...); err != nil {
-		return fmt.Errorf("write state: %w", err)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, w := range writes {
-		switch {
-		case w.sandbox != nil:
-			r.revision++
-			w.sandbox.Revision = r.revision
-			r.sandboxes[w.sandbox.ID] = w.sandbox
-		case w.container != nil:
-			r.revision++
-			w.container.Revision = r.revision
-			r.containers[w.container.ID] = w.container
-		case w.image != nil:
-			r.images[w.image.ID] = w.image
-		case w.sandboxID != "":
-			delete(r.sandboxes, w.sandboxID)
-		case w.containerID != "":
-			delete(r.containers, w.containerID)
-		case w.imageID != "":
-			delete(r.images, w.imageID)
-		}
-	}
-	return nil
 }
 
 // detached runs a slow operation so that it completes even if the caller's
 // context ends first (kubelet's request timeout): kubelet then retries, and
 // the retry, serialised behind the first attempt by the pod lock, finds the
 // result instead of creating a second VM.
-func (r *Runtime) detached(ctx context.Context, op func(context.Context) error) error {
+func (r *shared) detached(ctx context.Context, op func(context.Context) error) error {
 	opCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.OperationTimeout)
 	done := make(chan error, 1)
 	go func() {
@@ -306,47 +203,24 @@ func (r *Runtime) detached(ctx context.Context, op func(context.Context) error) 
 }
 
 // lockPod serialises work on one VM pod.
-func (r *Runtime) lockPod(ctx context.Context, sandboxID string) (func(), error) {
-	unlock, err := r.pods.lock(ctx, sandboxID)
+func (r *shared) lockPod(ctx context.Context, sandboxID string) (func(), error) {
+	unlock, err := r.podLocks.lock(ctx, sandboxID)
 	if err != nil {
 		return nil, fmt.Errorf("wait for other operations on sandbox %s: %w", short(sandboxID), err)
 	}
 	return unlock, nil
 }
 
-func (r *Runtime) sandbox(id string) (*Sandbox, bool) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	s, ok := r.sandboxes[id]
-	return s, ok
-}
-
-func (r *Runtime) container(id string) (*Container, bool) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	c, ok := r.containers[id]
-	return c, ok
-}
-
 // containersOf returns a sandbox's containers, oldest first.
-func (r *Runtime) containersOf(sandboxID string) []*Container {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	var out []*Container
-	for _, c := range r.containers {
-		if c.SandboxID == sandboxID {
-			out = append(out, c)
-		}
-	}
+func (r *shared) containersOf(sandboxID string) []*Container {
+	out := r.containers.list(func(c *Container) bool { return c.SandboxID == sandboxID })
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out
 }
 
 // resolveSandbox maps an ID or unique prefix to a full sandbox ID.
-func (r *Runtime) resolveSandbox(id string) (string, bool, error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	full, ok, err := lookupPrefix(r.sandboxes, id)
+func (r *shared) resolveSandbox(id string) (string, bool, error) {
+	full, ok, err := r.sandboxes.resolve(id)
 	if err != nil {
 		return "", false, fmt.Errorf("sandbox: %w: %w", ports.ErrInvalidArgument, err)
 	}
@@ -354,10 +228,8 @@ func (r *Runtime) resolveSandbox(id string) (string, bool, error) {
 }
 
 // resolveContainer maps an ID or unique prefix to a full container ID.
-func (r *Runtime) resolveContainer(id string) (string, bool, error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	full, ok, err := lookupPrefix(r.containers, id)
+func (r *shared) resolveContainer(id string) (string, bool, error) {
+	full, ok, err := r.containers.resolve(id)
 	if err != nil {
 		return "", false, fmt.Errorf("container: %w: %w", ports.ErrInvalidArgument, err)
 	}

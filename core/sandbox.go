@@ -13,6 +13,13 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
+// sandboxService runs, stops and removes pod sandboxes: a VM pod's
+// network and its record. A sandbox's VM is vms'.
+type sandboxService struct {
+	*shared
+	vms *vmService
+}
+
 // RuntimeHandler is the RuntimeClass handler that marks a pod as a VM pod.
 const RuntimeHandler = "virtlet"
 
@@ -78,7 +85,7 @@ func checkVMPod(cfg SandboxConfig) error {
 // RunSandbox creates a VM pod (its network; the VM comes with
 // CreateContainer) and returns its ID. Running a pod that exists returns its
 // ID again.
-func (r *Runtime) RunSandbox(ctx context.Context, cfg SandboxConfig) (string, error) {
+func (r *sandboxService) RunSandbox(ctx context.Context, cfg SandboxConfig) (string, error) {
 	if err := checkVMPod(cfg); err != nil {
 		return "", err
 	}
@@ -90,7 +97,7 @@ func (r *Runtime) RunSandbox(ctx context.Context, cfg SandboxConfig) (string, er
 			return err
 		}
 		defer unlock()
-		if sb, ok := r.sandbox(id); ok && sb.State != SandboxPending {
+		if sb, ok := r.sandboxes.get(id); ok && sb.State != SandboxPending {
 			log.Debug("sandbox exists; returning it")
 			return nil
 		}
@@ -100,15 +107,15 @@ func (r *Runtime) RunSandbox(ctx context.Context, cfg SandboxConfig) (string, er
 			Labels: cfg.Labels, Annotations: cfg.Annotations, DNS: cfg.DNS, PortMappings: cfg.PortMappings,
 			State: SandboxPending, CreatedAt: r.opts.Now(),
 		}
-		if err := r.commit(ctx, write{sandbox: sb}); err != nil {
+		if err := r.sandboxes.put(ctx, sb); err != nil {
 			return err
 		}
 		r.failpoint(FPSandboxRecorded)
 		run := &sandboxRun{rt: r, sb: sb, log: log}
-		if err, _ := runSteps(ctx, r, runSandboxSteps, run, log); err != nil {
+		if err, _ := runSteps(ctx, r.shared, runSandboxSteps, run, log); err != nil {
 			// A network plugin retries a teardown that failed (logged by
 			// the undo); the pending record goes, and kubelet retries.
-			if cerr := r.commit(ctx, write{sandboxID: id}); cerr != nil {
+			if cerr := r.sandboxes.delete(ctx, id); cerr != nil {
 				log.WithError(cerr).Error("forget failed sandbox")
 			}
 			return err
@@ -116,7 +123,7 @@ func (r *Runtime) RunSandbox(ctx context.Context, cfg SandboxConfig) (string, er
 		ready := *sb
 		ready.Network = run.att
 		ready.State = SandboxReady
-		if err := r.commit(ctx, write{sandbox: &ready}); err != nil {
+		if err := r.sandboxes.put(ctx, &ready); err != nil {
 			return err
 		}
 		log.Info("sandbox ready")
@@ -131,7 +138,7 @@ func (r *Runtime) RunSandbox(ctx context.Context, cfg SandboxConfig) (string, er
 // sandboxRun is one RunPodSandbox: its pending record and what its steps
 // made.
 type sandboxRun struct {
-	rt  *Runtime
+	rt  *sandboxService
 	sb  *Sandbox
 	att *ports.NetworkAttachment
 	log logrus.FieldLogger
@@ -154,7 +161,7 @@ var runSandboxSteps = []step[sandboxRun]{{
 	undo: func(ctx context.Context, s *sandboxRun) error { return s.rt.teardownNetwork(ctx, s.sb, s.log) },
 }}
 
-func (r *Runtime) setupNetwork(ctx context.Context, sb *Sandbox) (*ports.NetworkAttachment, error) {
+func (r *sandboxService) setupNetwork(ctx context.Context, sb *Sandbox) (*ports.NetworkAttachment, error) {
 	if r.deps.Network == nil {
 		return nil, nil
 	}
@@ -168,7 +175,7 @@ func (r *Runtime) setupNetwork(ctx context.Context, sb *Sandbox) (*ports.Network
 	return &att, nil
 }
 
-func (r *Runtime) teardownNetwork(ctx context.Context, sb *Sandbox, log logrus.FieldLogger) error {
+func (r *sandboxService) teardownNetwork(ctx context.Context, sb *Sandbox, log logrus.FieldLogger) error {
 	if r.deps.Network == nil {
 		return nil
 	}
@@ -189,7 +196,7 @@ func networkRequest(sb *Sandbox) ports.NetworkRequest {
 // StopSandbox forces the pod's VM off if it still runs (kubelet normally
 // stopped it gracefully before) and tears the pod's network down. Stopping
 // a stopped or unknown sandbox succeeds.
-func (r *Runtime) StopSandbox(ctx context.Context, id string) error {
+func (r *sandboxService) StopSandbox(ctx context.Context, id string) error {
 	full, ok, err := r.resolveSandbox(id)
 	if err != nil || !ok {
 		return err
@@ -199,14 +206,14 @@ func (r *Runtime) StopSandbox(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
-	sb, ok := r.sandbox(full)
+	sb, ok := r.sandboxes.get(full)
 	if !ok {
 		return nil
 	}
 	log := r.log.WithFields(logrus.Fields{"sandbox": short(full), "pod": sb.Namespace + "/" + sb.Name})
 	for _, c := range r.containersOf(full) {
 		if c.State == ContainerRunning {
-			if err := r.stopLocked(ctx, c, 0); err != nil {
+			if err := r.vms.stopLocked(ctx, c, 0); err != nil {
 				return fmt.Errorf("stop VM of sandbox %s: %w", short(full), err)
 			}
 		}
@@ -221,7 +228,7 @@ func (r *Runtime) StopSandbox(ctx context.Context, id string) error {
 	stopped := *sb
 	stopped.State = SandboxNotReady
 	stopped.Network = nil
-	if err := r.commit(ctx, write{sandbox: &stopped}); err != nil {
+	if err := r.sandboxes.put(ctx, &stopped); err != nil {
 		return err
 	}
 	log.Info("sandbox stopped")
@@ -230,7 +237,7 @@ func (r *Runtime) StopSandbox(ctx context.Context, id string) error {
 
 // RemoveSandbox removes the pod's VM (if kubelet did not), its network and
 // its records. Removing an unknown sandbox succeeds.
-func (r *Runtime) RemoveSandbox(ctx context.Context, id string) error {
+func (r *sandboxService) RemoveSandbox(ctx context.Context, id string) error {
 	full, ok, err := r.resolveSandbox(id)
 	if err != nil || !ok {
 		return err
@@ -240,13 +247,13 @@ func (r *Runtime) RemoveSandbox(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
-	sb, ok := r.sandbox(full)
+	sb, ok := r.sandboxes.get(full)
 	if !ok {
 		return nil
 	}
 	log := r.log.WithFields(logrus.Fields{"sandbox": short(full), "pod": sb.Namespace + "/" + sb.Name})
 	for _, c := range r.containersOf(full) {
-		if err := r.removeLocked(ctx, c); err != nil {
+		if err := r.vms.removeLocked(ctx, c); err != nil {
 			return fmt.Errorf("remove VM of sandbox %s: %w", short(full), err)
 		}
 	}
@@ -257,7 +264,7 @@ func (r *Runtime) RemoveSandbox(ctx context.Context, id string) error {
 		}
 	}
 	r.failpoint(FPRemoveSandboxDown)
-	if err := r.commit(ctx, write{sandboxID: full}); err != nil {
+	if err := r.sandboxes.delete(ctx, full); err != nil {
 		return err
 	}
 	log.Info("sandbox removed")
@@ -265,12 +272,12 @@ func (r *Runtime) RemoveSandbox(ctx context.Context, id string) error {
 }
 
 // SandboxStatus returns a sandbox.
-func (r *Runtime) SandboxStatus(ctx context.Context, id string) (Sandbox, error) {
+func (r *sandboxService) SandboxStatus(ctx context.Context, id string) (Sandbox, error) {
 	full, ok, err := r.resolveSandbox(id)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	sb, found := r.sandbox(full)
+	sb, found := r.sandboxes.get(full)
 	if !ok || !found || sb.State == SandboxPending {
 		return Sandbox{}, notFound("sandbox", id)
 	}
@@ -286,19 +293,13 @@ type SandboxFilter struct {
 
 // ListSandboxes returns the sandboxes matching f, newest first. The
 // records are shared immutable snapshots: callers must not modify them.
-func (r *Runtime) ListSandboxes(f SandboxFilter) []*Sandbox {
-	r.mu.RLock()
-	out := make([]*Sandbox, 0, len(r.sandboxes))
-	for _, sb := range r.sandboxes {
-		if sb.State == SandboxPending ||
-			(f.ID != "" && !strings.HasPrefix(sb.ID, f.ID)) ||
-			(f.State != "" && sb.State != f.State) ||
-			!matchLabels(sb.Labels, f.LabelSelector) {
-			continue
-		}
-		out = append(out, sb)
-	}
-	r.mu.RUnlock()
+func (r *sandboxService) ListSandboxes(f SandboxFilter) []*Sandbox {
+	out := r.sandboxes.list(func(sb *Sandbox) bool {
+		return sb.State != SandboxPending &&
+			(f.ID == "" || strings.HasPrefix(sb.ID, f.ID)) &&
+			(f.State == "" || sb.State == f.State) &&
+			matchLabels(sb.Labels, f.LabelSelector)
+	})
 	slices.SortFunc(out, func(a, b *Sandbox) int { return b.CreatedAt.Compare(a.CreatedAt) })
 	return out
 }

@@ -3,10 +3,20 @@ package core
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/virtlet/virtlet/ports"
 )
+
+// statsService reports the VMs' resource usage from the hypervisor.
+type statsService struct {
+	*shared
+	pods         *sandboxService
+	vms          *vmService
+	fsMu         sync.Mutex
+	fsMountpoint string // the image store's file system, once found
+}
 
 // Usage is a VM's resource usage in the terms kubelet uses for containers.
 // The *Known flags say which figures the hypervisor reported: an unknown
@@ -88,8 +98,8 @@ type SandboxStats struct {
 }
 
 // ContainerStats reports one container.
-func (r *Runtime) ContainerStats(ctx context.Context, id string) (ContainerStats, error) {
-	c, err := r.ContainerStatus(ctx, id)
+func (r *statsService) ContainerStats(ctx context.Context, id string) (ContainerStats, error) {
+	c, err := r.vms.ContainerStatus(ctx, id)
 	if err != nil {
 		return ContainerStats{}, err
 	}
@@ -102,14 +112,14 @@ func (r *Runtime) ContainerStats(ctx context.Context, id string) (ContainerStats
 
 // ListContainerStats reports the running containers matching f with one
 // query of the hypervisor.
-func (r *Runtime) ListContainerStats(ctx context.Context, f ContainerFilter) ([]ContainerStats, error) {
+func (r *statsService) ListContainerStats(ctx context.Context, f ContainerFilter) ([]ContainerStats, error) {
 	f.State = ContainerRunning
-	return r.usage(ctx, r.ListContainers(f))
+	return r.usage(ctx, r.vms.ListContainers(f))
 }
 
 // SandboxStats reports one VM pod.
-func (r *Runtime) SandboxStats(ctx context.Context, id string) (SandboxStats, error) {
-	sb, err := r.SandboxStatus(ctx, id)
+func (r *statsService) SandboxStats(ctx context.Context, id string) (SandboxStats, error) {
+	sb, err := r.pods.SandboxStatus(ctx, id)
 	if err != nil {
 		return SandboxStats{}, err
 	}
@@ -122,11 +132,11 @@ func (r *Runtime) SandboxStats(ctx context.Context, id string) (SandboxStats, er
 
 // ListSandboxStats reports the VM pods matching f with one query of the
 // hypervisor.
-func (r *Runtime) ListSandboxStats(ctx context.Context, f SandboxFilter) ([]SandboxStats, error) {
-	return r.sandboxUsage(ctx, r.ListSandboxes(f))
+func (r *statsService) ListSandboxStats(ctx context.Context, f SandboxFilter) ([]SandboxStats, error) {
+	return r.sandboxUsage(ctx, r.pods.ListSandboxes(f))
 }
 
-func (r *Runtime) sandboxUsage(ctx context.Context, sandboxes []*Sandbox) ([]SandboxStats, error) {
+func (r *statsService) sandboxUsage(ctx context.Context, sandboxes []*Sandbox) ([]SandboxStats, error) {
 	var all []*Container
 	owner := map[string]int{}
 	for i, sb := range sandboxes {
@@ -153,7 +163,7 @@ func (r *Runtime) sandboxUsage(ctx context.Context, sandboxes []*Sandbox) ([]San
 }
 
 // usage asks the hypervisor once for the running VMs among cs.
-func (r *Runtime) usage(ctx context.Context, cs []*Container) ([]ContainerStats, error) {
+func (r *statsService) usage(ctx context.Context, cs []*Container) ([]ContainerStats, error) {
 	out := make([]ContainerStats, len(cs))
 	var ids []string
 	for i, c := range cs {
@@ -192,7 +202,7 @@ func (r *Runtime) usage(ctx context.Context, cs []*Container) ([]ContainerStats,
 // writableLayerFS names the filesystem of the VMs' writable disks: the
 // image store's, where kubelet already accounts image usage (ImageFsInfo).
 // It is looked up until found once, then remembered.
-func (r *Runtime) writableLayerFS(ctx context.Context) string {
+func (r *statsService) writableLayerFS(ctx context.Context) string {
 	r.fsMu.Lock()
 	defer r.fsMu.Unlock()
 	if r.fsMountpoint == "" {

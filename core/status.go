@@ -53,7 +53,7 @@ func (r *Runtime) Status(ctx context.Context) RuntimeStatus {
 
 // Synced reports whether the records have been reconciled with the
 // hypervisor since start.
-func (r *Runtime) Synced() bool {
+func (r *reconciler) Synced() bool {
 	select {
 	case <-r.synced:
 		return true

@@ -42,7 +42,7 @@ func fixedPhase[S any](p ports.VMPhase) func(*S) ports.VMPhase {
 // those before it, in reverse order, and returns the step's error; an
 // error of the undo is returned as undoErr (the caller leaves the record
 // for the reconciler to finish the undo).
-func runSteps[S any](ctx context.Context, r *Runtime, steps []step[S], s *S, log logrus.FieldLogger) (err, undoErr error) {
+func runSteps[S any](ctx context.Context, r *shared, steps []step[S], s *S, log logrus.FieldLogger) (err, undoErr error) {
 	for i, st := range steps {
 		if st.skip != nil && st.skip(s) {
 			continue

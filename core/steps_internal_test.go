@@ -81,7 +81,7 @@ func TestRunSteps(t *testing.T) {
 	} {
 		var failpoints []string
 		obs := &phaseRecorder{}
-		r := &Runtime{deps: Deps{Observer: obs}, opts: Options{Failpoint: func(name string) { failpoints = append(failpoints, name) }}}
+		r := &shared{deps: Deps{Observer: obs}, opts: Options{Failpoint: func(name string) { failpoints = append(failpoints, name) }}}
 		var s run
 		err, undoErr := runSteps(context.Background(), r, table(tc.second, tc.undoA), &s, logrus.New())
 		if (err != nil) != tc.wantErr || (undoErr != nil) != tc.undo {

@@ -21,7 +21,7 @@ type location struct {
 // the operator's translations (exact names beat regexps, across all
 // files), else by Virtlet's default rule, https://<path>. http:// and
 // file:// locations can only come from a translation.
-func (r *Runtime) resolveLocation(ctx context.Context, n ImageName) (location, error) {
+func (r *imageService) resolveLocation(ctx context.Context, n ImageName) (location, error) {
 	if r.deps.Translations == nil {
 		return location{URL: n.Location()}, nil
 	}

@@ -45,7 +45,7 @@ type vmUserPool struct {
 
 // takeVMUser reserves a user for a VM being created; release undoes the
 // reservation once the VM's record holds it (or the creation failed).
-func (r *Runtime) takeVMUser() (id *ports.ProcessIdentity, release func(), err error) {
+func (r *vmService) takeVMUser() (id *ports.ProcessIdentity, release func(), err error) {
 	u := r.opts.VMUsers
 	if u == nil {
 		return nil, func() {}, nil
@@ -54,13 +54,9 @@ func (r *Runtime) takeVMUser() (id *ports.ProcessIdentity, release func(), err e
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	used := map[int]bool{}
-	r.mu.RLock()
-	for _, c := range r.containers {
-		if c.Spec.RunAs != nil {
-			used[c.Spec.RunAs.UID] = true
-		}
+	for _, c := range r.containers.list(func(c *Container) bool { return c.Spec.RunAs != nil }) {
+		used[c.Spec.RunAs.UID] = true
 	}
-	r.mu.RUnlock()
 	for uid := u.FirstUID; uid < u.FirstUID+u.Count; uid++ {
 		if used[uid] || p.pending[uid] {
 			continue

@@ -20,6 +20,11 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
+// volumeService plans a VM's volumes from its pod's mounts and
+// annotations and has the volume plugins prepare and release them; it
+// also answers the flexvolume driver.
+type volumeService struct{ *shared }
+
 // Where kubelet keeps a pod's volumes and files on the node
 // (<kubelet root>/pods/<pod UID>/...). The kubelet root is not assumed: a
 // node may move it.
@@ -122,7 +127,7 @@ type volumePlan struct {
 // planVolumes sorts every CRI mount and device of a container: each goes
 // into the guest somewhere, is one of kubelet's own files (ignored on
 // purpose), or the pod is refused with an error naming the volume.
-func (r *Runtime) planVolumes(ctx context.Context, cfg ContainerConfig, opts annotations.VMOptions) (volumePlan, error) {
+func (r *volumeService) planVolumes(ctx context.Context, cfg ContainerConfig, opts annotations.VMOptions) (volumePlan, error) {
 	var p volumePlan
 	byName := map[string]int{}
 	add := func(u VolumeUse, mountPath string) error {
@@ -229,7 +234,7 @@ const (
 )
 
 // classifyMount says where one CRI mount goes.
-func (r *Runtime) classifyMount(ctx context.Context, m Mount, opts annotations.VMOptions) (VolumeUse, mountKind, error) {
+func (r *volumeService) classifyMount(ctx context.Context, m Mount, opts annotations.VMOptions) (VolumeUse, mountKind, error) {
 	where := fmt.Sprintf("mount %s", m.ContainerPath)
 	switch {
 	case m.Image != "":
@@ -287,7 +292,7 @@ func (r *Runtime) classifyMount(ctx context.Context, m Mount, opts annotations.V
 }
 
 // checkVolumePlugins makes sure a plugin handles every volume's type.
-func (r *Runtime) checkVolumePlugins(uses []VolumeUse) error {
+func (r *volumeService) checkVolumePlugins(uses []VolumeUse) error {
 	for _, u := range uses {
 		if _, ok := r.deps.Volumes[u.Type]; ok {
 			continue
@@ -433,7 +438,7 @@ type preparedVolumes struct {
 // prepareVolumes asks the plugins for every volume's disks and shares. On
 // error the caller releases them all (releasing an unprepared volume is
 // harmless).
-func (r *Runtime) prepareVolumes(ctx context.Context, c *Container, bus ports.DiskBus, rootfs *ports.RootfsRequest) (preparedVolumes, error) {
+func (r *volumeService) prepareVolumes(ctx context.Context, c *Container, bus ports.DiskBus, rootfs *ports.RootfsRequest) (preparedVolumes, error) {
 	out := preparedVolumes{formats: map[string]diskFormat{}}
 	for _, u := range c.Volumes {
 		req := volumeRequest(c, u)
@@ -486,7 +491,7 @@ func (r *Runtime) prepareVolumes(ctx context.Context, c *Container, bus ports.Di
 
 // releaseVolumes releases every volume of a VM; it tolerates what is gone
 // already and goes on after an error, returning the first.
-func (r *Runtime) releaseVolumes(ctx context.Context, c *Container) error {
+func (r *volumeService) releaseVolumes(ctx context.Context, c *Container) error {
 	var errs []error
 	for _, u := range c.Volumes {
 		vols, ok := r.deps.Volumes[u.Type]
@@ -503,7 +508,7 @@ func (r *Runtime) releaseVolumes(ctx context.Context, c *Container) error {
 
 // ValidateVolume checks a flexvolume's options with the plugin of its type
 // and returns the options to keep in the volume's directory.
-func (r *Runtime) ValidateVolume(ctx context.Context, fv ports.FlexvolumeOptions) (map[string]string, error) {
+func (r *volumeService) ValidateVolume(ctx context.Context, fv ports.FlexvolumeOptions) (map[string]string, error) {
 	req, vols, err := r.flexvolumeRequest(fv)
 	if err != nil {
 		return nil, err
@@ -521,7 +526,7 @@ func (r *Runtime) ValidateVolume(ctx context.Context, fv ports.FlexvolumeOptions
 // ForgetVolume lets the plugin of a flexvolume's type drop what it kept.
 // A type no installed plugin handles has nobody to tell: kubelet's unmount
 // must not fail for ever (the pod would never finish terminating).
-func (r *Runtime) ForgetVolume(ctx context.Context, fv ports.FlexvolumeOptions) error {
+func (r *volumeService) ForgetVolume(ctx context.Context, fv ports.FlexvolumeOptions) error {
 	req, vols, err := r.flexvolumeRequest(fv)
 	if errors.Is(err, ports.ErrInvalidArgument) && fv.Options["type"] != "" {
 		r.log.WithFields(logrus.Fields{"pod": fv.PodNamespace + "/" + fv.PodName, "volume": fv.Volume, "type": fv.Options["type"]}).
@@ -537,7 +542,7 @@ func (r *Runtime) ForgetVolume(ctx context.Context, fv ports.FlexvolumeOptions) 
 	return nil
 }
 
-func (r *Runtime) flexvolumeRequest(fv ports.FlexvolumeOptions) (ports.VolumeRequest, ports.Volumes, error) {
+func (r *volumeService) flexvolumeRequest(fv ports.FlexvolumeOptions) (ports.VolumeRequest, ports.Volumes, error) {
 	typ := fv.Options["type"]
 	if typ == "" {
 		return ports.VolumeRequest{}, nil, &ports.InvalidError{Field: "option type", Reason: "missing",
@@ -562,7 +567,7 @@ func (r *Runtime) flexvolumeRequest(fv ports.FlexvolumeOptions) (ports.VolumeReq
 		Name: fv.Volume, Type: typ, Options: opts}, vols, nil
 }
 
-func (r *Runtime) flexvolumeTypes() string {
+func (r *volumeService) flexvolumeTypes() string {
 	var types []string
 	for t := range r.deps.Volumes {
 		if t != ports.VolumeShare && t != ports.VolumeBlock {
