@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -11,11 +13,16 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/yaml"
 
 	"github.com/virtlet/virtlet/adapters/vmtools"
+	"github.com/virtlet/virtlet/deploy"
 	"github.com/virtlet/virtlet/plugins/buildinfo"
 	"github.com/virtlet/virtlet/ports"
 )
@@ -385,5 +392,67 @@ func TestInstallAsKubectlPlugin(t *testing.T) {
 	t.Setenv("PATH", dir+":/usr/bin")
 	if !onPath(dir) || onPath(t.TempDir()) {
 		t.Error("onPath")
+	}
+}
+
+// validate reports each Virtlet node's problems, each naming the node and
+// what to do, and succeeds only when there is none.
+func TestValidate(t *testing.T) {
+	node := func(name, runtime string, ready corev1.ConditionStatus) *corev1.Node {
+		return &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{deploy.NodeLabel: deploy.NodeLabelValue}},
+			Status: corev1.NodeStatus{
+				NodeInfo:   corev1.NodeSystemInfo{ContainerRuntimeVersion: runtime, KubeletVersion: "v1.36.3"},
+				Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: ready, Reason: "KubeletNotReady", Message: "container runtime network not ready"}},
+			},
+		}
+	}
+	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "virtlet"}, Handler: "virtlet"}
+	unlabelled := node("plain", "containerd://1.6.20", corev1.ConditionTrue)
+	unlabelled.Labels = nil
+	sock := "unix:///run/virtlet.sock"
+	configs := map[string]kubeletConfig{
+		"good":      {ContainerRuntimeEndpoint: sock},
+		"not-ready": {ContainerRuntimeEndpoint: sock},
+		"images":    {ContainerRuntimeEndpoint: sock, ImageServiceEndpoint: "unix:///run/containerd/containerd.sock"},
+	}
+	configz := func(_ context.Context, n string) (kubeletConfig, error) {
+		cfg, ok := configs[n]
+		if !ok {
+			return kubeletConfig{}, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes/proxy"}, n, errors.New("no"))
+		}
+		return cfg, nil
+	}
+	for _, tc := range []struct {
+		name    string
+		objects []runtime.Object
+		want    []string
+		ok      bool
+	}{
+		{"all good", []runtime.Object{rc, node("good", "virtlet://0.3.0", corev1.ConditionTrue), unlabelled}, []string{
+			"RuntimeClass virtlet: handler virtlet\n", "node good: ready; runtime virtlet://0.3.0; kubelet v1.36.3\n", "validation successful\n"}, true},
+		{"no nodes, no runtime class", []runtime.Object{unlabelled}, []string{
+			"problem: RuntimeClass virtlet does not exist", "problem: no node has the label extraRuntime=virtlet"}, false},
+		{"node problems", []runtime.Object{rc, node("not-ready", "virtlet://0.3.0", corev1.ConditionFalse),
+			node("images", "virtlet://0.3.0", corev1.ConditionTrue), node("forbidden", "containerd://1.6.20", corev1.ConditionTrue)}, []string{
+			"problem: node not-ready: not Ready (KubeletNotReady: container runtime network not ready)",
+			`problem: node images: kubelet's imageServiceEndpoint "unix:///run/containerd/containerd.sock" is not its containerRuntimeEndpoint`,
+			`problem: node forbidden: its container runtime is "containerd://1.6.20", not Virtlet`,
+			"problem: node forbidden: cannot read kubelet's configuration: you need get on nodes/proxy"}, false},
+	} {
+		v := validator{k: &kube{client: fake.NewSimpleClientset(tc.objects...)}, configz: configz}
+		var out bytes.Buffer
+		err := v.run(context.Background(), &out)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: error %v\n%s", tc.name, err, out.String())
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("%s: output lacks %q:\n%s", tc.name, w, out.String())
+			}
+		}
+		if strings.Contains(out.String(), "plain") {
+			t.Errorf("%s: an unlabelled node was checked:\n%s", tc.name, out.String())
+		}
 	}
 }

@@ -264,6 +264,30 @@ spec:
 		}
 	})
 
+	t.Run("validate", func(t *testing.T) {
+		// Before the install's cluster objects: the node is not a Virtlet
+		// node yet, and there is no RuntimeClass.
+		out, _, err := run("validate")
+		if err == nil || !strings.Contains(out, "problem: no node has the label extraRuntime=virtlet") ||
+			!strings.Contains(out, "problem: RuntimeClass virtlet does not exist") {
+			t.Fatalf("validate before gen: %v\n%s", err, out)
+		}
+		objects, errOut, err := run("gen", "--node", k.Node)
+		if err != nil {
+			t.Fatalf("gen: %v %s", err, errOut)
+		}
+		file := filepath.Join(t.TempDir(), "virtlet.yaml")
+		os.WriteFile(file, []byte(objects), 0o644)
+		if out, err := k.Kubectl("apply", "-f", file); err != nil {
+			t.Fatalf("kubectl apply gen's objects: %v %s", err, out)
+		}
+		// kubelet's configuration comes through the API server's node proxy.
+		out, errOut, err = run("validate")
+		if err != nil || !strings.Contains(out, "node "+k.Node+": ready; runtime virtlet://") || !strings.Contains(out, "validation successful") {
+			t.Fatalf("validate after gen: %v\n%s%s", err, out, errOut)
+		}
+	})
+
 	t.Run("kubelet's summary API", func(t *testing.T) {
 		var summary struct {
 			Pods []struct {
