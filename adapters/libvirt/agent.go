@@ -71,13 +71,10 @@ func (h *Hypervisor) agentConnection() (*libvirt.Connect, error) {
 	}
 	if h.agentConn == nil {
 		// A call that began before close opens nothing after it.
-		h.mu.Lock()
-		ready := h.ready
-		h.mu.Unlock()
-		if !ready {
+		if !h.conn.isReady() {
 			return nil, fmt.Errorf("the libvirt plugin is not configured or is closing: %w", ports.ErrUnavailable)
 		}
-		conn, uri, err := h.dial("guest agent")
+		conn, uri, err := h.conn.dial("guest agent")
 		if err != nil {
 			return nil, fmt.Errorf("connect to libvirtd at %s for guest-agent commands: %v: %w", uri, err, ports.ErrUnavailable)
 		}

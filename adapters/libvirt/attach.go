@@ -85,7 +85,7 @@ func (h *Hypervisor) OpenConsole(ctx context.Context, id string) (io.ReadWriteCl
 	if state, _, err := dom.GetState(); err != nil || state != libvirt.DOMAIN_RUNNING {
 		return nil, fmt.Errorf("console of VM %s: the VM is not running: %w", r.Spec.Name, ports.ErrFailedPrecondition)
 	}
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return nil, err
 	}

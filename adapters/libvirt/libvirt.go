@@ -49,23 +49,17 @@ type Hypervisor struct {
 	vmDir    string
 	owner    string // instanceOwner(stateDir): marks the domains this plugin instance made
 	accel    accelerator
-	conn     *libvirt.Connect
-	connErr  error
 	records  map[string]*record
 	tailers  map[string]*tailer
 	subs     map[chan ports.VMStatus]struct{}
 	stopped  map[string][]chan struct{} // Stop calls waiting for a VM to stop
-	ready    bool
+
+	conn connection
 
 	// agentMu guards agentConn, the connection that carries guest-agent
 	// commands (see agentDomain).
 	agentMu   sync.Mutex
 	agentConn *libvirt.Connect
-
-	// callbackIDs are conn's event callbacks (lifecycle, watchdog); reconnecting is set
-	// while a lost connection is being replaced.
-	callbackIDs  []int
-	reconnecting bool
 
 	consoleMu sync.Mutex
 	consoles  map[string]*consoleHub // one console stream per VM, shared by its viewers
@@ -110,10 +104,17 @@ type Hypervisor struct {
 
 // New returns an unconfigured adapter; the plugin host configures it.
 func New(log logrus.FieldLogger) *Hypervisor {
-	return &Hypervisor{log: log, records: map[string]*record{}, tailers: map[string]*tailer{},
+	h := &Hypervisor{log: log, records: map[string]*record{}, tailers: map[string]*tailer{},
 		subs: map[chan ports.VMStatus]struct{}{}, stopped: map[string][]chan struct{}{}, events: make(chan event, 256),
 		resyncs: make(chan chan struct{}, 1), resyncEvery: 30 * time.Second,
 		consoles: map[string]*consoleHub{}, domainState: (*libvirt.Domain).GetState}
+	h.conn = connection{log: log, onLifecycle: h.onLifecycle, onWatchdog: h.onWatchdog, lost: h.endWatches,
+		restored: func() {
+			h.resume()
+			h.sweepPool()
+			h.syncGrants()
+		}}
+	return h
 }
 
 func (h *Hypervisor) PluginInfo() ports.PluginInfo {
@@ -169,6 +170,7 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	h.mu.Lock()
 	h.cfg, h.stateDir, h.vmDir, h.owner = cfg, pc.StateDir, vmDir, instanceOwner(pc.StateDir)
 	h.mu.Unlock()
+	h.conn.configure(cfg.URI)
 	records, err := h.loadRecords()
 	if err != nil {
 		return err
@@ -194,7 +196,7 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	if startDispatch {
 		go h.dispatch(quit, dispatched)
 	}
-	if err := h.connect(); err != nil {
+	if err := h.conn.connect(); err != nil {
 		return err
 	}
 	h.resume()
@@ -207,16 +209,14 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	// What VM users were granted for VMs and pool domains an earlier
 	// process left, and that none needs now, goes.
 	h.syncGrantsOf(true)
-	h.mu.Lock()
-	h.ready = true
-	h.mu.Unlock()
+	h.conn.setReady()
 	return nil
 }
 
 // Capabilities reports libvirt's and QEMU's versions and the accelerator;
 // it fails while libvirtd is unreachable (the runtime is then not ready).
 func (h *Hypervisor) Capabilities(ctx context.Context) (ports.HypervisorCapabilities, error) {
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return ports.HypervisorCapabilities{}, err
 	}
@@ -242,7 +242,7 @@ func version(v uint32) string { return fmt.Sprintf("%d.%d.%d", v/1000000, v/1000
 
 // Status reports one VM.
 func (h *Hypervisor) Status(ctx context.Context, id string) (ports.VMStatus, error) {
-	if _, err := h.connection(); err != nil {
+	if _, err := h.conn.current(); err != nil {
 		return ports.VMStatus{}, err
 	}
 	h.mu.Lock()
@@ -257,7 +257,7 @@ func (h *Hypervisor) Status(ctx context.Context, id string) (ports.VMStatus, err
 // List reports the VMs whose domains exist, and domains of ours without a
 // record (for the core to remove).
 func (h *Hypervisor) List(ctx context.Context) ([]ports.VMStatus, error) {
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return nil, err
 	}
@@ -301,7 +301,7 @@ func (h *Hypervisor) List(ctx context.Context) ([]ports.VMStatus, error) {
 
 // Watch streams state changes until ctx ends or libvirtd goes away.
 func (h *Hypervisor) Watch(ctx context.Context) (<-chan ports.VMStatus, error) {
-	if _, err := h.connection(); err != nil {
+	if _, err := h.conn.current(); err != nil {
 		return nil, err
 	}
 	ch := make(chan ports.VMStatus, 64)
@@ -398,9 +398,8 @@ var _ ports.Hypervisor = (*Hypervisor)(nil)
 // close drops the libvirt connection (tests run many adapters in one
 // process; the plugin process just exits).
 func (h *Hypervisor) close() {
+	conn, ids := h.conn.drop()
 	h.mu.Lock()
-	conn, ids := h.conn, h.callbackIDs
-	h.conn, h.ready = nil, false
 	var jobs []*onlining
 	for id, job := range h.onlining {
 		job.cancel()
@@ -423,7 +422,7 @@ func (h *Hypervisor) close() {
 		<-p.done
 	}
 	if conn != nil {
-		h.hangUp(conn, ids)
+		h.conn.hangUp(conn, ids)
 	}
 	h.agentMu.Lock()
 	if h.agentConn != nil {

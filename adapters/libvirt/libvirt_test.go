@@ -180,8 +180,9 @@ func TestSlowResumeDoesNotHoldUpOtherVMs(t *testing.T) {
 func TestReconnectReleasesTheOldConnection(t *testing.T) {
 	startEventLoop(quietLog())
 	h := New(quietLog())
-	h.cfg.URI, h.stateDir = testURI, t.TempDir()
-	if err := h.connect(); err != nil {
+	h.stateDir = t.TempDir()
+	h.conn.configure(testURI)
+	if err := h.conn.connect(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.close)
@@ -202,13 +203,13 @@ func TestReconnectReleasesTheOldConnection(t *testing.T) {
 		}
 	}()
 	for range 3 {
-		old, _ := h.connection()
-		h.onClose(old, libvirt.CONNECT_CLOSE_REASON_EOF)
+		old, _ := h.conn.current()
+		h.conn.onClose(old, libvirt.CONNECT_CLOSE_REASON_EOF)
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			h.mu.Lock()
-			now := h.conn
-			h.mu.Unlock()
+			h.conn.mu.Lock()
+			now := h.conn.open
+			h.conn.mu.Unlock()
 			if now != nil && now != old {
 				break
 			}

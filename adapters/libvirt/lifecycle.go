@@ -26,7 +26,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	if spec.VCPUs < 1 || spec.MemoryBytes <= 0 {
 		return fmt.Errorf("VM %s: needs vCPUs and memory: %w", spec.Name, ports.ErrInvalidArgument)
 	}
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return err
 	}
@@ -158,7 +158,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 }
 
 func (h *Hypervisor) lookup(id string) (*record, *libvirt.Domain, error) {
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -349,7 +349,7 @@ func (h *Hypervisor) foundShutOff(r *record, reason int) ports.VMStatus {
 // Undefine removes the domain (forcing it off first), its overlay disks,
 // its console logs and its record.
 func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return err
 	}

@@ -344,7 +344,7 @@ func (h *Hypervisor) Shutdown(ctx context.Context) {
 	case <-p.done:
 	case <-ctx.Done():
 	}
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return
 	}

@@ -151,7 +151,7 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 // instruction (WriteFiles needs its root disk, which QEMU holds): the
 // domain stays defined, with its devices, and starts cold.
 func (h *Hypervisor) endPrelaunch(r *record) error {
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return err
 	}

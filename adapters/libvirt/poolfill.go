@@ -56,7 +56,7 @@ func (h *Hypervisor) poolStep(p *pool) time.Duration {
 		return time.Hour
 	default:
 	}
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return time.Second
 	}
@@ -214,7 +214,7 @@ func (h *Hypervisor) destroyPoolDomain(conn *libvirt.Connect, domUUID, why strin
 // domains it does not hold (a launch that ended after the plugin that
 // asked for it gave up on it).
 func (h *Hypervisor) checkReady(p *pool) {
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return
 	}
@@ -311,7 +311,7 @@ func (h *Hypervisor) sweepPool() {
 		claims[strings.ToLower(r.Spec.UUID)] = r.Claim
 	}
 	h.mu.Unlock()
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if p == nil || err != nil {
 		return
 	}

@@ -34,7 +34,7 @@ func (h *Hypervisor) resume() {
 // slow domain must not hold up calls about others); what it says applies
 // only to a record that did not change meanwhile.
 func (h *Hypervisor) resync() {
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return // the reconnection resumes
 	}
@@ -142,7 +142,7 @@ func (h *Hypervisor) startTailerLocked(r *record) {
 // its owner (or made before owners were). Another plugin instance on the
 // same libvirtd would take them for orphans of its own and remove them.
 func (h *Hypervisor) stampOwners() {
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return
 	}

@@ -122,7 +122,7 @@ func TestStatesAreResynchronisedPeriodically(t *testing.T) {
 // does so whenever a watch ends).
 func TestSlowWatcherIsCutOff(t *testing.T) {
 	h := New(quietLog())
-	h.ready, h.conn = true, testConn(t)
+	h.conn.ready, h.conn.open = true, testConn(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	w, err := h.Watch(ctx)
