@@ -101,7 +101,7 @@ func (h *Hypervisor) removeLeftovers(id string) error {
 	}
 	overlays, _ := filepath.Glob(filepath.Join(vmDir, id+"-*.qcow2"))
 	console := filepath.Join(vmDir, id+".console")
-	files := append(overlays, console, h.recordPath(id)+atomicfile.TempSuffix)
+	files := append(overlays, console, h.store.path(id)+atomicfile.TempSuffix)
 	if err := removeFiles(append(files, rotatedLogs(console)...)...); err != nil {
 		return fmt.Errorf("remove files of VM %s: %w", id, err)
 	}

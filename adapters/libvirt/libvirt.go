@@ -51,10 +51,12 @@ type Hypervisor struct {
 	accel    accelerator
 	records  map[string]*record
 	tailers  map[string]*tailer
-	subs     map[chan ports.VMStatus]struct{}
 	stopped  map[string][]chan struct{} // Stop calls waiting for a VM to stop
 
-	conn connection
+	conn     connection
+	store    recordStore
+	events   dispatcher
+	watchers watchers
 
 	// agentMu guards agentConn, the connection that carries guest-agent
 	// commands (see agentDomain).
@@ -88,15 +90,6 @@ type Hypervisor struct {
 	imageDirs   map[string]bool
 	syncPending atomic.Bool
 
-	events chan event
-	// resyncs asks the dispatcher to resynchronise: nil after lost events,
-	// a channel to close when done from resume.
-	resyncs chan chan struct{}
-	// resyncEvery is how often the dispatcher resynchronises anyway.
-	resyncEvery time.Duration
-	// quit ends the dispatcher, which closes dispatched (close: tests).
-	quit, dispatched chan struct{}
-
 	// domainState asks libvirt for a domain's state and reason (a seam:
 	// tests make it slow).
 	domainState func(*libvirt.Domain) (libvirt.DomainState, int, error)
@@ -105,12 +98,12 @@ type Hypervisor struct {
 // New returns an unconfigured adapter; the plugin host configures it.
 func New(log logrus.FieldLogger) *Hypervisor {
 	h := &Hypervisor{log: log, records: map[string]*record{}, tailers: map[string]*tailer{},
-		subs: map[chan ports.VMStatus]struct{}{}, stopped: map[string][]chan struct{}{}, events: make(chan event, 256),
-		resyncs: make(chan chan struct{}, 1), resyncEvery: 30 * time.Second,
-		consoles: map[string]*consoleHub{}, domainState: (*libvirt.Domain).GetState}
-	h.conn = connection{log: log, onLifecycle: h.onLifecycle, onWatchdog: h.onWatchdog, lost: h.endWatches,
+		stopped: map[string][]chan struct{}{}, consoles: map[string]*consoleHub{}, domainState: (*libvirt.Domain).GetState,
+		store: recordStore{log: log}, watchers: watchers{log: log}}
+	h.events = newDispatcher(log, h.apply, h.resync)
+	h.conn = connection{log: log, onLifecycle: h.events.onLifecycle, onWatchdog: h.events.onWatchdog, lost: h.watchers.end,
 		restored: func() {
-			h.resume()
+			h.events.resume()
 			h.sweepPool()
 			h.syncGrants()
 		}}
@@ -169,9 +162,10 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	}
 	h.mu.Lock()
 	h.cfg, h.stateDir, h.vmDir, h.owner = cfg, pc.StateDir, vmDir, instanceOwner(pc.StateDir)
+	h.store.stateDir = pc.StateDir
 	h.mu.Unlock()
 	h.conn.configure(cfg.URI)
-	records, err := h.loadRecords()
+	records, err := h.store.load()
 	if err != nil {
 		return err
 	}
@@ -187,19 +181,12 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	startEventLoop(h.log)
 	h.mu.Lock()
 	h.records, h.accel = records, accel
-	startDispatch := h.quit == nil
-	if startDispatch {
-		h.quit, h.dispatched = make(chan struct{}), make(chan struct{})
-	}
-	quit, dispatched := h.quit, h.dispatched
 	h.mu.Unlock()
-	if startDispatch {
-		go h.dispatch(quit, dispatched)
-	}
+	h.events.start()
 	if err := h.conn.connect(); err != nil {
 		return err
 	}
-	h.resume()
+	h.events.resume()
 	h.stampOwners()
 	if p != nil && h.pool == nil {
 		if err := h.startPool(p); err != nil {
@@ -304,20 +291,7 @@ func (h *Hypervisor) Watch(ctx context.Context) (<-chan ports.VMStatus, error) {
 	if _, err := h.conn.current(); err != nil {
 		return nil, err
 	}
-	ch := make(chan ports.VMStatus, 64)
-	h.mu.Lock()
-	h.subs[ch] = struct{}{}
-	h.mu.Unlock()
-	go func() {
-		<-ctx.Done()
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		if _, ok := h.subs[ch]; ok {
-			delete(h.subs, ch)
-			close(ch)
-		}
-	}()
-	return ch, nil
+	return h.watchers.add(ctx), nil
 }
 
 // ReopenLog reopens the VM's CRI log after kubelet rotated it.
@@ -406,8 +380,6 @@ func (h *Hypervisor) close() {
 		jobs = append(jobs, job)
 		delete(h.onlining, id)
 	}
-	quit, dispatched := h.quit, h.dispatched
-	h.quit = nil
 	p := h.pool
 	h.mu.Unlock()
 	for _, job := range jobs {
@@ -430,11 +402,7 @@ func (h *Hypervisor) close() {
 		h.agentConn = nil
 	}
 	h.agentMu.Unlock()
-	// No event or resync applies (and writes a record) after close.
-	if quit != nil {
-		close(quit)
-		<-dispatched
-	}
+	h.events.stop()
 }
 
 func watchdogModel(r *record) string {

@@ -61,7 +61,7 @@ func addVM(t *testing.T, h *Hypervisor, state ports.VMState, start bool) *record
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.records[id] = r
-	if err := h.saveRecord(r); err != nil {
+	if err := h.store.save(r); err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -159,7 +159,7 @@ func TestSlowResumeDoesNotHoldUpOtherVMs(t *testing.T) {
 	defer release()
 	resumed := make(chan struct{})
 	go func() {
-		h.resume()
+		h.events.resume()
 		close(resumed)
 	}()
 	<-hung
@@ -193,7 +193,7 @@ func TestReconnectReleasesTheOldConnection(t *testing.T) {
 	go func() {
 		for {
 			select {
-			case done := <-h.resyncs:
+			case done := <-h.events.resyncs:
 				if done != nil {
 					close(done)
 				}
@@ -224,8 +224,8 @@ func TestReconnectReleasesTheOldConnection(t *testing.T) {
 		}
 	}
 	// One lifecycle event, seen once.
-	for len(h.events) > 0 {
-		<-h.events
+	for len(h.events.queued) > 0 {
+		<-h.events.queued
 	}
 	conn := testConn(t)
 	dom, err := conn.DomainDefineXML(`<domain type='test'><name>virtlet-reconnect-test</name><memory>131072</memory><vcpu>1</vcpu><os><type arch='x86_64'>hvm</type></os></domain>`)
@@ -245,7 +245,7 @@ func TestReconnectReleasesTheOldConnection(t *testing.T) {
 	timeout := time.After(time.Second)
 	for done := false; !done; {
 		select {
-		case e := <-h.events:
+		case e := <-h.events.queued:
 			if strings.EqualFold(e.uuid, uuid) && e.kind == libvirt.DOMAIN_EVENT_STARTED {
 				started++
 			}
@@ -296,9 +296,9 @@ func TestUndefineRemovesWhatAnInterruptedDefineLeft(t *testing.T) {
 		filepath.Join(h.vmDir, id+"-root.qcow2"),
 		filepath.Join(h.vmDir, id+".console"),
 		filepath.Join(h.vmDir, id+".console.1"),
-		h.recordPath(id) + atomicfile.TempSuffix,
+		h.store.path(id) + atomicfile.TempSuffix,
 	}
-	kept := []string{filepath.Join(h.vmDir, other.Spec.ID+"-root.qcow2"), h.recordPath(other.Spec.ID)}
+	kept := []string{filepath.Join(h.vmDir, other.Spec.ID+"-root.qcow2"), h.store.path(other.Spec.ID)}
 	for _, p := range append(left, kept...) {
 		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
 			t.Fatal(err)

@@ -149,7 +149,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	dom.Free()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if err := h.saveRecord(r); err != nil {
+	if err := h.store.save(r); err != nil {
 		return err
 	}
 	h.records[spec.ID] = r
@@ -218,10 +218,10 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 	r.State = ports.VMRunning
 	r.Prelaunched = false
 	r.seq++
-	if err := h.saveRecord(r); err != nil {
+	if err := h.store.save(r); err != nil {
 		return err
 	}
-	h.notifyLocked(r.status())
+	h.watchers.notify(r.status())
 	if resume {
 		h.pool.resumed()
 	}
@@ -270,7 +270,7 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 	done := make(chan struct{})
 	h.mu.Lock()
 	r.StopRequested = true
-	h.saveRecord(r)
+	h.store.save(r)
 	h.stopped[id] = append(h.stopped[id], done)
 	h.mu.Unlock()
 
@@ -340,8 +340,8 @@ func (h *Hypervisor) foundShutOff(r *record, reason int) ports.VMStatus {
 	defer h.mu.Unlock()
 	if r.State == ports.VMRunning {
 		h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
-		h.saveRecord(r)
-		h.notifyLocked(r.status())
+		h.store.save(r)
+		h.watchers.notify(r.status())
 	}
 	return r.status()
 }
@@ -427,7 +427,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	if err := removeFiles(files...); err != nil {
 		return fmt.Errorf("remove files of VM %s: %w", r.Spec.Name, err)
 	}
-	if err := h.deleteRecord(id); err != nil {
+	if err := h.store.remove(id); err != nil {
 		return err
 	}
 	h.syncGrants() // its user's entries go

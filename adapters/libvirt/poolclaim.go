@@ -49,7 +49,7 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 		return false
 	}
 	h.mu.Lock()
-	err := h.saveRecord(r) // intent first: after a crash from here on, the domain is destroyed
+	err := h.store.save(r) // intent first: after a crash from here on, the domain is destroyed
 	h.mu.Unlock()
 	if err != nil {
 		return fail("save its record", err)
@@ -134,7 +134,7 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 	failpoint("claim-defined")
 	r.Claim, r.Prelaunched = claimed, true
 	h.mu.Lock()
-	err = h.saveRecord(r)
+	err = h.store.save(r)
 	if err == nil {
 		h.records[spec.ID] = r
 	}
@@ -169,5 +169,5 @@ func (h *Hypervisor) endPrelaunch(r *record) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	r.Prelaunched = false
-	return h.saveRecord(r)
+	return h.store.save(r)
 }

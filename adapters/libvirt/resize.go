@@ -44,7 +44,7 @@ func (h *Hypervisor) SetMemory(ctx context.Context, id string, bytes int64) erro
 	defer h.mu.Unlock()
 	old := r.Spec.MemoryBytes
 	r.Spec.MemoryBytes = bytes
-	if err := h.saveRecord(r); err != nil {
+	if err := h.store.save(r); err != nil {
 		r.Spec.MemoryBytes = old // the record on disk still says so
 		return err
 	}
@@ -78,7 +78,7 @@ func (h *Hypervisor) SetCPULimits(ctx context.Context, id string, l ports.CPULim
 	defer h.mu.Unlock()
 	old := r.Spec.CPULimits
 	r.Spec.CPULimits = l
-	if err := h.saveRecord(r); err != nil {
+	if err := h.store.save(r); err != nil {
 		r.Spec.CPULimits = old
 		return err
 	}
@@ -143,7 +143,7 @@ func (h *Hypervisor) SetVCPUs(ctx context.Context, id string, n int) error {
 	}
 	h.mu.Lock()
 	r.Spec.VCPUs = n
-	if err := h.saveRecord(r); err != nil {
+	if err := h.store.save(r); err != nil {
 		r.Spec.VCPUs = old // the record on disk still says so
 		h.mu.Unlock()
 		return err

@@ -17,15 +17,6 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
-// resume takes up the VMs of the records after (re)connecting: states
-// that changed while nobody listened, and console streams of running VMs.
-// The dispatcher does it (see dispatch); resume waits for it.
-func (h *Hypervisor) resume() {
-	done := make(chan struct{})
-	h.resyncs <- done
-	<-done
-}
-
 // resync compares what libvirt says of the records' domains with what the
 // records last reported, and applies (and reports) the difference: the
 // transitions of events lost or never received. It is cheap enough to run
@@ -89,7 +80,7 @@ func (h *Hypervisor) resync() {
 		if r := c.r; h.records[r.Spec.ID] == r && r.seq == c.seq {
 			h.resumeLocked(r, state, reason)
 			if r.State != c.state {
-				h.notifyLocked(r.status())
+				h.watchers.notify(r.status())
 			}
 		}
 		h.mu.Unlock()
@@ -107,7 +98,7 @@ func (h *Hypervisor) resumeLocked(r *record, state libvirt.DomainState, reason i
 			if r.StartedAt.IsZero() || r.FinishedAt.After(r.StartedAt) {
 				r.StartedAt, r.FinishedAt = time.Now().UTC(), time.Time{} // started where no event told
 			}
-			h.saveRecord(r)
+			h.store.save(r)
 			h.log.WithFields(logrus.Fields{"vm": r.Spec.Name}).Info("VM found running")
 		}
 		if h.tailers[r.Spec.ID] == nil {
@@ -115,7 +106,7 @@ func (h *Hypervisor) resumeLocked(r *record, state libvirt.DomainState, reason i
 		}
 	case state == libvirt.DOMAIN_SHUTOFF && r.State == ports.VMRunning:
 		h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
-		h.saveRecord(r)
+		h.store.save(r)
 		h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "reason": r.Reason}).Info("VM found stopped")
 	}
 }
@@ -127,7 +118,7 @@ func (h *Hypervisor) startTailerLocked(r *record) {
 		defer h.mu.Unlock()
 		if rec := h.records[id]; rec != nil {
 			rec.ConsoleOffset, rec.ConsoleInode = off, ino
-			h.saveRecord(rec)
+			h.store.save(rec)
 		}
 	}, h.log.WithField("vm", r.Spec.Name))
 	if err != nil {
