@@ -306,7 +306,7 @@ func (h *Hypervisor) exitLocked(r *record, e exit) {
 	// holds while it opens a stream (lock order).
 	ended := r.runs
 	r.runs++
-	go h.closeConsole(r.Spec.ID, ended)
+	go h.consoles.close(r.Spec.ID, ended)
 }
 
 // watchers are the subscribers of Watch. Their lock is taken alone, or

@@ -58,13 +58,11 @@ type Hypervisor struct {
 	events   dispatcher
 	watchers watchers
 
-	// agentMu guards agentConn, the connection that carries guest-agent
-	// commands (see agentDomain).
-	agentMu   sync.Mutex
-	agentConn *libvirt.Connect
-
-	consoleMu sync.Mutex
-	consoles  map[string]*consoleHub // one console stream per VM, shared by its viewers
+	// The concerns whose methods are the adapter's: GuestExec and
+	// GuestInfo; OpenConsole; Inspect, Diagnose and Display.
+	guestAgent
+	consoles
+	inspector
 
 	// defineMu makes one validated define at a time: libvirtd validates
 	// against its RNG schema with libxml2, whose first concurrent
@@ -98,7 +96,7 @@ type Hypervisor struct {
 // New returns an unconfigured adapter; the plugin host configures it.
 func New(log logrus.FieldLogger) *Hypervisor {
 	h := &Hypervisor{log: log, records: map[string]*record{}, tailers: map[string]*tailer{},
-		stopped: map[string][]chan struct{}{}, consoles: map[string]*consoleHub{}, domainState: (*libvirt.Domain).GetState,
+		stopped: map[string][]chan struct{}{}, domainState: (*libvirt.Domain).GetState,
 		store: recordStore{log: log}, watchers: watchers{log: log}}
 	h.events = newDispatcher(log, h.apply, h.resync)
 	h.conn = connection{log: log, onLifecycle: h.events.onLifecycle, onWatchdog: h.events.onWatchdog, lost: h.watchers.end,
@@ -107,7 +105,42 @@ func New(log logrus.FieldLogger) *Hypervisor {
 			h.sweepPool()
 			h.syncGrants()
 		}}
+	h.guestAgent = guestAgent{log: log, vms: h, dial: h.conn.dial, ready: h.conn.isReady}
+	h.consoles = consoles{log: log, vms: h, live: h.conn.current, hubs: map[string]*consoleHub{}}
+	h.inspector = inspector{vms: h, consoles: &h.consoles}
 	return h
+}
+
+// vmSource is what the concern types read of the adapter's VMs: a VM's
+// record, with its live domain or without; the lock that guards the
+// records' fields (h.mu: locked runs f holding it); and the config and
+// accelerator in use.
+type vmSource interface {
+	lookup(id string) (*record, *libvirt.Domain, error)
+	record(id string) *record
+	locked(f func())
+	settings() (Config, accelerator)
+}
+
+// record returns VM id's record, or nil.
+func (h *Hypervisor) record(id string) *record {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.records[id]
+}
+
+// locked runs f with h.mu held.
+func (h *Hypervisor) locked(f func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f()
+}
+
+// settings returns the config and the accelerator in use.
+func (h *Hypervisor) settings() (Config, accelerator) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cfg, h.accel
 }
 
 func (h *Hypervisor) PluginInfo() ports.PluginInfo {
@@ -396,12 +429,7 @@ func (h *Hypervisor) close() {
 	if conn != nil {
 		h.conn.hangUp(conn, ids)
 	}
-	h.agentMu.Lock()
-	if h.agentConn != nil {
-		h.agentConn.Close() // calls still in flight hold their domains' references
-		h.agentConn = nil
-	}
-	h.agentMu.Unlock()
+	h.guestAgent.hangUp()
 	h.events.stop()
 }
 

@@ -418,7 +418,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	if t != nil {
 		t.close()
 	}
-	h.closeConsole(id, allRuns)
+	h.consoles.close(id, allRuns)
 	files := []string{r.ConsoleLog}
 	files = append(files, rotatedLogs(r.ConsoleLog)...)
 	for _, p := range r.DiskPaths {

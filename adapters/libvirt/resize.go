@@ -243,7 +243,7 @@ func (h *Hypervisor) onlineVCPUsLater(r *record, n int, log logrus.FieldLogger) 
 				return // removed (a record of its own for a redefined VM)
 			}
 			var dom *libvirt.Domain
-			if dom, err = h.agentDomain(r); err != nil {
+			if dom, err = h.guestAgent.domain(r); err != nil {
 				continue
 			}
 			state, _, serr := dom.GetState()
