@@ -313,8 +313,7 @@ func (a *guestAgent) GuestExec(ctx context.Context, id string, req ports.GuestEx
 	}
 	var startedAt time.Time
 	a.vms.locked(func() { startedAt = r.StartedAt })
-	cfg, _ := a.vms.settings()
-	wait := cfg.agentWait
+	wait := a.vms.settings().cfg.agentWait
 	channel, err := waitAgent(runCtx, dom, startedAt, wait)
 	if err != nil {
 		if runCtx.Err() != nil {

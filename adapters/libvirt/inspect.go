@@ -140,8 +140,7 @@ type inspector struct {
 // command passed its verb's allow-list.
 func (in inspector) Inspect(ctx context.Context, id string, args []string) (ports.CommandOutput, error) {
 	r := in.vms.record(id)
-	cfg, _ := in.vms.settings()
-	uri := cfg.URI
+	uri := in.vms.settings().cfg.URI
 	if r == nil {
 		return ports.CommandOutput{}, fmt.Errorf("VM %s: %w", id, ports.ErrNotFound)
 	}
@@ -177,7 +176,7 @@ func (in inspector) Diagnose(ctx context.Context, id string) (ports.VMDiagnostic
 	if err != nil {
 		return ports.VMDiagnostics{}, libvirtError("domain XML of "+r.Spec.Name, err)
 	}
-	_, accel := in.vms.settings()
+	accel := in.vms.settings().accel
 	var details map[string]string
 	in.vms.locked(func() {
 		details = map[string]string{
@@ -234,8 +233,7 @@ func (in inspector) Display(ctx context.Context, id string) (ports.Display, erro
 			if sock != "" {
 				// libvirt makes it in the domain's directory below its
 				// QEMU state directory; the daemon dials it as root.
-				cfg, _ := in.vms.settings()
-				if dir := filepath.Clean(cfg.QEMUStateDir); !strings.HasPrefix(filepath.Clean(sock), dir+"/") {
+				if dir := filepath.Clean(in.vms.settings().cfg.QEMUStateDir); !strings.HasPrefix(filepath.Clean(sock), dir+"/") {
 					return ports.Display{}, fmt.Errorf("VM %s's VNC socket %s is not below libvirt's %s", r.Spec.Name, sock, dir)
 				}
 				return ports.Display{Protocol: "vnc", Network: "unix", Address: sock}, nil

@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -79,14 +78,7 @@ type Hypervisor struct {
 	// VM id (guarded by mu).
 	onlining map[string]*onlining
 
-	// grantsMu serialises syncGrants and grantNow (grants.go); inflight
-	// (guarded by mu) holds what creations in progress were granted, and
-	// imageDirs the directories of the images VMs used, whose images
-	// syncGrants keeps clean.
-	grantsMu    sync.Mutex
-	inflight    map[string][]grant
-	imageDirs   map[string]bool
-	syncPending atomic.Bool
+	grants grants
 
 	// domainState asks libvirt for a domain's state and reason (a seam:
 	// tests make it slow).
@@ -103,8 +95,9 @@ func New(log logrus.FieldLogger) *Hypervisor {
 		restored: func() {
 			h.events.resume()
 			h.sweepPool()
-			h.syncGrants()
+			h.grants.sync()
 		}}
+	h.grants = grants{log: log, vms: h}
 	h.guestAgent = guestAgent{log: log, vms: h, dial: h.conn.dial, ready: h.conn.isReady}
 	h.consoles = consoles{log: log, vms: h, live: h.conn.current, hubs: map[string]*consoleHub{}}
 	h.inspector = inspector{vms: h, consoles: &h.consoles}
@@ -112,14 +105,24 @@ func New(log logrus.FieldLogger) *Hypervisor {
 }
 
 // vmSource is what the concern types read of the adapter's VMs: a VM's
-// record, with its live domain or without; the lock that guards the
-// records' fields (h.mu: locked runs f holding it); and the config and
-// accelerator in use.
+// record, with its live domain or without, or every record; the lock that
+// guards the records' fields (h.mu: locked and each run f holding it);
+// and what Configure set up.
 type vmSource interface {
 	lookup(id string) (*record, *libvirt.Domain, error)
 	record(id string) *record
 	locked(f func())
-	settings() (Config, accelerator)
+	each(f func(r *record))
+	settings() setup
+}
+
+// setup is what Configure set up: the config, the accelerator, the
+// directories, and the pool (nil: none).
+type setup struct {
+	cfg                    Config
+	accel                  accelerator
+	stateDir, vmDir, owner string
+	pool                   *pool
 }
 
 // record returns VM id's record, or nil.
@@ -136,11 +139,20 @@ func (h *Hypervisor) locked(f func()) {
 	f()
 }
 
-// settings returns the config and the accelerator in use.
-func (h *Hypervisor) settings() (Config, accelerator) {
+// each runs f for every record, with h.mu held.
+func (h *Hypervisor) each(f func(r *record)) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.cfg, h.accel
+	for _, r := range h.records {
+		f(r)
+	}
+}
+
+// settings returns what Configure set up.
+func (h *Hypervisor) settings() setup {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return setup{cfg: h.cfg, accel: h.accel, stateDir: h.stateDir, vmDir: h.vmDir, owner: h.owner, pool: h.pool}
 }
 
 func (h *Hypervisor) PluginInfo() ports.PluginInfo {
@@ -228,7 +240,7 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	}
 	// What VM users were granted for VMs and pool domains an earlier
 	// process left, and that none needs now, goes.
-	h.syncGrantsOf(true)
+	h.grants.syncOf(true)
 	h.conn.setReady()
 	return nil
 }

@@ -50,7 +50,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		// A few xattr reads when already granted. Until the record holds
 		// the VM, the grants are the creation's; if it fails, a sync
 		// takes them back.
-		done, err := h.grantNow(spec.ID, spec.RunAs.UID, overlayBases(spec))
+		done, err := h.grants.grantNow(spec.ID, spec.RunAs.UID, overlayBases(spec))
 		if err != nil {
 			return fmt.Errorf("VM %s runs as user %d: %w", spec.Name, spec.RunAs.UID, err)
 		}
@@ -58,7 +58,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 			done()
 			// A failed creation's grants go; so do those of the user the
 			// VM asked for when it took a pool domain's.
-			h.syncGrantsSoon()
+			h.grants.syncSoon()
 		}()
 	} else if err := openToQEMUUser(h.log, overlayBases(spec)); err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
@@ -406,7 +406,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 		return fmt.Errorf("VM %s: %w", id, err)
 	}
 	if r == nil {
-		h.syncGrants()
+		h.grants.sync()
 		h.log.WithField("vm", id).Info("orphan domain undefined")
 		return nil
 	}
@@ -430,7 +430,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	if err := h.store.remove(id); err != nil {
 		return err
 	}
-	h.syncGrants() // its user's entries go
+	h.grants.sync() // its user's entries go
 	h.log.WithField("vm", r.Spec.Name).Info("domain undefined, disks removed")
 	return nil
 }

@@ -355,7 +355,7 @@ func (h *Hypervisor) Shutdown(ctx context.Context) {
 	// The pool users' grants go first, in a few file operations: a paused
 	// QEMU keeps what it has open, and a plugin killed while its domains
 	// are destroyed (a loaded node takes seconds) leaves no grant behind.
-	h.syncGrants()
+	h.grants.sync()
 	var wg sync.WaitGroup
 	for _, d := range ready {
 		removeFiles(append(rotatedLogs(d.console), d.console, d.root)...)

@@ -29,7 +29,7 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 	}
 	// Its user keeps what the pool domain was granted until the record
 	// holds the VM.
-	if done, err := h.grantNow(spec.ID+"/claim", d.uid, []string{d.base}); err == nil {
+	if done, err := h.grants.grantNow(spec.ID+"/claim", d.uid, []string{d.base}); err == nil {
 		defer done()
 	}
 	asked := vmIdentity{Name: spec.Name, RunAs: spec.RunAs} // the spec asked for no UUID (poolable)

@@ -156,7 +156,7 @@ func (h *Hypervisor) launch(conn *libvirt.Connect, p *pool, d *poolDomain, tmpl 
 	accel := h.accel
 	h.mu.Unlock()
 	d.base = tmpl.Disks[0].Overlay.BasePath
-	done, err := h.grantNow(d.uuid, d.uid, []string{d.base})
+	done, err := h.grants.grantNow(d.uuid, d.uid, []string{d.base})
 	if err != nil {
 		return err
 	}
@@ -205,7 +205,7 @@ func (h *Hypervisor) destroyPoolDomain(conn *libvirt.Connect, domUUID, why strin
 	for _, f := range files {
 		removeFiles(append(rotatedLogs(f), f)...)
 	}
-	h.syncGrantsSoon() // its user's entries go
+	h.grants.syncSoon() // its user's entries go
 }
 
 // checkReady drops ready pool domains that are gone, no longer paused
