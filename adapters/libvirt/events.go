@@ -187,7 +187,7 @@ func (h *Hypervisor) apply(e event) {
 		// running, and is logged.
 		h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "action": e.watchdog}).Warn("the guest's watchdog fired")
 		if e.watchdog == "dump" && e.domain != "" {
-			h.pruneDumps(r.Spec.Name, e.domain, 1) // and again as it resumes, the new dump written
+			h.dumps.prune(r.Spec.Name, e.domain, 1) // and again as it resumes, the new dump written
 		}
 		if e.watchdog == "poweroff" || e.watchdog == "shutdown" {
 			r.Watchdog = e.watchdog
@@ -202,7 +202,7 @@ func (h *Hypervisor) apply(e event) {
 		// libvirtd resumes a guest once its watchdog's dump is written
 		// (the firing's event comes before the dump): the older ones go.
 		if wd := r.Spec.Watchdog; wd != nil && wd.Action == "dump" && e.kind == libvirt.DOMAIN_EVENT_RESUMED {
-			h.pruneDumps(r.Spec.Name, r.Spec.Name, 1)
+			h.dumps.prune(r.Spec.Name, r.Spec.Name, 1)
 		}
 		if r.State == ports.VMRunning {
 			return

@@ -70,15 +70,13 @@ type Hypervisor struct {
 	// library"). A define takes milliseconds.
 	defineMu sync.Mutex
 
-	// machineTypes caches the machine types libvirt offers (guarded by mu).
-	machineTypes []string
 	// pool holds the pre-launched paused domains (nil: no pool).
 	pool *pool
-	// onlining cancels the background onlining of hot-plugged vCPUs, by
-	// VM id (guarded by mu).
-	onlining map[string]*onlining
 
-	grants grants
+	grants   grants
+	onliner  onliner
+	machines machineTypes
+	dumps    dumps // set by Configure
 
 	// domainState asks libvirt for a domain's state and reason (a seam:
 	// tests make it slow).
@@ -98,7 +96,9 @@ func New(log logrus.FieldLogger) *Hypervisor {
 			h.grants.sync()
 		}}
 	h.grants = grants{log: log, vms: h}
+	h.dumps = dumps{log: log}
 	h.guestAgent = guestAgent{log: log, vms: h, dial: h.conn.dial, ready: h.conn.isReady}
+	h.onliner = onliner{vms: h, domain: h.guestAgent.domain}
 	h.consoles = consoles{log: log, vms: h, live: h.conn.current, hubs: map[string]*consoleHub{}}
 	h.inspector = inspector{vms: h, consoles: &h.consoles}
 	return h
@@ -207,7 +207,7 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	}
 	h.mu.Lock()
 	h.cfg, h.stateDir, h.vmDir, h.owner = cfg, pc.StateDir, vmDir, instanceOwner(pc.StateDir)
-	h.store.stateDir = pc.StateDir
+	h.store.stateDir, h.dumps.dir = pc.StateDir, cfg.AutoDumpDir
 	h.mu.Unlock()
 	h.conn.configure(cfg.URI)
 	records, err := h.store.load()
@@ -418,18 +418,8 @@ var _ ports.Hypervisor = (*Hypervisor)(nil)
 // process; the plugin process just exits).
 func (h *Hypervisor) close() {
 	conn, ids := h.conn.drop()
-	h.mu.Lock()
-	var jobs []*onlining
-	for id, job := range h.onlining {
-		job.cancel()
-		jobs = append(jobs, job)
-		delete(h.onlining, id)
-	}
-	p := h.pool
-	h.mu.Unlock()
-	for _, job := range jobs {
-		<-job.done // an agent call in flight ends at its own timeout
-	}
+	h.onliner.stopAll()
+	p := h.settings().pool
 	if p != nil && p.quit != nil {
 		select {
 		case <-p.quit:

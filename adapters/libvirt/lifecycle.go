@@ -64,7 +64,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 
-	if err := h.checkMachine(conn, accel, spec.Machine); err != nil {
+	if err := h.machines.check(conn, accel, spec.Machine); err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 	if err := checkWatchdog(conn, spec.Watchdog); err != nil {
@@ -372,7 +372,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	if r == nil {
 		// A plugin killed during Define leaves the files it had made
 		// before the record that would name them.
-		if err := h.removeLeftovers(id); err != nil {
+		if err := removeLeftovers(h.settings().vmDir, h.store, id); err != nil {
 			return err
 		}
 	}
@@ -384,7 +384,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 		// Its watchdog's memory dumps, named by the domain (a pooled VM's
 		// by its pool name).
 		if name, err := dom.GetName(); err == nil {
-			h.pruneDumps(id, name, 0)
+			h.dumps.prune(id, name, 0)
 		}
 		persistent, err := dom.IsPersistent()
 		if err != nil {
