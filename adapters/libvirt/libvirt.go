@@ -92,7 +92,9 @@ func New(log logrus.FieldLogger) *Hypervisor {
 	h.conn = connection{log: log, onLifecycle: h.events.onLifecycle, onWatchdog: h.events.onWatchdog, lost: h.watchers.end,
 		restored: func() {
 			h.events.resume()
-			h.sweepPool()
+			if p := h.settings().pool; p != nil {
+				p.sweep()
+			}
 			h.grants.sync()
 		}}
 	h.grants = grants{log: log, vms: h}
@@ -234,9 +236,13 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	h.events.resume()
 	h.stampOwners()
 	if p != nil && h.pool == nil {
-		if err := h.startPool(p); err != nil {
+		if err := p.open(newPoolEnv(h)); err != nil {
 			return err
 		}
+		h.mu.Lock()
+		h.pool = p
+		h.mu.Unlock()
+		p.run()
 	}
 	// What VM users were granted for VMs and pool domains an earlier
 	// process left, and that none needs now, goes.
@@ -378,7 +384,11 @@ func (h *Hypervisor) WriteFiles(ctx context.Context, id string, files []ports.Gu
 	prelaunched := r.Prelaunched
 	h.mu.Unlock()
 	if prelaunched {
-		if err := h.endPrelaunch(r); err != nil {
+		conn, err := h.conn.current()
+		if err == nil {
+			err = endPrelaunch(conn, h, h.store, r)
+		}
+		if err != nil {
 			return fmt.Errorf("VM %s: %w", r.Spec.Name, err)
 		}
 		h.log.WithField("vm", r.Spec.Name).Info("the paused process of the VM claimed from the pool is ended: files are written into its root disk, and it starts cold")

@@ -100,7 +100,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		if d := pool.take(shape); d == nil {
 			log.WithField("shape", shape.Key).Info("cold start: no pool domain of the VM's shape is ready")
 		} else {
-			claimed := h.claim(conn, d, spec, r, accel, log)
+			claimed := pool.claim(conn, d, spec, r, accel, log)
 			pool.claimEnded(d)
 			if claimed {
 				return nil
