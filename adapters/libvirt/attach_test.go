@@ -32,7 +32,7 @@ func TestVMStopDoesNotWaitForTheConsoleLock(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		h.mu.Lock()
-		h.exitLocked(r, exit{code: 0, reason: "Completed"})
+		h.reconciler.exitLocked(r, exit{code: 0, reason: "Completed"})
 		h.mu.Unlock()
 		close(done)
 	}()

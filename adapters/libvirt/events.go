@@ -168,11 +168,11 @@ func (d *dispatcher) drain() {
 }
 
 // apply applies one lifecycle event.
-func (h *Hypervisor) apply(e event) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+func (rc *reconciler) apply(e event) {
+	rc.h.mu.Lock()
+	defer rc.h.mu.Unlock()
 	var r *record
-	for _, rec := range h.records {
+	for _, rec := range rc.h.records {
 		if strings.EqualFold(rec.Spec.UUID, e.uuid) {
 			r = rec
 			break
@@ -185,14 +185,14 @@ func (h *Hypervisor) apply(e event) {
 		// The guest stopped petting its watchdog: the VM it stops (poweroff,
 		// shutdown) ends with reason Watchdog; a reset or a dump leaves it
 		// running, and is logged.
-		h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "action": e.watchdog}).Warn("the guest's watchdog fired")
+		rc.h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "action": e.watchdog}).Warn("the guest's watchdog fired")
 		if e.watchdog == "dump" && e.domain != "" {
-			h.dumps.prune(r.Spec.Name, e.domain, 1) // and again as it resumes, the new dump written
+			rc.h.dumps.prune(r.Spec.Name, e.domain, 1) // and again as it resumes, the new dump written
 		}
 		if e.watchdog == "poweroff" || e.watchdog == "shutdown" {
 			r.Watchdog = e.watchdog
-			if err := h.store.save(r); err != nil {
-				h.log.WithError(err).Warn("save VM record")
+			if err := rc.h.store.save(r); err != nil {
+				rc.h.log.WithError(err).Warn("save VM record")
 			}
 		}
 		return
@@ -202,7 +202,7 @@ func (h *Hypervisor) apply(e event) {
 		// libvirtd resumes a guest once its watchdog's dump is written
 		// (the firing's event comes before the dump): the older ones go.
 		if wd := r.Spec.Watchdog; wd != nil && wd.Action == "dump" && e.kind == libvirt.DOMAIN_EVENT_RESUMED {
-			h.dumps.prune(r.Spec.Name, r.Spec.Name, 1)
+			rc.h.dumps.prune(r.Spec.Name, r.Spec.Name, 1)
 		}
 		if r.State == ports.VMRunning {
 			return
@@ -219,14 +219,14 @@ func (h *Hypervisor) apply(e event) {
 		if r.State != ports.VMRunning {
 			return // applied already, from the shutoff reason (Stop, a resync)
 		}
-		h.exitLocked(r, exitFromEvent(libvirt.DomainEventStoppedDetailType(e.detail), r))
+		rc.exitLocked(r, exitFromEvent(libvirt.DomainEventStoppedDetailType(e.detail), r))
 	default:
 		return
 	}
-	if err := h.store.save(r); err != nil {
-		h.log.WithError(err).Warn("save VM record")
+	if err := rc.h.store.save(r); err != nil {
+		rc.h.log.WithError(err).Warn("save VM record")
 	}
-	h.watchers.notify(r.status())
+	rc.h.watchers.notify(r.status())
 }
 
 // exit is how a VM ended.
@@ -284,7 +284,7 @@ func forcedExit(r *record) exit {
 }
 
 // exitLocked records a VM's end; callers hold h.mu.
-func (h *Hypervisor) exitLocked(r *record, e exit) {
+func (rc *reconciler) exitLocked(r *record, e exit) {
 	r.State = ports.VMStopped
 	r.seq++
 	r.FinishedAt = time.Now().UTC()
@@ -294,19 +294,19 @@ func (h *Hypervisor) exitLocked(r *record, e exit) {
 	r.Watchdog = ""
 	r.ExitCode, r.Reason, r.Message = e.code, e.reason, e.message
 	r.StopRequested, r.Crashed = false, false
-	for _, ch := range h.stopped[r.Spec.ID] {
+	for _, ch := range rc.h.stopped[r.Spec.ID] {
 		close(ch)
 	}
-	delete(h.stopped, r.Spec.ID)
-	if t := h.tailers[r.Spec.ID]; t != nil {
-		delete(h.tailers, r.Spec.ID)
+	delete(rc.h.stopped, r.Spec.ID)
+	if t := rc.h.tailers[r.Spec.ID]; t != nil {
+		delete(rc.h.tailers, r.Spec.ID)
 		go t.close() // drains the last output
 	}
-	// Not here, under h.mu: closing takes consoleMu, which OpenConsole
+	// Not here, under h.mu: closing takes consoles.mu, which OpenConsole
 	// holds while it opens a stream (lock order).
 	ended := r.runs
 	r.runs++
-	go h.consoles.close(r.Spec.ID, ended)
+	go rc.h.consoles.close(r.Spec.ID, ended)
 }
 
 // watchers are the subscribers of Watch. Their lock is taken alone, or

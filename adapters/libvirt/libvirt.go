@@ -73,10 +73,11 @@ type Hypervisor struct {
 	// pool holds the pre-launched paused domains (nil: no pool).
 	pool *pool
 
-	grants   grants
-	onliner  onliner
-	machines machineTypes
-	dumps    dumps // set by Configure
+	reconciler reconciler
+	grants     grants
+	onliner    onliner
+	machines   machineTypes
+	dumps      dumps // set by Configure
 
 	// domainState asks libvirt for a domain's state and reason (a seam:
 	// tests make it slow).
@@ -88,7 +89,8 @@ func New(log logrus.FieldLogger) *Hypervisor {
 	h := &Hypervisor{log: log, records: map[string]*record{}, tailers: map[string]*tailer{},
 		stopped: map[string][]chan struct{}{}, domainState: (*libvirt.Domain).GetState,
 		store: recordStore{log: log}, watchers: watchers{log: log}}
-	h.events = newDispatcher(log, h.apply, h.resync)
+	h.reconciler = reconciler{h: h}
+	h.events = newDispatcher(log, h.reconciler.apply, h.reconciler.resync)
 	h.conn = connection{log: log, onLifecycle: h.events.onLifecycle, onWatchdog: h.events.onWatchdog, lost: h.watchers.end,
 		restored: func() {
 			h.events.resume()
@@ -234,7 +236,7 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 		return err
 	}
 	h.events.resume()
-	h.stampOwners()
+	h.reconciler.stampOwners()
 	if p != nil && h.pool == nil {
 		if err := p.open(newPoolEnv(h)); err != nil {
 			return err

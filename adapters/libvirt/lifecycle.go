@@ -197,7 +197,7 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 		r.ConsoleOffset, r.ConsoleInode = info.Size(), inodeOf(info) // only new output
 	}
 	if h.tailers[id] == nil {
-		h.startTailerLocked(r)
+		h.reconciler.startTailerLocked(r)
 	}
 	h.mu.Unlock()
 	start := dom.Create
@@ -265,7 +265,7 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 		return ports.VMStatus{}, libvirtError("stop "+r.Spec.Name+": read its state", err)
 	}
 	if state == libvirt.DOMAIN_SHUTOFF {
-		return h.foundShutOff(r, reason), nil // the stop event may still be on its way
+		return h.reconciler.foundShutOff(r, reason), nil // the stop event may still be on its way
 	}
 	done := make(chan struct{})
 	h.mu.Lock()
@@ -325,7 +325,7 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 	h.mu.Unlock()
 	if !applied {
 		if _, reason, err := h.domainState(dom); err == nil {
-			return h.foundShutOff(r, reason), nil
+			return h.reconciler.foundShutOff(r, reason), nil
 		}
 	}
 	h.mu.Lock()
@@ -335,13 +335,13 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 
 // foundShutOff records the end of a VM found shut off whose stop event has
 // not been applied (yet), and reports the VM.
-func (h *Hypervisor) foundShutOff(r *record, reason int) ports.VMStatus {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+func (rc *reconciler) foundShutOff(r *record, reason int) ports.VMStatus {
+	rc.h.mu.Lock()
+	defer rc.h.mu.Unlock()
 	if r.State == ports.VMRunning {
-		h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
-		h.store.save(r)
-		h.watchers.notify(r.status())
+		rc.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
+		rc.h.store.save(r)
+		rc.h.watchers.notify(r.status())
 	}
 	return r.status()
 }
@@ -360,7 +360,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	if r != nil {
 		dom, err = conn.LookupDomainByUUIDString(r.Spec.UUID)
 	} else {
-		dom, err = h.findOrphan(conn, id)
+		dom, err = findOrphan(conn, h.owner, id)
 	}
 	if err != nil {
 		var le libvirt.Error
