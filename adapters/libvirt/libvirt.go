@@ -4,6 +4,19 @@
 // daemons sharing a libvirtd leave each other's domains alone); states
 // come from libvirt's lifecycle events; the serial console goes through
 // virtlogd to a raw file and from there into the container's CRI log.
+//
+// Hypervisor holds the VMs' records (under its mu) and serves the ports;
+// each concern is a type of its own, with its own lock where it has
+// state: connection dials and redials libvirtd; recordStore keeps the
+// records' files; dispatcher queues libvirt's events and runs the one
+// goroutine that hands them, and resyncs, to reconciler, which keeps the
+// records true to libvirt; watchers fan state changes out to Watch;
+// guestAgent (GuestExec, GuestInfo), consoles (OpenConsole) and inspector
+// (Inspect, Diagnose, Display) serve their ports through vmSource;
+// grants keeps VM users' ACL entries; pool pre-launches paused domains;
+// onliner brings hot-plugged vCPUs online; machineTypes and dumps cache
+// libvirt's machine types and prune watchdog dumps. The accelerator probe
+// (accel.go) and the domain XML converter (domain*.go) are functions.
 package libvirt
 
 import (
