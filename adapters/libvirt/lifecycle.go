@@ -64,21 +64,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 
-	if err := h.machines.check(conn, accel, spec.Machine); err != nil {
-		return fmt.Errorf("VM %s: %w", spec.Name, err)
-	}
-	if err := checkWatchdog(conn, spec.Watchdog); err != nil {
-		return fmt.Errorf("VM %s: %w", spec.Name, err)
-	}
-	if err := checkHugepages(conn, spec.HugepageSizeBytes, spec.MemoryBytes); err != nil {
-		return fmt.Errorf("VM %s: %w", spec.Name, err)
-	}
-	if spec.HyperV && accel.DomainType != kvmAccel.DomainType {
-		return fmt.Errorf("VM %s: %w", spec.Name, &ports.InvalidError{Field: "annotation VirtletHyperV", Value: "true",
-			Reason:  fmt.Sprintf("Hyper-V enlightenments need KVM; this node runs its VMs under %s (%s)", accel.Name, accel.Reason),
-			Allowed: "false, or a node whose VMs run under KVM"})
-	}
-	hostCPUs, err := checkCPUSet(conn, spec.CPUSet)
+	hostCPUs, err := checkHost(conn, &h.machines, spec, accel)
 	if err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
@@ -114,19 +100,9 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 			undefineSecrets(conn, spec.ID)
 		}
 	}
-	for _, d := range spec.Disks {
-		if d.Overlay == nil {
-			continue
-		}
-		p := filepath.Join(vmDir, spec.ID+"-"+d.Name+".qcow2")
-		took, err := createOverlay(ctx, p, *d.Overlay, d.Name)
-		if err != nil {
-			undo()
-			return fmt.Errorf("VM %s: %w", spec.Name, err)
-		}
-		made = append(made, p)
-		r.DiskPaths[d.Name] = p
-		log.WithFields(logrus.Fields{"disk": d.Name, "base": d.Overlay.BasePath, "millis": took.Milliseconds()}).Info("root disk overlay created")
+	if made, err = createOverlays(ctx, vmDir, spec, r, log); err != nil {
+		undo()
+		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 	removeFiles(append(rotatedLogs(r.ConsoleLog), r.ConsoleLog)...) // a stale log of a reused ID
 	if r.Secrets, err = defineSecrets(conn, spec); err != nil {
@@ -157,6 +133,29 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	return nil
 }
 
+// createOverlays creates the overlays of the VM's disks in vmDir and
+// names them in r; it returns the files it made, those made before an
+// error included.
+func createOverlays(ctx context.Context, vmDir string, spec ports.VMSpec, r *record, log logrus.FieldLogger) ([]string, error) {
+	var made []string
+	for _, d := range spec.Disks {
+		if d.Overlay == nil {
+			continue
+		}
+		p := filepath.Join(vmDir, spec.ID+"-"+d.Name+".qcow2")
+		took, err := createOverlay(ctx, p, *d.Overlay, d.Name)
+		if err != nil {
+			return made, err
+		}
+		made = append(made, p)
+		r.DiskPaths[d.Name] = p
+		log.WithFields(logrus.Fields{"disk": d.Name, "base": d.Overlay.BasePath, "millis": took.Milliseconds()}).Info("root disk overlay created")
+	}
+	return made, nil
+}
+
+// lookup returns VM id's record and its domain on the live connection
+// (the caller frees it).
 func (h *Hypervisor) lookup(id string) (*record, *libvirt.Domain, error) {
 	conn, err := h.conn.current()
 	if err != nil {

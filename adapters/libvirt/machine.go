@@ -111,6 +111,28 @@ func pcMachine(name string) bool {
 	return name == "pc" || name == "q35" || strings.HasPrefix(name, "pc-i440fx-") || strings.HasPrefix(name, "pc-q35-")
 }
 
+// checkHost refuses a VM the node cannot run as its spec asks: a machine
+// type, watchdog or hugepages it lacks, Hyper-V enlightenments without
+// KVM, CPUs it does not have online. It returns the host's online CPUs
+// when the VM is pinned.
+func checkHost(conn *libvirt.Connect, machines *machineTypes, spec ports.VMSpec, accel accelerator) ([]int, error) {
+	if err := machines.check(conn, accel, spec.Machine); err != nil {
+		return nil, err
+	}
+	if err := checkWatchdog(conn, spec.Watchdog); err != nil {
+		return nil, err
+	}
+	if err := checkHugepages(conn, spec.HugepageSizeBytes, spec.MemoryBytes); err != nil {
+		return nil, err
+	}
+	if spec.HyperV && accel.DomainType != kvmAccel.DomainType {
+		return nil, &ports.InvalidError{Field: "annotation VirtletHyperV", Value: "true",
+			Reason:  fmt.Sprintf("Hyper-V enlightenments need KVM; this node runs its VMs under %s (%s)", accel.Name, accel.Reason),
+			Allowed: "false, or a node whose VMs run under KVM"}
+	}
+	return checkCPUSet(conn, spec.CPUSet)
+}
+
 // itcoSince is the first libvirt with the iTCO watchdog model (9.1.0).
 const itcoSince = 9_001_000
 
