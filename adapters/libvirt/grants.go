@@ -250,7 +250,7 @@ func (g *grants) wanted() map[string]map[uint32]uint16 {
 	return want
 }
 
-// vmUserEntry tells the entries syncGrants owns: those of users above the
+// vmUserEntry tells the entries sync owns: those of users above the
 // node's own (VM users, pool users) but the disk tools' users, whose
 // entries other plugins hold for a run.
 func vmUserEntry(uid uint32) bool {

@@ -405,7 +405,7 @@ func (p *pool) shutdown(ctx context.Context) {
 	p.env.log.WithFields(logrus.Fields{"domains": len(ready), "millis": time.Since(begin).Milliseconds()}).Info("pool: domains destroyed")
 }
 
-// removePoolLeftovers removes what the pool's directory holds that no
+// removeLeftovers removes what the pool's directory holds that no
 // pool domain and no VM's record uses: the files of pool domains a crash
 // ended.
 func (p *pool) removeLeftovers() {

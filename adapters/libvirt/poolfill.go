@@ -47,7 +47,7 @@ func (p *pool) refill() {
 	}
 }
 
-// poolStep does one thing the pool needs (a launch, or the destruction of
+// step does one thing the pool needs (a launch, or the destruction of
 // a domain of a shape no longer wanted) and returns 0, or how long to wait
 // before the next look.
 func (p *pool) step() time.Duration {
@@ -177,7 +177,7 @@ func (p *pool) launch(conn *libvirt.Connect, d *poolDomain, tmpl ports.VMSpec) e
 	return nil
 }
 
-// destroyPoolDomain ends a pool domain (transient: it vanishes) or a
+// destroy ends a pool domain (transient: it vanishes) or a
 // domain whose claim did not finish (persistent already: undefined too),
 // and removes files (its console log and root overlay, unless a VM's
 // record holds them).
@@ -292,7 +292,7 @@ func pristine(conn *libvirt.Connect, domUUID string) bool {
 	return err == nil && state == libvirt.DOMAIN_PAUSED && libvirt.DomainPausedReason(reason) == libvirt.DOMAIN_PAUSED_USER
 }
 
-// sweepPool reconciles the pool with libvirt after (re)connecting: this
+// sweep reconciles the pool with libvirt after (re)connecting: this
 // plugin's pool domains that are paused and of a wanted shape are taken
 // up, any other is destroyed, and so is a domain whose claim a crash
 // interrupted (its VM's record says claiming; the core then undoes the
