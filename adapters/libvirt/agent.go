@@ -10,8 +10,10 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	"libvirt.org/go/libvirt"
 	"libvirt.org/go/libvirtxml"
 
@@ -34,7 +36,21 @@ const agentCallTimeout = 5 * time.Second
 // does not answer. The caller's deadline still bounds the exec.
 const agentOutputTimeout = time.Minute
 
-// agentDomain returns the VM's domain on the connection that carries
+// guestAgent runs commands in guests through their qemu-guest-agent
+// (GuestExec, GuestInfo), on a libvirt connection of its own (see
+// domain). Its lock guards that connection; the connection's lock may be
+// taken inside it, h.mu never is.
+type guestAgent struct {
+	log   logrus.FieldLogger
+	vms   vmSource
+	dial  func(what string) (*libvirt.Connect, string, error)
+	ready func() bool
+
+	mu   sync.Mutex
+	conn *libvirt.Connect
+}
+
+// domain returns the VM's domain on the connection that carries
 // guest-agent commands, opened on first use and again once libvirtd has
 // dropped it. libvirtd serves at most max_client_requests (5 by default)
 // calls of one connection at a time, and an agent command holds its slot
@@ -43,13 +59,13 @@ const agentOutputTimeout = time.Minute
 // 50 concurrent CRI calls over 20 VMs, stats took 3 s at p95, 1.7 s with
 // libvirtd allowing 50). On a connection of their own, agent commands
 // queue only behind each other.
-func (h *Hypervisor) agentDomain(r *record) (*libvirt.Domain, error) {
-	conn, err := h.agentConnection()
+func (a *guestAgent) domain(r *record) (*libvirt.Domain, error) {
+	conn, err := a.connection()
 	if err != nil {
 		return nil, err
 	}
 	// The lookup may wait behind agent commands on that connection: it
-	// runs outside agentMu, with a reference of its own on it.
+	// runs outside a.mu, with a reference of its own on it.
 	defer conn.Close()
 	dom, err := conn.LookupDomainByUUIDString(r.Spec.UUID)
 	if err != nil {
@@ -58,35 +74,43 @@ func (h *Hypervisor) agentDomain(r *record) (*libvirt.Domain, error) {
 	return dom, nil
 }
 
-// agentConnection returns the guest-agent connection, opening it when
-// needed, with a reference the caller releases with Close.
-func (h *Hypervisor) agentConnection() (*libvirt.Connect, error) {
-	h.agentMu.Lock()
-	defer h.agentMu.Unlock()
-	if h.agentConn != nil {
-		if alive, err := h.agentConn.IsAlive(); err != nil || !alive {
-			h.agentConn.Close()
-			h.agentConn = nil
+// connection returns the guest-agent connection, opening it when needed,
+// with a reference the caller releases with Close.
+func (a *guestAgent) connection() (*libvirt.Connect, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conn != nil {
+		if alive, err := a.conn.IsAlive(); err != nil || !alive {
+			a.conn.Close()
+			a.conn = nil
 		}
 	}
-	if h.agentConn == nil {
+	if a.conn == nil {
 		// A call that began before close opens nothing after it.
-		h.mu.Lock()
-		ready := h.ready
-		h.mu.Unlock()
-		if !ready {
+		if !a.ready() {
 			return nil, fmt.Errorf("the libvirt plugin is not configured or is closing: %w", ports.ErrUnavailable)
 		}
-		conn, uri, err := h.dial("guest agent")
+		conn, uri, err := a.dial("guest agent")
 		if err != nil {
 			return nil, fmt.Errorf("connect to libvirtd at %s for guest-agent commands: %v: %w", uri, err, ports.ErrUnavailable)
 		}
-		h.agentConn = conn
+		a.conn = conn
 	}
-	if err := h.agentConn.Ref(); err != nil {
+	if err := a.conn.Ref(); err != nil {
 		return nil, libvirtError("reference the guest-agent connection", err)
 	}
-	return h.agentConn, nil
+	return a.conn, nil
+}
+
+// hangUp closes the guest-agent connection (the adapter is closing);
+// calls still in flight hold their domains' references.
+func (a *guestAgent) hangUp() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conn != nil {
+		a.conn.Close()
+		a.conn = nil
+	}
 }
 
 // agentState is what the live domain tells of the guest agent's channel.
@@ -268,11 +292,11 @@ func startExec(ctx context.Context, dom *libvirt.Domain, name string, argv []str
 }
 
 // GuestExec runs a command in the guest through its agent.
-func (h *Hypervisor) GuestExec(ctx context.Context, id string, req ports.GuestExecRequest) (ports.GuestExecResult, error) {
+func (a *guestAgent) GuestExec(ctx context.Context, id string, req ports.GuestExecRequest) (ports.GuestExecResult, error) {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return ports.GuestExecResult{}, &ports.InvalidError{Field: "argv", Reason: "empty command"}
 	}
-	r, dom, err := h.lookup(id)
+	r, dom, err := a.vms.lookup(id)
 	if err != nil {
 		return ports.GuestExecResult{}, err
 	}
@@ -287,9 +311,9 @@ func (h *Hypervisor) GuestExec(ctx context.Context, id string, req ports.GuestEx
 		runCtx, cancel = context.WithTimeout(ctx, req.Timeout)
 		defer cancel()
 	}
-	h.mu.Lock()
-	startedAt, wait := r.StartedAt, h.cfg.agentWait
-	h.mu.Unlock()
+	var startedAt time.Time
+	a.vms.locked(func() { startedAt = r.StartedAt })
+	wait := a.vms.settings().cfg.agentWait
 	channel, err := waitAgent(runCtx, dom, startedAt, wait)
 	if err != nil {
 		if runCtx.Err() != nil {
@@ -300,7 +324,7 @@ func (h *Hypervisor) GuestExec(ctx context.Context, id string, req ports.GuestEx
 	if channel != agentConnected {
 		return ports.GuestExecResult{}, noAgent(name, channel)
 	}
-	adom, err := h.agentDomain(r)
+	adom, err := a.domain(r)
 	if err != nil {
 		return ports.GuestExecResult{}, err
 	}
@@ -327,7 +351,7 @@ func (h *Hypervisor) GuestExec(ctx context.Context, id string, req ports.GuestEx
 		} else {
 			res.Killed = true
 		}
-		h.log.WithField("vm", name).WithField("pid", pid).WithField("killed", res.Killed).Info("guest command killed after its timeout")
+		a.log.WithField("vm", name).WithField("pid", pid).WithField("killed", res.Killed).Info("guest command killed after its timeout")
 		if ctx.Err() != nil {
 			return res, ctx.Err()
 		}
@@ -445,15 +469,15 @@ var (
 
 // GuestInfo asks the guest agent about the guest: its OS, kernel, host
 // name, time zone and network interfaces (libvirt's virDomainGetGuestInfo).
-func (h *Hypervisor) GuestInfo(ctx context.Context, id string) (ports.GuestInfo, error) {
-	r, dom, err := h.lookup(id)
+func (a *guestAgent) GuestInfo(ctx context.Context, id string) (ports.GuestInfo, error) {
+	r, dom, err := a.vms.lookup(id)
 	if err != nil {
 		return ports.GuestInfo{}, err
 	}
 	defer dom.Free()
-	h.mu.Lock()
-	name, startedAt := r.Spec.Name, r.StartedAt
-	h.mu.Unlock()
+	var name string
+	var startedAt time.Time
+	a.vms.locked(func() { name, startedAt = r.Spec.Name, r.StartedAt })
 	if state, _, err := dom.GetState(); err != nil || state != libvirt.DOMAIN_RUNNING {
 		return ports.GuestInfo{}, fmt.Errorf("VM %s is not running: %w", name, ports.ErrFailedPrecondition)
 	}
@@ -466,7 +490,7 @@ func (h *Hypervisor) GuestInfo(ctx context.Context, id string) (ports.GuestInfo,
 	if channel != agentConnected {
 		return ports.GuestInfo{}, noAgent(name, channel)
 	}
-	adom, err := h.agentDomain(r)
+	adom, err := a.domain(r)
 	if err != nil {
 		return ports.GuestInfo{}, err
 	}

@@ -26,9 +26,9 @@ import (
 // blocked Recv made libvirt close the plugin's whole connection.
 //
 // Locks, always taken in this order and never h.mu with any of them:
-// h.consoleMu (the hubs of h.consoles) → hub.mu (its viewers, closed) →
-// hub.sendMu (one writer at a time) → hub.streamMu (the stream's life:
-// users hold it shared, Free exclusively).
+// consoles.mu (its hubs) → hub.mu (its viewers, closed) → hub.sendMu (one
+// writer at a time) → hub.streamMu (the stream's life: users hold it
+// shared, Free exclusively).
 
 // viewerBacklog is how much output (in chunks) a viewer may fall behind
 // before it is detached; a serial line at 115200 baud cannot outrun a
@@ -43,8 +43,19 @@ type consoleStream interface {
 	Free() error
 }
 
+// consoles holds the console hubs, one per VM whose console is open
+// (OpenConsole).
+type consoles struct {
+	log  logrus.FieldLogger
+	vms  vmSource
+	live func() (*libvirt.Connect, error)
+
+	mu   sync.Mutex
+	hubs map[string]*consoleHub
+}
+
 type consoleHub struct {
-	h   *Hypervisor
+	set *consoles
 	id  string
 	run uint64 // the VM's run (record.runs) the stream belongs to
 	log logrus.FieldLogger
@@ -73,11 +84,11 @@ type consoleViewer struct {
 
 // OpenConsole attaches a viewer to the running VM's serial console.
 //
-// Lock order: h.mu is never held while consoleMu is taken, nor consoleMu
-// while h.mu is taken (a VM's end is recorded under h.mu and closes its
-// console asynchronously): everything needed from h.mu is read first.
-func (h *Hypervisor) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
-	r, dom, err := h.lookup(id)
+// Lock order: h.mu is never held while c.mu is taken, nor c.mu while h.mu
+// is taken (a VM's end is recorded under h.mu and closes its console
+// asynchronously): everything needed from h.mu is read first.
+func (c *consoles) OpenConsole(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	r, dom, err := c.vms.lookup(id)
 	if err != nil {
 		return nil, err
 	}
@@ -85,14 +96,13 @@ func (h *Hypervisor) OpenConsole(ctx context.Context, id string) (io.ReadWriteCl
 	if state, _, err := dom.GetState(); err != nil || state != libvirt.DOMAIN_RUNNING {
 		return nil, fmt.Errorf("console of VM %s: the VM is not running: %w", r.Spec.Name, ports.ErrFailedPrecondition)
 	}
-	conn, err := h.connection()
+	conn, err := c.live()
 	if err != nil {
 		return nil, err
 	}
-	h.mu.Lock()
-	run := r.runs
-	h.mu.Unlock()
-	return h.attachViewer(id, run, h.log.WithField("vm", r.Spec.Name), func() (consoleStream, error) {
+	var run uint64
+	c.vms.locked(func() { run = r.runs })
+	return c.attach(id, run, c.log.WithField("vm", r.Spec.Name), func() (consoleStream, error) {
 		return openConsoleStream(conn, r, dom)
 	})
 }
@@ -103,7 +113,7 @@ func (h *Hypervisor) OpenConsole(ctx context.Context, id string) (io.ReadWriteCl
 const consoleOpenTimeout = 15 * time.Second
 
 // openConsoleStream opens the VM's console stream; it takes no lock of
-// h's. libvirtd's answer is awaited for consoleOpenTimeout at most: a call
+// the adapter's. libvirtd's answer is awaited for consoleOpenTimeout at most: a call
 // it never answers then ends in an error, and a stream it opens after
 // that is closed.
 func openConsoleStream(conn *libvirt.Connect, r *record, dom *libvirt.Domain) (consoleStream, error) {
@@ -150,21 +160,24 @@ func openConsoleStream(conn *libvirt.Connect, r *record, dom *libvirt.Domain) (c
 	return stream, nil
 }
 
-// attachViewer adds a viewer to the VM's hub, opening one (open) when
-// there is none or the one there closed. A viewer joins a hub only while
-// the hub is open: a hub closing at the same moment is replaced.
-func (h *Hypervisor) attachViewer(id string, run uint64, log logrus.FieldLogger, open func() (consoleStream, error)) (*consoleViewer, error) {
-	h.consoleMu.Lock()
-	defer h.consoleMu.Unlock()
+// attach adds a viewer to the VM's hub, opening one (open) when there is
+// none or the one there closed. A viewer joins a hub only while the hub
+// is open: a hub closing at the same moment is replaced.
+func (c *consoles) attach(id string, run uint64, log logrus.FieldLogger, open func() (consoleStream, error)) (*consoleViewer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for {
-		hub := h.consoles[id]
+		hub := c.hubs[id]
 		if hub == nil || hub.isClosed() {
 			stream, err := open()
 			if err != nil {
 				return nil, err
 			}
-			hub = &consoleHub{h: h, id: id, run: run, stream: stream, viewers: map[*consoleViewer]struct{}{}, log: log}
-			h.consoles[id] = hub
+			hub = &consoleHub{set: c, id: id, run: run, stream: stream, viewers: map[*consoleViewer]struct{}{}, log: log}
+			if c.hubs == nil {
+				c.hubs = map[string]*consoleHub{}
+			}
+			c.hubs[id] = hub
 			go hub.read()
 		}
 		v := &consoleViewer{hub: hub, out: make(chan []byte, viewerBacklog), gone: make(chan struct{})}
@@ -262,11 +275,11 @@ func (hub *consoleHub) shutdown(err error, onlyUnwatched bool) {
 		v.detach(err)
 	}
 	hub.abort() // wakes read, which frees the stream
-	hub.h.consoleMu.Lock()
-	if hub.h.consoles[hub.id] == hub {
-		delete(hub.h.consoles, hub.id)
+	hub.set.mu.Lock()
+	if hub.set.hubs[hub.id] == hub {
+		delete(hub.set.hubs, hub.id)
 	}
-	hub.h.consoleMu.Unlock()
+	hub.set.mu.Unlock()
 }
 
 // abort aborts the stream unless it was freed already.
@@ -362,17 +375,29 @@ func (v *consoleViewer) Close() error {
 // allRuns closes a VM's console whichever run it belongs to.
 const allRuns = ^uint64(0)
 
-// closeConsole ends the console stream of a VM that stopped (run: the
-// run that ended; a stream of a later run is left alone) or went. It takes
-// consoleMu: callers must not hold h.mu (exitLocked runs it in a
-// goroutine).
-func (h *Hypervisor) closeConsole(id string, run uint64) {
-	h.consoleMu.Lock()
-	hub := h.consoles[id]
-	h.consoleMu.Unlock()
+// close ends the console stream of a VM that stopped (run: the run that
+// ended; a stream of a later run is left alone) or went. It takes c.mu:
+// callers must not hold h.mu (exitLocked runs it in a goroutine).
+func (c *consoles) close(id string, run uint64) {
+	c.mu.Lock()
+	hub := c.hubs[id]
+	c.mu.Unlock()
 	if hub != nil && hub.run <= run {
 		hub.close(io.EOF)
 	}
+}
+
+// viewers counts the viewers of the VM's console, if it is open.
+func (c *consoles) viewers(id string) (int, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hub := c.hubs[id]
+	if hub == nil {
+		return 0, false
+	}
+	hub.mu.Lock()
+	defer hub.mu.Unlock()
+	return len(hub.viewers), true
 }
 
 var _ ports.ConsoleOpener = (*Hypervisor)(nil)

@@ -22,28 +22,28 @@ func quietLog() logrus.FieldLogger {
 }
 
 // A VM that stops while a viewer is attaching: the event handler holds
-// h.mu and must not wait for consoleMu (which OpenConsole holds while it
+// h.mu and must not wait for consoles.mu (which OpenConsole holds while it
 // opens the stream), or every plugin call hangs behind h.mu.
 func TestVMStopDoesNotWaitForTheConsoleLock(t *testing.T) {
 	h := New(quietLog())
 	r := &record{Spec: ports.VMSpec{ID: "0123456789abcdef", Name: "virtlet-0123456789ab-lock"}, State: ports.VMRunning}
 	h.records[r.Spec.ID] = r
-	h.consoleMu.Lock() // a viewer is attaching
+	h.consoles.mu.Lock() // a viewer is attaching
 	done := make(chan struct{})
 	go func() {
 		h.mu.Lock()
-		h.exitLocked(r, exit{code: 0, reason: "Completed"})
+		h.reconciler.exitLocked(r, exit{code: 0, reason: "Completed"})
 		h.mu.Unlock()
 		close(done)
 	}()
 	select {
 	case <-done:
 	case <-time.After(2 * time.Second):
-		h.consoleMu.Unlock()
+		h.consoles.mu.Unlock()
 		<-done
-		t.Fatal("recording a VM's end (under h.mu) waited for consoleMu: lock-order inversion with OpenConsole")
+		t.Fatal("recording a VM's end (under h.mu) waited for consoles.mu: lock-order inversion with OpenConsole")
 	}
-	h.consoleMu.Unlock()
+	h.consoles.mu.Unlock()
 }
 
 // stubStream stands in for a libvirt console stream and records misuse:
@@ -119,7 +119,7 @@ const stubVM = "0123456789abcdef"
 
 func attachStub(t *testing.T, h *Hypervisor, s *stubStream) *consoleViewer {
 	t.Helper()
-	v, err := h.attachViewer(stubVM, 0, quietLog(), func() (consoleStream, error) { return s, nil })
+	v, err := h.consoles.attach(stubVM, 0, quietLog(), func() (consoleStream, error) { return s, nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestConsoleViewerNeverJoinsAClosedHub(t *testing.T) {
 			case <-stop:
 				return
 			default:
-				h.closeConsole(stubVM, allRuns)
+				h.consoles.close(stubVM, allRuns)
 				runtime.Gosched()
 			}
 		}
@@ -214,7 +214,7 @@ func TestConsoleViewerNeverJoinsAClosedHub(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 2000; i++ {
-				v, err := h.attachViewer(stubVM, 0, quietLog(), open)
+				v, err := h.consoles.attach(stubVM, 0, quietLog(), open)
 				if err != nil {
 					t.Error(err)
 					return
@@ -228,7 +228,7 @@ func TestConsoleViewerNeverJoinsAClosedHub(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	<-closer
-	h.closeConsole(stubVM, allRuns)
+	h.consoles.close(stubVM, allRuns)
 	for i, v := range viewers {
 		if err := readEnds(t, v, fmt.Sprintf("viewer %d", i)); err != nil {
 			t.Fatalf("viewer %d: %v", i, err)
@@ -248,9 +248,9 @@ func waitHubGone(t *testing.T, h *Hypervisor, s *stubStream, what string) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		h.consoleMu.Lock()
-		hub := h.consoles[stubVM]
-		h.consoleMu.Unlock()
+		h.consoles.mu.Lock()
+		hub := h.consoles.hubs[stubVM]
+		h.consoles.mu.Unlock()
 		if hub == nil && s.isFreed() {
 			return
 		}
@@ -323,9 +323,9 @@ func TestConsoleLaggingViewerLeavesOthersWatching(t *testing.T) {
 	<-lagging.gone
 	lagging.Close()
 	time.Sleep(50 * time.Millisecond)
-	h.consoleMu.Lock()
-	hub := h.consoles[stubVM]
-	h.consoleMu.Unlock()
+	h.consoles.mu.Lock()
+	hub := h.consoles.hubs[stubVM]
+	h.consoles.mu.Unlock()
 	if hub == nil || s.isFreed() {
 		t.Fatal("the hub closed while a viewer still watches")
 	}

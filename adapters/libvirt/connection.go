@@ -38,88 +38,130 @@ func startEventLoop(log logrus.FieldLogger) {
 	})
 }
 
+// connection is the adapter's connection to libvirtd. It owns its lock,
+// taken alone: no other lock is taken while it is held.
+type connection struct {
+	log logrus.FieldLogger
+	// onLifecycle and onWatchdog receive each connection's domain events;
+	// lost runs when the connection closes, restored once a new one is up.
+	onLifecycle libvirt.DomainEventLifecycleCallback
+	onWatchdog  libvirt.DomainEventWatchdogCallback
+	lost        func()
+	restored    func()
+
+	mu    sync.Mutex
+	uri   string
+	open  *libvirt.Connect
+	err   error // why open is nil
+	ready bool  // configured, and not closing
+	// callbackIDs are open's event callbacks (lifecycle, watchdog);
+	// reconnecting is set while a lost connection is being replaced.
+	callbackIDs  []int
+	reconnecting bool
+}
+
+// configure sets the URI the next dial opens.
+func (c *connection) configure(uri string) {
+	c.mu.Lock()
+	c.uri = uri
+	c.mu.Unlock()
+}
+
+// setReady marks the adapter configured (Configure is over).
+func (c *connection) setReady() {
+	c.mu.Lock()
+	c.ready = true
+	c.mu.Unlock()
+}
+
+// isReady reports whether the adapter is configured and not closing.
+func (c *connection) isReady() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ready
+}
+
 // dial opens a connection to the configured libvirtd, with keepalives
 // (what names it in the log).
-func (h *Hypervisor) dial(what string) (*libvirt.Connect, string, error) {
-	h.mu.Lock()
-	uri := h.cfg.URI
-	h.mu.Unlock()
+func (c *connection) dial(what string) (*libvirt.Connect, string, error) {
+	c.mu.Lock()
+	uri := c.uri
+	c.mu.Unlock()
 	conn, err := libvirt.NewConnect(uri)
 	if err != nil {
 		return nil, uri, err
 	}
 	if err := conn.SetKeepAlive(5, 3); err != nil {
-		h.log.WithError(err).WithField("connection", what).Warn("libvirt keepalive")
+		c.log.WithError(err).WithField("connection", what).Warn("libvirt keepalive")
 	}
 	return conn, uri, nil
 }
 
 // connect opens the libvirt connection and subscribes to lifecycle events.
-func (h *Hypervisor) connect() error {
-	conn, uri, err := h.dial("main")
+func (c *connection) connect() error {
+	conn, uri, err := c.dial("main")
 	if err != nil {
-		h.setConnErr(err)
+		c.setErr(err)
 		return fmt.Errorf("connect to libvirtd at %s: %v: %w", uri, err, ports.ErrUnavailable)
 	}
-	id, err := conn.DomainEventLifecycleRegister(nil, h.onLifecycle)
+	id, err := conn.DomainEventLifecycleRegister(nil, c.onLifecycle)
 	if err != nil {
 		conn.Close()
 		return fmt.Errorf("subscribe to libvirt events: %w", err)
 	}
-	wid, err := conn.DomainEventWatchdogRegister(nil, h.onWatchdog)
+	wid, err := conn.DomainEventWatchdogRegister(nil, c.onWatchdog)
 	if err != nil {
 		conn.DomainEventDeregister(id)
 		conn.Close()
 		return fmt.Errorf("subscribe to libvirt watchdog events: %w", err)
 	}
-	if err := conn.RegisterCloseCallback(h.onClose); err != nil {
-		h.log.WithError(err).Warn("libvirt close callback")
+	if err := conn.RegisterCloseCallback(c.onClose); err != nil {
+		c.log.WithError(err).Warn("libvirt close callback")
 	}
-	h.mu.Lock()
-	old, oldIDs := h.conn, h.callbackIDs
-	h.conn, h.callbackIDs, h.connErr = conn, []int{id, wid}, nil
-	h.mu.Unlock()
+	c.mu.Lock()
+	old, oldIDs := c.open, c.callbackIDs
+	c.open, c.callbackIDs, c.err = conn, []int{id, wid}, nil
+	c.mu.Unlock()
 	if old != nil {
-		h.hangUp(old, oldIDs)
+		c.hangUp(old, oldIDs)
 	}
-	h.log.WithField("uri", uri).Info("connected to libvirtd")
+	c.log.WithField("uri", uri).Info("connected to libvirtd")
 	return nil
 }
 
-func (h *Hypervisor) setConnErr(err error) {
-	h.mu.Lock()
-	h.conn, h.connErr = nil, err
-	h.mu.Unlock()
+func (c *connection) setErr(err error) {
+	c.mu.Lock()
+	c.open, c.err = nil, err
+	c.mu.Unlock()
 }
 
-// onClose runs (on libvirt's event loop) when libvirtd goes away: the
-// watchers are ended (the core then resynchronises), and in the background
-// the dead connection is released and a new one opened.
-func (h *Hypervisor) onClose(_ *libvirt.Connect, reason libvirt.ConnectCloseReason) {
-	h.mu.Lock()
-	old, oldIDs := h.conn, h.callbackIDs
-	h.conn, h.connErr = nil, fmt.Errorf("the connection closed (reason %d)", reason)
-	already := h.reconnecting
-	h.reconnecting = true
-	h.mu.Unlock()
+// onClose runs (on libvirt's event loop) when libvirtd goes away: lost
+// runs (the watchers are ended, and the core resynchronises), and in the
+// background the dead connection is released, a new one opened, and
+// restored runs.
+func (c *connection) onClose(_ *libvirt.Connect, reason libvirt.ConnectCloseReason) {
+	c.mu.Lock()
+	old, oldIDs := c.open, c.callbackIDs
+	c.open, c.err = nil, fmt.Errorf("the connection closed (reason %d)", reason)
+	already := c.reconnecting
+	c.reconnecting = true
+	c.mu.Unlock()
 	if already {
 		return
 	}
-	h.log.WithField("reason", reason).Error("lost the libvirtd connection; reconnecting")
-	h.endWatches()
+	c.log.WithField("reason", reason).Error("lost the libvirtd connection; reconnecting")
+	c.lost()
 	go func() {
 		if old != nil {
-			h.hangUp(old, oldIDs)
+			c.hangUp(old, oldIDs)
 		}
 		for backoff := 200 * time.Millisecond; ; backoff = min(backoff*2, 10*time.Second) {
 			time.Sleep(backoff)
-			if err := h.connect(); err == nil {
-				h.mu.Lock()
-				h.reconnecting = false
-				h.mu.Unlock()
-				h.resume()
-				h.sweepPool()
-				h.syncGrants()
+			if err := c.connect(); err == nil {
+				c.mu.Lock()
+				c.reconnecting = false
+				c.mu.Unlock()
+				c.restored()
 				return
 			}
 		}
@@ -132,33 +174,43 @@ func (h *Hypervisor) onClose(_ *libvirt.Connect, reason libvirt.ConnectCloseReas
 // connection's events would arrive twice. On a dead connection the
 // deregistrations fail after dropping the callbacks locally, which is all
 // that is needed.
-func (h *Hypervisor) hangUp(conn *libvirt.Connect, callbackIDs []int) {
+func (c *connection) hangUp(conn *libvirt.Connect, callbackIDs []int) {
 	for _, id := range callbackIDs {
 		if err := conn.DomainEventDeregister(id); err != nil {
-			h.log.WithError(err).Debug("deregister events of the old libvirt connection")
+			c.log.WithError(err).Debug("deregister events of the old libvirt connection")
 		}
 	}
 	if err := conn.UnregisterCloseCallback(); err != nil {
-		h.log.WithError(err).Debug("unregister the close callback of the old libvirt connection")
+		c.log.WithError(err).Debug("unregister the close callback of the old libvirt connection")
 	}
 	// Domains still held by calls in flight keep it referenced until
 	// they are freed.
 	if refs, err := conn.Close(); err != nil || refs > 0 {
-		h.log.WithError(err).WithField("references", refs).Debug("old libvirt connection still referenced")
+		c.log.WithError(err).WithField("references", refs).Debug("old libvirt connection still referenced")
 	}
 }
 
-// connection returns the live connection or says why there is none.
-func (h *Hypervisor) connection() (*libvirt.Connect, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.conn == nil {
-		if !h.ready && h.connErr == nil {
+// current returns the live connection or says why there is none.
+func (c *connection) current() (*libvirt.Connect, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open == nil {
+		if !c.ready && c.err == nil {
 			return nil, fmt.Errorf("the libvirt plugin is not configured yet: %w", ports.ErrUnavailable)
 		}
-		return nil, fmt.Errorf("libvirtd at %s is unreachable: %v: %w", h.cfg.URI, h.connErr, ports.ErrUnavailable)
+		return nil, fmt.Errorf("libvirtd at %s is unreachable: %v: %w", c.uri, c.err, ports.ErrUnavailable)
 	}
-	return h.conn, nil
+	return c.open, nil
+}
+
+// drop forgets the connection and marks the adapter not ready (it is
+// closing); the caller hangs the connection up.
+func (c *connection) drop() (*libvirt.Connect, []int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	conn, ids := c.open, c.callbackIDs
+	c.open, c.ready = nil, false
+	return conn, ids
 }
 
 // libvirtError classifies libvirt's errors into port error kinds.

@@ -86,22 +86,20 @@ func rotatedLogs(path string) []string {
 	return matches
 }
 
-// removeLeftovers removes the files Define makes for VM id before it saves
-// the record that names them (overlays, console logs, the record's
-// temporary file): a plugin killed in between leaves them unnamed.
-func (h *Hypervisor) removeLeftovers(id string) error {
+// removeLeftovers removes the files Define makes for VM id in vmDir
+// before it saves the record that names them (overlays, console logs, the
+// record's temporary file): a plugin killed in between leaves them
+// unnamed.
+func removeLeftovers(vmDir string, store recordStore, id string) error {
 	if err := validID(id); err != nil {
 		return err
 	}
-	h.mu.Lock()
-	vmDir := h.vmDir
-	h.mu.Unlock()
 	if vmDir == "" {
 		return nil
 	}
 	overlays, _ := filepath.Glob(filepath.Join(vmDir, id+"-*.qcow2"))
 	console := filepath.Join(vmDir, id+".console")
-	files := append(overlays, console, h.recordPath(id)+atomicfile.TempSuffix)
+	files := append(overlays, console, store.path(id)+atomicfile.TempSuffix)
 	if err := removeFiles(append(files, rotatedLogs(console)...)...); err != nil {
 		return fmt.Errorf("remove files of VM %s: %w", id, err)
 	}

@@ -73,19 +73,22 @@ func pruneDumps(dir, domain string, keep int) (removed []string, err error) {
 	return removed, errors.Join(errs...)
 }
 
-// autoDumpDir is where libvirtd writes watchdog dumps.
-func (h *Hypervisor) autoDumpDir() string {
-	if h.cfg.AutoDumpDir != "" {
-		return h.cfg.AutoDumpDir
-	}
-	return DefaultAutoDumpDir
+// dumps prunes the watchdog dumps libvirtd writes to dir (its
+// auto_dump_path).
+type dumps struct {
+	dir string
+	log logrus.FieldLogger
 }
 
-// pruneDumps keeps the newest keep dumps of the VM's domain, and logs
-// what it removed.
-func (h *Hypervisor) pruneDumps(vm, domain string, keep int) {
-	removed, err := pruneDumps(h.autoDumpDir(), domain, keep)
-	log := h.log.WithFields(logrus.Fields{"vm": vm, "removed": removed, "kept": keep})
+// prune keeps the newest keep dumps of the VM's domain, and logs what it
+// removed.
+func (d dumps) prune(vm, domain string, keep int) {
+	dir := d.dir
+	if dir == "" {
+		dir = DefaultAutoDumpDir
+	}
+	removed, err := pruneDumps(dir, domain, keep)
+	log := d.log.WithFields(logrus.Fields{"vm": vm, "removed": removed, "kept": keep})
 	switch {
 	case err != nil:
 		log.WithError(err).Warn("remove the VM's memory dumps")

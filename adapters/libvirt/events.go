@@ -4,8 +4,10 @@
 package libvirt
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -24,13 +26,42 @@ type event struct {
 	domain   string // the domain's name, for a watchdog's firing
 }
 
+// dispatcher queues the domains' events as libvirt's callbacks deliver
+// them and runs one goroutine that applies them in order, and
+// resynchronises with libvirt when asked (events were lost, or the
+// connection is new) and every `every` (an event may be lost where nobody
+// notices). Both run there, so that no event older than a resync is
+// applied after it. Its lock guards the goroutine's start and end and is
+// taken alone.
+type dispatcher struct {
+	log    logrus.FieldLogger
+	apply  func(event)
+	resync func()
+
+	queued chan event
+	// resyncs asks for a resync: nil after lost events, a channel to
+	// close when done from resume.
+	resyncs chan chan struct{}
+	// every is how often the dispatcher resynchronises anyway.
+	every time.Duration
+
+	mu sync.Mutex
+	// quit ends the goroutine, which closes dispatched (close: tests).
+	quit, dispatched chan struct{}
+}
+
+func newDispatcher(log logrus.FieldLogger, apply func(event), resync func()) dispatcher {
+	return dispatcher{log: log, apply: apply, resync: resync, queued: make(chan event, 256),
+		resyncs: make(chan chan struct{}, 1), every: 30 * time.Second}
+}
+
 // onLifecycle runs on libvirt's event loop: it only queues the event.
-func (h *Hypervisor) onLifecycle(c *libvirt.Connect, d *libvirt.Domain, e *libvirt.DomainEventLifecycle) {
-	uuid, err := d.GetUUIDString()
+func (d *dispatcher) onLifecycle(c *libvirt.Connect, dom *libvirt.Domain, e *libvirt.DomainEventLifecycle) {
+	uuid, err := dom.GetUUIDString()
 	if err != nil {
 		return
 	}
-	h.queue(event{uuid: uuid, kind: e.Event, detail: e.Detail})
+	d.queue(event{uuid: uuid, kind: e.Event, detail: e.Detail})
 }
 
 // watchdogActions name libvirt's watchdog actions as the annotation does.
@@ -43,8 +74,8 @@ var watchdogActions = map[libvirt.DomainEventWatchdogAction]string{
 
 // onWatchdog runs on libvirt's event loop when a guest's watchdog fires:
 // it queues the firing, in order with the lifecycle events it causes.
-func (h *Hypervisor) onWatchdog(c *libvirt.Connect, d *libvirt.Domain, e *libvirt.DomainEventWatchdog) {
-	uuid, err := d.GetUUIDString()
+func (d *dispatcher) onWatchdog(c *libvirt.Connect, dom *libvirt.Domain, e *libvirt.DomainEventWatchdog) {
+	uuid, err := dom.GetUUIDString()
 	if err != nil {
 		return
 	}
@@ -52,55 +83,84 @@ func (h *Hypervisor) onWatchdog(c *libvirt.Connect, d *libvirt.Domain, e *libvir
 	if action == "" {
 		action = fmt.Sprintf("action %d", e.Action)
 	}
-	name, _ := d.GetName()
-	h.queue(event{uuid: uuid, watchdog: action, domain: name})
+	name, _ := dom.GetName()
+	d.queue(event{uuid: uuid, watchdog: action, domain: name})
 }
 
-func (h *Hypervisor) queue(e event) {
+func (d *dispatcher) queue(e event) {
 	select {
-	case h.events <- e:
+	case d.queued <- e:
 	default:
-		h.log.Warn("libvirt event queue full; a resync will catch up")
+		d.log.Warn("libvirt event queue full; a resync will catch up")
 		select {
-		case h.resyncs <- nil:
+		case d.resyncs <- nil:
 		default: // one is pending already
 		}
 	}
 }
 
-// dispatch applies queued lifecycle events in order, and resynchronises
-// with libvirt when asked (events were lost, or the connection is new) and
-// every resyncEvery (an event may be lost where nobody notices). Both run
-// here, so that no event older than a resync is applied after it.
-func (h *Hypervisor) dispatch(quit <-chan struct{}, dispatched chan<- struct{}) {
+// start runs the dispatching goroutine unless it runs already.
+func (d *dispatcher) start() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.quit != nil {
+		return
+	}
+	d.quit, d.dispatched = make(chan struct{}), make(chan struct{})
+	go d.run(d.quit, d.dispatched)
+}
+
+// stop ends the dispatching goroutine and waits for it: no event or
+// resync applies (and writes a record) after stop.
+func (d *dispatcher) stop() {
+	d.mu.Lock()
+	quit, dispatched := d.quit, d.dispatched
+	d.quit = nil
+	d.mu.Unlock()
+	if quit != nil {
+		close(quit)
+		<-dispatched
+	}
+}
+
+// resume has the dispatcher resynchronise and waits until it has: after
+// (re)connecting, it takes up the states that changed while nobody
+// listened, and the console streams of running VMs.
+func (d *dispatcher) resume() {
+	done := make(chan struct{})
+	d.resyncs <- done
+	<-done
+}
+
+func (d *dispatcher) run(quit <-chan struct{}, dispatched chan<- struct{}) {
 	defer close(dispatched)
-	tick := time.NewTicker(h.resyncEvery)
+	tick := time.NewTicker(d.every)
 	defer tick.Stop()
 	for {
 		select {
 		case <-quit:
 			return
-		case e := <-h.events:
-			h.apply(e)
-		case done := <-h.resyncs:
-			h.drainEvents()
-			h.resync()
+		case e := <-d.queued:
+			d.apply(e)
+		case done := <-d.resyncs:
+			d.drain()
+			d.resync()
 			if done != nil {
 				close(done)
 			}
 		case <-tick.C:
-			h.drainEvents()
-			h.resync()
+			d.drain()
+			d.resync()
 		}
 	}
 }
 
-// drainEvents applies the events queued so far.
-func (h *Hypervisor) drainEvents() {
+// drain applies the events queued so far.
+func (d *dispatcher) drain() {
 	for {
 		select {
-		case e := <-h.events:
-			h.apply(e)
+		case e := <-d.queued:
+			d.apply(e)
 		default:
 			return
 		}
@@ -108,11 +168,11 @@ func (h *Hypervisor) drainEvents() {
 }
 
 // apply applies one lifecycle event.
-func (h *Hypervisor) apply(e event) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+func (rc *reconciler) apply(e event) {
+	rc.h.mu.Lock()
+	defer rc.h.mu.Unlock()
 	var r *record
-	for _, rec := range h.records {
+	for _, rec := range rc.h.records {
 		if strings.EqualFold(rec.Spec.UUID, e.uuid) {
 			r = rec
 			break
@@ -125,14 +185,14 @@ func (h *Hypervisor) apply(e event) {
 		// The guest stopped petting its watchdog: the VM it stops (poweroff,
 		// shutdown) ends with reason Watchdog; a reset or a dump leaves it
 		// running, and is logged.
-		h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "action": e.watchdog}).Warn("the guest's watchdog fired")
+		rc.h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "action": e.watchdog}).Warn("the guest's watchdog fired")
 		if e.watchdog == "dump" && e.domain != "" {
-			h.pruneDumps(r.Spec.Name, e.domain, 1) // and again as it resumes, the new dump written
+			rc.h.dumps.prune(r.Spec.Name, e.domain, 1) // and again as it resumes, the new dump written
 		}
 		if e.watchdog == "poweroff" || e.watchdog == "shutdown" {
 			r.Watchdog = e.watchdog
-			if err := h.saveRecord(r); err != nil {
-				h.log.WithError(err).Warn("save VM record")
+			if err := rc.h.store.save(r); err != nil {
+				rc.h.log.WithError(err).Warn("save VM record")
 			}
 		}
 		return
@@ -142,7 +202,7 @@ func (h *Hypervisor) apply(e event) {
 		// libvirtd resumes a guest once its watchdog's dump is written
 		// (the firing's event comes before the dump): the older ones go.
 		if wd := r.Spec.Watchdog; wd != nil && wd.Action == "dump" && e.kind == libvirt.DOMAIN_EVENT_RESUMED {
-			h.pruneDumps(r.Spec.Name, r.Spec.Name, 1)
+			rc.h.dumps.prune(r.Spec.Name, r.Spec.Name, 1)
 		}
 		if r.State == ports.VMRunning {
 			return
@@ -159,14 +219,14 @@ func (h *Hypervisor) apply(e event) {
 		if r.State != ports.VMRunning {
 			return // applied already, from the shutoff reason (Stop, a resync)
 		}
-		h.exitLocked(r, exitFromEvent(libvirt.DomainEventStoppedDetailType(e.detail), r))
+		rc.exitLocked(r, exitFromEvent(libvirt.DomainEventStoppedDetailType(e.detail), r))
 	default:
 		return
 	}
-	if err := h.saveRecord(r); err != nil {
-		h.log.WithError(err).Warn("save VM record")
+	if err := rc.h.store.save(r); err != nil {
+		rc.h.log.WithError(err).Warn("save VM record")
 	}
-	h.notifyLocked(r.status())
+	rc.h.watchers.notify(r.status())
 }
 
 // exit is how a VM ended.
@@ -224,7 +284,7 @@ func forcedExit(r *record) exit {
 }
 
 // exitLocked records a VM's end; callers hold h.mu.
-func (h *Hypervisor) exitLocked(r *record, e exit) {
+func (rc *reconciler) exitLocked(r *record, e exit) {
 	r.State = ports.VMStopped
 	r.seq++
 	r.FinishedAt = time.Now().UTC()
@@ -234,42 +294,75 @@ func (h *Hypervisor) exitLocked(r *record, e exit) {
 	r.Watchdog = ""
 	r.ExitCode, r.Reason, r.Message = e.code, e.reason, e.message
 	r.StopRequested, r.Crashed = false, false
-	for _, ch := range h.stopped[r.Spec.ID] {
+	for _, ch := range rc.h.stopped[r.Spec.ID] {
 		close(ch)
 	}
-	delete(h.stopped, r.Spec.ID)
-	if t := h.tailers[r.Spec.ID]; t != nil {
-		delete(h.tailers, r.Spec.ID)
+	delete(rc.h.stopped, r.Spec.ID)
+	if t := rc.h.tailers[r.Spec.ID]; t != nil {
+		delete(rc.h.tailers, r.Spec.ID)
 		go t.close() // drains the last output
 	}
-	// Not here, under h.mu: closing takes consoleMu, which OpenConsole
+	// Not here, under h.mu: closing takes consoles.mu, which OpenConsole
 	// holds while it opens a stream (lock order).
 	ended := r.runs
 	r.runs++
-	go h.closeConsole(r.Spec.ID, ended)
+	go rc.h.consoles.close(r.Spec.ID, ended)
 }
 
-// notifyLocked sends a state change to the watchers. One that does not
-// keep up is cut off (its channel closed) rather than skipped: a change it
-// never hears of would stay unknown, while the end of its watch makes it
+// watchers are the subscribers of Watch. Their lock is taken alone, or
+// with h.mu held (notify), never the other way round.
+type watchers struct {
+	log  logrus.FieldLogger
+	mu   sync.Mutex
+	subs map[chan ports.VMStatus]struct{}
+}
+
+// add subscribes a watcher until ctx ends.
+func (w *watchers) add(ctx context.Context) <-chan ports.VMStatus {
+	ch := make(chan ports.VMStatus, 64)
+	w.mu.Lock()
+	if w.subs == nil {
+		w.subs = map[chan ports.VMStatus]struct{}{}
+	}
+	w.subs[ch] = struct{}{}
+	w.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if _, ok := w.subs[ch]; ok {
+			delete(w.subs, ch)
+			close(ch)
+		}
+	}()
+	return ch
+}
+
+// notify sends a state change to the watchers; callers hold h.mu, so that
+// changes go out in the order they were made. One that does not keep up
+// is cut off (its channel closed) rather than skipped: a change it never
+// hears of would stay unknown, while the end of its watch makes it
 // resubscribe and resynchronise with List.
-func (h *Hypervisor) notifyLocked(st ports.VMStatus) {
-	for ch := range h.subs {
+func (w *watchers) notify(st ports.VMStatus) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for ch := range w.subs {
 		select {
 		case ch <- st:
 		default:
-			h.log.WithField("vm", st.ID).Warn("a watcher fell behind; ending its watch so that it resynchronises")
-			delete(h.subs, ch)
+			w.log.WithField("vm", st.ID).Warn("a watcher fell behind; ending its watch so that it resynchronises")
+			delete(w.subs, ch)
 			close(ch)
 		}
 	}
 }
 
-func (h *Hypervisor) endWatches() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for ch := range h.subs {
+// end ends every watch (the connection to libvirtd was lost).
+func (w *watchers) end() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for ch := range w.subs {
 		close(ch)
 	}
-	h.subs = map[chan ports.VMStatus]struct{}{}
+	w.subs = map[chan ports.VMStatus]struct{}{}
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -28,7 +30,7 @@ import (
 // that needs them; nothing is opened to every user, and nothing is left
 // once the VMs are gone.
 //
-// The entries follow the plugin's state rather than each step: syncGrants
+// The entries follow the plugin's state rather than each step: sync
 // computes what the records, the pool and the creations in progress need,
 // and makes every file it knows of hold exactly that, removing the VM
 // users' entries nothing needs. It runs at start (what a killed process
@@ -43,12 +45,30 @@ type grant struct {
 	perm uint16
 }
 
-// vmGrants are what a VM user needs for a VM whose disks have the given
+// grants keeps the VM users' entries. syncMu serialises sync and grantNow
+// and guards imageDirs; mu guards inflight and is taken alone. syncMu is
+// taken before h.mu and the pool's lock, never with either held.
+type grants struct {
+	log logrus.FieldLogger
+	vms vmSource
+
+	syncMu sync.Mutex
+	// imageDirs are the directories of the images VMs used, whose images
+	// sync keeps clean.
+	imageDirs map[string]bool
+
+	mu sync.Mutex
+	// inflight holds what creations in progress were granted.
+	inflight map[string][]grant
+
+	pending atomic.Bool // a syncSoon is pending
+}
+
+// forVM are what a VM user needs for a VM whose disks have the given
 // overlay bases.
-func (h *Hypervisor) vmGrants(uid int, bases []string) []grant {
-	h.mu.Lock()
-	stateDir, kvm := h.cfg.QEMUStateDir, h.accel.DomainType == kvmAccel.DomainType
-	h.mu.Unlock()
+func (g *grants) forVM(uid int, bases []string) []grant {
+	set := g.vms.settings()
+	stateDir, kvm := set.cfg.QEMUStateDir, set.accel.DomainType == kvmAccel.DomainType
 	var out []grant
 	for _, b := range bases {
 		if b != "" {
@@ -87,10 +107,8 @@ func overlayBases(spec ports.VMSpec) []string {
 // sharedPath tells the host's files that other plugin instances' VMs may
 // use as well (libvirtd is the node's): an instance revokes there only
 // the entries it made, which it lists in sharedUsersFile.
-func (h *Hypervisor) sharedPath(p string) bool {
-	h.mu.Lock()
-	stateDir := h.cfg.QEMUStateDir
-	h.mu.Unlock()
+func (g *grants) sharedPath(p string) bool {
+	stateDir := g.vms.settings().cfg.QEMUStateDir
 	return p == kvmDevice || slices.Contains(qemuStateDirs(stateDir), p)
 }
 
@@ -99,11 +117,9 @@ func (h *Hypervisor) sharedPath(p string) bool {
 // written before a grant, so an instance killed in between still knows.
 const sharedUsersFile = "shared-grants.json"
 
-// sharedUsers reads the list (grantsMu held).
-func (h *Hypervisor) sharedUsers() map[uint32]bool {
-	h.mu.Lock()
-	dir := h.stateDir
-	h.mu.Unlock()
+// sharedUsers reads the list (syncMu held).
+func (g *grants) sharedUsers() map[uint32]bool {
+	dir := g.vms.settings().stateDir
 	out := map[uint32]bool{}
 	data, err := os.ReadFile(filepath.Join(dir, sharedUsersFile))
 	if err != nil {
@@ -118,11 +134,9 @@ func (h *Hypervisor) sharedUsers() map[uint32]bool {
 	return out
 }
 
-// saveSharedUsers writes the list (grantsMu held).
-func (h *Hypervisor) saveSharedUsers(users map[uint32]bool) error {
-	h.mu.Lock()
-	dir := h.stateDir
-	h.mu.Unlock()
+// saveSharedUsers writes the list (syncMu held).
+func (g *grants) saveSharedUsers(users map[uint32]bool) error {
+	dir := g.vms.settings().stateDir
 	uids := make([]uint32, 0, len(users))
 	for u := range users {
 		uids = append(uids, u)
@@ -136,24 +150,24 @@ func (h *Hypervisor) saveSharedUsers(users map[uint32]bool) error {
 // domain's UUID) what its user needs, and keeps it wanted until done is
 // called; by then the VM's record or the pool holds it, or the creation
 // failed and the next sync removes it.
-func (h *Hypervisor) grantNow(token string, uid int, bases []string) (done func(), err error) {
-	gs := h.vmGrants(uid, bases)
-	h.grantsMu.Lock()
-	defer h.grantsMu.Unlock()
-	h.mu.Lock()
-	if h.inflight == nil {
-		h.inflight = map[string][]grant{}
+func (g *grants) grantNow(token string, uid int, bases []string) (done func(), err error) {
+	gs := g.forVM(uid, bases)
+	g.syncMu.Lock()
+	defer g.syncMu.Unlock()
+	g.mu.Lock()
+	if g.inflight == nil {
+		g.inflight = map[string][]grant{}
 	}
-	h.inflight[token] = append(h.inflight[token], gs...)
-	h.mu.Unlock()
+	g.inflight[token] = append(g.inflight[token], gs...)
+	g.mu.Unlock()
 	done = func() {
-		h.mu.Lock()
-		delete(h.inflight, token)
-		h.mu.Unlock()
+		g.mu.Lock()
+		delete(g.inflight, token)
+		g.mu.Unlock()
 	}
-	if shared := h.sharedUsers(); !shared[uint32(uid)] {
+	if shared := g.sharedUsers(); !shared[uint32(uid)] {
 		shared[uint32(uid)] = true
-		if err := h.saveSharedUsers(shared); err != nil {
+		if err := g.saveSharedUsers(shared); err != nil {
 			done()
 			return nil, fmt.Errorf("record VM user %d's grants: %w", uid, err)
 		}
@@ -188,27 +202,28 @@ func kvmUsableByAll(dev string) error {
 	return os.Chmod(dev, st.Mode().Perm()|0o006)
 }
 
-// wantedGrants is what the records, the pool's domains and the creations
-// in progress need.
-func (h *Hypervisor) wantedGrants() map[string]map[uint32]uint16 {
+// wanted is what the records, the pool's domains and the creations in
+// progress need. The creations are read first: a creation's grant leaves
+// inflight only once the record or the pool holds its VM or domain (or
+// the creation failed), so each grant needed is seen in one or the other.
+func (g *grants) wanted() map[string]map[uint32]uint16 {
+	g.mu.Lock()
+	var inflight []grant
+	for _, gs := range g.inflight {
+		inflight = append(inflight, gs...)
+	}
+	g.mu.Unlock()
 	type need struct {
 		uid   int
 		bases []string
 	}
 	var needs []need
-	h.mu.Lock()
-	for _, r := range h.records {
+	g.vms.each(func(r *record) {
 		if r.Spec.RunAs != nil {
 			needs = append(needs, need{r.Spec.RunAs.UID, overlayBases(r.Spec)})
 		}
-	}
-	var inflight []grant
-	for _, gs := range h.inflight {
-		inflight = append(inflight, gs...)
-	}
-	p := h.pool
-	h.mu.Unlock()
-	if p != nil {
+	})
+	if p := g.vms.settings().pool; p != nil {
 		p.mu.Lock()
 		for _, d := range append(p.ready, p.launching) {
 			if d != nil {
@@ -218,57 +233,76 @@ func (h *Hypervisor) wantedGrants() map[string]map[uint32]uint16 {
 		p.mu.Unlock()
 	}
 	want := map[string]map[uint32]uint16{}
-	add := func(g grant) {
-		if want[g.path] == nil {
-			want[g.path] = map[uint32]uint16{}
+	add := func(gr grant) {
+		if want[gr.path] == nil {
+			want[gr.path] = map[uint32]uint16{}
 		}
-		want[g.path][g.uid] |= g.perm
+		want[gr.path][gr.uid] |= gr.perm
 	}
 	for _, n := range needs {
-		for _, g := range h.vmGrants(n.uid, n.bases) {
-			add(g)
+		for _, gr := range g.forVM(n.uid, n.bases) {
+			add(gr)
 		}
 	}
-	for _, g := range inflight {
-		add(g)
+	for _, gr := range inflight {
+		add(gr)
 	}
 	return want
 }
 
-// vmUserEntry tells the entries syncGrants owns: those of users above the
+// vmUserEntry tells the entries sync owns: those of users above the
 // node's own (VM users, pool users) but the disk tools' users, whose
 // entries other plugins hold for a run.
 func vmUserEntry(uid uint32) bool {
 	return uid >= 65536 && (uid > diskimage.DefaultToolUID || uid < diskimage.DefaultToolUID-15)
 }
 
-// syncGrants makes the entries of every file it knows of (the wanted
-// ones, the QEMU state directories, /dev/kvm, and every image in the
-// directories of the images VMs used) exactly what is wanted.
-func (h *Hypervisor) syncGrants() { h.syncGrantsOf(false) }
+// sync makes the entries of every file it knows of (the wanted ones, the
+// QEMU state directories, /dev/kvm, and every image in the directories of
+// the images VMs used) exactly what is wanted.
+func (g *grants) sync() { g.syncOf(false) }
 
-// syncGrantsOf syncs; at start (no WriteFiles runs yet) it also revokes
-// what this plugin's disk tools' user was granted by a run a kill cut
-// short.
-func (h *Hypervisor) syncGrantsOf(atStart bool) {
-	h.grantsMu.Lock()
-	defer h.grantsMu.Unlock()
-	want := h.wantedGrants()
-	h.mu.Lock()
-	stateDir := h.cfg.QEMUStateDir
-	if h.imageDirs == nil {
-		h.imageDirs = map[string]bool{}
+// syncOf syncs; at start (no WriteFiles runs yet) it also revokes what
+// this plugin's disk tools' user was granted by a run a kill cut short.
+func (g *grants) syncOf(atStart bool) {
+	g.syncMu.Lock()
+	defer g.syncMu.Unlock()
+	want := g.wanted()
+	stateDir := g.vms.settings().cfg.QEMUStateDir
+	sorted := g.pathsLocked(want, stateDir)
+	shared := g.sharedUsers()
+	failed := false
+	for _, p := range sorted {
+		owned := vmUserEntry
+		if atStart {
+			owned = func(uid uint32) bool { return vmUserEntry(uid) || uid == diskimage.LibvirtToolUID }
+		}
+		if g.sharedPath(p) {
+			owned = func(uid uint32) bool { return shared[uid] }
+		}
+		if err := syncPath(p, want[p], owned); err != nil && !errors.Is(err, os.ErrNotExist) {
+			failed = true
+			g.log.WithError(err).WithField("path", p).Warn("VM users' access")
+		}
+	}
+	if !failed {
+		g.forgetSharedUsers(sorted, want, shared)
+	}
+}
+
+// pathsLocked lists, sorted, the files sync looks at: /dev/kvm, the QEMU
+// state directories, the wanted files, and every image in the directories
+// of the images VMs used (which it adds the wanted images' to); syncMu
+// held.
+func (g *grants) pathsLocked(want map[string]map[uint32]uint16, stateDir string) []string {
+	if g.imageDirs == nil {
+		g.imageDirs = map[string]bool{}
 	}
 	for p := range want {
 		if filepath.Dir(p) != stateDir && filepath.Dir(filepath.Dir(p)) != stateDir && p != stateDir && p != kvmDevice {
-			h.imageDirs[filepath.Dir(p)] = true
+			g.imageDirs[filepath.Dir(p)] = true
 		}
 	}
-	var dirs []string
-	for d := range h.imageDirs {
-		dirs = append(dirs, d)
-	}
-	h.mu.Unlock()
 	paths := map[string]bool{kvmDevice: true}
 	for _, d := range qemuStateDirs(stateDir) {
 		paths[d] = true
@@ -276,7 +310,7 @@ func (h *Hypervisor) syncGrantsOf(atStart bool) {
 	for p := range want {
 		paths[p] = true
 	}
-	for _, d := range dirs {
+	for d := range g.imageDirs {
 		entries, _ := os.ReadDir(d)
 		for _, e := range entries {
 			if e.Type().IsRegular() {
@@ -289,29 +323,15 @@ func (h *Hypervisor) syncGrantsOf(atStart bool) {
 		sorted = append(sorted, p)
 	}
 	sort.Strings(sorted)
-	shared := h.sharedUsers()
-	failed := false
-	for _, p := range sorted {
-		owned := vmUserEntry
-		if atStart {
-			owned = func(uid uint32) bool { return vmUserEntry(uid) || uid == diskimage.LibvirtToolUID }
-		}
-		if h.sharedPath(p) {
-			owned = func(uid uint32) bool { return shared[uid] }
-		}
-		if err := syncPath(p, want[p], owned); err != nil && !errors.Is(err, os.ErrNotExist) {
-			failed = true
-			h.log.WithError(err).WithField("path", p).Warn("VM users' access")
-		}
-	}
-	if failed {
-		return
-	}
-	// The users no shared file names any more are no longer this
-	// instance's to revoke.
+	return sorted
+}
+
+// forgetSharedUsers drops from the list the users no shared file names
+// any more: they are no longer this instance's to revoke (syncMu held).
+func (g *grants) forgetSharedUsers(sorted []string, want map[string]map[uint32]uint16, shared map[uint32]bool) {
 	wanted := map[uint32]bool{}
 	for _, p := range sorted {
-		if h.sharedPath(p) {
+		if g.sharedPath(p) {
 			for uid := range want[p] {
 				wanted[uid] = true
 			}
@@ -325,8 +345,8 @@ func (h *Hypervisor) syncGrantsOf(atStart bool) {
 		}
 	}
 	if changed {
-		if err := h.saveSharedUsers(shared); err != nil {
-			h.log.WithError(err).Warn("record VM users' grants")
+		if err := g.saveSharedUsers(shared); err != nil {
+			g.log.WithError(err).Warn("record VM users' grants")
 		}
 	}
 }
@@ -355,21 +375,21 @@ func syncPath(path string, want map[uint32]uint16, owned func(uint32) bool) erro
 	return nil
 }
 
-// syncGrantsSoon syncs in the background, shortly: a pool domain or a
-// failed creation is gone. A burst of them (a sweep destroying several)
-// makes one sync, after the burst.
-func (h *Hypervisor) syncGrantsSoon() {
-	if !h.syncPending.CompareAndSwap(false, true) {
+// syncSoon syncs in the background, shortly: a pool domain or a failed
+// creation is gone. A burst of them (a sweep destroying several) makes
+// one sync, after the burst.
+func (g *grants) syncSoon() {
+	if !g.pending.CompareAndSwap(false, true) {
 		return
 	}
 	go func() {
 		time.Sleep(syncDelay)
-		h.syncPending.Store(false)
-		h.syncGrants()
+		g.pending.Store(false)
+		g.sync()
 	}()
 }
 
-// syncDelay is how long syncGrantsSoon waits for more to go.
+// syncDelay is how long syncSoon waits for more to go.
 const syncDelay = 500 * time.Millisecond
 
 // openToQEMUUser lets qemu.conf's one user read base images, when VMs run

@@ -128,13 +128,19 @@ func checkVirshArgs(args []string) error {
 	return nil
 }
 
+// inspector serves virtletctl's diagnostics of a VM: a read-only virsh
+// (Inspect), the live definition and what the plugin knows (Diagnose),
+// and where its display listens (Display).
+type inspector struct {
+	vms      vmSource
+	consoles *consoles
+}
+
 // Inspect runs `virsh --readonly <verb> <domain> <args...>` once the
 // command passed its verb's allow-list.
-func (h *Hypervisor) Inspect(ctx context.Context, id string, args []string) (ports.CommandOutput, error) {
-	h.mu.Lock()
-	r := h.records[id]
-	uri := h.cfg.URI
-	h.mu.Unlock()
+func (in inspector) Inspect(ctx context.Context, id string, args []string) (ports.CommandOutput, error) {
+	r := in.vms.record(id)
+	uri := in.vms.settings().cfg.URI
 	if r == nil {
 		return ports.CommandOutput{}, fmt.Errorf("VM %s: %w", id, ports.ErrNotFound)
 	}
@@ -160,8 +166,8 @@ func (h *Hypervisor) Inspect(ctx context.Context, id string, args []string) (por
 }
 
 // Diagnose returns the live domain XML and what the plugin knows.
-func (h *Hypervisor) Diagnose(ctx context.Context, id string) (ports.VMDiagnostics, error) {
-	r, dom, err := h.lookup(id)
+func (in inspector) Diagnose(ctx context.Context, id string) (ports.VMDiagnostics, error) {
+	r, dom, err := in.vms.lookup(id)
 	if err != nil {
 		return ports.VMDiagnostics{}, err
 	}
@@ -170,35 +176,33 @@ func (h *Hypervisor) Diagnose(ctx context.Context, id string) (ports.VMDiagnosti
 	if err != nil {
 		return ports.VMDiagnostics{}, libvirtError("domain XML of "+r.Spec.Name, err)
 	}
-	h.mu.Lock()
-	details := map[string]string{
-		"state": string(r.State), "domain": r.Spec.Name, "consoleLog": r.ConsoleLog, "accelerator": h.accel.Name,
-		"reason": r.Reason, "exitCode": strconv.Itoa(int(r.ExitCode)),
-	}
-	for disk, p := range r.DiskPaths {
-		details["disk."+disk] = p
-	}
-	h.mu.Unlock()
+	accel := in.vms.settings().accel
+	var details map[string]string
+	in.vms.locked(func() {
+		details = map[string]string{
+			"state": string(r.State), "domain": r.Spec.Name, "consoleLog": r.ConsoleLog, "accelerator": accel.Name,
+			"reason": r.Reason, "exitCode": strconv.Itoa(int(r.ExitCode)),
+		}
+		for disk, p := range r.DiskPaths {
+			details["disk."+disk] = p
+		}
+	})
 	if state, reason, err := dom.GetState(); err == nil {
 		details["libvirtState"] = fmt.Sprintf("%d (reason %d)", state, reason)
 	}
 	if s, err := agentStateOf(dom); err == nil {
 		details["guestAgent"] = s.String()
 	}
-	h.consoleMu.Lock()
-	if hub := h.consoles[id]; hub != nil {
-		hub.mu.Lock()
-		details["consoleViewers"] = strconv.Itoa(len(hub.viewers))
-		hub.mu.Unlock()
+	if n, open := in.consoles.viewers(id); open {
+		details["consoleViewers"] = strconv.Itoa(n)
 	}
-	h.consoleMu.Unlock()
 	return ports.VMDiagnostics{Definition: def, Details: details}, nil
 }
 
 // Display reports the running VM's VNC address (autoport: from the live
 // domain).
-func (h *Hypervisor) Display(ctx context.Context, id string) (ports.Display, error) {
-	r, dom, err := h.lookup(id)
+func (in inspector) Display(ctx context.Context, id string) (ports.Display, error) {
+	r, dom, err := in.vms.lookup(id)
 	if err != nil {
 		return ports.Display{}, err
 	}
@@ -229,7 +233,7 @@ func (h *Hypervisor) Display(ctx context.Context, id string) (ports.Display, err
 			if sock != "" {
 				// libvirt makes it in the domain's directory below its
 				// QEMU state directory; the daemon dials it as root.
-				if dir := filepath.Clean(h.cfg.QEMUStateDir); !strings.HasPrefix(filepath.Clean(sock), dir+"/") {
+				if dir := filepath.Clean(in.vms.settings().cfg.QEMUStateDir); !strings.HasPrefix(filepath.Clean(sock), dir+"/") {
 					return ports.Display{}, fmt.Errorf("VM %s's VNC socket %s is not below libvirt's %s", r.Spec.Name, sock, dir)
 				}
 				return ports.Display{Protocol: "vnc", Network: "unix", Address: sock}, nil

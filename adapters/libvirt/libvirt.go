@@ -4,6 +4,19 @@
 // daemons sharing a libvirtd leave each other's domains alone); states
 // come from libvirt's lifecycle events; the serial console goes through
 // virtlogd to a raw file and from there into the container's CRI log.
+//
+// Hypervisor holds the VMs' records (under its mu) and serves the ports;
+// each concern is a type of its own, with its own lock where it has
+// state: connection dials and redials libvirtd; recordStore keeps the
+// records' files; dispatcher queues libvirt's events and runs the one
+// goroutine that hands them, and resyncs, to reconciler, which keeps the
+// records true to libvirt; watchers fan state changes out to Watch;
+// guestAgent (GuestExec, GuestInfo), consoles (OpenConsole) and inspector
+// (Inspect, Diagnose, Display) serve their ports through vmSource;
+// grants keeps VM users' ACL entries; pool pre-launches paused domains;
+// onliner brings hot-plugged vCPUs online; machineTypes and dumps cache
+// libvirt's machine types and prune watchdog dumps. The accelerator probe
+// (accel.go) and the domain XML converter (domain*.go) are functions.
 package libvirt
 
 import (
@@ -12,7 +25,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -49,26 +61,20 @@ type Hypervisor struct {
 	vmDir    string
 	owner    string // instanceOwner(stateDir): marks the domains this plugin instance made
 	accel    accelerator
-	conn     *libvirt.Connect
-	connErr  error
 	records  map[string]*record
 	tailers  map[string]*tailer
-	subs     map[chan ports.VMStatus]struct{}
 	stopped  map[string][]chan struct{} // Stop calls waiting for a VM to stop
-	ready    bool
 
-	// agentMu guards agentConn, the connection that carries guest-agent
-	// commands (see agentDomain).
-	agentMu   sync.Mutex
-	agentConn *libvirt.Connect
+	conn     connection
+	store    recordStore
+	events   dispatcher
+	watchers watchers
 
-	// callbackIDs are conn's event callbacks (lifecycle, watchdog); reconnecting is set
-	// while a lost connection is being replaced.
-	callbackIDs  []int
-	reconnecting bool
-
-	consoleMu sync.Mutex
-	consoles  map[string]*consoleHub // one console stream per VM, shared by its viewers
+	// The concerns whose methods are the adapter's: GuestExec and
+	// GuestInfo; OpenConsole; Inspect, Diagnose and Display.
+	guestAgent
+	consoles
+	inspector
 
 	// defineMu makes one validated define at a time: libvirtd validates
 	// against its RNG schema with libxml2, whose first concurrent
@@ -77,31 +83,14 @@ type Hypervisor struct {
 	// library"). A define takes milliseconds.
 	defineMu sync.Mutex
 
-	// machineTypes caches the machine types libvirt offers (guarded by mu).
-	machineTypes []string
 	// pool holds the pre-launched paused domains (nil: no pool).
 	pool *pool
-	// onlining cancels the background onlining of hot-plugged vCPUs, by
-	// VM id (guarded by mu).
-	onlining map[string]*onlining
 
-	// grantsMu serialises syncGrants and grantNow (grants.go); inflight
-	// (guarded by mu) holds what creations in progress were granted, and
-	// imageDirs the directories of the images VMs used, whose images
-	// syncGrants keeps clean.
-	grantsMu    sync.Mutex
-	inflight    map[string][]grant
-	imageDirs   map[string]bool
-	syncPending atomic.Bool
-
-	events chan event
-	// resyncs asks the dispatcher to resynchronise: nil after lost events,
-	// a channel to close when done from resume.
-	resyncs chan chan struct{}
-	// resyncEvery is how often the dispatcher resynchronises anyway.
-	resyncEvery time.Duration
-	// quit ends the dispatcher, which closes dispatched (close: tests).
-	quit, dispatched chan struct{}
+	reconciler reconciler
+	grants     grants
+	onliner    onliner
+	machines   machineTypes
+	dumps      dumps // set by Configure
 
 	// domainState asks libvirt for a domain's state and reason (a seam:
 	// tests make it slow).
@@ -110,10 +99,77 @@ type Hypervisor struct {
 
 // New returns an unconfigured adapter; the plugin host configures it.
 func New(log logrus.FieldLogger) *Hypervisor {
-	return &Hypervisor{log: log, records: map[string]*record{}, tailers: map[string]*tailer{},
-		subs: map[chan ports.VMStatus]struct{}{}, stopped: map[string][]chan struct{}{}, events: make(chan event, 256),
-		resyncs: make(chan chan struct{}, 1), resyncEvery: 30 * time.Second,
-		consoles: map[string]*consoleHub{}, domainState: (*libvirt.Domain).GetState}
+	h := &Hypervisor{log: log, records: map[string]*record{}, tailers: map[string]*tailer{},
+		stopped: map[string][]chan struct{}{}, domainState: (*libvirt.Domain).GetState,
+		store: recordStore{log: log}, watchers: watchers{log: log}}
+	h.reconciler = reconciler{h: h}
+	h.events = newDispatcher(log, h.reconciler.apply, h.reconciler.resync)
+	h.conn = connection{log: log, onLifecycle: h.events.onLifecycle, onWatchdog: h.events.onWatchdog, lost: h.watchers.end,
+		restored: func() {
+			h.events.resume()
+			if p := h.settings().pool; p != nil {
+				p.sweep()
+			}
+			h.grants.sync()
+		}}
+	h.grants = grants{log: log, vms: h}
+	h.dumps = dumps{log: log}
+	h.guestAgent = guestAgent{log: log, vms: h, dial: h.conn.dial, ready: h.conn.isReady}
+	h.onliner = onliner{vms: h, domain: h.guestAgent.domain}
+	h.consoles = consoles{log: log, vms: h, live: h.conn.current, hubs: map[string]*consoleHub{}}
+	h.inspector = inspector{vms: h, consoles: &h.consoles}
+	return h
+}
+
+// vmSource is what the concern types read of the adapter's VMs: a VM's
+// record, with its live domain or without, or every record; the lock that
+// guards the records' fields (h.mu: locked and each run f holding it);
+// and what Configure set up.
+type vmSource interface {
+	lookup(id string) (*record, *libvirt.Domain, error)
+	record(id string) *record
+	locked(f func())
+	each(f func(r *record))
+	settings() setup
+}
+
+// setup is what Configure set up: the config, the accelerator, the
+// directories, and the pool (nil: none).
+type setup struct {
+	cfg                    Config
+	accel                  accelerator
+	stateDir, vmDir, owner string
+	pool                   *pool
+}
+
+// record returns VM id's record, or nil.
+func (h *Hypervisor) record(id string) *record {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.records[id]
+}
+
+// locked runs f with h.mu held.
+func (h *Hypervisor) locked(f func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f()
+}
+
+// each runs f for every record, with h.mu held.
+func (h *Hypervisor) each(f func(r *record)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.records {
+		f(r)
+	}
+}
+
+// settings returns what Configure set up.
+func (h *Hypervisor) settings() setup {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return setup{cfg: h.cfg, accel: h.accel, stateDir: h.stateDir, vmDir: h.vmDir, owner: h.owner, pool: h.pool}
 }
 
 func (h *Hypervisor) PluginInfo() ports.PluginInfo {
@@ -168,8 +224,10 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	}
 	h.mu.Lock()
 	h.cfg, h.stateDir, h.vmDir, h.owner = cfg, pc.StateDir, vmDir, instanceOwner(pc.StateDir)
+	h.store.stateDir, h.dumps.dir = pc.StateDir, cfg.AutoDumpDir
 	h.mu.Unlock()
-	records, err := h.loadRecords()
+	h.conn.configure(cfg.URI)
+	records, err := h.store.load()
 	if err != nil {
 		return err
 	}
@@ -185,38 +243,33 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	startEventLoop(h.log)
 	h.mu.Lock()
 	h.records, h.accel = records, accel
-	startDispatch := h.quit == nil
-	if startDispatch {
-		h.quit, h.dispatched = make(chan struct{}), make(chan struct{})
-	}
-	quit, dispatched := h.quit, h.dispatched
 	h.mu.Unlock()
-	if startDispatch {
-		go h.dispatch(quit, dispatched)
-	}
-	if err := h.connect(); err != nil {
+	h.events.start()
+	if err := h.conn.connect(); err != nil {
 		return err
 	}
-	h.resume()
-	h.stampOwners()
+	h.events.resume()
+	h.reconciler.stampOwners()
 	if p != nil && h.pool == nil {
-		if err := h.startPool(p); err != nil {
+		if err := p.open(newPoolEnv(h)); err != nil {
 			return err
 		}
+		h.mu.Lock()
+		h.pool = p
+		h.mu.Unlock()
+		p.run()
 	}
 	// What VM users were granted for VMs and pool domains an earlier
 	// process left, and that none needs now, goes.
-	h.syncGrantsOf(true)
-	h.mu.Lock()
-	h.ready = true
-	h.mu.Unlock()
+	h.grants.syncOf(true)
+	h.conn.setReady()
 	return nil
 }
 
 // Capabilities reports libvirt's and QEMU's versions and the accelerator;
 // it fails while libvirtd is unreachable (the runtime is then not ready).
 func (h *Hypervisor) Capabilities(ctx context.Context) (ports.HypervisorCapabilities, error) {
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return ports.HypervisorCapabilities{}, err
 	}
@@ -242,7 +295,7 @@ func version(v uint32) string { return fmt.Sprintf("%d.%d.%d", v/1000000, v/1000
 
 // Status reports one VM.
 func (h *Hypervisor) Status(ctx context.Context, id string) (ports.VMStatus, error) {
-	if _, err := h.connection(); err != nil {
+	if _, err := h.conn.current(); err != nil {
 		return ports.VMStatus{}, err
 	}
 	h.mu.Lock()
@@ -257,7 +310,7 @@ func (h *Hypervisor) Status(ctx context.Context, id string) (ports.VMStatus, err
 // List reports the VMs whose domains exist, and domains of ours without a
 // record (for the core to remove).
 func (h *Hypervisor) List(ctx context.Context) ([]ports.VMStatus, error) {
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return nil, err
 	}
@@ -301,23 +354,10 @@ func (h *Hypervisor) List(ctx context.Context) ([]ports.VMStatus, error) {
 
 // Watch streams state changes until ctx ends or libvirtd goes away.
 func (h *Hypervisor) Watch(ctx context.Context) (<-chan ports.VMStatus, error) {
-	if _, err := h.connection(); err != nil {
+	if _, err := h.conn.current(); err != nil {
 		return nil, err
 	}
-	ch := make(chan ports.VMStatus, 64)
-	h.mu.Lock()
-	h.subs[ch] = struct{}{}
-	h.mu.Unlock()
-	go func() {
-		<-ctx.Done()
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		if _, ok := h.subs[ch]; ok {
-			delete(h.subs, ch)
-			close(ch)
-		}
-	}()
-	return ch, nil
+	return h.watchers.add(ctx), nil
 }
 
 // ReopenLog reopens the VM's CRI log after kubelet rotated it.
@@ -359,7 +399,11 @@ func (h *Hypervisor) WriteFiles(ctx context.Context, id string, files []ports.Gu
 	prelaunched := r.Prelaunched
 	h.mu.Unlock()
 	if prelaunched {
-		if err := h.endPrelaunch(r); err != nil {
+		conn, err := h.conn.current()
+		if err == nil {
+			err = endPrelaunch(conn, h, h.store, r)
+		}
+		if err != nil {
 			return fmt.Errorf("VM %s: %w", r.Spec.Name, err)
 		}
 		h.log.WithField("vm", r.Spec.Name).Info("the paused process of the VM claimed from the pool is ended: files are written into its root disk, and it starts cold")
@@ -398,22 +442,9 @@ var _ ports.Hypervisor = (*Hypervisor)(nil)
 // close drops the libvirt connection (tests run many adapters in one
 // process; the plugin process just exits).
 func (h *Hypervisor) close() {
-	h.mu.Lock()
-	conn, ids := h.conn, h.callbackIDs
-	h.conn, h.ready = nil, false
-	var jobs []*onlining
-	for id, job := range h.onlining {
-		job.cancel()
-		jobs = append(jobs, job)
-		delete(h.onlining, id)
-	}
-	quit, dispatched := h.quit, h.dispatched
-	h.quit = nil
-	p := h.pool
-	h.mu.Unlock()
-	for _, job := range jobs {
-		<-job.done // an agent call in flight ends at its own timeout
-	}
+	conn, ids := h.conn.drop()
+	h.onliner.stopAll()
+	p := h.settings().pool
 	if p != nil && p.quit != nil {
 		select {
 		case <-p.quit:
@@ -423,19 +454,10 @@ func (h *Hypervisor) close() {
 		<-p.done
 	}
 	if conn != nil {
-		h.hangUp(conn, ids)
+		h.conn.hangUp(conn, ids)
 	}
-	h.agentMu.Lock()
-	if h.agentConn != nil {
-		h.agentConn.Close() // calls still in flight hold their domains' references
-		h.agentConn = nil
-	}
-	h.agentMu.Unlock()
-	// No event or resync applies (and writes a record) after close.
-	if quit != nil {
-		close(quit)
-		<-dispatched
-	}
+	h.guestAgent.hangUp()
+	h.events.stop()
 }
 
 func watchdogModel(r *record) string {

@@ -61,7 +61,7 @@ func addVM(t *testing.T, h *Hypervisor, state ports.VMState, start bool) *record
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.records[id] = r
-	if err := h.saveRecord(r); err != nil {
+	if err := h.store.save(r); err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -159,7 +159,7 @@ func TestSlowResumeDoesNotHoldUpOtherVMs(t *testing.T) {
 	defer release()
 	resumed := make(chan struct{})
 	go func() {
-		h.resume()
+		h.events.resume()
 		close(resumed)
 	}()
 	<-hung
@@ -180,8 +180,9 @@ func TestSlowResumeDoesNotHoldUpOtherVMs(t *testing.T) {
 func TestReconnectReleasesTheOldConnection(t *testing.T) {
 	startEventLoop(quietLog())
 	h := New(quietLog())
-	h.cfg.URI, h.stateDir = testURI, t.TempDir()
-	if err := h.connect(); err != nil {
+	h.stateDir = t.TempDir()
+	h.conn.configure(testURI)
+	if err := h.conn.connect(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.close)
@@ -192,7 +193,7 @@ func TestReconnectReleasesTheOldConnection(t *testing.T) {
 	go func() {
 		for {
 			select {
-			case done := <-h.resyncs:
+			case done := <-h.events.resyncs:
 				if done != nil {
 					close(done)
 				}
@@ -202,13 +203,13 @@ func TestReconnectReleasesTheOldConnection(t *testing.T) {
 		}
 	}()
 	for range 3 {
-		old, _ := h.connection()
-		h.onClose(old, libvirt.CONNECT_CLOSE_REASON_EOF)
+		old, _ := h.conn.current()
+		h.conn.onClose(old, libvirt.CONNECT_CLOSE_REASON_EOF)
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			h.mu.Lock()
-			now := h.conn
-			h.mu.Unlock()
+			h.conn.mu.Lock()
+			now := h.conn.open
+			h.conn.mu.Unlock()
 			if now != nil && now != old {
 				break
 			}
@@ -223,8 +224,8 @@ func TestReconnectReleasesTheOldConnection(t *testing.T) {
 		}
 	}
 	// One lifecycle event, seen once.
-	for len(h.events) > 0 {
-		<-h.events
+	for len(h.events.queued) > 0 {
+		<-h.events.queued
 	}
 	conn := testConn(t)
 	dom, err := conn.DomainDefineXML(`<domain type='test'><name>virtlet-reconnect-test</name><memory>131072</memory><vcpu>1</vcpu><os><type arch='x86_64'>hvm</type></os></domain>`)
@@ -244,7 +245,7 @@ func TestReconnectReleasesTheOldConnection(t *testing.T) {
 	timeout := time.After(time.Second)
 	for done := false; !done; {
 		select {
-		case e := <-h.events:
+		case e := <-h.events.queued:
 			if strings.EqualFold(e.uuid, uuid) && e.kind == libvirt.DOMAIN_EVENT_STARTED {
 				started++
 			}
@@ -295,9 +296,9 @@ func TestUndefineRemovesWhatAnInterruptedDefineLeft(t *testing.T) {
 		filepath.Join(h.vmDir, id+"-root.qcow2"),
 		filepath.Join(h.vmDir, id+".console"),
 		filepath.Join(h.vmDir, id+".console.1"),
-		h.recordPath(id) + atomicfile.TempSuffix,
+		h.store.path(id) + atomicfile.TempSuffix,
 	}
-	kept := []string{filepath.Join(h.vmDir, other.Spec.ID+"-root.qcow2"), h.recordPath(other.Spec.ID)}
+	kept := []string{filepath.Join(h.vmDir, other.Spec.ID+"-root.qcow2"), h.store.path(other.Spec.ID)}
 	for _, p := range append(left, kept...) {
 		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
 			t.Fatal(err)

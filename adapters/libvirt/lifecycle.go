@@ -26,7 +26,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	if spec.VCPUs < 1 || spec.MemoryBytes <= 0 {
 		return fmt.Errorf("VM %s: needs vCPUs and memory: %w", spec.Name, ports.ErrInvalidArgument)
 	}
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return err
 	}
@@ -50,7 +50,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		// A few xattr reads when already granted. Until the record holds
 		// the VM, the grants are the creation's; if it fails, a sync
 		// takes them back.
-		done, err := h.grantNow(spec.ID, spec.RunAs.UID, overlayBases(spec))
+		done, err := h.grants.grantNow(spec.ID, spec.RunAs.UID, overlayBases(spec))
 		if err != nil {
 			return fmt.Errorf("VM %s runs as user %d: %w", spec.Name, spec.RunAs.UID, err)
 		}
@@ -58,27 +58,13 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 			done()
 			// A failed creation's grants go; so do those of the user the
 			// VM asked for when it took a pool domain's.
-			h.syncGrantsSoon()
+			h.grants.syncSoon()
 		}()
 	} else if err := openToQEMUUser(h.log, overlayBases(spec)); err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 
-	if err := h.checkMachine(conn, accel, spec.Machine); err != nil {
-		return fmt.Errorf("VM %s: %w", spec.Name, err)
-	}
-	if err := checkWatchdog(conn, spec.Watchdog); err != nil {
-		return fmt.Errorf("VM %s: %w", spec.Name, err)
-	}
-	if err := checkHugepages(conn, spec.HugepageSizeBytes, spec.MemoryBytes); err != nil {
-		return fmt.Errorf("VM %s: %w", spec.Name, err)
-	}
-	if spec.HyperV && accel.DomainType != kvmAccel.DomainType {
-		return fmt.Errorf("VM %s: %w", spec.Name, &ports.InvalidError{Field: "annotation VirtletHyperV", Value: "true",
-			Reason:  fmt.Sprintf("Hyper-V enlightenments need KVM; this node runs its VMs under %s (%s)", accel.Name, accel.Reason),
-			Allowed: "false, or a node whose VMs run under KVM"})
-	}
-	hostCPUs, err := checkCPUSet(conn, spec.CPUSet)
+	hostCPUs, err := checkHost(conn, &h.machines, spec, accel)
 	if err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
@@ -100,7 +86,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		if d := pool.take(shape); d == nil {
 			log.WithField("shape", shape.Key).Info("cold start: no pool domain of the VM's shape is ready")
 		} else {
-			claimed := h.claim(conn, d, spec, r, accel, log)
+			claimed := pool.claim(conn, d, spec, r, accel, log)
 			pool.claimEnded(d)
 			if claimed {
 				return nil
@@ -114,19 +100,9 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 			undefineSecrets(conn, spec.ID)
 		}
 	}
-	for _, d := range spec.Disks {
-		if d.Overlay == nil {
-			continue
-		}
-		p := filepath.Join(vmDir, spec.ID+"-"+d.Name+".qcow2")
-		took, err := createOverlay(ctx, p, *d.Overlay, d.Name)
-		if err != nil {
-			undo()
-			return fmt.Errorf("VM %s: %w", spec.Name, err)
-		}
-		made = append(made, p)
-		r.DiskPaths[d.Name] = p
-		log.WithFields(logrus.Fields{"disk": d.Name, "base": d.Overlay.BasePath, "millis": took.Milliseconds()}).Info("root disk overlay created")
+	if made, err = createOverlays(ctx, vmDir, spec, r, log); err != nil {
+		undo()
+		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 	removeFiles(append(rotatedLogs(r.ConsoleLog), r.ConsoleLog)...) // a stale log of a reused ID
 	if r.Secrets, err = defineSecrets(conn, spec); err != nil {
@@ -149,7 +125,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	dom.Free()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if err := h.saveRecord(r); err != nil {
+	if err := h.store.save(r); err != nil {
 		return err
 	}
 	h.records[spec.ID] = r
@@ -157,8 +133,31 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	return nil
 }
 
+// createOverlays creates the overlays of the VM's disks in vmDir and
+// names them in r; it returns the files it made, those made before an
+// error included.
+func createOverlays(ctx context.Context, vmDir string, spec ports.VMSpec, r *record, log logrus.FieldLogger) ([]string, error) {
+	var made []string
+	for _, d := range spec.Disks {
+		if d.Overlay == nil {
+			continue
+		}
+		p := filepath.Join(vmDir, spec.ID+"-"+d.Name+".qcow2")
+		took, err := createOverlay(ctx, p, *d.Overlay, d.Name)
+		if err != nil {
+			return made, err
+		}
+		made = append(made, p)
+		r.DiskPaths[d.Name] = p
+		log.WithFields(logrus.Fields{"disk": d.Name, "base": d.Overlay.BasePath, "millis": took.Milliseconds()}).Info("root disk overlay created")
+	}
+	return made, nil
+}
+
+// lookup returns VM id's record and its domain on the live connection
+// (the caller frees it).
 func (h *Hypervisor) lookup(id string) (*record, *libvirt.Domain, error) {
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -197,7 +196,7 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 		r.ConsoleOffset, r.ConsoleInode = info.Size(), inodeOf(info) // only new output
 	}
 	if h.tailers[id] == nil {
-		h.startTailerLocked(r)
+		h.reconciler.startTailerLocked(r)
 	}
 	h.mu.Unlock()
 	start := dom.Create
@@ -218,10 +217,10 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 	r.State = ports.VMRunning
 	r.Prelaunched = false
 	r.seq++
-	if err := h.saveRecord(r); err != nil {
+	if err := h.store.save(r); err != nil {
 		return err
 	}
-	h.notifyLocked(r.status())
+	h.watchers.notify(r.status())
 	if resume {
 		h.pool.resumed()
 	}
@@ -265,12 +264,12 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 		return ports.VMStatus{}, libvirtError("stop "+r.Spec.Name+": read its state", err)
 	}
 	if state == libvirt.DOMAIN_SHUTOFF {
-		return h.foundShutOff(r, reason), nil // the stop event may still be on its way
+		return h.reconciler.foundShutOff(r, reason), nil // the stop event may still be on its way
 	}
 	done := make(chan struct{})
 	h.mu.Lock()
 	r.StopRequested = true
-	h.saveRecord(r)
+	h.store.save(r)
 	h.stopped[id] = append(h.stopped[id], done)
 	h.mu.Unlock()
 
@@ -325,7 +324,7 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 	h.mu.Unlock()
 	if !applied {
 		if _, reason, err := h.domainState(dom); err == nil {
-			return h.foundShutOff(r, reason), nil
+			return h.reconciler.foundShutOff(r, reason), nil
 		}
 	}
 	h.mu.Lock()
@@ -335,13 +334,13 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 
 // foundShutOff records the end of a VM found shut off whose stop event has
 // not been applied (yet), and reports the VM.
-func (h *Hypervisor) foundShutOff(r *record, reason int) ports.VMStatus {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+func (rc *reconciler) foundShutOff(r *record, reason int) ports.VMStatus {
+	rc.h.mu.Lock()
+	defer rc.h.mu.Unlock()
 	if r.State == ports.VMRunning {
-		h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
-		h.saveRecord(r)
-		h.notifyLocked(r.status())
+		rc.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
+		rc.h.store.save(r)
+		rc.h.watchers.notify(r.status())
 	}
 	return r.status()
 }
@@ -349,7 +348,7 @@ func (h *Hypervisor) foundShutOff(r *record, reason int) ports.VMStatus {
 // Undefine removes the domain (forcing it off first), its overlay disks,
 // its console logs and its record.
 func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return err
 	}
@@ -360,7 +359,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	if r != nil {
 		dom, err = conn.LookupDomainByUUIDString(r.Spec.UUID)
 	} else {
-		dom, err = h.findOrphan(conn, id)
+		dom, err = findOrphan(conn, h.owner, id)
 	}
 	if err != nil {
 		var le libvirt.Error
@@ -372,7 +371,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	if r == nil {
 		// A plugin killed during Define leaves the files it had made
 		// before the record that would name them.
-		if err := h.removeLeftovers(id); err != nil {
+		if err := removeLeftovers(h.settings().vmDir, h.store, id); err != nil {
 			return err
 		}
 	}
@@ -384,7 +383,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 		// Its watchdog's memory dumps, named by the domain (a pooled VM's
 		// by its pool name).
 		if name, err := dom.GetName(); err == nil {
-			h.pruneDumps(id, name, 0)
+			h.dumps.prune(id, name, 0)
 		}
 		persistent, err := dom.IsPersistent()
 		if err != nil {
@@ -406,7 +405,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 		return fmt.Errorf("VM %s: %w", id, err)
 	}
 	if r == nil {
-		h.syncGrants()
+		h.grants.sync()
 		h.log.WithField("vm", id).Info("orphan domain undefined")
 		return nil
 	}
@@ -418,7 +417,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	if t != nil {
 		t.close()
 	}
-	h.closeConsole(id, allRuns)
+	h.consoles.close(id, allRuns)
 	files := []string{r.ConsoleLog}
 	files = append(files, rotatedLogs(r.ConsoleLog)...)
 	for _, p := range r.DiskPaths {
@@ -427,10 +426,10 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	if err := removeFiles(files...); err != nil {
 		return fmt.Errorf("remove files of VM %s: %w", r.Spec.Name, err)
 	}
-	if err := h.deleteRecord(id); err != nil {
+	if err := h.store.remove(id); err != nil {
 		return err
 	}
-	h.syncGrants() // its user's entries go
+	h.grants.sync() // its user's entries go
 	h.log.WithField("vm", r.Spec.Name).Info("domain undefined, disks removed")
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"libvirt.org/go/libvirt"
 	"libvirt.org/go/libvirtxml"
@@ -22,13 +23,20 @@ func machineOrDefault(m string) string {
 	return m
 }
 
-// checkMachine refuses a machine type the node's QEMU does not offer for
-// the accelerator in use, listing the ones it does.
-func (h *Hypervisor) checkMachine(conn *libvirt.Connect, accel accelerator, machine string) error {
+// machineTypes caches the machine types libvirt offers. Its lock is taken
+// alone.
+type machineTypes struct {
+	mu      sync.Mutex
+	offered []string
+}
+
+// check refuses a machine type the node's QEMU does not offer for the
+// accelerator in use, listing the ones it does.
+func (m *machineTypes) check(conn *libvirt.Connect, accel accelerator, machine string) error {
 	if machine == "" || machine == defaultMachine {
 		return nil
 	}
-	offered, err := h.machines(conn, accel)
+	offered, err := m.list(conn, accel)
 	if err != nil {
 		return err
 	}
@@ -39,13 +47,13 @@ func (h *Hypervisor) checkMachine(conn *libvirt.Connect, accel accelerator, mach
 		Reason: "the node's QEMU has no such machine type", Allowed: strings.Join(offered, ", ")}
 }
 
-// machines lists the x86_64 machine types (names and aliases) libvirt
+// list lists the x86_64 machine types (names and aliases) libvirt
 // reports for the accelerator's domain type, once per plugin process. Like
-// every libvirt call here, the capabilities are read without h.mu held.
-func (h *Hypervisor) machines(conn *libvirt.Connect, accel accelerator) ([]string, error) {
-	h.mu.Lock()
-	cached := h.machineTypes
-	h.mu.Unlock()
+// every libvirt call here, the capabilities are read without a lock held.
+func (m *machineTypes) list(conn *libvirt.Connect, accel accelerator) ([]string, error) {
+	m.mu.Lock()
+	cached := m.offered
+	m.mu.Unlock()
 	if cached != nil {
 		return cached, nil
 	}
@@ -58,9 +66,9 @@ func (h *Hypervisor) machines(conn *libvirt.Connect, accel accelerator) ([]strin
 		return nil, fmt.Errorf("parse libvirt's capabilities: %w", err)
 	}
 	offered := append([]string{}, machinesOf(caps, accel.DomainType)...) // not nil: cached even when empty
-	h.mu.Lock()
-	h.machineTypes = offered
-	h.mu.Unlock()
+	m.mu.Lock()
+	m.offered = offered
+	m.mu.Unlock()
 	return offered, nil
 }
 
@@ -101,6 +109,28 @@ func machinesOf(caps libvirtxml.Caps, domainType string) []string {
 // pcMachine: the i440FX and Q35 machines, not isapc, microvm or x-remote.
 func pcMachine(name string) bool {
 	return name == "pc" || name == "q35" || strings.HasPrefix(name, "pc-i440fx-") || strings.HasPrefix(name, "pc-q35-")
+}
+
+// checkHost refuses a VM the node cannot run as its spec asks: a machine
+// type, watchdog or hugepages it lacks, Hyper-V enlightenments without
+// KVM, CPUs it does not have online. It returns the host's online CPUs
+// when the VM is pinned.
+func checkHost(conn *libvirt.Connect, machines *machineTypes, spec ports.VMSpec, accel accelerator) ([]int, error) {
+	if err := machines.check(conn, accel, spec.Machine); err != nil {
+		return nil, err
+	}
+	if err := checkWatchdog(conn, spec.Watchdog); err != nil {
+		return nil, err
+	}
+	if err := checkHugepages(conn, spec.HugepageSizeBytes, spec.MemoryBytes); err != nil {
+		return nil, err
+	}
+	if spec.HyperV && accel.DomainType != kvmAccel.DomainType {
+		return nil, &ports.InvalidError{Field: "annotation VirtletHyperV", Value: "true",
+			Reason:  fmt.Sprintf("Hyper-V enlightenments need KVM; this node runs its VMs under %s (%s)", accel.Name, accel.Reason),
+			Allowed: "false, or a node whose VMs run under KVM"}
+	}
+	return checkCPUSet(conn, spec.CPUSet)
 }
 
 // itcoSince is the first libvirt with the iTCO watchdog model (9.1.0).

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"libvirt.org/go/libvirt"
 
 	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
 	"github.com/virtlet/virtlet/ports"
@@ -111,12 +112,26 @@ type poolShape struct {
 	Spec ports.VMSpec `json:"spec"`
 }
 
+// poolEnv is what the pool uses of the adapter.
+type poolEnv struct {
+	log    logrus.FieldLogger
+	vms    vmSource
+	live   func() (*libvirt.Connect, error)
+	grants *grants
+	store  recordStore
+	// define is held around a validated define (see Hypervisor.defineMu).
+	define *sync.Mutex
+	// keep saves a claimed VM's record and makes it the VM's, under h.mu.
+	keep func(r *record) error
+}
+
 // pool holds the pool domains; its mutex is never held while h.mu is
 // taken, nor while libvirt is asked.
 type pool struct {
 	size           int
 	firstUID, uids int
 	owner, dir     string
+	env            poolEnv // set by open
 
 	mu         sync.Mutex
 	ready      []*poolDomain
@@ -222,9 +237,10 @@ func poolable(s ports.VMSpec, domainType string) (poolShape, string) {
 	return poolShape{Key: hex.EncodeToString(sum[:])[:12], Spec: t}, ""
 }
 
-// startPool takes up the pool domains a previous plugin process left and
-// starts the refills. Configure calls it once it is connected.
-func (h *Hypervisor) startPool(p *pool) error {
+// open makes the pool's directory and reads the shapes VMs used; run
+// then starts the pool. Configure calls them once it is connected.
+func (p *pool) open(env poolEnv) error {
+	p.env = env
 	if err := os.MkdirAll(p.dir, 0o711); err != nil {
 		return fmt.Errorf("pool directory: %w", err)
 	}
@@ -233,22 +249,24 @@ func (h *Hypervisor) startPool(p *pool) error {
 	}
 	if data, err := os.ReadFile(filepath.Join(p.dir, "shapes.json")); err == nil {
 		if err := json.Unmarshal(data, &p.shapes); err != nil {
-			h.log.WithError(err).Warn("pool: unreadable shapes; starting without")
+			p.env.log.WithError(err).Warn("pool: unreadable shapes; starting without")
 			p.shapes = nil
 		}
 	}
 	if len(p.shapes) > p.size {
 		p.shapes = p.shapes[:p.size]
 	}
-	h.mu.Lock()
-	h.pool = p
-	h.mu.Unlock()
-	h.sweepPool()
-	p.quit, p.done = make(chan struct{}), make(chan struct{})
-	go h.refill(p)
-	h.log.WithFields(logrus.Fields{"size": p.size, "shapes": len(p.shapes), "users": fmt.Sprintf("%d-%d", p.firstUID, p.firstUID+p.uids-1)}).
-		Info("pool of pre-launched domains on")
 	return nil
+}
+
+// run takes up the pool domains a previous plugin process left and starts
+// the refills.
+func (p *pool) run() {
+	p.sweep()
+	p.quit, p.done = make(chan struct{}), make(chan struct{})
+	go p.refill()
+	p.env.log.WithFields(logrus.Fields{"size": p.size, "shapes": len(p.shapes), "users": fmt.Sprintf("%d-%d", p.firstUID, p.firstUID+p.uids-1)}).
+		Info("pool of pre-launched domains on")
 }
 
 // take hands out a ready pool domain of a shape (moving the shape to the
@@ -322,16 +340,34 @@ func (p *pool) wantedLocked() map[string]int {
 	return want
 }
 
-// Shutdown destroys the pool's domains: the plugin is being stopped. VMs
+// newPoolEnv is what h's pool uses of it.
+func newPoolEnv(h *Hypervisor) poolEnv {
+	return poolEnv{log: h.log, vms: h, live: h.conn.current, grants: &h.grants, store: h.store, define: &h.defineMu,
+		keep: func(r *record) error {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if err := h.store.save(r); err != nil {
+				return err
+			}
+			h.records[r.Spec.ID] = r
+			return nil
+		}}
+}
+
+// Shutdown destroys the pool's domains (see pool.shutdown).
+func (h *Hypervisor) Shutdown(ctx context.Context) {
+	if p := h.settings().pool; p != nil {
+		p.shutdown(ctx)
+	}
+}
+
+// shutdown destroys the pool's domains: the plugin is being stopped. VMs
 // claimed from the pool are VMs like any other and stay. The daemon kills
 // a plugin that takes more than 2 s to stop, so the domains go at once,
 // their users' grants and files first (QEMU keeps what it has open); what
 // a kill still leaves, the next start removes.
-func (h *Hypervisor) Shutdown(ctx context.Context) {
-	h.mu.Lock()
-	p := h.pool
-	h.mu.Unlock()
-	if p == nil || p.quit == nil {
+func (p *pool) shutdown(ctx context.Context) {
+	if p.quit == nil {
 		return
 	}
 	begin := time.Now()
@@ -344,7 +380,7 @@ func (h *Hypervisor) Shutdown(ctx context.Context) {
 	case <-p.done:
 	case <-ctx.Done():
 	}
-	conn, err := h.connection()
+	conn, err := p.env.live()
 	if err != nil {
 		return
 	}
@@ -355,33 +391,31 @@ func (h *Hypervisor) Shutdown(ctx context.Context) {
 	// The pool users' grants go first, in a few file operations: a paused
 	// QEMU keeps what it has open, and a plugin killed while its domains
 	// are destroyed (a loaded node takes seconds) leaves no grant behind.
-	h.syncGrants()
+	p.env.grants.sync()
 	var wg sync.WaitGroup
 	for _, d := range ready {
 		removeFiles(append(rotatedLogs(d.console), d.console, d.root)...)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			h.destroyPoolDomain(conn, d.uuid, "the plugin stops")
+			p.destroy(conn, d.uuid, "the plugin stops")
 		}()
 	}
 	wg.Wait()
-	h.log.WithFields(logrus.Fields{"domains": len(ready), "millis": time.Since(begin).Milliseconds()}).Info("pool: domains destroyed")
+	p.env.log.WithFields(logrus.Fields{"domains": len(ready), "millis": time.Since(begin).Milliseconds()}).Info("pool: domains destroyed")
 }
 
-// removePoolLeftovers removes what the pool's directory holds that no
+// removeLeftovers removes what the pool's directory holds that no
 // pool domain and no VM's record uses: the files of pool domains a crash
 // ended.
-func (h *Hypervisor) removePoolLeftovers(p *pool) {
+func (p *pool) removeLeftovers() {
 	keep := map[string]bool{filepath.Join(p.dir, "shapes.json"): true}
-	h.mu.Lock()
-	for _, r := range h.records {
+	p.env.vms.each(func(r *record) {
 		keep[r.ConsoleLog] = true
 		for _, f := range r.DiskPaths {
 			keep[f] = true
 		}
-	}
-	h.mu.Unlock()
+	})
 	p.mu.Lock()
 	for _, d := range append(slices.Clone(p.ready), p.launching) {
 		if d != nil {
@@ -400,6 +434,6 @@ func (h *Hypervisor) removePoolLeftovers(p *pool) {
 	}
 	if len(gone) > 0 {
 		removeFiles(gone...)
-		h.log.WithField("files", gone).Info("pool: removed the files of pool domains a crash ended")
+		p.env.log.WithField("files", gone).Info("pool: removed the files of pool domains a crash ended")
 	}
 }

@@ -19,17 +19,17 @@ import (
 // failed: the domain is destroyed) and leaves r as it was: the VM then
 // starts cold. On success r holds the pool domain's identity, root overlay
 // and console log, and is saved and kept.
-func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSpec, r *record, accel accelerator, log logrus.FieldLogger) bool {
+func (p *pool) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSpec, r *record, accel accelerator, log logrus.FieldLogger) bool {
 	begin := time.Now()
 	log = log.WithField("domain", d.name)
 	if !pristine(conn, d.uuid) {
-		h.destroyPoolDomain(conn, d.uuid, "no longer paused", d.console, d.root)
+		p.destroy(conn, d.uuid, "no longer paused", d.console, d.root)
 		log.Warn("cold start: the pool domain of its shape is gone")
 		return false
 	}
 	// Its user keeps what the pool domain was granted until the record
 	// holds the VM.
-	if done, err := h.grantNow(spec.ID+"/claim", d.uid, []string{d.base}); err == nil {
+	if done, err := p.env.grants.grantNow(spec.ID+"/claim", d.uid, []string{d.base}); err == nil {
 		defer done()
 	}
 	asked := vmIdentity{Name: spec.Name, RunAs: spec.RunAs} // the spec asked for no UUID (poolable)
@@ -40,7 +40,7 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 	r.DiskPaths = map[string]string{spec.Disks[0].Name: d.root}
 	steps := logrus.Fields{}
 	fail := func(what string, err error) bool {
-		h.destroyPoolDomain(conn, d.uuid, "its claim failed", d.console, d.root)
+		p.destroy(conn, d.uuid, "its claim failed", d.console, d.root)
 		if len(r.Secrets) > 0 {
 			undefineSecrets(conn, spec.ID)
 		}
@@ -48,9 +48,8 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 		log.WithError(err).Warn("cold start: the pool domain could not take the VM: " + what)
 		return false
 	}
-	h.mu.Lock()
-	err := h.saveRecord(r) // intent first: after a crash from here on, the domain is destroyed
-	h.mu.Unlock()
+	var err error
+	p.env.vms.locked(func() { err = p.env.store.save(r) }) // intent first: after a crash from here on, the domain is destroyed
 	if err != nil {
 		return fail("save its record", err)
 	}
@@ -58,7 +57,7 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 	if r.Secrets, err = defineSecrets(conn, spec); err != nil {
 		return fail("keep its disks' keys", err)
 	}
-	def, err := buildDomain(domainInput{Spec: spec, DomainType: accel.DomainType, DiskPaths: r.DiskPaths, ConsoleLog: d.console, Secrets: r.Secrets, Owner: h.owner})
+	def, err := buildDomain(domainInput{Spec: spec, DomainType: accel.DomainType, DiskPaths: r.DiskPaths, ConsoleLog: d.console, Secrets: r.Secrets, Owner: p.owner})
 	if err != nil {
 		return fail("render its devices", err)
 	}
@@ -70,7 +69,7 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 	// Its owner too: another plugin instance on this libvirtd would
 	// otherwise take it for a domain of its own without a record (an
 	// orphan) and remove it when it resyncs.
-	if err := setVMMetadata(dom, spec, h.owner, libvirt.DOMAIN_AFFECT_LIVE); err != nil {
+	if err := setVMMetadata(dom, spec, p.owner, libvirt.DOMAIN_AFFECT_LIVE); err != nil {
 		return fail("set its metadata", err)
 	}
 	step := func(name string, do func() error) error {
@@ -121,8 +120,8 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 		if err != nil {
 			return err
 		}
-		h.defineMu.Lock()
-		defer h.defineMu.Unlock()
+		p.env.define.Lock()
+		defer p.env.define.Unlock()
 		persistent, err := conn.DomainDefineXMLFlags(live, libvirt.DOMAIN_DEFINE_VALIDATE)
 		if err == nil {
 			persistent.Free()
@@ -133,13 +132,7 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 	}
 	failpoint("claim-defined")
 	r.Claim, r.Prelaunched = claimed, true
-	h.mu.Lock()
-	err = h.saveRecord(r)
-	if err == nil {
-		h.records[spec.ID] = r
-	}
-	h.mu.Unlock()
-	if err != nil {
+	if err := p.env.keep(r); err != nil {
 		return fail("save its record", err)
 	}
 	log.WithFields(steps).WithFields(logrus.Fields{"shape": d.shape, "user": d.uid, "millis": time.Since(begin).Milliseconds()}).
@@ -150,11 +143,7 @@ func (h *Hypervisor) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSp
 // endPrelaunch ends a claimed VM's paused process before its first
 // instruction (WriteFiles needs its root disk, which QEMU holds): the
 // domain stays defined, with its devices, and starts cold.
-func (h *Hypervisor) endPrelaunch(r *record) error {
-	conn, err := h.connection()
-	if err != nil {
-		return err
-	}
+func endPrelaunch(conn *libvirt.Connect, vms vmSource, store recordStore, r *record) error {
 	dom, err := conn.LookupDomainByUUIDString(r.Spec.UUID)
 	if err != nil {
 		return libvirtError("look up domain "+r.Spec.Name, err)
@@ -166,8 +155,10 @@ func (h *Hypervisor) endPrelaunch(r *record) error {
 			return libvirtError("end the paused process of "+r.Spec.Name, err)
 		}
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	r.Prelaunched = false
-	return h.saveRecord(r)
+	var serr error
+	vms.locked(func() {
+		r.Prelaunched = false
+		serr = store.save(r)
+	})
+	return serr
 }

@@ -24,12 +24,12 @@ import (
 // refill keeps the pool at its size, one launch at a time and never
 // within poolSettle of a claimed VM's resume (poolClaimWait of a claim),
 // so that on a small node the pod's boot does not wait for a refill.
-func (h *Hypervisor) refill(p *pool) {
+func (p *pool) refill() {
 	defer close(p.done)
 	tick := time.NewTicker(poolCheckEvery)
 	defer tick.Stop()
 	for {
-		wait := h.poolStep(p)
+		wait := p.step()
 		if wait == 0 {
 			continue // more to do
 		}
@@ -40,27 +40,27 @@ func (h *Hypervisor) refill(p *pool) {
 			return
 		case <-p.kick:
 		case <-tick.C:
-			h.checkReady(p)
+			p.checkReady()
 		case <-timer.C:
 		}
 		timer.Stop()
 	}
 }
 
-// poolStep does one thing the pool needs (a launch, or the destruction of
+// step does one thing the pool needs (a launch, or the destruction of
 // a domain of a shape no longer wanted) and returns 0, or how long to wait
 // before the next look.
-func (h *Hypervisor) poolStep(p *pool) time.Duration {
+func (p *pool) step() time.Duration {
 	select {
 	case <-p.quit:
 		return time.Hour
 	default:
 	}
-	conn, err := h.connection()
+	conn, err := p.env.live()
 	if err != nil {
 		return time.Second
 	}
-	used := h.claimedUIDs()
+	used := p.claimedUIDs()
 	p.mu.Lock()
 	now := time.Now()
 	if wait := max(p.quietUntil.Sub(now), p.retryAt.Sub(now)); wait > 0 {
@@ -73,7 +73,7 @@ func (h *Hypervisor) poolStep(p *pool) time.Duration {
 		if have[d.shape]++; have[d.shape] > want[d.shape] {
 			p.ready = slices.Delete(p.ready, i, i+1)
 			p.mu.Unlock()
-			h.destroyPoolDomain(conn, d.uuid, "its shape is no longer wanted", d.console, d.root)
+			p.destroy(conn, d.uuid, "its shape is no longer wanted", d.console, d.root)
 			return 0
 		}
 	}
@@ -95,26 +95,26 @@ func (h *Hypervisor) poolStep(p *pool) time.Duration {
 	p.launching = d
 	p.mu.Unlock()
 	start := time.Now()
-	err = h.launch(conn, p, d, tmpl)
+	err = p.launch(conn, d, tmpl)
 	took := time.Since(start)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.launching = nil
 	if errors.Is(err, ports.ErrNotFound) { // its image is gone (removed)
 		p.dropShapeLocked(d.shape)
-		h.log.WithError(err).WithField("shape", d.shape).Info("pool: shape dropped: its image is gone")
+		p.env.log.WithError(err).WithField("shape", d.shape).Info("pool: shape dropped: its image is gone")
 		return 0
 	}
 	if err != nil {
 		p.backoff = min(max(2*p.backoff, time.Second), time.Minute)
 		p.retryAt = time.Now().Add(p.backoff)
-		h.log.WithError(err).WithFields(logrus.Fields{"shape": d.shape, "retryIn": p.backoff}).Warn("pool: launch failed")
+		p.env.log.WithError(err).WithFields(logrus.Fields{"shape": d.shape, "retryIn": p.backoff}).Warn("pool: launch failed")
 		return p.backoff
 	}
 	p.backoff, p.retryAt = 0, time.Time{}
 	p.ready = append(p.ready, d)
 	// Logged once a claim can take it.
-	h.log.WithFields(logrus.Fields{"domain": d.name, "shape": d.shape, "vcpus": tmpl.VCPUs, "memory": tmpl.MemoryBytes,
+	p.env.log.WithFields(logrus.Fields{"domain": d.name, "shape": d.shape, "vcpus": tmpl.VCPUs, "memory": tmpl.MemoryBytes,
 		"millis": took.Milliseconds()}).Info("pool: domain launched paused")
 	return 0
 }
@@ -134,29 +134,25 @@ func (p *pool) freeUIDLocked(used map[int]bool) int {
 }
 
 // claimedUIDs are the users of the VMs claimed from the pool.
-func (h *Hypervisor) claimedUIDs() map[int]bool {
+func (p *pool) claimedUIDs() map[int]bool {
 	used := map[int]bool{}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, r := range h.records {
+	p.env.vms.each(func(r *record) {
 		if r.Claim != "" && r.Spec.RunAs != nil {
 			used[r.Spec.RunAs.UID] = true
 		}
-	}
+	})
 	return used
 }
 
 // launch starts a pool domain of a shape, paused before its first
 // instruction.
-func (h *Hypervisor) launch(conn *libvirt.Connect, p *pool, d *poolDomain, tmpl ports.VMSpec) error {
+func (p *pool) launch(conn *libvirt.Connect, d *poolDomain, tmpl ports.VMSpec) error {
 	if d.uid < 0 {
 		return fmt.Errorf("every user of the pool's range runs a pool domain or a VM claimed from one")
 	}
-	h.mu.Lock()
-	accel := h.accel
-	h.mu.Unlock()
+	accel := p.env.vms.settings().accel
 	d.base = tmpl.Disks[0].Overlay.BasePath
-	done, err := h.grantNow(d.uuid, d.uid, []string{d.base})
+	done, err := p.env.grants.grantNow(d.uuid, d.uid, []string{d.base})
 	if err != nil {
 		return err
 	}
@@ -181,31 +177,31 @@ func (h *Hypervisor) launch(conn *libvirt.Connect, p *pool, d *poolDomain, tmpl 
 	return nil
 }
 
-// destroyPoolDomain ends a pool domain (transient: it vanishes) or a
+// destroy ends a pool domain (transient: it vanishes) or a
 // domain whose claim did not finish (persistent already: undefined too),
 // and removes files (its console log and root overlay, unless a VM's
 // record holds them).
-func (h *Hypervisor) destroyPoolDomain(conn *libvirt.Connect, domUUID, why string, files ...string) {
+func (p *pool) destroy(conn *libvirt.Connect, domUUID, why string, files ...string) {
 	dom, err := conn.LookupDomainByUUIDString(domUUID)
 	if err == nil {
 		name, _ := dom.GetName()
 		if active, _ := dom.IsActive(); active {
 			if err := dom.Destroy(); err != nil {
-				h.log.WithError(err).WithField("domain", name).Warn("pool: destroy domain")
+				p.env.log.WithError(err).WithField("domain", name).Warn("pool: destroy domain")
 			}
 		}
 		if persistent, _ := dom.IsPersistent(); persistent {
 			if err := dom.UndefineFlags(libvirt.DOMAIN_UNDEFINE_NVRAM); err != nil {
-				h.log.WithError(err).WithField("domain", name).Warn("pool: undefine domain")
+				p.env.log.WithError(err).WithField("domain", name).Warn("pool: undefine domain")
 			}
 		}
 		dom.Free()
-		h.log.WithFields(logrus.Fields{"domain": name, "why": why}).Info("pool: domain destroyed")
+		p.env.log.WithFields(logrus.Fields{"domain": name, "why": why}).Info("pool: domain destroyed")
 	}
 	for _, f := range files {
 		removeFiles(append(rotatedLogs(f), f)...)
 	}
-	h.syncGrantsSoon() // its user's entries go
+	p.env.grants.syncSoon() // its user's entries go
 }
 
 // checkReady drops ready pool domains that are gone, no longer paused
@@ -213,8 +209,8 @@ func (h *Hypervisor) destroyPoolDomain(conn *libvirt.Connect, domUUID, why strin
 // would keep its file allocated), and destroys strays: this plugin's pool
 // domains it does not hold (a launch that ended after the plugin that
 // asked for it gave up on it).
-func (h *Hypervisor) checkReady(p *pool) {
-	conn, err := h.connection()
+func (p *pool) checkReady() {
+	conn, err := p.env.live()
 	if err != nil {
 		return
 	}
@@ -241,10 +237,10 @@ func (h *Hypervisor) checkReady(p *pool) {
 			p.dropShapeLocked(d.shape)
 		}
 		p.mu.Unlock()
-		h.destroyPoolDomain(conn, d.uuid, why, d.console, d.root)
+		p.destroy(conn, d.uuid, why, d.console, d.root)
 		p.poke()
 	}
-	h.destroyStrays(conn, p)
+	p.destroyStrays(conn)
 }
 
 // destroyStrays destroys this plugin's pool domains that it neither holds
@@ -252,7 +248,7 @@ func (h *Hypervisor) checkReady(p *pool) {
 // What the pool holds is read before the records: a claim saves its VM's
 // record before it lets its domain go, so a domain listed here is in one
 // or the other.
-func (h *Hypervisor) destroyStrays(conn *libvirt.Connect, p *pool) {
+func (p *pool) destroyStrays(conn *libvirt.Connect) {
 	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_TRANSIENT)
 	if err != nil {
 		return
@@ -269,11 +265,9 @@ func (h *Hypervisor) destroyStrays(conn *libvirt.Connect, p *pool) {
 		held[strings.ToLower(d.uuid)] = true
 	}
 	p.mu.Unlock()
-	h.mu.Lock()
-	for _, r := range h.records {
+	p.env.vms.each(func(r *record) {
 		held[strings.ToLower(r.Spec.UUID)] = true
-	}
-	h.mu.Unlock()
+	})
 	prefix := poolPrefix + p.owner + "-"
 	for i := range doms {
 		name, _ := doms[i].GetName()
@@ -281,7 +275,7 @@ func (h *Hypervisor) destroyStrays(conn *libvirt.Connect, p *pool) {
 		doms[i].Free()
 		if strings.HasPrefix(name, prefix) && u != "" && !held[strings.ToLower(u)] {
 			console, root := p.files(name)
-			h.destroyPoolDomain(conn, u, "a stray: no launch of this plugin holds it", console, root)
+			p.destroy(conn, u, "a stray: no launch of this plugin holds it", console, root)
 		}
 	}
 }
@@ -298,26 +292,23 @@ func pristine(conn *libvirt.Connect, domUUID string) bool {
 	return err == nil && state == libvirt.DOMAIN_PAUSED && libvirt.DomainPausedReason(reason) == libvirt.DOMAIN_PAUSED_USER
 }
 
-// sweepPool reconciles the pool with libvirt after (re)connecting: this
+// sweep reconciles the pool with libvirt after (re)connecting: this
 // plugin's pool domains that are paused and of a wanted shape are taken
 // up, any other is destroyed, and so is a domain whose claim a crash
 // interrupted (its VM's record says claiming; the core then undoes the
 // VM's creation).
-func (h *Hypervisor) sweepPool() {
-	h.mu.Lock()
-	p := h.pool
+func (p *pool) sweep() {
 	claims := map[string]claimState{}
-	for _, r := range h.records {
+	p.env.vms.each(func(r *record) {
 		claims[strings.ToLower(r.Spec.UUID)] = r.Claim
-	}
-	h.mu.Unlock()
-	conn, err := h.connection()
-	if p == nil || err != nil {
+	})
+	conn, err := p.env.live()
+	if err != nil {
 		return
 	}
 	doms, err := conn.ListAllDomains(0)
 	if err != nil {
-		h.log.WithError(err).Warn("pool: list domains")
+		p.env.log.WithError(err).Warn("pool: list domains")
 		return
 	}
 	prefix := poolPrefix + p.owner + "-"
@@ -337,7 +328,7 @@ func (h *Hypervisor) sweepPool() {
 		switch claim, known := claims[strings.ToLower(u)]; {
 		case inProgress:
 		case known && claim == claiming:
-			h.destroyPoolDomain(conn, u, "its claim was interrupted") // its files are its VM's record's
+			p.destroy(conn, u, "its claim was interrupted") // its files are its VM's record's
 		case known:
 			// A VM's domain now.
 		default:
@@ -357,7 +348,7 @@ func (h *Hypervisor) sweepPool() {
 				}
 			}
 			if !persistent { // a persistent one without record is an orphan VM: the core removes it
-				h.destroyPoolDomain(conn, u, "left by an earlier plugin process, not reusable", console, root)
+				p.destroy(conn, u, "left by an earlier plugin process, not reusable", console, root)
 			}
 		}
 		dom.Free()
@@ -376,12 +367,12 @@ func (h *Hypervisor) sweepPool() {
 	}
 	n := len(p.ready)
 	p.mu.Unlock()
-	defer h.removePoolLeftovers(p)
+	defer p.removeLeftovers()
 	for _, d := range extra {
-		h.destroyPoolDomain(conn, d.uuid, "its shape is no longer wanted", d.console, d.root)
+		p.destroy(conn, d.uuid, "its shape is no longer wanted", d.console, d.root)
 	}
 	if n > 0 {
-		h.log.WithField("domains", n).Info("pool: took up the domains an earlier plugin process launched")
+		p.env.log.WithField("domains", n).Info("pool: took up the domains an earlier plugin process launched")
 	}
 	p.poke()
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
 	"github.com/virtlet/virtlet/ports"
 )
@@ -105,41 +107,51 @@ func validID(id string) error {
 	return nil
 }
 
-func (h *Hypervisor) recordPath(id string) string {
-	return filepath.Join(h.stateDir, "records", id+".json")
+// recordStore keeps the records as files, one per VM, below the plugin's
+// state directory. It holds no lock: the record it saves is guarded by
+// h.mu, which save's callers hold.
+type recordStore struct {
+	stateDir string
+	log      logrus.FieldLogger
 }
 
-// saveRecord writes a record atomically and durably; callers hold h.mu.
-func (h *Hypervisor) saveRecord(r *record) error {
+func (s recordStore) dir() string { return filepath.Join(s.stateDir, "records") }
+
+func (s recordStore) path(id string) string {
+	return filepath.Join(s.dir(), id+".json")
+}
+
+// save writes a record atomically and durably; callers hold h.mu.
+func (s recordStore) save(r *record) error {
 	data, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.Write(h.recordPath(r.Spec.ID), data, 0o600); err != nil {
+	if err := atomicfile.Write(s.path(r.Spec.ID), data, 0o600); err != nil {
 		return fmt.Errorf("save VM record: %w", err)
 	}
 	return nil
 }
 
-func (h *Hypervisor) deleteRecord(id string) error {
-	if err := os.Remove(h.recordPath(id)); err != nil && !os.IsNotExist(err) {
+func (s recordStore) remove(id string) error {
+	if err := os.Remove(s.path(id)); err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	return nil
 }
 
-// loadRecords reads every saved record. One that cannot be read back is
-// set aside (see quarantine): the plugin starts with the others.
-func (h *Hypervisor) loadRecords() (map[string]*record, error) {
-	dir := filepath.Join(h.stateDir, "records")
+// load reads every saved record. One that cannot be read back is set
+// aside (see quarantine): the plugin starts with the others.
+func (s recordStore) load() (map[string]*record, error) {
+	dir := s.dir()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	for _, d := range []string{dir, h.stateDir} { // records; the accelerator cache
+	for _, d := range []string{dir, s.stateDir} { // records; the accelerator cache
 		if removed, err := atomicfile.RemoveTemps(d); err != nil {
 			return nil, err
 		} else if len(removed) > 0 {
-			h.log.WithField("files", removed).Info("removed what interrupted writes left")
+			s.log.WithField("files", removed).Info("removed what interrupted writes left")
 		}
 	}
 	entries, err := os.ReadDir(dir)
@@ -161,7 +173,7 @@ func (h *Hypervisor) loadRecords() (map[string]*record, error) {
 			err = errors.New("the record holds no valid VM ID")
 		}
 		if err != nil {
-			h.quarantine(p, err)
+			s.quarantine(p, err)
 			continue
 		}
 		out[r.Spec.ID] = r
@@ -174,8 +186,8 @@ func (h *Hypervisor) loadRecords() (map[string]*record, error) {
 // removes it, as after a crash between defining and recording. The log
 // names the file and the parse error, never the content (it may hold
 // parts of the VM's spec).
-func (h *Hypervisor) quarantine(p string, why error) {
-	log := h.log.WithError(why).WithField("path", p)
+func (s recordStore) quarantine(p string, why error) {
+	log := s.log.WithError(why).WithField("path", p)
 	aside, err := atomicfile.Quarantine(p, time.Now())
 	if err != nil {
 		log.WithField("quarantineError", err.Error()).Error("unreadable VM record; could not set it aside, ignoring it")

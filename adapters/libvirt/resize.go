@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -44,7 +45,7 @@ func (h *Hypervisor) SetMemory(ctx context.Context, id string, bytes int64) erro
 	defer h.mu.Unlock()
 	old := r.Spec.MemoryBytes
 	r.Spec.MemoryBytes = bytes
-	if err := h.saveRecord(r); err != nil {
+	if err := h.store.save(r); err != nil {
 		r.Spec.MemoryBytes = old // the record on disk still says so
 		return err
 	}
@@ -78,7 +79,7 @@ func (h *Hypervisor) SetCPULimits(ctx context.Context, id string, l ports.CPULim
 	defer h.mu.Unlock()
 	old := r.Spec.CPULimits
 	r.Spec.CPULimits = l
-	if err := h.saveRecord(r); err != nil {
+	if err := h.store.save(r); err != nil {
 		r.Spec.CPULimits = old
 		return err
 	}
@@ -129,7 +130,7 @@ func (h *Hypervisor) SetVCPUs(ctx context.Context, id string, n int) error {
 		}
 		// An onlining of an earlier grow ends first (its last agent call
 		// included): it must not online vCPUs after this resize.
-		h.stopOnliningVCPUs(id)
+		h.onliner.stop(id)
 		if n < old {
 			if err := onlineGuestVCPUs(ctx, dom, n); err != nil {
 				return fmt.Errorf("take vCPUs of VM %s offline (%d to %d) through its guest agent: %w: %w", name, old, n, err, ports.ErrFailedPrecondition)
@@ -143,7 +144,7 @@ func (h *Hypervisor) SetVCPUs(ctx context.Context, id string, n int) error {
 	}
 	h.mu.Lock()
 	r.Spec.VCPUs = n
-	if err := h.saveRecord(r); err != nil {
+	if err := h.store.save(r); err != nil {
 		r.Spec.VCPUs = old // the record on disk still says so
 		h.mu.Unlock()
 		return err
@@ -154,7 +155,7 @@ func (h *Hypervisor) SetVCPUs(ctx context.Context, id string, n int) error {
 		// which a busy TCG guest may handle a minute later; its agent may
 		// be busy with execs meanwhile. The resize returns now and the
 		// agent onlines them when it can.
-		h.onlineVCPUsLater(r, n, log)
+		h.onliner.later(r, n, log)
 	}
 	log.Info("vCPUs set")
 	return nil
@@ -198,72 +199,15 @@ const (
 	vcpuOnlineRetry  = time.Second
 )
 
-// onlineVCPUsLater has the guest's agent bring n vCPUs online in the
-// background, retrying until it has, the VM is shut off or removed,
-// another resize or close supersedes it, or vcpuOnlineWindow ends.
-func (h *Hypervisor) onlineVCPUsLater(r *record, n int, log logrus.FieldLogger) {
-	id := r.Spec.ID
-	h.stopOnliningVCPUs(id)
-	ctx, cancel := context.WithTimeout(context.Background(), vcpuOnlineWindow)
-	job := &onlining{cancel: cancel, done: make(chan struct{})}
-	h.mu.Lock()
-	if h.onlining == nil {
-		h.onlining = map[string]*onlining{}
-	}
-	h.onlining[id] = job
-	h.mu.Unlock()
-	go func() {
-		defer close(job.done)
-		defer cancel()
-		defer func() {
-			h.mu.Lock()
-			if h.onlining[id] == job {
-				delete(h.onlining, id)
-			}
-			h.mu.Unlock()
-		}()
-		var err error
-		for attempt := 0; ; attempt++ {
-			if attempt > 0 {
-				select {
-				case <-ctx.Done():
-				case <-time.After(vcpuOnlineRetry):
-				}
-			}
-			if ctx.Err() != nil {
-				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-					log.WithError(err).Warn("vCPUs hot-plugged; the guest's agent did not bring them online (the guest may do it itself)")
-				}
-				return
-			}
-			h.mu.Lock()
-			gone := h.records[id] != r
-			h.mu.Unlock()
-			if gone {
-				return // removed (a record of its own for a redefined VM)
-			}
-			var dom *libvirt.Domain
-			if dom, err = h.agentDomain(r); err != nil {
-				continue
-			}
-			state, _, serr := dom.GetState()
-			switch {
-			case serr == nil && (state == libvirt.DOMAIN_SHUTOFF || state == libvirt.DOMAIN_CRASHED || state == libvirt.DOMAIN_SHUTDOWN):
-				dom.Free()
-				log.WithField("state", state).Info("the VM stopped before its hot-plugged vCPUs came online")
-				return
-			case serr == nil && state != libvirt.DOMAIN_RUNNING:
-				err = fmt.Errorf("the VM is not running (state %d)", state) // paused: later
-			default:
-				err = setGuestVCPUs(dom, n)
-			}
-			dom.Free()
-			if err == nil {
-				log.WithField("attempts", attempt+1).Info("hot-plugged vCPUs online")
-				return
-			}
-		}
-	}()
+// onliner has guests' agents bring hot-plugged vCPUs online in the
+// background, one job per VM. Its lock guards jobs and is taken alone.
+type onliner struct {
+	vms vmSource
+	// domain returns a VM's domain on the guest agent's connection.
+	domain func(r *record) (*libvirt.Domain, error)
+
+	mu   sync.Mutex
+	jobs map[string]*onlining
 }
 
 // onlining is one background onlining of hot-plugged vCPUs; done closes
@@ -273,15 +217,101 @@ type onlining struct {
 	done   chan struct{}
 }
 
-// stopOnliningVCPUs cancels a background onlining of VM id's vCPUs and
-// waits until it has ended. Called without h.mu.
-func (h *Hypervisor) stopOnliningVCPUs(id string) {
-	h.mu.Lock()
-	job := h.onlining[id]
-	delete(h.onlining, id)
-	h.mu.Unlock()
+// later has the guest's agent bring n vCPUs online in the background,
+// retrying until it has, the VM is shut off or removed, another resize or
+// close supersedes it, or vcpuOnlineWindow ends.
+func (o *onliner) later(r *record, n int, log logrus.FieldLogger) {
+	id := r.Spec.ID
+	o.stop(id)
+	ctx, cancel := context.WithTimeout(context.Background(), vcpuOnlineWindow)
+	job := &onlining{cancel: cancel, done: make(chan struct{})}
+	o.mu.Lock()
+	if o.jobs == nil {
+		o.jobs = map[string]*onlining{}
+	}
+	o.jobs[id] = job
+	o.mu.Unlock()
+	go func() {
+		defer close(job.done)
+		defer cancel()
+		defer func() {
+			o.mu.Lock()
+			if o.jobs[id] == job {
+				delete(o.jobs, id)
+			}
+			o.mu.Unlock()
+		}()
+		o.run(ctx, r, n, log)
+	}()
+}
+
+// run retries onlining until it is done or ctx ends.
+func (o *onliner) run(ctx context.Context, r *record, n int, log logrus.FieldLogger) {
+	var err error
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(vcpuOnlineRetry):
+			}
+		}
+		if ctx.Err() != nil {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				log.WithError(err).Warn("vCPUs hot-plugged; the guest's agent did not bring them online (the guest may do it itself)")
+			}
+			return
+		}
+		if o.vms.record(r.Spec.ID) != r {
+			return // removed (a record of its own for a redefined VM)
+		}
+		var dom *libvirt.Domain
+		if dom, err = o.domain(r); err != nil {
+			continue
+		}
+		state, _, serr := dom.GetState()
+		switch {
+		case serr == nil && (state == libvirt.DOMAIN_SHUTOFF || state == libvirt.DOMAIN_CRASHED || state == libvirt.DOMAIN_SHUTDOWN):
+			dom.Free()
+			log.WithField("state", state).Info("the VM stopped before its hot-plugged vCPUs came online")
+			return
+		case serr == nil && state != libvirt.DOMAIN_RUNNING:
+			err = fmt.Errorf("the VM is not running (state %d)", state) // paused: later
+		default:
+			err = setGuestVCPUs(dom, n)
+		}
+		dom.Free()
+		if err == nil {
+			log.WithField("attempts", attempt+1).Info("hot-plugged vCPUs online")
+			return
+		}
+	}
+}
+
+// stop cancels a background onlining of VM id's vCPUs and waits until it
+// has ended. Called without h.mu.
+func (o *onliner) stop(id string) {
+	o.mu.Lock()
+	job := o.jobs[id]
+	delete(o.jobs, id)
+	o.mu.Unlock()
 	if job != nil {
 		job.cancel()
+		<-job.done
+	}
+}
+
+// stopAll cancels every onlining and waits until they have ended (an
+// agent call in flight ends at its own timeout).
+func (o *onliner) stopAll() {
+	o.mu.Lock()
+	var jobs []*onlining
+	for id, job := range o.jobs {
+		job.cancel()
+		jobs = append(jobs, job)
+		delete(o.jobs, id)
+	}
+	o.mu.Unlock()
+	for _, job := range jobs {
 		<-job.done
 	}
 }

@@ -17,13 +17,13 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
-// resume takes up the VMs of the records after (re)connecting: states
-// that changed while nobody listened, and console streams of running VMs.
-// The dispatcher does it (see dispatch); resume waits for it.
-func (h *Hypervisor) resume() {
-	done := make(chan struct{})
-	h.resyncs <- done
-	<-done
+// reconciler keeps the records true to libvirt: it applies the events
+// the dispatcher hands it, resynchronises, records how VMs ended, and
+// streams running VMs' consoles to their CRI logs. It works on the
+// records, console tailers and Stop waiters of h, under h.mu, whose
+// methods that end in Locked need it held.
+type reconciler struct {
+	h *Hypervisor
 }
 
 // resync compares what libvirt says of the records' domains with what the
@@ -33,8 +33,8 @@ func (h *Hypervisor) resume() {
 // more (for its shutoff reason). libvirt is asked without h.mu held (a
 // slow domain must not hold up calls about others); what it says applies
 // only to a record that did not change meanwhile.
-func (h *Hypervisor) resync() {
-	conn, err := h.connection()
+func (rc *reconciler) resync() {
+	conn, err := rc.h.conn.current()
 	if err != nil {
 		return // the reconnection resumes
 	}
@@ -43,21 +43,21 @@ func (h *Hypervisor) resync() {
 		seq   uint64
 		state ports.VMState
 	}
-	h.mu.Lock()
-	checks := make([]check, 0, len(h.records))
-	for _, r := range h.records {
+	rc.h.mu.Lock()
+	checks := make([]check, 0, len(rc.h.records))
+	for _, r := range rc.h.records {
 		if r.Prelaunched || r.Claim == claiming {
 			continue // its domain is paused before its first instruction: defined, not running
 		}
 		checks = append(checks, check{r, r.seq, r.State})
 	}
-	h.mu.Unlock()
+	rc.h.mu.Unlock()
 	if len(checks) == 0 {
 		return
 	}
 	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_ACTIVE)
 	if err != nil {
-		h.log.WithError(err).Warn("resync: list running domains")
+		rc.h.log.WithError(err).Warn("resync: list running domains")
 		return
 	}
 	active := map[string]bool{}
@@ -78,27 +78,27 @@ func (h *Hypervisor) resync() {
 				continue // gone: List no longer reports it, and the core records it as lost
 			}
 			var s libvirt.DomainState
-			s, reason, err = h.domainState(dom)
+			s, reason, err = rc.h.domainState(dom)
 			dom.Free()
 			if err != nil || s != libvirt.DOMAIN_SHUTOFF {
 				continue // started again since the list
 			}
 			state = libvirt.DOMAIN_SHUTOFF
 		}
-		h.mu.Lock()
-		if r := c.r; h.records[r.Spec.ID] == r && r.seq == c.seq {
-			h.resumeLocked(r, state, reason)
+		rc.h.mu.Lock()
+		if r := c.r; rc.h.records[r.Spec.ID] == r && r.seq == c.seq {
+			rc.resumeLocked(r, state, reason)
 			if r.State != c.state {
-				h.notifyLocked(r.status())
+				rc.h.watchers.notify(r.status())
 			}
 		}
-		h.mu.Unlock()
+		rc.h.mu.Unlock()
 	}
 }
 
 // resumeLocked applies a domain's state found by resync; callers hold
 // h.mu.
-func (h *Hypervisor) resumeLocked(r *record, state libvirt.DomainState, reason int) {
+func (rc *reconciler) resumeLocked(r *record, state libvirt.DomainState, reason int) {
 	switch {
 	case state == libvirt.DOMAIN_RUNNING || state == libvirt.DOMAIN_PAUSED || state == libvirt.DOMAIN_BLOCKED:
 		if r.State != ports.VMRunning {
@@ -107,67 +107,67 @@ func (h *Hypervisor) resumeLocked(r *record, state libvirt.DomainState, reason i
 			if r.StartedAt.IsZero() || r.FinishedAt.After(r.StartedAt) {
 				r.StartedAt, r.FinishedAt = time.Now().UTC(), time.Time{} // started where no event told
 			}
-			h.saveRecord(r)
-			h.log.WithFields(logrus.Fields{"vm": r.Spec.Name}).Info("VM found running")
+			rc.h.store.save(r)
+			rc.h.log.WithFields(logrus.Fields{"vm": r.Spec.Name}).Info("VM found running")
 		}
-		if h.tailers[r.Spec.ID] == nil {
-			h.startTailerLocked(r)
+		if rc.h.tailers[r.Spec.ID] == nil {
+			rc.startTailerLocked(r)
 		}
 	case state == libvirt.DOMAIN_SHUTOFF && r.State == ports.VMRunning:
-		h.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
-		h.saveRecord(r)
-		h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "reason": r.Reason}).Info("VM found stopped")
+		rc.exitLocked(r, exitFromShutoff(libvirt.DomainShutoffReason(reason), r))
+		rc.h.store.save(r)
+		rc.h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "reason": r.Reason}).Info("VM found stopped")
 	}
 }
 
-func (h *Hypervisor) startTailerLocked(r *record) {
+func (rc *reconciler) startTailerLocked(r *record) {
 	id := r.Spec.ID
 	t, err := startTailer(r.ConsoleLog, r.Spec.ConsoleLogPath, r.ConsoleOffset, r.ConsoleInode, func(off int64, ino uint64) {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		if rec := h.records[id]; rec != nil {
+		rc.h.mu.Lock()
+		defer rc.h.mu.Unlock()
+		if rec := rc.h.records[id]; rec != nil {
 			rec.ConsoleOffset, rec.ConsoleInode = off, ino
-			h.saveRecord(rec)
+			rc.h.store.save(rec)
 		}
-	}, h.log.WithField("vm", r.Spec.Name))
+	}, rc.h.log.WithField("vm", r.Spec.Name))
 	if err != nil {
-		h.log.WithError(err).WithField("vm", r.Spec.Name).Error("cannot stream the console to the CRI log")
+		rc.h.log.WithError(err).WithField("vm", r.Spec.Name).Error("cannot stream the console to the CRI log")
 		return
 	}
-	h.tailers[id] = t
+	rc.h.tailers[id] = t
 }
 
 // stampOwners names this plugin instance the owner of its VMs' domains
 // that name none: VMs that claimed a pool domain before a claim recorded
 // its owner (or made before owners were). Another plugin instance on the
 // same libvirtd would take them for orphans of its own and remove them.
-func (h *Hypervisor) stampOwners() {
-	conn, err := h.connection()
+func (rc *reconciler) stampOwners() {
+	conn, err := rc.h.conn.current()
 	if err != nil {
 		return
 	}
-	h.mu.Lock()
-	rs := make([]*record, 0, len(h.records))
-	for _, r := range h.records {
+	rc.h.mu.Lock()
+	rs := make([]*record, 0, len(rc.h.records))
+	for _, r := range rc.h.records {
 		if r.Claim != claiming {
 			rs = append(rs, r)
 		}
 	}
-	h.mu.Unlock()
+	rc.h.mu.Unlock()
 	for _, r := range rs {
 		dom, err := conn.LookupDomainByUUIDString(r.Spec.UUID)
 		if err != nil {
 			continue
 		}
-		if m, ok := ours(dom, h.owner); ok && m.Owner == "" && m.ID == r.Spec.ID {
+		if m, ok := ours(dom, rc.h.owner); ok && m.Owner == "" && m.ID == r.Spec.ID {
 			flags := libvirt.DOMAIN_AFFECT_CONFIG
 			if active, _ := dom.IsActive(); active {
 				flags |= libvirt.DOMAIN_AFFECT_LIVE
 			}
-			if err := setVMMetadata(dom, r.Spec, h.owner, flags); err != nil {
-				h.log.WithError(err).WithField("vm", r.Spec.Name).Warn("name this plugin instance the owner of the VM's domain")
+			if err := setVMMetadata(dom, r.Spec, rc.h.owner, flags); err != nil {
+				rc.h.log.WithError(err).WithField("vm", r.Spec.Name).Warn("name this plugin instance the owner of the VM's domain")
 			} else {
-				h.log.WithField("vm", r.Spec.Name).Info("the VM's domain now names its owner")
+				rc.h.log.WithField("vm", r.Spec.Name).Info("the VM's domain now names its owner")
 			}
 		}
 		dom.Free()
@@ -211,15 +211,16 @@ func setVMMetadata(dom *libvirt.Domain, s ports.VMSpec, owner string, flags libv
 	return dom.SetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, string(meta), metadataKey, MetadataNS, flags)
 }
 
-// findOrphan finds a domain of ours that has no record.
-func (h *Hypervisor) findOrphan(conn *libvirt.Connect, id string) (*libvirt.Domain, error) {
+// findOrphan finds a domain of the plugin instance owner that has no
+// record.
+func findOrphan(conn *libvirt.Connect, owner, id string) (*libvirt.Domain, error) {
 	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_PERSISTENT)
 	if err != nil {
 		return nil, err
 	}
 	var found *libvirt.Domain
 	for i := range doms {
-		if m, ok := ours(&doms[i], h.owner); ok && m.ID == id && found == nil {
+		if m, ok := ours(&doms[i], owner); ok && m.ID == id && found == nil {
 			found = &doms[i]
 			continue
 		}

@@ -56,10 +56,10 @@ func TestEventsLostToAFullQueueAreRecovered(t *testing.T) {
 	// Stall the dispatcher on an event and fill the queue behind it.
 	h.mu.Lock()
 	junk := event{uuid: "00000000-0000-0000-0000-000000000000", kind: libvirt.DOMAIN_EVENT_STARTED}
-	h.events <- junk
+	h.events.queued <- junk
 	for full := false; !full; {
 		select {
-		case h.events <- junk:
+		case h.events.queued <- junk:
 		default:
 			full = true
 		}
@@ -91,7 +91,7 @@ func TestEventsLostToAFullQueueAreRecovered(t *testing.T) {
 // Without any event at all (one lost without the queue overflowing, in
 // libvirt or on the wire), the periodic resynchronisation catches up.
 func TestStatesAreResynchronisedPeriodically(t *testing.T) {
-	h := configured(t, t.TempDir(), quietLog(), func(h *Hypervisor) { h.resyncEvery = 100 * time.Millisecond })
+	h := configured(t, t.TempDir(), quietLog(), func(h *Hypervisor) { h.events.every = 100 * time.Millisecond })
 	// a: running by its record, off in libvirt; b: the reverse.
 	a := addVM(t, h, ports.VMRunning, false)
 	b := addVM(t, h, ports.VMStopped, false)
@@ -122,7 +122,7 @@ func TestStatesAreResynchronisedPeriodically(t *testing.T) {
 // does so whenever a watch ends).
 func TestSlowWatcherIsCutOff(t *testing.T) {
 	h := New(quietLog())
-	h.ready, h.conn = true, testConn(t)
+	h.conn.ready, h.conn.open = true, testConn(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	w, err := h.Watch(ctx)
@@ -131,7 +131,7 @@ func TestSlowWatcherIsCutOff(t *testing.T) {
 	}
 	h.mu.Lock()
 	for i := range cap(w) + 1 {
-		h.notifyLocked(ports.VMStatus{ID: "0123456789abcdef", State: ports.VMRunning, ExitCode: int32(i)})
+		h.watchers.notify(ports.VMStatus{ID: "0123456789abcdef", State: ports.VMRunning, ExitCode: int32(i)})
 	}
 	h.mu.Unlock()
 	timeout := time.After(2 * time.Second)
@@ -167,8 +167,8 @@ func TestWatchdogFiringIsTheExitReason(t *testing.T) {
 		h.mu.Lock()
 		r.Spec.Watchdog = &ports.Watchdog{Model: "i6300esb", Action: tc.action}
 		h.mu.Unlock()
-		h.events <- event{uuid: r.Spec.UUID, watchdog: tc.action}
-		h.events <- event{uuid: r.Spec.UUID, kind: libvirt.DOMAIN_EVENT_STOPPED, detail: int(libvirt.DOMAIN_EVENT_STOPPED_DESTROYED)}
+		h.events.queued <- event{uuid: r.Spec.UUID, watchdog: tc.action}
+		h.events.queued <- event{uuid: r.Spec.UUID, kind: libvirt.DOMAIN_EVENT_STOPPED, detail: int(libvirt.DOMAIN_EVENT_STOPPED_DESTROYED)}
 		st := waitFor(t, w, r.Spec.ID, ports.VMStopped)
 		if st.Reason != tc.reason || (tc.reason == "Watchdog" && (st.ExitCode != 1 || !strings.Contains(st.Message, "i6300esb watchdog, which did poweroff"))) {
 			t.Errorf("watchdog %s, then stopped: %d %s %q", tc.action, st.ExitCode, st.Reason, st.Message)

@@ -21,7 +21,7 @@ import (
 // (every balloonPeriod seconds); NICs and disks are named as in the VM's
 // spec (the domain lists them in the spec's order).
 func (h *Hypervisor) Stats(ctx context.Context, ids []string) ([]ports.VMStats, error) {
-	conn, err := h.connection()
+	conn, err := h.conn.current()
 	if err != nil {
 		return nil, err
 	}
