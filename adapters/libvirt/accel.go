@@ -19,6 +19,9 @@ type accelerator struct {
 	DomainType string // libvirt domain type: "kvm" or "qemu"
 	Name       string // "kvm" or "tcg"
 	Reason     string // why, with the probe's figures
+	// TBCacheMiB is a TCG domain's translation cache size (0: QEMU's
+	// default); the plugin's tcgTranslationCacheMiB.
+	TBCacheMiB int
 	// probes are the probes' results the verdict came from (none when
 	// forced, without /dev/kvm, or read from the cache).
 	probes *probeResults
@@ -33,6 +36,10 @@ type probeResults struct {
 
 // kvmDevice is the KVM device QEMU opens for a KVM domain.
 const kvmDevice = "/dev/kvm"
+
+// maxTBCacheMiB is the largest translation cache the config takes: QEMU's
+// own default size.
+const maxTBCacheMiB = 1024
 
 var (
 	kvmAccel = accelerator{DomainType: "kvm", Name: "kvm"}

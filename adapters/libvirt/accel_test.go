@@ -131,6 +131,19 @@ func TestConfigureRefusesABadAgentWait(t *testing.T) {
 	}
 }
 
+// A translation cache size out of range fails Configure naming the field
+// and the range.
+func TestConfigureRefusesABadTranslationCache(t *testing.T) {
+	for _, v := range []string{"-1", "1025"} {
+		h := New(logrus.New())
+		err := h.Configure(context.Background(), ports.PluginConfig{Config: []byte(`{"tcgTranslationCacheMiB": ` + v + `}`), StateDir: t.TempDir()})
+		var inv *ports.InvalidError
+		if !errors.As(err, &inv) || inv.Field != "libvirt config tcgTranslationCacheMiB" || !strings.Contains(err.Error(), "0 (QEMU's default) to 1024") {
+			t.Errorf("tcgTranslationCacheMiB %s: %v", v, err)
+		}
+	}
+}
+
 func TestProbeVerdict(t *testing.T) {
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 	failed := errors.New("no result within 3s")

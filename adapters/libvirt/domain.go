@@ -42,6 +42,7 @@ type vmMetadata struct {
 type domainInput struct {
 	Spec       ports.VMSpec
 	DomainType string            // "kvm" or "qemu" (TCG)
+	TBCacheMiB int               // TCG's translation cache (0: QEMU's default)
 	DiskPaths  map[string]string // resolved paths of overlay disks, by disk name
 	ConsoleLog string            // raw serial log written by virtlogd
 	// Secrets are the UUIDs of the libvirt secrets holding network disks'

@@ -8,7 +8,7 @@ import (
 
 // setFirmware sets the machine, the firmware (BIOS, or UEFI with or
 // without Secure Boot), the SMBIOS the guest reads, and the platform
-// features (ACPI, APIC, Hyper-V's enlightenments).
+// features (ACPI, APIC, Hyper-V's enlightenments, TCG's translation cache).
 func setFirmware(d *libvirtxml.Domain, in domainInput, _ pciSlots) error {
 	s := in.Spec
 	d.OS = &libvirtxml.DomainOS{
@@ -23,6 +23,9 @@ func setFirmware(d *libvirtxml.Domain, in domainInput, _ pciSlots) error {
 		},
 	}}}}
 	d.Features = &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}}
+	if in.DomainType == tcgAccel.DomainType && in.TBCacheMiB > 0 {
+		d.Features.TCG = &libvirtxml.DomainFeatureTCG{TBCache: &libvirtxml.DomainFeatureTCGTBCache{Unit: "MiB", Size: uint(in.TBCacheMiB)}}
+	}
 	firmware(d, s)
 	if s.HyperV {
 		hyperV(d)

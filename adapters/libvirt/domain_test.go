@@ -233,3 +233,31 @@ func TestDomainRefusals(t *testing.T) {
 		})
 	}
 }
+
+// The plugin's tcgTranslationCacheMiB caps a TCG domain's translation
+// cache; a KVM domain, or the default 0, leaves QEMU's own.
+func TestTranslationCacheOnlyUnderTCG(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		tcg  bool
+		mib  int
+		want bool
+	}{
+		{name: "tcg, capped", tcg: true, mib: 32, want: true},
+		{name: "tcg, QEMU's default", tcg: true},
+		{name: "kvm", mib: 32},
+	} {
+		in := domainCase{name: "defaults", ann: map[string]string{annotations.TargetRuntime: annotations.TargetRuntimeValue}, tcg: tc.tcg}.input(t)
+		in.TBCacheMiB = tc.mib
+		got, err := domainXML(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if has := strings.Contains(got, `<tcg>`); has != tc.want {
+			t.Errorf("%s: <tcg> in the domain: %v, want %v", tc.name, has, tc.want)
+		}
+		if tc.want {
+			checkGolden(t, "tcg-translation-cache", got)
+		}
+	}
+}

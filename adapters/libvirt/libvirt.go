@@ -49,6 +49,10 @@ type Config struct {
 	QEMUStateDir string     `json:"qemuStateDir,omitempty" jsonschema_description:"libvirtd's QEMU state directory, which holds each running domain's private directory and guest agent socket"`
 	Pool         PoolConfig `json:"pool,omitempty" jsonschema_description:"domains launched paused ahead of the VMs that claim them; off unless size is set"`
 	AutoDumpDir  string     `json:"autoDumpDir,omitempty" jsonschema_description:"libvirtd's auto_dump_path: a VM's watchdog dumps there are pruned to its newest, and removed with the VM"`
+	// TCGTranslationCacheMiB caps each TCG VM's translated code (QEMU's
+	// tb-size; its default reserves 1 GiB and fills it as the guest runs
+	// new code). Ignored under KVM.
+	TCGTranslationCacheMiB int `json:"tcgTranslationCacheMiB,omitempty" jsonschema_description:"the most memory, in MiB, each VM's TCG translation cache holds (libvirt's <tcg><tb-cache>); 0: QEMU's default; ignored under KVM"`
 }
 
 // Hypervisor is the libvirt hypervisor adapter.
@@ -200,6 +204,10 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 		return &ports.InvalidError{Field: "libvirt config agentWait", Value: cfg.AgentWait, Allowed: "a duration of 0 or more, such as 2m or 30s"}
 	}
 	cfg.agentWait = wait
+	if cfg.TCGTranslationCacheMiB < 0 || cfg.TCGTranslationCacheMiB > maxTBCacheMiB {
+		return &ports.InvalidError{Field: "libvirt config tcgTranslationCacheMiB", Value: fmt.Sprint(cfg.TCGTranslationCacheMiB),
+			Allowed: fmt.Sprintf("0 (QEMU's default) to %d", maxTBCacheMiB)}
+	}
 	if pc.StateDir == "" {
 		return fmt.Errorf("libvirt plugin needs a state directory: %w", ports.ErrInvalidArgument)
 	}
@@ -241,6 +249,9 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 		Info("accelerator chosen")
 
 	startEventLoop(h.log)
+	if accel.DomainType == tcgAccel.DomainType {
+		accel.TBCacheMiB = cfg.TCGTranslationCacheMiB
+	}
 	h.mu.Lock()
 	h.records, h.accel = records, accel
 	h.mu.Unlock()

@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -244,4 +246,56 @@ func TestCPULimitBoundsTheVM(t *testing.T) {
 	}
 	c.Must(t, "rmp", "-f", sb)
 	assertNothingLeft(t, d, c)
+}
+
+// The libvirt plugin's tcgTranslationCacheMiB caps a TCG VM's translated
+// code: libvirt passes it to QEMU as tb-size, and QEMU's code buffer
+// mapping is that size instead of its default 1 GiB.
+func TestTranslationCacheIsCapped(t *testing.T) {
+	parallel(t)
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), harness.WithConfig(plugins(), "libvirt", "{tcgTranslationCacheMiB: 16}"))
+	d.Translate("test-images.yaml", translation)
+	d.Start()
+	c := d.Crictl(crictl)
+	c.Timeout = 3 * time.Minute
+	c.Must(t, "pull", tinyRef)
+	podJSON, ctrJSON := vmPod(t, d, "tbcache", nil, 128<<20)
+	_, ctr, _ := bootTiny(t, c, podJSON, ctrJSON)
+	domain := inspectCtr(t, c, ctr).VM.Name
+	xml, err := harness.Virsh("dumpxml", domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(xml, "<domain type='qemu'") && !strings.Contains(xml, `<domain type="qemu"`) {
+		t.Skip("the node's VMs run under KVM: no translation cache to cap")
+	}
+	if !strings.Contains(xml, "<tb-cache unit='MiB'>16</tb-cache>") {
+		t.Fatalf("the domain has no 16 MiB translation cache:\n%s", xml)
+	}
+	pid, err := harness.QEMUPID(domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmdline, _ := os.ReadFile("/proc/" + pid + "/cmdline")
+	if !strings.Contains(string(cmdline), "tb-size=16") {
+		t.Errorf("QEMU runs without tb-size=16: %q", strings.ReplaceAll(string(cmdline), "\x00", " "))
+	}
+	smaps, err := os.ReadFile("/proc/" + pid + "/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The code buffer is QEMU's one mapping both writable and executable
+	// (less a guard page at its end).
+	var sizesKB []int
+	lines := strings.Split(string(smaps), "\n")
+	for i, l := range lines {
+		if f := strings.Fields(l); len(f) >= 2 && f[1] == "rwxp" && i+1 < len(lines) {
+			var kb int
+			fmt.Sscanf(strings.TrimSpace(lines[i+1]), "Size: %d kB", &kb)
+			sizesKB = append(sizesKB, kb)
+		}
+	}
+	if len(sizesKB) != 1 || sizesKB[0] > 16<<10 || sizesKB[0] < 15<<10 {
+		t.Errorf("QEMU's code buffer mappings (kB): %v, want one of 16 MiB", sizesKB)
+	}
 }

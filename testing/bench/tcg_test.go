@@ -1,0 +1,139 @@
+package bench
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// tbCacheSizes are the TCG translation cache sizes measured, in MiB (0:
+// QEMU's default).
+var tbCacheSizes = []int{0, 64, 32, 16, 8}
+
+var tcgRuns = size(3, 1)
+
+// BenchmarkTCGTranslationCache boots the tiny guest with bare QEMU under
+// TCG, 128 MiB and one vCPU, for each translation cache size (QEMU's
+// tb-size, libvirt's <tcg><tb-cache>): the time to the guest's ready
+// marker, QEMU's resident memory once the guest is ready, and how much
+// of it the translation cache holds (the resident part of QEMU's code
+// buffer mapping). It tells what capping the cache saves per VM and what
+// the retranslation costs the boot: the libvirt plugin's
+// tcgTranslationCache. Medians of 3 runs each.
+func BenchmarkTCGTranslationCache(b *testing.B) {
+	image, err := harness.GuestImage("tiny")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	var rows []Row
+	var base tcgBoot
+	for _, mib := range tbCacheSizes {
+		var boots []tcgBoot
+		for i := 0; i < tcgRuns; i++ {
+			boots = append(boots, bootTCG(b, image, mib))
+		}
+		m := medianBoot(boots)
+		name := fmt.Sprintf("%d MiB", mib)
+		if mib == 0 {
+			name, base = "QEMU's default", m
+		}
+		rows = append(rows, Row{
+			Figure: "TCG translation cache " + name + ": tiny guest (128 MiB) to its ready marker; QEMU RSS; the cache's share",
+			Ours:   fmt.Sprintf("%s; RSS %.0f MiB; cache %.1f MiB", ms(m.ready), mibOf(m.rss), mibOf(m.cache)),
+			Floor:  fmt.Sprintf("default: %s; RSS %.0f MiB", ms(base.ready), mibOf(base.rss)),
+			Ratio:  ratioOf(float64(m.ready), float64(base.ready)),
+			Target: "≤ 40 MiB per tiny VM beyond its guest (issue 26)",
+		})
+	}
+	b.StopTimer()
+	fmt.Printf("\nTCG translation cache (bare QEMU, tiny guest, median of %d)\n", tcgRuns)
+	WriteTable(os.Stdout, rows)
+	record(rows...)
+}
+
+type tcgBoot struct {
+	ready      time.Duration
+	rss, cache int64
+}
+
+func medianBoot(boots []tcgBoot) tcgBoot {
+	var ready []time.Duration
+	var rss, cache []float64
+	for _, x := range boots {
+		ready = append(ready, x.ready)
+		rss = append(rss, float64(x.rss))
+		cache = append(cache, float64(x.cache))
+	}
+	return tcgBoot{ready: median(ready), rss: int64(medianF(rss)), cache: int64(medianF(cache))}
+}
+
+func mibOf(n int64) float64 { return float64(n) / (1 << 20) }
+
+// bootTCG boots the tiny guest with the given translation cache size
+// (MiB; 0: QEMU's default) to its ready marker and measures QEMU there.
+func bootTCG(b *testing.B, image string, tbMiB int) tcgBoot {
+	accel := "tcg"
+	if tbMiB > 0 {
+		accel += ",tb-size=" + strconv.Itoa(tbMiB)
+	}
+	start := time.Now()
+	cmd := exec.Command("qemu-system-x86_64", "-accel", accel, "-machine", "pc", "-m", "128", "-smp", "1",
+		"-nodefaults", "-display", "none", "-snapshot", "-drive", "file="+image+",format=qcow2,if=virtio",
+		"-serial", "stdio", "-no-reboot")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if !strings.Contains(sc.Text(), "@@TINY-READY") {
+			continue
+		}
+		boot := tcgBoot{ready: time.Since(start)}
+		if boot.rss, boot.cache, err = qemuCodeBuffer(cmd.Process.Pid); err != nil {
+			b.Fatal(err)
+		}
+		return boot
+	}
+	b.Fatalf("the tiny guest never printed its ready marker (tb-size %d MiB): %v", tbMiB, sc.Err())
+	return tcgBoot{}
+}
+
+// qemuCodeBuffer reads a QEMU's resident memory and the resident part of
+// its TCG code buffer: QEMU maps the buffer executable and writable at
+// once (rwxp), the only such mapping of the process.
+func qemuCodeBuffer(pid int) (rss, cache int64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	inCode := false
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		switch {
+		case len(fields) >= 2 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":"):
+			inCode = fields[1] == "rwxp" // a mapping's header line
+		case len(fields) == 3 && fields[0] == "Rss:":
+			kb, _ := strconv.ParseInt(fields[1], 10, 64)
+			rss += kb << 10
+			if inCode {
+				cache += kb << 10
+			}
+		}
+	}
+	return rss, cache, sc.Err()
+}
