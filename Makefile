@@ -194,6 +194,8 @@ PREFIX ?= /usr/local
 SYSCONFDIR ?= /etc
 KUBELET_VOLUME_PLUGIN_DIR ?= /usr/libexec/kubernetes/kubelet-plugins/volume/exec
 SYSTEMD_DIR ?= $(SYSCONFDIR)/systemd/system
+# systemd-tmpfiles reads /usr/local/lib/tmpfiles.d as well as /usr/lib's.
+TMPFILES_DIR ?= $(PREFIX)/lib/tmpfiles.d
 # virtletctl's shell completions (bash-completion, zsh and fish read these).
 COMPLETIONS = $(DESTDIR)$(PREFIX)/share/bash-completion/completions/virtletctl \
 	$(DESTDIR)$(PREFIX)/share/zsh/vendor-completions/_virtletctl \
@@ -218,6 +220,7 @@ install: build
 	install -d -m 0755 $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d
 	$(PATHS_SED) deploy/node/virtlet.service > $(DESTDIR)$(SYSTEMD_DIR)/virtlet.service
 	install -m 0644 deploy/node/10-virtlet.conf $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d/10-virtlet.conf
+	install -D -m 0644 deploy/node/virtlet-ksm.conf $(DESTDIR)$(TMPFILES_DIR)/virtlet-ksm.conf
 	set -e; for sh in bash zsh fish; do \
 	  case $$sh in bash) f=$(word 1,$(COMPLETIONS));; zsh) f=$(word 2,$(COMPLETIONS));; fish) f=$(word 3,$(COMPLETIONS));; esac; \
 	  install -d -m 0755 $$(dirname $$f); bin/virtletctl completion $$sh > $$f; chmod 0644 $$f; done
@@ -234,7 +237,7 @@ uninstall:
 	rm -rf "$(DESTDIR)$(KUBELET_VOLUME_PLUGIN_DIR)/virtlet~flexvolume_driver"
 	rm -f $(DESTDIR)$(SYSTEMD_DIR)/virtlet.service $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d/10-virtlet.conf
 	-rmdir $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d 2>/dev/null
-	rm -f $(COMPLETIONS)
+	rm -f $(COMPLETIONS) $(DESTDIR)$(TMPFILES_DIR)/virtlet-ksm.conf
 
 clean:
 	rm -rf bin
