@@ -21,7 +21,7 @@ type accelerator struct {
 	Reason     string // why, with the probe's figures
 	// TBCacheMiB is a TCG domain's translation cache size (0: QEMU's
 	// default); the plugin's tcgTranslationCacheMiB.
-	TBCacheMiB int
+	TBCacheMiB int `json:"-"`
 	// probes are the probes' results the verdict came from (none when
 	// forced, without /dev/kvm, or read from the cache).
 	probes *probeResults
@@ -88,12 +88,19 @@ func lastLine(b []byte) string {
 	return lines[len(lines)-1]
 }
 
-// cachedAccelerator returns the verdict of an earlier probe in dir, valid
-// while the host has not rebooted and QEMU has not changed; otherwise it
+// accelProbe chooses the accelerator the node's VMs run under by booting
+// a probe disk with its QEMU, and keeps its verdict in dir.
+type accelProbe struct {
+	qemu string // the emulator the probe runs
+	dir  string // where the verdict is kept
+}
+
+// choose returns the verdict of an earlier probe, valid while the host
+// has not rebooted and QEMU has not changed (cached true); otherwise it
 // probes and saves the verdict.
-func cachedAccelerator(ctx context.Context, want, qemu, dir string) (accelerator, bool) {
-	key := probeKey(qemu)
-	file := filepath.Join(dir, "accelerator.json")
+func (p accelProbe) choose(ctx context.Context, want string) (a accelerator, cached bool) {
+	key := probeKey(p.qemu)
+	file := filepath.Join(p.dir, "accelerator.json")
 	if want == "auto" && key != "" {
 		var saved struct {
 			Key   string
@@ -103,7 +110,7 @@ func cachedAccelerator(ctx context.Context, want, qemu, dir string) (accelerator
 			return saved.Accel, true
 		}
 	}
-	a := chooseAccelerator(ctx, want, qemu, dir)
+	a = p.probe(ctx, want)
 	if want == "auto" && key != "" {
 		if data, err := json.Marshal(struct {
 			Key   string
@@ -135,11 +142,11 @@ func probeKey(qemu string) string {
 	return fmt.Sprintf("rule %d %s %s %d %d", probeRule, strings.TrimSpace(string(boot)), path, info.Size(), info.ModTime().UnixNano())
 }
 
-// chooseAccelerator decides between KVM and TCG with a real probe: KVM is
+// probe decides between KVM and TCG with a real probe: KVM is
 // used only if the probe boots under it within the deadline and faster
 // than under TCG (probeVerdict). (On this project's CI machines /dev/kvm exists but
 // KVM guests crawl: the device file alone proves nothing.)
-func chooseAccelerator(ctx context.Context, want, qemu, dir string) accelerator {
+func (p accelProbe) probe(ctx context.Context, want string) accelerator {
 	switch want {
 	case "tcg":
 		a := tcgAccel
@@ -161,15 +168,15 @@ func chooseAccelerator(ctx context.Context, want, qemu, dir string) accelerator 
 		a.Reason = "no time left to probe KVM within the caller's deadline"
 		return a
 	}
-	disk := filepath.Join(dir, "accel-probe.img")
+	disk := filepath.Join(p.dir, "accel-probe.img")
 	if err := os.WriteFile(disk, probeDisk(), 0o644); err != nil {
 		a := tcgAccel
 		a.Reason = "cannot write the probe disk: " + err.Error()
 		return a
 	}
 	defer os.Remove(disk)
-	tcgTook, tcgErr := runProbe(ctx, qemu, "tcg", disk, tcgLimit)
-	kvmTook, kvmErr := runProbe(ctx, qemu, "kvm", disk, kvmLimit)
+	tcgTook, tcgErr := runProbe(ctx, p.qemu, "tcg", disk, tcgLimit)
+	kvmTook, kvmErr := runProbe(ctx, p.qemu, "kvm", disk, kvmLimit)
 	a := probeVerdict(tcgTook, tcgErr, kvmTook, kvmErr)
 	a.probes = &probeResults{TCG: tcgTook, KVM: kvmTook, TCGErr: tcgErr, KVMErr: kvmErr}
 	return a

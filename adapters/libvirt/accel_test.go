@@ -33,28 +33,28 @@ func TestProbeBootsUnderTCG(t *testing.T) {
 
 func TestProbeVerdictIsCachedPerBoot(t *testing.T) {
 	dir := t.TempDir()
-	first, cached := cachedAccelerator(context.Background(), "auto", "qemu-system-x86_64", dir)
+	first, cached := accelProbe{qemu: "qemu-system-x86_64", dir: dir}.choose(context.Background(), "auto")
 	if cached {
 		t.Fatal("a fresh directory had a cached verdict")
 	}
-	again, cached := cachedAccelerator(context.Background(), "auto", "qemu-system-x86_64", dir)
+	again, cached := accelProbe{qemu: "qemu-system-x86_64", dir: dir}.choose(context.Background(), "auto")
 	first.probes = nil // the figures of a verdict's probes are not kept
 	if !cached || again != first {
 		t.Fatalf("second call: %+v cached=%v, first %+v", again, cached, first)
 	}
 	os.WriteFile(filepath.Join(dir, "accelerator.json"), []byte(`{"Key":"another boot","Accel":{"Name":"kvm"}}`), 0o600)
-	if _, cached := cachedAccelerator(context.Background(), "auto", "qemu-system-x86_64", dir); cached {
+	if _, cached := (accelProbe{qemu: "qemu-system-x86_64", dir: dir}).choose(context.Background(), "auto"); cached {
 		t.Fatal("a verdict from another boot was reused")
 	}
 }
 
 func TestChooseAccelerator(t *testing.T) {
 	for _, want := range []string{"tcg", "kvm"} {
-		if a := chooseAccelerator(context.Background(), want, "qemu-system-x86_64", t.TempDir()); a.Name != want || !strings.Contains(a.Reason, "forced") {
+		if a := (accelProbe{qemu: "qemu-system-x86_64", dir: t.TempDir()}).probe(context.Background(), want); a.Name != want || !strings.Contains(a.Reason, "forced") {
 			t.Errorf("forced %s: %+v", want, a)
 		}
 	}
-	a := chooseAccelerator(context.Background(), "auto", "qemu-system-x86_64", t.TempDir())
+	a := accelProbe{qemu: "qemu-system-x86_64", dir: t.TempDir()}.probe(context.Background(), "auto")
 	if _, err := os.Stat("/dev/kvm"); err != nil {
 		// Without KVM the probe is not run at all.
 		if a.Name != "tcg" || a.Reason != "no /dev/kvm" {
@@ -76,7 +76,7 @@ func TestChooseAccelerator(t *testing.T) {
 		t.Fatalf("auto chose %s (%s) from KVM %s (%v) and TCG %s (%v)", a.Name, a.Reason, p.KVM, p.KVMErr, p.TCG, p.TCGErr)
 	}
 	t.Logf("auto: %s (%s)", a.Name, a.Reason)
-	if a := chooseAccelerator(context.Background(), "auto", "/nonexistent/qemu", t.TempDir()); a.Name != "tcg" || !strings.Contains(a.Reason, "both KVM") {
+	if a := (accelProbe{qemu: "/nonexistent/qemu", dir: t.TempDir()}).probe(context.Background(), "auto"); a.Name != "tcg" || !strings.Contains(a.Reason, "both KVM") {
 		if _, err := os.Stat("/dev/kvm"); err == nil {
 			t.Fatalf("broken QEMU: %+v", a)
 		}
@@ -113,7 +113,7 @@ func TestProbeLimitsFitTheDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	if _, err := os.Stat("/dev/kvm"); err == nil {
-		if a := chooseAccelerator(ctx, "auto", "qemu-system-x86_64", t.TempDir()); a.Name != "tcg" || !strings.Contains(a.Reason, "no time left") {
+		if a := (accelProbe{qemu: "qemu-system-x86_64", dir: t.TempDir()}).probe(ctx, "auto"); a.Name != "tcg" || !strings.Contains(a.Reason, "no time left") {
 			t.Fatalf("auto with 3 s left: %+v", a)
 		}
 	}

@@ -15,8 +15,9 @@
 // (Inspect, Diagnose, Display) serve their ports through vmSource;
 // grants keeps VM users' ACL entries; pool pre-launches paused domains;
 // onliner brings hot-plugged vCPUs online; machineTypes and dumps cache
-// libvirt's machine types and prune watchdog dumps. The accelerator probe
-// (accel.go) and the domain XML converter (domain*.go) are functions.
+// libvirt's machine types and prune watchdog dumps; accelProbe chooses
+// KVM or TCG by booting a probe disk. The domain XML converter
+// (domain*.go) is a table of pure functions, one per concern.
 package libvirt
 
 import (
@@ -244,7 +245,7 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	if err := diskfiles.Cleanup(filepath.Join(pc.StateDir, injectDir)); err != nil {
 		h.log.WithError(err).Warn("clean up after interrupted file writes")
 	}
-	accel, cached := cachedAccelerator(ctx, cfg.Accelerator, cfg.QEMU, pc.StateDir)
+	accel, cached := accelProbe{qemu: cfg.QEMU, dir: pc.StateDir}.choose(ctx, cfg.Accelerator)
 	h.log.WithFields(logrus.Fields{"accelerator": accel.Name, "domainType": accel.DomainType, "why": accel.Reason, "cached": cached}).
 		Info("accelerator chosen")
 
