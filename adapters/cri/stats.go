@@ -98,6 +98,22 @@ func memoryUsage(u *core.Usage) *runtimeapi.MemoryUsage {
 	return m
 }
 
+// podMemoryUsage is a VM pod's memory as the node pays for it: the host
+// memory its QEMU holds (the guest's touched memory, QEMU's own and the
+// translation cache), which kubelet's summary API, kubectl top's pod
+// figure and the eviction manager read for the pod (kubelet's
+// PodAndContainerStatsFromCRI). The container's figures stay the guest's
+// own view (memory in use less caches). Without a known RSS the pod's are
+// the container's.
+func podMemoryUsage(u *core.Usage) *runtimeapi.MemoryUsage {
+	m := memoryUsage(u)
+	if m == nil || u.RSSBytes == 0 {
+		return m
+	}
+	return &runtimeapi.MemoryUsage{Timestamp: m.Timestamp, WorkingSetBytes: u64(u.RSSBytes), UsageBytes: u64(u.RSSBytes), RssBytes: u64(u.RSSBytes),
+		PageFaults: m.PageFaults, MajorPageFaults: m.MajorPageFaults}
+}
+
 func sandboxStats(st core.SandboxStats) *runtimeapi.PodSandboxStats {
 	sb := st.Sandbox
 	out := &runtimeapi.PodSandboxStats{
@@ -113,7 +129,7 @@ func sandboxStats(st core.SandboxStats) *runtimeapi.PodSandboxStats {
 		// A VM pod's usage is its VM's.
 		ts := u.Timestamp.UnixNano()
 		out.Linux.Cpu = &runtimeapi.CpuUsage{Timestamp: ts, UsageCoreNanoSeconds: u64(u.CPUNanos)}
-		out.Linux.Memory = memoryUsage(u)
+		out.Linux.Memory = podMemoryUsage(u)
 		net := &runtimeapi.NetworkUsage{Timestamp: ts}
 		for _, n := range u.NICs {
 			iface := &runtimeapi.NetworkInterfaceUsage{Name: n.Name, RxBytes: u64(n.RxBytes), RxErrors: u64(n.RxErrors),

@@ -30,8 +30,10 @@ server alone (it starts no pod and mounts nothing of the nodes):
   - each such node is Ready (kubelet reports the runtime's and the pod network's
     readiness there), and its container runtime is Virtlet;
   - each such node's kubelet (its /configz, read through the API server's node
-    proxy) sends both runtime and image calls to that runtime's socket: an image
-    service endpoint elsewhere would pull VM images into another runtime.
+    proxy) sends both runtime and image calls to that runtime's socket (an image
+    service endpoint elsewhere would pull VM images into another runtime), and
+    has the feature gate ` + statsGate + ` on, without which it
+    reads a VM pod's usage from the pod's cgroup, which QEMU is not in.
 It prints what it checked, what it could not check (a warning: the API
 server proxies to no kubelet on a loopback address, and reading /configz
 needs get on nodes/proxy), and each problem with what to do, and exits 1
@@ -58,9 +60,14 @@ type validator struct {
 // kubeletConfig holds the fields of kubelet's /configz answer that
 // validate checks.
 type kubeletConfig struct {
-	ContainerRuntimeEndpoint string `json:"containerRuntimeEndpoint"`
-	ImageServiceEndpoint     string `json:"imageServiceEndpoint"`
+	ContainerRuntimeEndpoint string          `json:"containerRuntimeEndpoint"`
+	ImageServiceEndpoint     string          `json:"imageServiceEndpoint"`
+	FeatureGates             map[string]bool `json:"featureGates"`
 }
+
+// statsGate makes kubelet take a pod's usage from the runtime: a VM's
+// QEMU runs outside the pod's cgroup, where kubelet otherwise reads it.
+const statsGate = "PodAndContainerStatsFromCRI"
 
 func (k *kube) kubeletConfig(ctx context.Context, node string) (kubeletConfig, error) {
 	raw, err := k.client.CoreV1().RESTClient().Get().
@@ -163,6 +170,10 @@ func (v validator) checkNode(ctx context.Context, n *corev1.Node, unchecked *[]s
 	if cfg.ImageServiceEndpoint != "" && cfg.ImageServiceEndpoint != cfg.ContainerRuntimeEndpoint {
 		found = append(found, fmt.Sprintf("kubelet's imageServiceEndpoint %q is not its containerRuntimeEndpoint %q: VM images would be pulled by another runtime (leave imageServiceEndpoint empty)",
 			cfg.ImageServiceEndpoint, cfg.ContainerRuntimeEndpoint))
+	}
+	if !cfg.FeatureGates[statsGate] {
+		found = append(found, fmt.Sprintf("kubelet's feature gate %s is off: its summary API, kubectl top and the eviction manager see almost none of the VMs' memory and CPU (set featureGates: {%s: true})",
+			statsGate, statsGate))
 	}
 	return found
 }

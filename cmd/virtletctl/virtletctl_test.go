@@ -411,10 +411,12 @@ func TestValidate(t *testing.T) {
 	unlabelled := node("plain", "containerd://1.6.20", corev1.ConditionTrue)
 	unlabelled.Labels = nil
 	sock := "unix:///run/virtlet.sock"
+	gate := map[string]bool{"PodAndContainerStatsFromCRI": true}
 	configs := map[string]kubeletConfig{
-		"good":      {ContainerRuntimeEndpoint: sock},
-		"not-ready": {ContainerRuntimeEndpoint: sock},
-		"images":    {ContainerRuntimeEndpoint: sock, ImageServiceEndpoint: "unix:///run/containerd/containerd.sock"},
+		"good":      {ContainerRuntimeEndpoint: sock, FeatureGates: gate},
+		"not-ready": {ContainerRuntimeEndpoint: sock, FeatureGates: gate},
+		"images":    {ContainerRuntimeEndpoint: sock, ImageServiceEndpoint: "unix:///run/containerd/containerd.sock", FeatureGates: gate},
+		"no-gate":   {ContainerRuntimeEndpoint: sock},
 	}
 	configz := func(_ context.Context, n string) (kubeletConfig, error) {
 		cfg, ok := configs[n]
@@ -434,10 +436,12 @@ func TestValidate(t *testing.T) {
 		{"no nodes, no runtime class", []runtime.Object{unlabelled}, []string{
 			"problem: RuntimeClass virtlet does not exist", "problem: no node has the label extraRuntime=virtlet"}, false},
 		{"node problems", []runtime.Object{rc, node("not-ready", "virtlet://0.3.0", corev1.ConditionFalse),
-			node("images", "virtlet://0.3.0", corev1.ConditionTrue), node("forbidden", "containerd://1.6.20", corev1.ConditionTrue)}, []string{
+			node("images", "virtlet://0.3.0", corev1.ConditionTrue), node("forbidden", "containerd://1.6.20", corev1.ConditionTrue),
+			node("no-gate", "virtlet://0.3.0", corev1.ConditionTrue)}, []string{
 			"problem: node not-ready: not Ready (KubeletNotReady: container runtime network not ready)",
 			`problem: node images: kubelet's imageServiceEndpoint "unix:///run/containerd/containerd.sock" is not its containerRuntimeEndpoint`,
 			`problem: node forbidden: its container runtime is "containerd://1.6.20", not Virtlet`,
+			"problem: node no-gate: kubelet's feature gate PodAndContainerStatsFromCRI is off",
 			"warning: node forbidden: not checked: kubelet's configuration (/configz through the node proxy): you need get on nodes/proxy"}, false},
 	} {
 		v := validator{k: &kube{client: fake.NewSimpleClientset(tc.objects...)}, configz: configz}

@@ -56,7 +56,7 @@ func TestNodeInstall(t *testing.T) {
 			t.Errorf("virtlet.service lacks %q:\n%s", want, unit)
 		}
 	}
-	if dropIn, _ := os.ReadFile(filepath.Join(root, "etc/systemd/system/kubelet.service.d/10-virtlet.conf")); !strings.Contains(string(dropIn), "--container-runtime-endpoint=unix:///run/virtlet.sock") {
+	if dropIn, _ := os.ReadFile(filepath.Join(root, "etc/systemd/system/kubelet.service.d/10-virtlet.conf")); !strings.Contains(string(dropIn), "--container-runtime-endpoint=unix:///run/virtlet.sock --feature-gates=PodAndContainerStatsFromCRI=true") {
 		t.Errorf("kubelet drop-in:\n%s", dropIn)
 	}
 	// The manifests pin the installed binaries: the loader accepts each.

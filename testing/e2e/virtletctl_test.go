@@ -47,7 +47,11 @@ func TestKubeVirtletctlThroughTheAPIServer(t *testing.T) {
 	d.Translate("cloud.yaml", cloudTr)
 	d.Translate("test-images.yaml", translation)
 	d.Start()
-	k := harness.StartKube(t, kubeBin, d)
+	k := harness.StartControlPlane(t, kubeBin)
+	// kubelet takes a pod's usage from the runtime (the VM's), not from
+	// the pod's cgroup, which QEMU is not in.
+	k.FeatureGates = "{PodAndContainerStatsFromCRI: true}"
+	k.StartKubelet(d)
 	key, pub := sshKey(t)
 
 	manifest := filepath.Join(t.TempDir(), "pod.yaml")
@@ -298,35 +302,34 @@ spec:
 		if err != nil || json.Unmarshal([]byte(raw), &configz) != nil || configz.KubeletConfig["containerRuntimeEndpoint"] != "unix://"+d.Socket {
 			t.Errorf("kubelet's /configz has no containerRuntimeEndpoint %q: %v %.300s", "unix://"+d.Socket, err, raw)
 		}
+		if gates, _ := configz.KubeletConfig["featureGates"].(map[string]any); gates["PodAndContainerStatsFromCRI"] != true {
+			t.Errorf("kubelet's /configz has no featureGates.PodAndContainerStatsFromCRI: %v", configz.KubeletConfig["featureGates"])
+		}
 	})
 
 	t.Run("kubelet's summary API", func(t *testing.T) {
-		var summary struct {
-			Pods []struct {
-				PodRef     struct{ Name string }
-				Containers []struct {
-					Name   string
-					CPU    struct{ UsageCoreNanoSeconds uint64 }
-					Memory struct{ WorkingSetBytes uint64 }
-				}
-			}
+		// The pod's figures are what its QEMU costs the node, within 10 %:
+		// its resident memory, and its CPU time (read before and after
+		// the summary, which lies between).
+		domain := vmDomain(t, k, d, "ctl-vm")
+		pid, err := harness.QEMUPID(domain)
+		if err != nil {
+			t.Fatal(err)
 		}
-		// Straight from the kubelet: the API server's node proxy refuses
-		// loopback addresses.
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
-			raw, err := k.KubeletGet("/stats/summary")
-			if err == nil && json.Unmarshal([]byte(raw), &summary) == nil {
-				for _, p := range summary.Pods {
-					for _, c := range p.Containers {
-						if p.PodRef.Name == "ctl-vm" && c.CPU.UsageCoreNanoSeconds > 0 && c.Memory.WorkingSetBytes > 0 {
-							return
-						}
-					}
-				}
+			cpu0, rss0 := processCPU(pid), harness.QEMURSS(domain)
+			pod, err := podSummary(k, "ctl-vm")
+			cpu1, rss1 := processCPU(pid), harness.QEMURSS(domain)
+			if err == nil && pod.CPU.UsageCoreNanoSeconds > 0 && pod.Memory.WorkingSetBytes > 0 &&
+				within(float64(pod.Memory.WorkingSetBytes), float64(min(rss0, rss1)), float64(max(rss0, rss1)), 0.1) &&
+				within(float64(pod.CPU.UsageCoreNanoSeconds), float64(cpu0), float64(cpu1), 0.1) {
+				t.Logf("pod ctl-vm: working set %d (QEMU RSS %d–%d), CPU %d ns (QEMU %d–%d)",
+					pod.Memory.WorkingSetBytes, rss0, rss1, pod.CPU.UsageCoreNanoSeconds, cpu0, cpu1)
+				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("the summary API has no usage of the VM pod: %v\n%s", err, raw)
+				t.Fatalf("the summary API's pod figures are not QEMU's: %v; pod %+v; QEMU RSS %d–%d, CPU %d–%d ns", err, pod, rss0, rss1, cpu0, cpu1)
 			}
 			time.Sleep(5 * time.Second)
 		}
@@ -484,4 +487,67 @@ func pluginVersions(log string) map[string]string {
 		}
 	}
 	return out
+}
+
+// podStats is a pod's part of kubelet's summary API.
+type podStats struct {
+	CPU    struct{ UsageCoreNanoSeconds uint64 }
+	Memory struct{ WorkingSetBytes uint64 }
+}
+
+// podSummary reads a pod's figures from kubelet's summary API, straight
+// from the kubelet: the API server's node proxy refuses loopback
+// addresses.
+func podSummary(k *harness.Kube, name string) (podStats, error) {
+	raw, err := k.KubeletGet("/stats/summary")
+	if err != nil {
+		return podStats{}, err
+	}
+	var summary struct {
+		Pods []struct {
+			PodRef struct{ Name string }
+			podStats
+		}
+	}
+	if err := json.Unmarshal([]byte(raw), &summary); err != nil {
+		return podStats{}, err
+	}
+	for _, p := range summary.Pods {
+		if p.PodRef.Name == name {
+			return p.podStats, nil
+		}
+	}
+	return podStats{}, fmt.Errorf("no pod %s in the summary", name)
+}
+
+// processCPU is a process's CPU time so far, in nanoseconds (clock ticks
+// of 10 ms).
+func processCPU(pid string) uint64 {
+	stat, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseUint(f[11], 10, 64)
+	s, _ := strconv.ParseUint(f[12], 10, 64)
+	return (u + s) * uint64(10*time.Millisecond)
+}
+
+// within tells whether v lies in [lo, hi] widened by the fraction tol.
+func within(v, lo, hi, tol float64) bool {
+	return v >= lo*(1-tol) && v <= hi*(1+tol)
+}
+
+// vmDomain is the libvirt domain of a kube VM pod's VM, as the daemon
+// reports it.
+func vmDomain(t *testing.T, k *harness.Kube, d *harness.Daemon, pod string) string {
+	t.Helper()
+	id, err := k.Kubectl("get", "pod", pod, "-o", "jsonpath={.status.containerStatuses[0].containerID}")
+	if err != nil || !strings.HasPrefix(id, "virtlet://") {
+		t.Fatalf("pod %s's container ID: %v %q", pod, err, id)
+	}
+	return inspectCtr(t, d.Crictl(crictl), strings.TrimPrefix(id, "virtlet://")).VM.Name
 }

@@ -46,12 +46,15 @@ type Kube struct {
 	// kubelet's virtlet/flexvolume_driver, talking to the daemon's admin
 	// socket.
 	FlexvolumeDriver string
-	procs            []*exec.Cmd
-	rootDir          string
-	cgroupRoot       string // the kubelet's, in every hierarchy (KubeletCgroupRoot)
-	ca               *x509.Certificate
-	caKey            *ecdsa.PrivateKey
-	serial           int64
+	// FeatureGates, when set before StartKubelet, are kubelet's feature
+	// gates, a YAML flow mapping ("{PodAndContainerStatsFromCRI: true}").
+	FeatureGates string
+	procs        []*exec.Cmd
+	rootDir      string
+	cgroupRoot   string // the kubelet's, in every hierarchy (KubeletCgroupRoot)
+	ca           *x509.Certificate
+	caKey        *ecdsa.PrivateKey
+	serial       int64
 }
 
 // KubeBinaries builds (or finds in the cache) the Kubernetes binaries.
@@ -253,7 +256,11 @@ func (k *Kube) StartKubelet(d *Daemon) {
 	}
 	config := filepath.Join(dir, "kubelet.yaml")
 	// No cgroupDriver: kubelet takes it from the runtime (RuntimeConfig).
-	os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+	gates := ""
+	if k.FeatureGates != "" {
+		gates = "featureGates: " + k.FeatureGates + "\n"
+	}
+	os.WriteFile(config, []byte(gates+fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 127.0.0.1
 port: %d
