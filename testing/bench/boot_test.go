@@ -301,6 +301,21 @@ func bootThroughDaemon(b *testing.B, rt runtimeapi.RuntimeServiceClient, dir, im
 // serial console line.
 func bootBare(b *testing.B, image, accel string) time.Duration {
 	start := time.Now()
+	sc, _, stop := bareQEMU(b, image, accel)
+	defer stop()
+	for sc.Scan() {
+		if strings.TrimSpace(sc.Text()) != "" {
+			return time.Since(start)
+		}
+	}
+	b.Fatalf("bare QEMU printed no console line: %v", sc.Err())
+	return 0
+}
+
+// bareQEMU starts QEMU alone on a guest image (128 MiB, one vCPU, the
+// disk's writes thrown away) under accel (QEMU's -accel, options
+// included): its serial console comes out of console; stop kills it.
+func bareQEMU(b *testing.B, image, accel string) (console *bufio.Scanner, pid int, stop func()) {
 	cmd := exec.Command("qemu-system-x86_64", "-accel", accel, "-machine", "pc", "-m", "128", "-smp", "1",
 		"-nodefaults", "-display", "none", "-snapshot", "-drive", "file="+image+",format=qcow2,if=virtio",
 		"-serial", "stdio", "-no-reboot")
@@ -311,15 +326,7 @@ func bootBare(b *testing.B, image, accel string) time.Duration {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		if strings.TrimSpace(sc.Text()) != "" {
-			return time.Since(start)
-		}
-	}
-	b.Fatalf("bare QEMU printed no console line: %v", sc.Err())
-	return 0
+	return bufio.NewScanner(out), cmd.Process.Pid, func() { cmd.Process.Kill(); cmd.Wait() }
 }
 
 var (

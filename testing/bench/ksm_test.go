@@ -136,19 +136,8 @@ func ksmdCPU() time.Duration {
 		if err != nil || strings.TrimSpace(string(comm)) != "ksmd" {
 			continue
 		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			return 0
-		}
-		// Fields after the command's closing parenthesis: utime is the
-		// 12th, stime the 13th (clock ticks of 10 ms).
-		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-		if len(f) < 13 {
-			return 0
-		}
-		u, _ := strconv.ParseInt(f[11], 10, 64)
-		s, _ := strconv.ParseInt(f[12], 10, 64)
-		return time.Duration(u+s) * 10 * time.Millisecond
+		pid, _ := strconv.Atoi(e.Name())
+		return harness.ProcessCPU(pid)
 	}
 	return 0
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -85,24 +84,15 @@ func bootTCG(b *testing.B, image string, tbMiB int) tcgBoot {
 		accel += ",tb-size=" + strconv.Itoa(tbMiB)
 	}
 	start := time.Now()
-	cmd := exec.Command("qemu-system-x86_64", "-accel", accel, "-machine", "pc", "-m", "128", "-smp", "1",
-		"-nodefaults", "-display", "none", "-snapshot", "-drive", "file="+image+",format=qcow2,if=virtio",
-		"-serial", "stdio", "-no-reboot")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	sc := bufio.NewScanner(out)
+	sc, pid, stop := bareQEMU(b, image, accel)
+	defer stop()
 	for sc.Scan() {
 		if !strings.Contains(sc.Text(), "@@TINY-READY") {
 			continue
 		}
 		boot := tcgBoot{ready: time.Since(start)}
-		if boot.rss, boot.cache, err = qemuCodeBuffer(cmd.Process.Pid); err != nil {
+		var err error
+		if boot.rss, boot.cache, err = qemuCodeBuffer(pid); err != nil {
 			b.Fatal(err)
 		}
 		return boot

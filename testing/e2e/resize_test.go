@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -253,11 +252,7 @@ func TestCPULimitBoundsTheVM(t *testing.T) {
 // mapping is that size instead of its default 1 GiB.
 func TestTranslationCacheIsCapped(t *testing.T) {
 	parallel(t)
-	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), harness.WithConfig(plugins(), "libvirt", "{tcgTranslationCacheMiB: 16}"))
-	d.Translate("test-images.yaml", translation)
-	d.Start()
-	c := d.Crictl(crictl)
-	c.Timeout = 3 * time.Minute
+	d, c := startDaemonWith(t, harness.WithConfig(plugins(), "libvirt", "{tcgTranslationCacheMiB: 16}"))
 	c.Must(t, "pull", tinyRef)
 	podJSON, ctrJSON := vmPod(t, d, "tbcache", nil, 128<<20)
 	_, ctr, _ := bootTiny(t, c, podJSON, ctrJSON)

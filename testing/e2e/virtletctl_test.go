@@ -312,15 +312,16 @@ spec:
 		// its resident memory, and its CPU time (read before and after
 		// the summary, which lies between).
 		domain := vmDomain(t, k, d, "ctl-vm")
-		pid, err := harness.QEMUPID(domain)
+		qemu, err := harness.QEMUPID(domain)
 		if err != nil {
 			t.Fatal(err)
 		}
+		pid, _ := strconv.Atoi(qemu)
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
-			cpu0, rss0 := processCPU(pid), harness.QEMURSS(domain)
+			cpu0, rss0 := harness.ProcessCPU(pid), harness.QEMURSS(domain)
 			pod, err := podSummary(k, "ctl-vm")
-			cpu1, rss1 := processCPU(pid), harness.QEMURSS(domain)
+			cpu1, rss1 := harness.ProcessCPU(pid), harness.QEMURSS(domain)
 			if err == nil && pod.CPU.UsageCoreNanoSeconds > 0 && pod.Memory.WorkingSetBytes > 0 &&
 				within(float64(pod.Memory.WorkingSetBytes), float64(min(rss0, rss1)), float64(max(rss0, rss1)), 0.1) &&
 				within(float64(pod.CPU.UsageCoreNanoSeconds), float64(cpu0), float64(cpu1), 0.1) {
@@ -518,22 +519,6 @@ func podSummary(k *harness.Kube, name string) (podStats, error) {
 		}
 	}
 	return podStats{}, fmt.Errorf("no pod %s in the summary", name)
-}
-
-// processCPU is a process's CPU time so far, in nanoseconds (clock ticks
-// of 10 ms).
-func processCPU(pid string) uint64 {
-	stat, err := os.ReadFile("/proc/" + pid + "/stat")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseUint(f[11], 10, 64)
-	s, _ := strconv.ParseUint(f[12], 10, 64)
-	return (u + s) * uint64(10*time.Millisecond)
 }
 
 // within tells whether v lies in [lo, hi] widened by the fraction tol.

@@ -21,7 +21,13 @@ import (
 
 func startDaemon(t *testing.T) (*harness.Daemon, *harness.Crictl) {
 	t.Helper()
-	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), plugins())
+	return startDaemonWith(t, plugins())
+}
+
+// startDaemonWith is startDaemon with these plugins.
+func startDaemonWith(t *testing.T, ps []harness.Plugin) (*harness.Daemon, *harness.Crictl) {
+	t.Helper()
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), ps)
 	d.Translate("test-images.yaml", translation)
 	d.Start()
 	c := d.Crictl(crictl)

@@ -88,6 +88,24 @@ func ProcessRSS(pid int) int64 {
 	return 0
 }
 
+// ProcessCPU is a process's CPU time so far (user and system, in clock
+// ticks of 10 ms), 0 when it cannot be read.
+func ProcessCPU(pid int) time.Duration {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command's closing parenthesis: utime is the
+	// 12th, stime the 13th.
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+s) * 10 * time.Millisecond
+}
+
 // QEMURSS is the resident memory of a domain's QEMU, 0 when unknown.
 func QEMURSS(domain string) int64 {
 	pid, err := QEMUPID(domain)
