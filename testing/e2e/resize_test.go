@@ -264,7 +264,8 @@ func TestTranslationCacheIsCapped(t *testing.T) {
 	if !strings.Contains(xml, "<domain type='qemu'") && !strings.Contains(xml, `<domain type="qemu"`) {
 		t.Skip("the node's VMs run under KVM: no translation cache to cap")
 	}
-	if !strings.Contains(xml, "<tb-cache unit='MiB'>16</tb-cache>") {
+	// libvirt keeps sizes in KiB.
+	if !strings.Contains(xml, "<tb-cache unit='KiB'>16384</tb-cache>") {
 		t.Fatalf("the domain has no 16 MiB translation cache:\n%s", xml)
 	}
 	pid, err := harness.QEMUPID(domain)

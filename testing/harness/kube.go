@@ -10,12 +10,14 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"maps"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -50,6 +52,8 @@ type Kube struct {
 	// gates, a YAML flow mapping ("{PodAndContainerStatsFromCRI: true}").
 	FeatureGates string
 	procs        []*exec.Cmd
+	kubelet      []string // the kubelet's command line, for RestartKubelet
+	kubeletDone  <-chan struct{}
 	rootDir      string
 	cgroupRoot   string // the kubelet's, in every hierarchy (KubeletCgroupRoot)
 	ca           *x509.Certificate
@@ -282,21 +286,73 @@ authorization: {mode: Webhook}
 resolvConf: ""
 clusterDomain: cluster.local
 protectKernelDefaults: true
-evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.available: "1%%"}
+evictionHard: %s
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 nodeStatusReportFrequency: 10s
 syncFrequency: 10s
 cgroupRoot: /%s
-`, kubeletPort, healthz, d.Socket, filepath.Join(dir, "pod-logs"), plugins, pki("kubelet-serving.crt"), pki("kubelet-serving.key"), pki("ca.crt"), k.cgroupRoot)), 0o644)
-	k.start("kubelet", "unshare", "-m", "--propagation", "unchanged", "--", "sh", "-c", fmt.Sprintf(
+`, kubeletPort, healthz, d.Socket, filepath.Join(dir, "pod-logs"), plugins, pki("kubelet-serving.crt"), pki("kubelet-serving.key"), pki("ca.crt"), defaultEvictionHard, k.cgroupRoot)), 0o644)
+	k.kubelet = []string{"unshare", "-m", "--propagation", "unchanged", "--", "sh", "-c", fmt.Sprintf(
 		"mount --bind %[1]s/overcommit_memory /proc/sys/vm/overcommit_memory && mount --bind %[1]s/panic /proc/sys/kernel/panic && "+
 			"mount --bind %[1]s/panic_on_oops /proc/sys/kernel/panic_on_oops && exec %[2]s --config=%[3]s --kubeconfig=%[4]s --root-dir=%[5]s --hostname-override=%[6]s --v=2",
-		sysctls, filepath.Join(k.Bin, "kubelet"), config, k.kubeconfig("kubelet"), k.rootDir, k.Node))
+		sysctls, filepath.Join(k.Bin, "kubelet"), config, k.kubeconfig("kubelet"), k.rootDir, k.Node)}
+	k.kubeletDone = k.start("kubelet", k.kubelet[0], k.kubelet[1:]...)
+	k.waitNodeReady()
+}
+
+// defaultEvictionHard are the test kubelets' hard eviction thresholds:
+// the node's disk is shared by parallel tests, and memory pressure is
+// the tests' own (RestartKubelet).
+const defaultEvictionHard = `{memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}`
+
+func (k *Kube) waitNodeReady() {
 	k.wait("node "+k.Node+" Ready", 3*time.Minute, func() bool {
 		out, err := k.Kubectl("get", "node", k.Node, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		return err == nil && out == "True"
 	})
+}
+
+// RestartKubelet stops the kubelet, sets top-level keys of its
+// configuration (values in YAML: "evictionSoft": `{memory.available:
+// "99%"}`) and starts it again, as an operator reconfiguring a node does:
+// the pods keep running meanwhile.
+func (k *Kube) RestartKubelet(settings map[string]string) {
+	k.t.Helper()
+	for i, p := range k.procs {
+		if slices.Equal(p.Args, k.kubelet) {
+			p.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-k.kubeletDone:
+			case <-time.After(15 * time.Second):
+				p.Process.Kill()
+				<-k.kubeletDone
+			}
+			k.procs = slices.Delete(k.procs, i, i+1)
+			break
+		}
+	}
+	config := filepath.Join(k.Dir, "kubelet.yaml")
+	b, err := os.ReadFile(config)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		if key, _, ok := strings.Cut(line, ": "); ok && settings[key] != "" {
+			continue // set below
+		}
+		out = append(out, line)
+	}
+	for _, key := range slices.Sorted(maps.Keys(settings)) {
+		out = append(out, key+": "+settings[key])
+	}
+	out = append(out, "")
+	if err := os.WriteFile(config, []byte(strings.Join(out, "\n")), 0o644); err != nil {
+		k.t.Fatal(err)
+	}
+	k.kubeletDone = k.start("kubelet", k.kubelet[0], k.kubelet[1:]...)
+	k.waitNodeReady()
 }
 
 // ClientKubeconfig writes a kubeconfig for a new client certificate of
@@ -369,7 +425,8 @@ func (k *Kube) Log(name string) string {
 // start runs a component; the channel closes when it has exited.
 func (k *Kube) start(name, bin string, args ...string) <-chan struct{} {
 	k.t.Helper()
-	logf, err := os.Create(filepath.Join(k.Dir, name+".log"))
+	// Appended: a restarted component's log follows its earlier one.
+	logf, err := os.OpenFile(filepath.Join(k.Dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		k.t.Fatal(err)
 	}
