@@ -317,9 +317,18 @@ func TestConsoleLaggingViewerLeavesOthersWatching(t *testing.T) {
 		n, _ := io.Copy(io.Discard, other)
 		got <- int(n)
 	}()
-	for i := 0; i <= viewerBacklog+1; i++ {
+	// The other viewer drains its backlog before the lagging one's
+	// overflows: a reader the scheduler has not run yet lags too.
+	for i := 0; i < viewerBacklog; i++ {
 		s.output <- []byte("x")
 	}
+	for deadline := time.Now().Add(5 * time.Second); len(other.out) > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the watching viewer never read its backlog")
+		}
+	}
+	s.output <- []byte("x")
+	s.output <- []byte("x")
 	<-lagging.gone
 	lagging.Close()
 	time.Sleep(50 * time.Millisecond)
