@@ -108,7 +108,7 @@ spec:
 				t.Errorf("hog's eviction does not name its memory: %q", msg)
 			}
 			t.Logf("hog evicted first: %s", msg)
-			return
+			break
 		}
 		if time.Now().After(deadline) {
 			var evictions []string
@@ -120,5 +120,18 @@ spec:
 			t.Fatalf("no pod was evicted under memory pressure; kubelet's eviction log:\n%s", tail(strings.Join(evictions, "\n"), 4000))
 		}
 		time.Sleep(2 * time.Second)
+	}
+	// Deleted, the pods' VMs, sandboxes and networks go: kubelet keeps an
+	// evicted pod's sandbox until then.
+	if out, err := k.Kubectl("delete", "-f", manifest, "--timeout=3m"); err != nil {
+		t.Fatalf("kubectl delete: %v %s", err, out)
+	}
+	c := d.Crictl(crictl)
+	harness.Eventually(t, 3*time.Minute, "the pods' sandboxes removed", func() bool {
+		out, _, err := c.Run("pods", "-q")
+		return err == nil && strings.TrimSpace(out) == ""
+	})
+	if out := c.Must(t, "ps", "-a", "-q"); out != "" {
+		t.Errorf("containers left after kubectl delete: %s", out)
 	}
 }
