@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -214,7 +214,7 @@ func (r *shared) lockPod(ctx context.Context, sandboxID string) (func(), error) 
 // containersOf returns a sandbox's containers, oldest first.
 func (r *shared) containersOf(sandboxID string) []*Container {
 	out := r.containers.list(func(c *Container) bool { return c.SandboxID == sandboxID })
-	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	slices.SortFunc(out, func(a, b *Container) int { return a.CreatedAt.Compare(b.CreatedAt) })
 	return out
 }
 
