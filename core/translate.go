@@ -27,7 +27,7 @@ func (r *imageService) resolveLocation(ctx context.Context, n ImageName) (locati
 	}
 	configs, problems := r.deps.Translations.Translations(ctx)
 	for _, p := range problems {
-		r.log.WithError(p).Warn("image translation file skipped")
+		r.log.WithError(p).Warn("image translation config skipped")
 	}
 	for _, cfg := range configs {
 		rest, ok := withoutPrefix(cfg.Prefix, n.Path)

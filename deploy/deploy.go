@@ -1,8 +1,10 @@
 // Package deploy holds the cluster-side objects of a Virtlet install: the
-// RuntimeClass and the node labels. It grants nothing: a node daemon reads
-// ConfigMaps and Secrets with its node's identity, which the Node
-// authorizer limits to what the node's pods reference. `virtletctl gen`
-// prints them; `kubectl apply -f deploy/` applies them from a checkout.
+// RuntimeClass, Virtlet's VirtletImageMapping custom resource, and the node
+// labels. It grants one thing: nodes (the group system:nodes) may read the
+// image mappings. A node daemon reads ConfigMaps and Secrets with its
+// node's identity, which the Node authorizer limits to what the node's pods
+// reference. `virtletctl gen` prints them; `kubectl apply -f deploy/`
+// applies them from a checkout.
 package deploy
 
 import (

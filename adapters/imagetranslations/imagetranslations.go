@@ -109,8 +109,14 @@ func Load(file string) (ports.TranslationConfig, error) {
 
 // Parse parses and checks the content of one translation file.
 func Parse(file string, data []byte) (ports.TranslationConfig, error) {
+	return parse("image translation file "+file, file, data)
+}
+
+// parse parses and checks one translation config; what names it in errors
+// (a file, a VirtletImageMapping object) and source in the config.
+func parse(what, source string, data []byte) (ports.TranslationConfig, error) {
 	fail := func(field, format string, args ...interface{}) (ports.TranslationConfig, error) {
-		e := &ports.InvalidError{Field: "image translation file " + file, Reason: fmt.Sprintf(format, args...)}
+		e := &ports.InvalidError{Field: what, Reason: fmt.Sprintf(format, args...)}
 		if field != "" {
 			e.Field += " field " + field
 		}
@@ -123,7 +129,7 @@ func Parse(file string, data []byte) (ports.TranslationConfig, error) {
 		}
 		return fail("", "cannot parse: %v", strings.TrimPrefix(err.Error(), "error converting YAML to JSON: "))
 	}
-	cfg.Source = file
+	cfg.Source = source
 	for i, t := range cfg.Translations {
 		field := fmt.Sprintf("translations[%d]", i)
 		switch {

@@ -1,12 +1,15 @@
-// Package kubeapi reads ConfigMaps and Secrets from the Kubernetes API
-// server with client-go. The daemon should hold its node's identity
+// Package kubeapi reads ConfigMaps and Secrets, and Virtlet's
+// VirtletImageMapping objects, from the Kubernetes API server with
+// client-go. The daemon should hold its node's identity
 // (system:node:<name> in system:nodes, as kubelet does): the Node
 // authorizer then lets it read only what the pods bound to its node
-// reference.
+// reference, and `virtletctl gen`'s ClusterRole lets system:nodes read the
+// image mappings.
 package kubeapi
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -14,6 +17,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -26,7 +32,8 @@ const CallTimeout = 15 * time.Second
 
 // Client is a ports.KubeObjects on the API server.
 type Client struct {
-	cs kubernetes.Interface
+	cs  kubernetes.Interface
+	dyn dynamic.Interface // custom resources: VirtletImageMapping
 }
 
 // New connects with a kubeconfig file, or with the in-cluster service
@@ -53,11 +60,21 @@ func New(kubeconfig string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("Kubernetes client: %w", err)
 	}
-	return NewForClientset(cs), nil
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("Kubernetes client for custom resources: %w", err)
+	}
+	return NewForClientsets(cs, dyn), nil
 }
 
-// NewForClientset wraps an existing clientset.
+// NewForClientset wraps an existing clientset, without custom resources
+// (ImageMappings then reports none).
 func NewForClientset(cs kubernetes.Interface) *Client { return &Client{cs: cs} }
+
+// NewForClientsets wraps existing clientsets.
+func NewForClientsets(cs kubernetes.Interface, dyn dynamic.Interface) *Client {
+	return &Client{cs: cs, dyn: dyn}
+}
 
 // ConfigMap returns the ConfigMap's data and binaryData.
 func (c *Client) ConfigMap(ctx context.Context, namespace, name string) (map[string][]byte, error) {
@@ -135,5 +152,50 @@ func (c *Client) Identity(ctx context.Context) (user string, groups []string, er
 	}
 	return r.Status.UserInfo.Username, r.Status.UserInfo.Groups, nil
 }
+
+// ImageMappingResource is Virtlet's VirtletImageMapping custom resource
+// (deploy/virtletimagemapping-crd.yaml); its objects live in
+// ImageMappingNamespace, where Virtlet read them.
+var ImageMappingResource = schema.GroupVersionResource{Group: "virtlet.k8s", Version: "v1", Resource: "virtletimagemappings"}
+
+// ImageMappingNamespace holds the VirtletImageMapping objects.
+const ImageMappingNamespace = "kube-system"
+
+// ImageMappings lists the VirtletImageMapping objects: each one's spec,
+// as JSON, by name. None while the custom resource is not installed.
+func (c *Client) ImageMappings(ctx context.Context) (map[string][]byte, error) {
+	if c.dyn == nil {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
+	list, err := c.dyn.Resource(ImageMappingResource).Namespace(ImageMappingNamespace).List(ctx, metav1.ListOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil // the CRD is not installed
+	case apierrors.IsForbidden(err):
+		return nil, fmt.Errorf("list VirtletImageMapping objects in %s: the node may not (apply `virtletctl gen`'s ClusterRole %s): %v: %w",
+			ImageMappingNamespace, ImageMappingReader, err, ports.ErrFailedPrecondition)
+	case err != nil:
+		return nil, fmt.Errorf("list VirtletImageMapping objects in %s: %v: %w", ImageMappingNamespace, err, ports.ErrUnavailable)
+	}
+	out := make(map[string][]byte, len(list.Items))
+	for _, item := range list.Items {
+		spec, _, err := unstructured.NestedFieldNoCopy(item.Object, "spec")
+		if err != nil {
+			return nil, fmt.Errorf("VirtletImageMapping %s/%s: spec: %w", ImageMappingNamespace, item.GetName(), err)
+		}
+		data, err := json.Marshal(spec)
+		if err != nil {
+			return nil, fmt.Errorf("VirtletImageMapping %s/%s: spec: %w", ImageMappingNamespace, item.GetName(), err)
+		}
+		out[item.GetName()] = data
+	}
+	return out, nil
+}
+
+// ImageMappingReader is the ClusterRole that lets nodes read the image
+// mappings (deploy/virtletimagemapping-crd.yaml).
+const ImageMappingReader = "virtlet:image-mapping-reader"
 
 var _ ports.KubeObjects = (*Client)(nil)

@@ -41,7 +41,7 @@ type config struct {
 	LogLevel          string `json:"logLevel" flag:"log-level" help:"log level: trace, debug, info, warn, error"`
 	DefaultVMMemory   string `json:"defaultVMMemory" flag:"default-vm-memory" help:"memory of a VM whose container has no memory limit (a quantity such as 1Gi)"`
 	OperationTimeout  string `json:"operationTimeout" flag:"operation-timeout" help:"bound of slow operations (image pulls, VM starts) that outlive kubelet's request: a duration such as 15m or 90s"`
-	Kubeconfig        string `json:"kubeconfig" flag:"kubeconfig" help:"kubeconfig for reading the ConfigMaps and Secrets VM pods name, with the node's identity (empty: the in-cluster config when running in a pod, else none)"`
+	Kubeconfig        string `json:"kubeconfig" flag:"kubeconfig" help:"kubeconfig for reading the ConfigMaps and Secrets VM pods name and the VirtletImageMapping objects, with the node's identity (empty: the in-cluster config when running in a pod, else none)"`
 	KubeObjectsDir    string `json:"kubeObjectsDir" flag:"kube-objects-dir" help:"read ConfigMaps and Secrets from the Kubernetes manifests in this directory instead of an API server"`
 	StreamingAddress  string `json:"streamingAddress" flag:"streaming-address" help:"loopback host:port of the CRI streaming server (exec, attach, port-forward) that kubelet proxies; port 0 picks a free port"`
 	CgroupDriver      string `json:"cgroupDriver" flag:"cgroup-driver" default:"systemd when the node runs systemd, else cgroupfs" help:"cgroup driver kubelet must use for pods (CRI RuntimeConfig): systemd or cgroupfs"`

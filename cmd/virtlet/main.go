@@ -145,7 +145,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	}
 	rt, err := core.New(core.Deps{
 		Hypervisor: plugins.Hypervisor(), ImageSources: plugins.ImageSources(), ImageFiles: files, Store: store,
-		Translations: imagetranslations.New(cfg.ImageTranslations),
+		Translations: translations(cfg, kube),
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
 		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.Host{}, Observer: observer,
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core"),
@@ -276,6 +276,18 @@ func kubeObjects(cfg config, log logrus.FieldLogger) (ports.KubeObjects, error) 
 		log.Warn("no --kubeconfig or --kube-objects-dir, and not in a cluster: pods whose annotations name ConfigMaps or Secrets will fail")
 		return nil, nil
 	}
+}
+
+// translations reads the operator's image translations: the
+// VirtletImageMapping objects when the daemon talks to the API server, then
+// the directory's files, as Virtlet read them.
+func translations(cfg config, kube ports.KubeObjects) ports.ImageTranslations {
+	dir := imagetranslations.New(cfg.ImageTranslations)
+	c, ok := kube.(*kubeapi.Client)
+	if !ok {
+		return dir
+	}
+	return imagetranslations.Sources{imagetranslations.NewMappings(c, kubeapi.ImageMappingNamespace), dir}
 }
 
 // reportIdentity logs who the daemon is to the API server, and warns when

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -98,6 +99,14 @@ func TestGenPrintsTheClusterObjects(t *testing.T) {
 				Labels map[string]string `json:"labels"`
 			} `json:"metadata"`
 			Handler string `json:"handler"`
+			Rules   []struct {
+				APIGroups []string `json:"apiGroups"`
+				Resources []string `json:"resources"`
+				Verbs     []string `json:"verbs"`
+			} `json:"rules"`
+			Subjects []struct {
+				Kind, Name string
+			} `json:"subjects"`
 		}
 		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil || obj.APIVersion == "" {
 			t.Fatalf("not an object: %v\n%s", err, doc)
@@ -112,10 +121,21 @@ func TestGenPrintsTheClusterObjects(t *testing.T) {
 			if obj.Metadata.Labels["extraRuntime"] != "virtlet" {
 				t.Errorf("node labels %v", obj.Metadata.Labels)
 			}
+		case "ClusterRole":
+			// Reading the image mappings, nothing else.
+			if got := fmt.Sprint(obj.Rules); got != "[{[virtlet.k8s] [virtletimagemappings] [get list watch]}]" {
+				t.Errorf("ClusterRole rules %s", got)
+			}
+		case "ClusterRoleBinding":
+			if got := fmt.Sprint(obj.Subjects); got != "[{Group system:nodes}]" {
+				t.Errorf("ClusterRoleBinding subjects %s", got)
+			}
 		}
 	}
-	// Nothing that grants access: the daemons read as their nodes.
-	want := "RuntimeClass/virtlet Node/node-1"
+	// The only grant: the nodes read the image mappings; ConfigMaps and
+	// Secrets they read as their nodes.
+	want := "RuntimeClass/virtlet CustomResourceDefinition/virtletimagemappings.virtlet.k8s " +
+		"ClusterRole/virtlet:image-mapping-reader ClusterRoleBinding/virtlet:image-mapping-reader Node/node-1"
 	if got := strings.Join(kinds, " "); got != want {
 		t.Errorf("gen printed %s, want %s", got, want)
 	}

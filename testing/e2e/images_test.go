@@ -260,7 +260,7 @@ func TestBadPullsLeaveNothing(t *testing.T) {
 	// The broken translation file is named in the log; the others still work.
 	found := false
 	for _, e := range d.LogEntries() {
-		if e["msg"] == "image translation file skipped" && strings.Contains(fmt.Sprint(e["error"]), "zz-broken.yaml") &&
+		if e["msg"] == "image translation config skipped" && strings.Contains(fmt.Sprint(e["error"]), "zz-broken.yaml") &&
 			strings.Contains(fmt.Sprint(e["error"]), `"nowhere" is not among this file's transports`) {
 			found = true
 		}

@@ -55,16 +55,24 @@ func startKubeNode(t *testing.T, netIndex int) *kubeNode {
 	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: netIndex})
 	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), tn.Plugin(bins)))
 	d.Translate("test-images.yaml", translation)
-	// The seeds' image names, translated to the test images.
+	// The seeds' image names, translated to the test images: cirros by a
+	// VirtletImageMapping object (gen's custom resource, read with the
+	// node's identity), the Ubuntu image by a file.
 	cloudTranslation(t) // serves cloud.qcow2
 	seedNames, err := images.Translation(map[string]string{
-		"cirros": "tiny.qcow2",
 		"cloud-images.ubuntu.com/xenial/current/xenial-server-cloudimg-amd64-disk1.img": "cloud.qcow2",
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	d.Translate("seed-images.yaml", seedNames)
+	cirros, err := images.Translation(map[string]string{"cirros": "tiny.qcow2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyImageMapping(t, k, "seed-images", cirros)
+	// A malformed one is skipped, named in the daemon's log (seed-001).
+	applyImageMapping(t, k, "broken", "translations:\n- name: cirros\n  url: ftp://example.com/cirros.img\n")
 	ctrd := harness.StartContainerd(t, tn, harness.ContainerdOptions{})
 	d.Start("--kubeconfig", kubeconfig, "--forward-runtime", ctrd.Endpoint)
 	k.FlexvolumeDriver = filepath.Join(bins, "virtlet-flexvolume-driver")
@@ -81,6 +89,28 @@ func startKubeNode(t *testing.T, netIndex int) *kubeNode {
 	c := d.Crictl(crictl)
 	c.Timeout = 3 * time.Minute
 	return &kubeNode{k: k, d: d, c: c, tn: tn, ctrd: ctrd}
+}
+
+// applyImageMapping applies a VirtletImageMapping in kube-system whose spec
+// is a translation config; the API server serves the kind a moment after
+// its CustomResourceDefinition is applied.
+func applyImageMapping(t *testing.T, k *harness.Kube, name, config string) {
+	t.Helper()
+	obj := fmt.Sprintf("apiVersion: virtlet.k8s/v1\nkind: VirtletImageMapping\nmetadata: {name: %s, namespace: kube-system}\nspec:\n", name)
+	for _, line := range strings.Split(strings.TrimRight(config, "\n"), "\n") {
+		obj += "  " + line + "\n"
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := k.Apply(obj)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("apply the VirtletImageMapping %s: %v", name, err)
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 func (n *kubeNode) kubectl(t *testing.T, args ...string) string {
@@ -288,6 +318,18 @@ func TestKubeNode(t *testing.T) {
 			if !strings.Contains(logs, want) {
 				t.Errorf("no %q in the guest's cloud-init data:\n%s", want, tail(logs, 3000))
 			}
+		}
+		// The image came through the seed-images mapping; the broken one
+		// was named in the log and skipped.
+		var source, broken bool
+		for _, e := range n.d.LogEntries() {
+			msg, errText := fmt.Sprint(e["msg"]), fmt.Sprint(e["error"])
+			source = source || strings.Contains(fmt.Sprint(e), "VirtletImageMapping kube-system/seed-images")
+			broken = broken || msg == "image translation config skipped" &&
+				strings.Contains(errText, "VirtletImageMapping kube-system/broken spec field translations[0].url")
+		}
+		if !source || !broken {
+			t.Errorf("the daemon's log: the pull named the seed-images mapping: %v; the broken mapping was reported: %v", source, broken)
 		}
 		if node := n.kubectl(t, "get", "pod", "cirros-vm", "-o", "jsonpath={.spec.nodeName}"); node != n.k.Node {
 			t.Errorf("scheduled on %q, want %s (the node label)", node, n.k.Node)
