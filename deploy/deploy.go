@@ -1,7 +1,7 @@
 // Package deploy holds the cluster-side objects of a Virtlet install: the
-// RuntimeClass, Virtlet's VirtletImageMapping custom resource, and the node
-// labels. It grants one thing: nodes (the group system:nodes) may read the
-// image mappings. A node daemon reads ConfigMaps and Secrets with its
+// RuntimeClass, Virtlet's VirtletImageMapping and VirtletConfigMapping
+// custom resources, and the node labels. It grants one thing: nodes (the
+// group system:nodes) may read those mappings. A node daemon reads ConfigMaps and Secrets with its
 // node's identity, which the Node authorizer limits to what the node's pods
 // reference. `virtletctl gen` prints them; `kubectl apply -f deploy/`
 // applies them from a checkout.

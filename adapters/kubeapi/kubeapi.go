@@ -153,49 +153,77 @@ func (c *Client) Identity(ctx context.Context) (user string, groups []string, er
 	return r.Status.UserInfo.Username, r.Status.UserInfo.Groups, nil
 }
 
-// ImageMappingResource is Virtlet's VirtletImageMapping custom resource
-// (deploy/virtletimagemapping-crd.yaml); its objects live in
-// ImageMappingNamespace, where Virtlet read them.
-var ImageMappingResource = schema.GroupVersionResource{Group: "virtlet.k8s", Version: "v1", Resource: "virtletimagemappings"}
+// Virtlet's custom resources (deploy/virtlet*mapping-crd.yaml); their
+// objects live in MappingNamespace, where Virtlet read them.
+var (
+	ImageMappingResource  = schema.GroupVersionResource{Group: "virtlet.k8s", Version: "v1", Resource: "virtletimagemappings"}
+	ConfigMappingResource = schema.GroupVersionResource{Group: "virtlet.k8s", Version: "v1", Resource: "virtletconfigmappings"}
+)
 
-// ImageMappingNamespace holds the VirtletImageMapping objects.
-const ImageMappingNamespace = "kube-system"
+// MappingNamespace holds the VirtletImageMapping and VirtletConfigMapping
+// objects.
+const MappingNamespace = "kube-system"
+
+// MappingReader is the ClusterRole that lets nodes read the mappings
+// (deploy/virtletmapping-reader.yaml).
+const MappingReader = "virtlet:mapping-reader"
 
 // ImageMappings lists the VirtletImageMapping objects: each one's spec,
 // as JSON, by name. None while the custom resource is not installed.
 func (c *Client) ImageMappings(ctx context.Context) (map[string][]byte, error) {
+	return c.specs(ctx, ImageMappingResource, "VirtletImageMapping")
+}
+
+// ConfigMappings lists the VirtletConfigMapping objects: each one's spec,
+// as JSON, by name. None while the custom resource is not installed.
+func (c *Client) ConfigMappings(ctx context.Context) (map[string][]byte, error) {
+	return c.specs(ctx, ConfigMappingResource, "VirtletConfigMapping")
+}
+
+func (c *Client) specs(ctx context.Context, res schema.GroupVersionResource, kind string) (map[string][]byte, error) {
 	if c.dyn == nil {
 		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
-	list, err := c.dyn.Resource(ImageMappingResource).Namespace(ImageMappingNamespace).List(ctx, metav1.ListOptions{})
+	list, err := c.dyn.Resource(res).Namespace(MappingNamespace).List(ctx, metav1.ListOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, nil // the CRD is not installed
 	case apierrors.IsForbidden(err):
-		return nil, fmt.Errorf("list VirtletImageMapping objects in %s: the node may not (apply `virtletctl gen`'s ClusterRole %s): %v: %w",
-			ImageMappingNamespace, ImageMappingReader, err, ports.ErrFailedPrecondition)
+		return nil, fmt.Errorf("list %s objects in %s: the node may not (apply `virtletctl gen`'s ClusterRole %s): %v: %w",
+			kind, MappingNamespace, MappingReader, err, ports.ErrFailedPrecondition)
 	case err != nil:
-		return nil, fmt.Errorf("list VirtletImageMapping objects in %s: %v: %w", ImageMappingNamespace, err, ports.ErrUnavailable)
+		return nil, fmt.Errorf("list %s objects in %s: %v: %w", kind, MappingNamespace, err, ports.ErrUnavailable)
 	}
 	out := make(map[string][]byte, len(list.Items))
 	for _, item := range list.Items {
 		spec, _, err := unstructured.NestedFieldNoCopy(item.Object, "spec")
 		if err != nil {
-			return nil, fmt.Errorf("VirtletImageMapping %s/%s: spec: %w", ImageMappingNamespace, item.GetName(), err)
+			return nil, fmt.Errorf("%s %s/%s: spec: %w", kind, MappingNamespace, item.GetName(), err)
 		}
 		data, err := json.Marshal(spec)
 		if err != nil {
-			return nil, fmt.Errorf("VirtletImageMapping %s/%s: spec: %w", ImageMappingNamespace, item.GetName(), err)
+			return nil, fmt.Errorf("%s %s/%s: spec: %w", kind, MappingNamespace, item.GetName(), err)
 		}
 		out[item.GetName()] = data
 	}
 	return out, nil
 }
 
-// ImageMappingReader is the ClusterRole that lets nodes read the image
-// mappings (deploy/virtletimagemapping-crd.yaml).
-const ImageMappingReader = "virtlet:image-mapping-reader"
+// NodeLabels returns the labels of the node name (a node may read its
+// own Node object).
+func (c *Client) NodeLabels(ctx context.Context, name string) (map[string]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
+	n, err := c.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("node %s is not registered: %w", name, ports.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get node %s (a node's identity reads its own): %w", name, err)
+	}
+	return n.Labels, nil
+}
 
 var _ ports.KubeObjects = (*Client)(nil)

@@ -65,7 +65,7 @@ func TestImageMappingsErrors(t *testing.T) {
 		message string
 	}{
 		{"not installed", apierrors.NewNotFound(gr, ""), nil, ""},
-		{"forbidden", apierrors.NewForbidden(gr, "", errors.New("RBAC")), ports.ErrFailedPrecondition, ImageMappingReader},
+		{"forbidden", apierrors.NewForbidden(gr, "", errors.New("RBAC")), ports.ErrFailedPrecondition, MappingReader},
 		{"unavailable", apierrors.NewServiceUnavailable("down"), ports.ErrUnavailable, "list VirtletImageMapping objects in kube-system"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -59,6 +59,12 @@ type config struct {
 	MaxImageSize      string `json:"maxImageSize" flag:"max-image-size" help:"the largest image a pull downloads (a quantity such as 64Gi; 0: no bound)"`
 	MaxVirtualSize    string `json:"maxVirtualSize" flag:"max-virtual-size" help:"the largest disk a guest may see: an image's virtual size, VirtletRootVolumeSize (0: no bound)"`
 	KeepFreeSpace     string `json:"keepFreeSpace" flag:"keep-free-space" help:"the space pulls leave free on the image store's file system (0: none)"`
+
+	// explicit holds the keys the node's own config file or flags set:
+	// VirtletConfigMapping objects apply to the others (nodeconfig.go).
+	explicit map[string]bool
+	// skipTranslations: a VirtletConfigMapping's skipImageTranslation.
+	skipTranslations bool
 }
 
 // DefaultVMUsers lies above every user a node's system and its people
@@ -174,8 +180,12 @@ func parseConfig(args []string) (config, bool, error) {
 	if *showVersion {
 		return cfg, true, nil
 	}
+	cfg.explicit = map[string]bool{}
+	for _, f := range configFields() {
+		cfg.explicit[f.Key] = fs.Changed(f.Flag)
+	}
 	if *configFile != "" {
-		file, err := readConfigFile(*configFile)
+		file, keys, err := readConfigFile(*configFile)
 		if err != nil {
 			return cfg, false, err
 		}
@@ -185,6 +195,7 @@ func parseConfig(args []string) (config, bool, error) {
 			if !fs.Changed(f.Flag) {
 				v.Field(f.index).Set(fv.Field(f.index))
 			}
+			cfg.explicit[f.Key] = cfg.explicit[f.Key] || keys[f.Key]
 		}
 	}
 	if err := cfg.validate(); err != nil {
@@ -202,28 +213,37 @@ var (
 // readConfigFile reads a config file over the defaults: a file of another
 // version or kind, an unknown key or a value of the wrong type is refused
 // naming the file and the key.
-func readConfigFile(path string) (config, error) {
+// It also returns the keys the file sets.
+func readConfigFile(path string) (config, map[string]bool, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return config{}, fmt.Errorf("read config: %w", err)
+		return config{}, nil, fmt.Errorf("read config: %w", err)
 	}
 	var meta metav1.TypeMeta
 	if err := yaml.Unmarshal(data, &meta); err != nil {
-		return config{}, fmt.Errorf("config %s: %w", path, err)
+		return config{}, nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	if meta.APIVersion != configAPIVersion || meta.Kind != configKind {
-		return config{}, fmt.Errorf("config %s: apiVersion %q, kind %q: want apiVersion: %s and kind: %s as the file's first keys",
+		return config{}, nil, fmt.Errorf("config %s: apiVersion %q, kind %q: want apiVersion: %s and kind: %s as the file's first keys",
 			path, meta.APIVersion, meta.Kind, configAPIVersion, configKind)
 	}
 	cfg := defaults()
 	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
 		if m := unknownKeyRE.FindStringSubmatch(err.Error()); m != nil {
-			return config{}, fmt.Errorf("config %s: unknown key %q (keys: %s)", path, m[1], strings.Join(configKeys(), ", "))
+			return config{}, nil, fmt.Errorf("config %s: unknown key %q (keys: %s)", path, m[1], strings.Join(configKeys(), ", "))
 		}
 		if m := wrongTypeRE.FindStringSubmatch(err.Error()); m != nil {
-			return config{}, fmt.Errorf("config %s: key %s: want a %s", path, m[1], m[2])
+			return config{}, nil, fmt.Errorf("config %s: key %s: want a %s", path, m[1], m[2])
 		}
-		return config{}, fmt.Errorf("config %s: %w", path, err)
+		return config{}, nil, fmt.Errorf("config %s: %w", path, err)
 	}
-	return cfg, nil
+	var keys map[string]any
+	if err := yaml.Unmarshal(data, &keys); err != nil {
+		return config{}, nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	set := make(map[string]bool, len(keys))
+	for k := range keys {
+		set[k] = true
+	}
+	return cfg, set, nil
 }

@@ -67,7 +67,7 @@ func TestConfigCommand(t *testing.T) {
 	if err := os.WriteFile(path, out.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	read, err := readConfigFile(path)
+	read, _, err := readConfigFile(path)
 	if err != nil {
 		t.Fatalf("config default's output: %v\n%s", err, out.String())
 	}

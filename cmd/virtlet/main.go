@@ -101,10 +101,22 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	if err != nil {
 		return err
 	}
+	kube, err := kubeObjects(cfg, log)
+	if err != nil {
+		return err
+	}
+	cs, err := fromCluster(ctx, &cfg, kube, log)
+	if err != nil {
+		return err
+	}
 	manifests, err := loadManifests(cfg, log)
 	if err != nil {
 		return err
 	}
+	if err := applyPluginSettings(manifests, &cs); err != nil {
+		return err
+	}
+	cs.log(log)
 	// The metrics port is taken before any plugin starts, so that a port
 	// in use stops the daemon at once; it serves once everything is wired.
 	var metricsListener net.Listener
@@ -121,11 +133,6 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		return err
 	}
 	defer plugins.Shutdown()
-
-	kube, err := kubeObjects(cfg, log)
-	if err != nil {
-		return err
-	}
 	memory, _ := cfg.memoryBytes()
 	limits, _ := cfg.limits() // checked as the config was read
 	opTimeout, _ := cfg.operationTimeout()
@@ -282,12 +289,49 @@ func kubeObjects(cfg config, log logrus.FieldLogger) (ports.KubeObjects, error) 
 // VirtletImageMapping objects when the daemon talks to the API server, then
 // the directory's files, as Virtlet read them.
 func translations(cfg config, kube ports.KubeObjects) ports.ImageTranslations {
+	if cfg.skipTranslations {
+		return nil
+	}
 	dir := imagetranslations.New(cfg.ImageTranslations)
 	c, ok := kube.(*kubeapi.Client)
 	if !ok {
 		return dir
 	}
-	return imagetranslations.Sources{imagetranslations.NewMappings(c, kubeapi.ImageMappingNamespace), dir}
+	return imagetranslations.Sources{imagetranslations.NewMappings(c, kubeapi.MappingNamespace), dir}
+}
+
+// fromCluster applies the VirtletConfigMapping objects that select the
+// node, when the daemon talks to the API server. Without the API server at
+// start the node runs on its own configuration, and says so.
+func fromCluster(ctx context.Context, cfg *config, kube ports.KubeObjects, log *logrus.Logger) (clusterSettings, error) {
+	c, ok := kube.(*kubeapi.Client)
+	if !ok {
+		return clusterSettings{}, nil
+	}
+	settings, err := readClusterSettings(ctx, c, log)
+	if err != nil {
+		log.WithError(err).Error("VirtletConfigMapping objects not read: the node runs on its own configuration")
+		return clusterSettings{}, nil
+	}
+	cs := applySettings(cfg, cfg.explicit, settings)
+	if err := cfg.validate(); err != nil {
+		return cs, fmt.Errorf("the configuration with the VirtletConfigMapping settings (%s): %w", strings.Join(cs.applied, "; "), err)
+	}
+	if level, err := logrus.ParseLevel(cfg.LogLevel); err == nil {
+		log.SetLevel(level)
+	}
+	return cs, nil
+}
+
+// log reports what the VirtletConfigMapping settings changed, and each
+// one not applied with its reason.
+func (cs clusterSettings) log(log logrus.FieldLogger) {
+	if len(cs.applied) > 0 {
+		log.WithField("settings", cs.applied).Info("settings from VirtletConfigMapping objects applied")
+	}
+	for _, n := range cs.notApplied {
+		log.WithField("setting", n).Warn("a VirtletConfigMapping setting is not applied")
+	}
 }
 
 // reportIdentity logs who the daemon is to the API server, and warns when

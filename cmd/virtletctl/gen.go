@@ -14,9 +14,9 @@ func newGen(name string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "gen [--node NAME]...",
 		Short: "Print the cluster objects a Virtlet node needs (pipe to kubectl apply -f -)",
-		Long: "gen prints the cluster-side objects of a Virtlet install: the RuntimeClass virtlet, the custom resource\n" +
-			"VirtletImageMapping (image name translations in kube-system, as Virtlet's) with a ClusterRole that lets\n" +
-			"nodes read them, and, for each --node, the node's " + deploy.NodeLabel + "=" + deploy.NodeLabelValue + " label. It grants nothing\n" +
+		Long: "gen prints the cluster-side objects of a Virtlet install: the RuntimeClass virtlet, Virtlet's custom resources\n" +
+			"VirtletImageMapping (image name translations) and VirtletConfigMapping (node settings), in kube-system, with a\n" +
+			"ClusterRole that lets nodes read them, and, for each --node, the node's " + deploy.NodeLabel + "=" + deploy.NodeLabelValue + " label. It grants nothing\n" +
 			"else: node daemons read ConfigMaps and Secrets with their node's identity (system:node:<name>), as kubelet does.\n" +
 			"  " + name + " gen --node node-1 | kubectl apply -f -",
 		Args: cobra.NoArgs,

@@ -122,8 +122,8 @@ func TestGenPrintsTheClusterObjects(t *testing.T) {
 				t.Errorf("node labels %v", obj.Metadata.Labels)
 			}
 		case "ClusterRole":
-			// Reading the image mappings, nothing else.
-			if got := fmt.Sprint(obj.Rules); got != "[{[virtlet.k8s] [virtletimagemappings] [get list watch]}]" {
+			// Reading Virtlet's mappings, nothing else.
+			if got := fmt.Sprint(obj.Rules); got != "[{[virtlet.k8s] [virtletimagemappings virtletconfigmappings] [get list watch]}]" {
 				t.Errorf("ClusterRole rules %s", got)
 			}
 		case "ClusterRoleBinding":
@@ -132,10 +132,10 @@ func TestGenPrintsTheClusterObjects(t *testing.T) {
 			}
 		}
 	}
-	// The only grant: the nodes read the image mappings; ConfigMaps and
+	// The only grant: the nodes read Virtlet's mappings; ConfigMaps and
 	// Secrets they read as their nodes.
-	want := "RuntimeClass/virtlet CustomResourceDefinition/virtletimagemappings.virtlet.k8s " +
-		"ClusterRole/virtlet:image-mapping-reader ClusterRoleBinding/virtlet:image-mapping-reader Node/node-1"
+	want := "RuntimeClass/virtlet CustomResourceDefinition/virtletconfigmappings.virtlet.k8s CustomResourceDefinition/virtletimagemappings.virtlet.k8s " +
+		"ClusterRole/virtlet:mapping-reader ClusterRoleBinding/virtlet:mapping-reader Node/node-1"
 	if got := strings.Join(kinds, " "); got != want {
 		t.Errorf("gen printed %s, want %s", got, want)
 	}

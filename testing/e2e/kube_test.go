@@ -70,9 +70,18 @@ func startKubeNode(t *testing.T, netIndex int) *kubeNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	applyImageMapping(t, k, "seed-images", cirros)
+	applyMapping(t, k, "VirtletImageMapping", "seed-images", cirros)
 	// A malformed one is skipped, named in the daemon's log (seed-001).
-	applyImageMapping(t, k, "broken", "translations:\n- name: cirros\n  url: ftp://example.com/cirros.img\n")
+	applyMapping(t, k, "VirtletImageMapping", "broken", "translations:\n- name: cirros\n  url: ftp://example.com/cirros.img\n")
+	// Node settings in Virtlet's VirtletConfigMapping objects: this node's
+	// (priority 10) wins over every node's (1); another node's label
+	// selects no setting here. The streaming server kubelet proxies exec,
+	// attach and port-forward to listens where the mapping says
+	// (checkClusterSettings).
+	streamPort := harness.FreePort(t)
+	applyMapping(t, k, "VirtletConfigMapping", "every-node", fmt.Sprintf("priority: 1\nconfig: {streamPort: %d, rawDevices: 'loop*'}", harness.FreePort(t)))
+	applyMapping(t, k, "VirtletConfigMapping", "this-node", fmt.Sprintf("priority: 10\nnodeName: %s\nconfig: {streamPort: %d, cpuModel: Haswell}", k.Node, streamPort))
+	applyMapping(t, k, "VirtletConfigMapping", "other-nodes", "priority: 20\nnodeSelector: {virtlet-test: other}\nconfig: {streamPort: 1}")
 	ctrd := harness.StartContainerd(t, tn, harness.ContainerdOptions{})
 	d.Start("--kubeconfig", kubeconfig, "--forward-runtime", ctrd.Endpoint)
 	k.FlexvolumeDriver = filepath.Join(bins, "virtlet-flexvolume-driver")
@@ -86,18 +95,52 @@ func startKubeNode(t *testing.T, netIndex int) *kubeNode {
 	if err := k.Apply(label); err != nil {
 		t.Fatal(err)
 	}
+	checkClusterSettings(t, d, streamPort)
 	c := d.Crictl(crictl)
 	c.Timeout = 3 * time.Minute
 	return &kubeNode{k: k, d: d, c: c, tn: tn, ctrd: ctrd}
 }
 
-// applyImageMapping applies a VirtletImageMapping in kube-system whose spec
-// is a translation config; the API server serves the kind a moment after
-// its CustomResourceDefinition is applied.
-func applyImageMapping(t *testing.T, k *harness.Kube, name, config string) {
+// checkClusterSettings checks that the daemon applied startKubeNode's
+// VirtletConfigMapping settings, said which it did not apply and why, and
+// serves streams on the mapping's port.
+func checkClusterSettings(t *testing.T, d *harness.Daemon, streamPort int) {
 	t.Helper()
-	obj := fmt.Sprintf("apiVersion: virtlet.k8s/v1\nkind: VirtletImageMapping\nmetadata: {name: %s, namespace: kube-system}\nspec:\n", name)
-	for _, line := range strings.Split(strings.TrimRight(config, "\n"), "\n") {
+	var applied, notApplied []string
+	for _, e := range d.LogEntries() {
+		switch e["msg"] {
+		case "settings from VirtletConfigMapping objects applied":
+			applied = append(applied, fmt.Sprint(e["settings"]))
+		case "a VirtletConfigMapping setting is not applied":
+			notApplied = append(notApplied, fmt.Sprint(e["setting"]))
+		}
+	}
+	got := strings.Join(applied, " ")
+	for _, want := range []string{
+		fmt.Sprintf("streamingAddress: 127.0.0.1:%d (from VirtletConfigMapping kube-system/this-node's streamPort)", streamPort),
+		"plugin raw config allowedPaths: [/dev/loop*] (from VirtletConfigMapping kube-system/every-node's rawDevices)",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the daemon's applied settings %q lack %q", got, want)
+		}
+	}
+	if len(notApplied) != 1 || !strings.HasPrefix(notApplied[0], "cpuModel (from VirtletConfigMapping kube-system/this-node)") {
+		t.Errorf("settings not applied: %q; want this-node's cpuModel, with its reason", notApplied)
+	}
+	if conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", streamPort), 5*time.Second); err != nil {
+		t.Errorf("the streaming server is not on the mapping's port: %v", err)
+	} else {
+		conn.Close()
+	}
+}
+
+// applyMapping applies one of Virtlet's mappings (kind VirtletImageMapping
+// or VirtletConfigMapping) in kube-system with spec (YAML); the API server
+// serves the kind a moment after its CustomResourceDefinition is applied.
+func applyMapping(t *testing.T, k *harness.Kube, kind, name, spec string) {
+	t.Helper()
+	obj := fmt.Sprintf("apiVersion: virtlet.k8s/v1\nkind: %s\nmetadata: {name: %s, namespace: kube-system}\nspec:\n", kind, name)
+	for _, line := range strings.Split(strings.TrimRight(spec, "\n"), "\n") {
 		obj += "  " + line + "\n"
 	}
 	deadline := time.Now().Add(time.Minute)
@@ -107,7 +150,7 @@ func applyImageMapping(t *testing.T, k *harness.Kube, name, config string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("apply the VirtletImageMapping %s: %v", name, err)
+			t.Fatalf("apply the %s %s: %v", kind, name, err)
 		}
 		time.Sleep(time.Second)
 	}
