@@ -453,12 +453,59 @@ func (r *Router) GetContainerEvents(*runtimeapi.GetEventsRequest, grpc.ServerStr
 	return status.Error(codes.Unimplemented, "container events are not served by Virtlet (kubelet's Evented PLEG is off by default; kubelet polls)")
 }
 
+// ListMetricDescriptors lists Virtlet's metrics, then the forward
+// runtime's of other names: kubelet keeps one descriptor per name, and
+// Virtlet's label keys fit containerd's metrics (adapters/cri/metrics.go).
+// A forward runtime that does not answer costs its descriptors only.
 func (r *Router) ListMetricDescriptors(ctx context.Context, req *runtimeapi.ListMetricDescriptorsRequest) (*runtimeapi.ListMetricDescriptorsResponse, error) {
-	return r.local.ListMetricDescriptors(ctx, req)
+	resp, err := r.local.ListMetricDescriptors(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	fctx, cancel := bounded(ctx)
+	defer cancel()
+	more, err := r.runtime.ListMetricDescriptors(fctx, req)
+	if err != nil {
+		r.metricsUnavailable("ListMetricDescriptors", err)
+		return resp, nil
+	}
+	have := map[string]bool{}
+	for _, d := range resp.Descriptors {
+		have[d.Name] = true
+	}
+	for _, d := range more.Descriptors {
+		if !have[d.Name] {
+			resp.Descriptors = append(resp.Descriptors, d)
+		}
+	}
+	return resp, nil
 }
 
+// ListPodSandboxMetrics reports the VM pods' metrics and the forward
+// runtime's pods'; a forward runtime that does not answer costs its pods'
+// metrics only, so that kubelet's /metrics/cadvisor still shows the VMs.
 func (r *Router) ListPodSandboxMetrics(ctx context.Context, req *runtimeapi.ListPodSandboxMetricsRequest) (*runtimeapi.ListPodSandboxMetricsResponse, error) {
-	return r.local.ListPodSandboxMetrics(ctx, req)
+	resp, err := r.local.ListPodSandboxMetrics(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	fctx, cancel := bounded(ctx)
+	defer cancel()
+	more, err := r.runtime.ListPodSandboxMetrics(fctx, req)
+	if err != nil {
+		r.metricsUnavailable("ListPodSandboxMetrics", err)
+		return resp, nil
+	}
+	resp.PodMetrics = append(resp.PodMetrics, more.PodMetrics...)
+	return resp, nil
+}
+
+func (r *Router) metricsUnavailable(method string, err error) {
+	level := logrus.WarnLevel
+	if status.Code(err) == codes.Unimplemented {
+		level = logrus.DebugLevel // an older runtime: it has none
+	}
+	r.log.WithError(err).WithFields(logrus.Fields{"method": method, "runtime": r.endpoint}).Log(level, "the forward runtime's metrics are left out")
 }
 
 // Image service.

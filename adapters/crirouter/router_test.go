@@ -391,3 +391,47 @@ func TestStatusNeedsBothSides(t *testing.T) {
 		}
 	})
 }
+
+func (s *side) ListMetricDescriptors(context.Context, *runtimeapi.ListMetricDescriptorsRequest) (*runtimeapi.ListMetricDescriptorsResponse, error) {
+	return &runtimeapi.ListMetricDescriptorsResponse{Descriptors: []*runtimeapi.MetricDescriptor{
+		{Name: "container_cpu_usage_seconds_total", LabelKeys: []string{s.name}},
+		{Name: s.name + "_only", LabelKeys: []string{"id"}},
+	}}, nil
+}
+
+func (s *side) ListPodSandboxMetrics(context.Context, *runtimeapi.ListPodSandboxMetricsRequest) (*runtimeapi.ListPodSandboxMetricsResponse, error) {
+	return &runtimeapi.ListPodSandboxMetricsResponse{PodMetrics: []*runtimeapi.PodSandboxMetrics{{PodSandboxId: s.name + "-sb"}}}, nil
+}
+
+// A mixed node's metrics are both sides': for a name both describe,
+// Virtlet's descriptor (kubelet keeps one per name). A forward runtime
+// that does not answer costs its own metrics only.
+func TestMetricsMergeVirtletsFirst(t *testing.T) {
+	r, _, _ := newRouter(t, false)
+	ctx := context.Background()
+	descs, err := r.ListMetricDescriptors(ctx, &runtimeapi.ListMetricDescriptorsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, d := range descs.Descriptors {
+		got = append(got, fmt.Sprintf("%s%v", d.Name, d.LabelKeys))
+	}
+	if want := "container_cpu_usage_seconds_total[local] local_only[id] remote_only[id]"; strings.Join(got, " ") != want {
+		t.Errorf("descriptors %s, want %s", strings.Join(got, " "), want)
+	}
+	pods, err := r.ListPodSandboxMetrics(ctx, &runtimeapi.ListPodSandboxMetricsRequest{})
+	if err != nil || len(pods.PodMetrics) != 2 || pods.PodMetrics[0].PodSandboxId != "local-sb" || pods.PodMetrics[1].PodSandboxId != "remote-sb" {
+		t.Errorf("pod metrics %v, %v", pods, err)
+	}
+
+	down, _, _ := newRouter(t, true)
+	descs, err = down.ListMetricDescriptors(ctx, &runtimeapi.ListMetricDescriptorsRequest{})
+	if err != nil || len(descs.Descriptors) != 2 {
+		t.Errorf("forward runtime down: descriptors %v, %v; want Virtlet's", descs, err)
+	}
+	pods, err = down.ListPodSandboxMetrics(ctx, &runtimeapi.ListPodSandboxMetricsRequest{})
+	if err != nil || len(pods.PodMetrics) != 1 {
+		t.Errorf("forward runtime down: pod metrics %v, %v; want Virtlet's", pods, err)
+	}
+}

@@ -336,6 +336,56 @@ spec:
 		}
 	})
 
+	t.Run("kubelet's /metrics/cadvisor", func(t *testing.T) {
+		// With PodAndContainerStatsFromCRI kubelet's cAdvisor endpoint is
+		// made of the runtime's metrics alone: the VM pod's series are
+		// there, in cAdvisor's names, the pod's (container="") at what its
+		// QEMU costs, its network per interface.
+		domain := vmDomain(t, k, d, "ctl-vm")
+		qemu, err := harness.QEMUPID(domain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(qemu)
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			cpu0, rss0 := harness.ProcessCPU(pid), harness.QEMURSS(domain)
+			raw, err := k.KubeletGet("/metrics/cadvisor")
+			cpu1, rss1 := harness.ProcessCPU(pid), harness.QEMURSS(domain)
+			series := func(name, labels string) (float64, bool) {
+				m := regexp.MustCompile(`(?m)^` + name + `\{` + labels + `\} ([0-9.e+]+)`).FindStringSubmatch(raw)
+				if m == nil {
+					return 0, false
+				}
+				v, err := strconv.ParseFloat(m[1], 64)
+				return v, err == nil
+			}
+			podCPU, ok1 := series("container_cpu_usage_seconds_total", `container="",id="[0-9a-f]+",namespace="default",pod="ctl-vm"`)
+			podWS, ok2 := series("container_memory_working_set_bytes", `container="",id="[0-9a-f]+",namespace="default",pod="ctl-vm"`)
+			vmWS, ok3 := series("container_memory_working_set_bytes", `container="ctl-vm",id="[0-9a-f]+",namespace="default",pod="ctl-vm"`)
+			rx, ok4 := series("container_network_receive_bytes_total", `id="[0-9a-f]+",interface="eth0",namespace="default",pod="ctl-vm"`)
+			// CRI's metric values are whole numbers: CPU in whole seconds.
+			if err == nil && ok1 && ok2 && ok3 && ok4 && rx > 0 && vmWS > 0 &&
+				within(podWS, float64(min(rss0, rss1)), float64(max(rss0, rss1)), 0.1) &&
+				podCPU >= float64(cpu0/1e9)-1 && podCPU <= float64(cpu1/1e9)+1 {
+				t.Logf("/metrics/cadvisor: pod ctl-vm CPU %.0f s (QEMU %.1f–%.1f s), working set %.0f (QEMU RSS %d–%d), the guest's %.0f; eth0 received %.0f bytes",
+					podCPU, float64(cpu0)/1e9, float64(cpu1)/1e9, podWS, rss0, rss1, vmWS, rx)
+				return
+			}
+			if time.Now().After(deadline) {
+				var ours []string
+				for _, l := range strings.Split(raw, "\n") {
+					if strings.Contains(l, "ctl-vm") {
+						ours = append(ours, l)
+					}
+				}
+				t.Fatalf("kubelet's /metrics/cadvisor lacks the VM pod's figures or they are not QEMU's (%v; QEMU RSS %d–%d, CPU %d–%d ns):\n%s",
+					err, rss0, rss1, cpu0, cpu1, strings.Join(ours, "\n"))
+			}
+			time.Sleep(5 * time.Second)
+		}
+	})
+
 	t.Run("run strategies", func(t *testing.T) {
 		runStrategies(t, k, run)
 	})
