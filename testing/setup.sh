@@ -25,6 +25,7 @@ PKGS=(
   nftables                                             # kube-proxy (nftables mode) in the kubelet-driven e2e
   acl xfsprogs                                         # getfacl in the ACL tests; an xfs root FilesFromDataSource refuses
   socat                                                # dials a VM's guest agent socket as another VM's user in the security e2e
+  novnc chromium                                       # virtletctl vnc --web serves noVNC; the e2e opens it in headless Chromium
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -12,7 +12,8 @@ import (
 )
 
 func newVNC(k *kube, name string) *cobra.Command {
-	var address string
+	var address, novncDir string
+	var web bool
 	cmd := &cobra.Command{
 		Use:   "vnc [flags] POD [PORT]",
 		Short: "Forward a VM pod's VNC display to a local port",
@@ -20,9 +21,15 @@ func newVNC(k *kube, name string) *cobra.Command {
 to the VM's graphical console. The display listens on the node's loopback,
 out of reach of kubectl port-forward (which reaches the pod's address), so
 each connection goes through the pod's exec subresource to the daemon on the
-VM's node, which connects it to the display. Stop with Ctrl-C.`,
-		Example: "  " + name + " vnc my-vm\n  " + name + " vnc my-vm 5901   # as Virtlet's: 127.0.0.1:5901; then: vncviewer 127.0.0.1::5901\n  " + name + " vnc my-vm --address 0.0.0.0:5901",
-		Args:    cobra.RangeArgs(1, 2),
+VM's node, which connects it to the display. Stop with Ctrl-C.
+
+With --web it serves noVNC (Debian's novnc package) instead, and prints the
+URL of a page that shows the display in a browser; it ends when the page is
+closed. The page and its WebSocket are under a random path that only the URL
+names.`,
+		Example: "  " + name + " vnc my-vm\n  " + name + " vnc my-vm 5901   # as Virtlet's: 127.0.0.1:5901; then: vncviewer 127.0.0.1::5901\n  " +
+			name + " vnc my-vm --address 0.0.0.0:5901\n  " + name + " vnc my-vm --web   # open the printed URL in a browser",
+		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			address, err := vncListenAddress(args[1:], address, cmd.Flags().Changed("address"))
@@ -38,6 +45,14 @@ VM's node, which connects it to the display. Stop with Ctrl-C.`,
 				return fmt.Errorf("listen on %s: %w", address, err)
 			}
 			defer l.Close()
+			if web {
+				w, err := newVNCWeb(k, pod, novncDir)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "VNC display of pod %s/%s in a browser: %s\n", pod.Namespace, pod.Name, w.url(l.Addr()))
+				return w.serve(ctx, l)
+			}
 			go func() { <-ctx.Done(); l.Close() }()
 			fmt.Fprintf(cmd.OutOrStdout(), "VNC display of pod %s/%s at %s (vncviewer %s)\n", pod.Namespace, pod.Name, l.Addr(), vncviewerAddress(l.Addr()))
 			for {
@@ -58,6 +73,8 @@ VM's node, which connects it to the display. Stop with Ctrl-C.`,
 		},
 	}
 	cmd.Flags().StringVar(&address, "address", "127.0.0.1:0", "local address to listen on (port 0: a free port)")
+	cmd.Flags().BoolVar(&web, "web", false, "serve the display as a web page (noVNC) and print its URL; end when the page closes")
+	cmd.Flags().StringVar(&novncDir, "novnc-dir", DefaultNoVNCDir, "noVNC's directory, for --web")
 	return cmd
 }
 

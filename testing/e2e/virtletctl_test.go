@@ -56,6 +56,10 @@ func TestKubeVirtletctlThroughTheAPIServer(t *testing.T) {
 
 	manifest := filepath.Join(t.TempDir(), "pod.yaml")
 	pubJSON, _ := json.Marshal(pub)
+	// root logged in on the display's console, for vnc --web: by UEFI
+	// the cloud image boots Debian's kernel, which has text consoles on
+	// the display (the BIOS path's own kernel has none).
+	autologinJSON, _ := json.Marshal(autologinUserData)
 	os.WriteFile(manifest, []byte(fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata:
@@ -64,6 +68,8 @@ metadata:
     kubernetes.io/target-runtime: virtlet.cloud
     VirtletVCPUCount: "1"
     VirtletSSHKeys: %s
+    VirtletCloudInitUserData: %s
+    VirtletFirmware: uefi
 spec:
   nodeName: %s
   automountServiceAccountToken: false
@@ -74,7 +80,7 @@ spec:
     stdin: true
     resources:
       limits: {memory: 512Mi}
-`, pubJSON, k.Node)), 0o644)
+`, pubJSON, autologinJSON, k.Node)), 0o644)
 	if out, err := k.Kubectl("apply", "-f", manifest); err != nil {
 		t.Fatalf("kubectl apply: %v %s", err, out)
 	}
@@ -249,6 +255,8 @@ spec:
 			t.Fatalf("VNC banner %q %v", banner, err)
 		}
 	})
+
+	t.Run("vnc --web", func(t *testing.T) { vncWebInBrowser(t, k, d, ctl, "ctl-vm") })
 
 	t.Run("version", func(t *testing.T) {
 		out, errOut, err := run("version")
