@@ -40,9 +40,10 @@ type vmMetadata struct {
 
 // domainInput is everything a domain definition needs beyond the VM spec.
 type domainInput struct {
-	Spec       ports.VMSpec
-	DomainType string            // "kvm" or "qemu" (TCG)
-	TBCacheMiB int               // TCG's translation cache (0: QEMU's default)
+	Spec ports.VMSpec
+	// The accelerator: its DomainType ("kvm" or "qemu", TCG) and, under
+	// TCG, its TBCacheMiB (the translation cache; 0: QEMU's default).
+	accelerator
 	DiskPaths  map[string]string // resolved paths of overlay disks, by disk name
 	ConsoleLog string            // raw serial log written by virtlogd
 	// Secrets are the UUIDs of the libvirt secrets holding network disks'

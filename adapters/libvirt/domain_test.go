@@ -147,7 +147,7 @@ func (tc domainCase) input(t *testing.T) domainInput {
 	if tc.tcg {
 		dt = "qemu"
 	}
-	return domainInput{Spec: spec, DomainType: dt,
+	return domainInput{Spec: spec, accelerator: accelerator{DomainType: dt},
 		DiskPaths: map[string]string{"root": "/var/lib/virtlet/vms/" + spec.ID + "-root.qcow2"}, ConsoleLog: "/var/lib/virtlet/vms/" + spec.ID + ".console",
 		Secrets: map[string]string{"vol-ceph": "1c0a2b3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d"}, HostCPUs: []int{0, 1, 2, 3}}
 }
@@ -226,7 +226,7 @@ func TestDomainRefusals(t *testing.T) {
 			s := spec
 			s.Disks = append([]ports.Disk(nil), spec.Disks...)
 			tc.edit(&s)
-			_, err := domainXML(domainInput{Spec: s, DomainType: "qemu", DiskPaths: map[string]string{"root": "/x.qcow2"}, ConsoleLog: "/c"})
+			_, err := domainXML(domainInput{Spec: s, accelerator: accelerator{DomainType: "qemu"}, DiskPaths: map[string]string{"root": "/x.qcow2"}, ConsoleLog: "/c"})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err %v, want %q", err, tc.want)
 			}

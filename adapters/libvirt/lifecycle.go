@@ -109,7 +109,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		undo()
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
-	domXML, err := domainXML(domainInput{Spec: spec, DomainType: accel.DomainType, TBCacheMiB: accel.TBCacheMiB, DiskPaths: r.DiskPaths, ConsoleLog: r.ConsoleLog, Secrets: r.Secrets,
+	domXML, err := domainXML(domainInput{Spec: spec, accelerator: accel, DiskPaths: r.DiskPaths, ConsoleLog: r.ConsoleLog, Secrets: r.Secrets,
 		HostCPUs: hostCPUs, Owner: h.owner})
 	if err != nil {
 		undo()

@@ -165,11 +165,11 @@ func TestPoolDomainPlusTheVMsDevicesIsTheColdDomain(t *testing.T) {
 			}
 			console := "/var/lib/virtlet/plugins/libvirt/pool/virtlet-pool-0123abcd-5e6f7a8b.console"
 			paths := map[string]string{"root": "/var/lib/virtlet/plugins/libvirt/pool/virtlet-pool-0123abcd-5e6f7a8b-root.qcow2"}
-			cold, err := buildDomain(domainInput{Spec: id(spec), DomainType: "qemu", ConsoleLog: console, DiskPaths: paths})
+			cold, err := buildDomain(domainInput{Spec: id(spec), accelerator: accelerator{DomainType: "qemu"}, ConsoleLog: console, DiskPaths: paths})
 			if err != nil {
 				t.Fatal(err)
 			}
-			pooled, err := buildDomain(domainInput{Spec: id(shape.Spec), DomainType: "qemu", ConsoleLog: console, DiskPaths: paths,
+			pooled, err := buildDomain(domainInput{Spec: id(shape.Spec), accelerator: accelerator{DomainType: "qemu"}, ConsoleLog: console, DiskPaths: paths,
 				Pool: &poolMetadata{Owner: "0123abcd", Shape: shape.Key}})
 			if err != nil {
 				t.Fatal(err)
@@ -232,7 +232,7 @@ func TestPoolDomainGolden(t *testing.T) {
 	s := shape.Spec
 	s.Name, s.UUID, s.RunAs = "virtlet-pool-0123abcd-5e6f7a8b", "5e6f7a8b-1111-4222-8333-944445555666", &ports.ProcessIdentity{UID: 2000065536, GID: 2000065536}
 	dir := "/var/lib/virtlet/plugins/libvirt/pool/"
-	got, err := domainXML(domainInput{Spec: s, DomainType: "qemu", ConsoleLog: dir + s.Name + ".console",
+	got, err := domainXML(domainInput{Spec: s, accelerator: accelerator{DomainType: "qemu"}, ConsoleLog: dir + s.Name + ".console",
 		DiskPaths: map[string]string{"root": dir + s.Name + "-root.qcow2"}, Pool: &poolMetadata{Owner: "0123abcd", Shape: shape.Key}})
 	if err != nil {
 		t.Fatal(err)

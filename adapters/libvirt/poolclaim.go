@@ -57,7 +57,7 @@ func (p *pool) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSpec, r 
 	if r.Secrets, err = defineSecrets(conn, spec); err != nil {
 		return fail("keep its disks' keys", err)
 	}
-	def, err := buildDomain(domainInput{Spec: spec, DomainType: accel.DomainType, TBCacheMiB: accel.TBCacheMiB, DiskPaths: r.DiskPaths, ConsoleLog: d.console, Secrets: r.Secrets, Owner: p.owner})
+	def, err := buildDomain(domainInput{Spec: spec, accelerator: accel, DiskPaths: r.DiskPaths, ConsoleLog: d.console, Secrets: r.Secrets, Owner: p.owner})
 	if err != nil {
 		return fail("render its devices", err)
 	}

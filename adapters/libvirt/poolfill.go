@@ -162,7 +162,7 @@ func (p *pool) launch(conn *libvirt.Connect, d *poolDomain, tmpl ports.VMSpec) e
 	}
 	spec := tmpl
 	spec.Name, spec.UUID, spec.RunAs = d.name, d.uuid, &ports.ProcessIdentity{UID: d.uid, GID: d.uid}
-	domXML, err := domainXML(domainInput{Spec: spec, DomainType: accel.DomainType, TBCacheMiB: accel.TBCacheMiB, ConsoleLog: d.console,
+	domXML, err := domainXML(domainInput{Spec: spec, accelerator: accel, ConsoleLog: d.console,
 		DiskPaths: map[string]string{tmpl.Disks[0].Name: d.root}, Pool: &poolMetadata{Owner: p.owner, Shape: d.shape}})
 	if err != nil {
 		removeFiles(d.root)
