@@ -69,7 +69,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
 	log := h.log.WithFields(logrus.Fields{"vm": spec.Name, "pod": spec.PodNamespace + "/" + spec.PodName})
-	shape, coldWhy := poolable(spec, accel.DomainType)
+	shape, coldWhy := poolable(spec, accel)
 	r := &record{Spec: spec.WithoutSecrets(), DiskPaths: map[string]string{}, ConsoleLog: filepath.Join(vmDir, spec.ID+".console"), State: ports.VMDefined}
 	if spec.UUID == "" {
 		// The pod asks for no UUID: one derived from the VM's ID, stable

@@ -165,7 +165,7 @@ func newPool(cfg PoolConfig, stateDir string) (*pool, error) {
 
 // poolable says whether a VM can be claimed from a pool domain and of
 // which shape, or why it starts cold. It is the one place that decides.
-func poolable(s ports.VMSpec, domainType string) (poolShape, string) {
+func poolable(s ports.VMSpec, accel accelerator) (poolShape, string) {
 	var why string
 	switch m := machineOrDefault(s.Machine); {
 	case s.UUID != "":
@@ -229,12 +229,21 @@ func poolable(s ports.VMSpec, domainType string) (poolShape, string) {
 	for range s.NICs {
 		t.NICs = append(t.NICs, ports.NIC{})
 	}
+	return poolShape{Key: shapeKey(accel, t), Spec: t}, ""
+}
+
+// shapeKey names a shape: its skeleton spec and what of the accelerator a
+// domain takes at its launch (the domain type, TCG's translation cache),
+// so that a pool domain launched before a change of those is not claimed
+// after it.
+func shapeKey(accel accelerator, skeleton ports.VMSpec) string {
 	key, _ := json.Marshal(struct {
-		Type string
-		Spec ports.VMSpec
-	}{domainType, t})
+		Type       string
+		TBCacheMiB int `json:",omitempty"`
+		Spec       ports.VMSpec
+	}{accel.DomainType, accel.TBCacheMiB, skeleton})
 	sum := sha256.Sum256(key)
-	return poolShape{Key: hex.EncodeToString(sum[:])[:12], Spec: t}, ""
+	return hex.EncodeToString(sum[:])[:12]
 }
 
 // open makes the pool's directory and reads the shapes VMs used; run
@@ -255,6 +264,13 @@ func (p *pool) open(env poolEnv) error {
 	}
 	if len(p.shapes) > p.size {
 		p.shapes = p.shapes[:p.size]
+	}
+	// Shapes named under another accelerator setting (a changed
+	// tcgTranslationCacheMiB) get today's names: the sweep then destroys
+	// the pool domains launched before, and the refill launches new ones.
+	accel := env.vms.settings().accel
+	for i := range p.shapes {
+		p.shapes[i].Key = shapeKey(accel, p.shapes[i].Spec)
 	}
 	return nil
 }

@@ -1,6 +1,9 @@
 package libvirt
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -76,7 +79,7 @@ func TestPoolable(t *testing.T) {
 		{"SATA disk", with(), func(s *ports.VMSpec) { s.Disks[0].Bus = ports.BusSATA }, "sata bus"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			shape, why := poolable(poolSpecFor(t, tc.ann, tc.edit), "qemu")
+			shape, why := poolable(poolSpecFor(t, tc.ann, tc.edit), accelerator{DomainType: "qemu"})
 			if tc.why == "" && (why != "" || shape.Key == "") {
 				t.Fatalf("starts cold: %s", why)
 			}
@@ -93,7 +96,7 @@ func TestPoolable(t *testing.T) {
 // count is another.
 func TestPoolShapes(t *testing.T) {
 	key := func(edit func(*ports.VMSpec)) string {
-		shape, why := poolable(poolSpecFor(t, nil, edit), "qemu")
+		shape, why := poolable(poolSpecFor(t, nil, edit), accelerator{DomainType: "qemu"})
 		if why != "" {
 			t.Fatal(why)
 		}
@@ -154,7 +157,7 @@ func TestPoolDomainPlusTheVMsDevicesIsTheColdDomain(t *testing.T) {
 			if tc.edit != nil {
 				tc.edit(&spec)
 			}
-			shape, why := poolable(spec, "qemu")
+			shape, why := poolable(spec, accelerator{DomainType: "qemu"})
 			if why != "" {
 				t.Fatal(why)
 			}
@@ -225,7 +228,7 @@ func TestPoolDomainGolden(t *testing.T) {
 	spec := poolSpecFor(t, map[string]string{annotations.TargetRuntime: annotations.TargetRuntimeValue}, func(s *ports.VMSpec) {
 		s.NICs = []ports.NIC{{Name: "eth0", MAC: "0a:58:c6:12:05:02", MTU: 1500, Bridge: "vlb-x"}}
 	})
-	shape, why := poolable(spec, "qemu")
+	shape, why := poolable(spec, accelerator{DomainType: "qemu"})
 	if why != "" {
 		t.Fatal(why)
 	}
@@ -269,5 +272,27 @@ func TestDefinedFrom(t *testing.T) {
 				t.Fatalf("definedFrom = %v, want %v", got, tc.equal)
 			}
 		})
+	}
+}
+
+// A shape's name changes with the translation cache a pool domain is
+// launched with, and only then: the names a pool saved before the cache
+// was configurable stay valid.
+func TestShapeKeyFollowsTheTranslationCache(t *testing.T) {
+	spec := ports.VMSpec{VCPUs: 1, MemoryBytes: 128 << 20}
+	old, _ := json.Marshal(struct {
+		Type string
+		Spec ports.VMSpec
+	}{"qemu", spec})
+	sum := sha256.Sum256(old)
+	if got := shapeKey(accelerator{DomainType: "qemu"}, spec); got != hex.EncodeToString(sum[:])[:12] {
+		t.Errorf("the default cache's key %s is not the one saved before", got)
+	}
+	keys := map[string]bool{}
+	for _, a := range []accelerator{{DomainType: "qemu"}, {DomainType: "qemu", TBCacheMiB: 16}, {DomainType: "qemu", TBCacheMiB: 32}, {DomainType: "kvm"}} {
+		keys[shapeKey(a, spec)] = true
+	}
+	if len(keys) != 4 {
+		t.Errorf("%d keys for 4 accelerator settings", len(keys))
 	}
 }
