@@ -239,8 +239,12 @@ func TestSetupDHCPTeardown(t *testing.T) {
 		t.Errorf("netns %s, want %s (the configured prefix)", att.NetNSPath, want)
 	}
 	for _, l := range []string{"vlb-" + id[:11], "vlh-" + id[:11]} {
-		if !linkExists(l) {
-			t.Errorf("host link %s missing", l)
+		// Each names its pod's network namespace, which traces a link a
+		// killed daemon left to its pod.
+		if link, err := netlink.LinkByName(l); err != nil {
+			t.Errorf("host link %s missing: %v", l, err)
+		} else if link.Attrs().Alias != filepath.Base(att.NetNSPath) {
+			t.Errorf("host link %s has the alias %q, want its pod's network namespace %s", l, link.Attrs().Alias, filepath.Base(att.NetNSPath))
 		}
 	}
 	// Inside the pod: eth0 lost its address and MAC to the VM.

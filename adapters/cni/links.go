@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -147,6 +148,14 @@ func wireVM(nsPath string, p plumbing) (podInterface, error) {
 	}
 	if err := netlink.LinkSetMaster(hveth, hbr); err != nil {
 		return pi, fmt.Errorf("join %s to %s: %w", p.HostVeth, p.HostBridge, err)
+	}
+	// The host links name the pod's network namespace in their alias
+	// (ip link shows it), so that links outliving their pod (a daemon
+	// killed before the teardown) can be traced to it.
+	for _, l := range []netlink.Link{hveth, hbr} {
+		if err := netlink.LinkSetAlias(l, filepath.Base(nsPath)); err != nil {
+			return pi, fmt.Errorf("alias of %s: %w", l.Attrs().Name, err)
+		}
 	}
 	for _, l := range []netlink.Link{hveth, hbr} {
 		if err := netlink.LinkSetUp(l); err != nil {

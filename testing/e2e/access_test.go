@@ -377,7 +377,10 @@ func TestReachTheVM(t *testing.T) {
 		burned := containerUsage(t, c, cloud)
 		burnRate := float64(burned.cpu-burning.cpu) / float64(time.Since(burnStart))
 		t.Logf("CPU: idle %.2f cores, burning %.2f cores; working set %d MiB", idleRate, burnRate, burned.workingSet>>20)
-		if burnRate < idleRate+0.3 {
+		// The property is that the figure follows the guest, not how much
+		// of the host's two cores the guest gets beside the other tests
+		// (0.30 of a core at the lowest seen).
+		if burnRate < idleRate+0.15 || burnRate < 3*idleRate {
 			t.Errorf("CPU usage does not follow the guest: idle %.2f, burning %.2f cores", idleRate, burnRate)
 		}
 		var pods struct {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/virtlet/virtlet/core"
 	"github.com/virtlet/virtlet/testing/harness"
+	"github.com/vishvananda/netlink"
 )
 
 // The crash matrix: a daemon built with failpoints kills itself with
@@ -348,7 +349,7 @@ func snapshotNode(t *testing.T, d *harness.Daemon, tn *harness.TestNetwork) node
 			}
 		}
 	}
-	s["host link"] = withoutBridge(hostLinks(t), tn.Bridge)
+	s["host link"] = nodeLinks(t, tn)
 	// The CNI plugin holds a socket per DHCP server it runs.
 	for pid, cmdline := range harness.ChildrenOf(d.PID()) {
 		if strings.Contains(cmdline, "virtlet-plugin-cni") {
@@ -461,13 +462,29 @@ func domainQEMUUID(domain string) (int, error) {
 	return strconv.Atoi(uid[0])
 }
 
-// withoutBridge is links but bridge.
-func withoutBridge(links []string, bridge string) []string {
-	var out []string
-	for _, l := range links {
-		if l != bridge {
-			out = append(out, l)
+// nodeLinks lists the host links of the test network's pods: the VMs'
+// host bridges and veths (aliased with their pod's network namespace) and
+// the links on the test network's bridge, but not the bridge itself, nor
+// the links of other tests and runs.
+func nodeLinks(t *testing.T, tn *harness.TestNetwork) []string {
+	t.Helper()
+	all, err := netlink.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bridge := -1
+	for _, l := range all {
+		if l.Attrs().Name == tn.Bridge {
+			bridge = l.Attrs().Index
 		}
 	}
+	var out []string
+	for _, l := range all {
+		a := l.Attrs()
+		if strings.HasPrefix(a.Alias, tn.NetNSPrefix) || bridge >= 0 && a.MasterIndex == bridge {
+			out = append(out, a.Name)
+		}
+	}
+	sort.Strings(out)
 	return out
 }

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -26,24 +25,6 @@ import (
 )
 
 // Subnets 198.18.40-49.0/24 belong to the real-VM network suites.
-
-// hostLinks lists the host's network links.
-func hostLinks(t *testing.T) []string {
-	t.Helper()
-	out, err := exec.Command("ip", "-o", "link", "show").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 1 {
-			names = append(names, strings.SplitN(strings.TrimSuffix(f[1], ":"), "@", 2)[0])
-		}
-	}
-	sort.Strings(names)
-	return names
-}
 
 // sockets counts a process's open sockets (the CNI plugin holds one per
 // DHCP server).

@@ -34,10 +34,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"sort"
 	"strings"
 	"syscall"
 
 	"github.com/moby/sys/mountinfo"
+	"github.com/vishvananda/netlink"
 
 	"github.com/virtlet/virtlet/adapters/cni"
 	"github.com/virtlet/virtlet/adapters/posixacl"
@@ -81,6 +83,11 @@ func begin(id, file string) error {
 	}
 	for _, l := range links() {
 		if other := runOfLink(l); other != "" && other != id {
+			earlier[other] = true
+		}
+	}
+	for _, other := range podLinkRuns() {
+		if other != id {
 			earlier[other] = true
 		}
 	}
@@ -227,6 +234,7 @@ func leftBy(id string, withDir bool) []string {
 		}
 	}
 	add("links", own)
+	add("pod links outside their namespace", podLinksOf(id))
 	add("network namespaces", namespacesOf(id))
 	add("firewall rules", rulesNaming(harness.RunBridgePrefix(id)))
 	add("container log links", logLinksInto(dir))
@@ -270,6 +278,9 @@ func remove(id string) {
 		if runOfLink(l) == id {
 			exec.Command("ip", "link", "del", l).Run()
 		}
+	}
+	for _, l := range podLinksOf(id) {
+		exec.Command("ip", "link", "del", l).Run()
 	}
 	for _, ipt := range []string{"iptables", "ip6tables"} {
 		harness.RemoveRules(ipt, harness.RulesMentioning(ipt, harness.RunBridgePrefix(id)))
@@ -381,6 +392,39 @@ func links() []string {
 		}
 	}
 	return names
+}
+
+// podLinksOf lists the host links of the run's pods: the CNI plugin
+// aliases a VM's host bridge and veth with the pod's network namespace,
+// which a test network names with the run (podNetNSName).
+func podLinksOf(id string) []string {
+	all, err := netlink.LinkList()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, l := range all {
+		if m := podNetNSName.FindStringSubmatch(l.Attrs().Alias); m != nil && m[1] == id {
+			out = append(out, l.Attrs().Name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// podLinkRuns lists the runs whose pods' host links are on the host.
+func podLinkRuns() []string {
+	all, err := netlink.LinkList()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, l := range all {
+		if m := podNetNSName.FindStringSubmatch(l.Attrs().Alias); m != nil && !slices.Contains(out, m[1]) {
+			out = append(out, m[1])
+		}
+	}
+	return out
 }
 
 // runOfLink is the run id in the name of a link the suites made
