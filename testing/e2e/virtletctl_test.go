@@ -317,31 +317,14 @@ spec:
 
 	t.Run("kubelet's summary API", func(t *testing.T) {
 		// The pod's figures are what its QEMU costs the node, within 10 %:
-		// its resident memory, and its CPU time (read before and after
-		// the summary, which lies between).
-		domain := vmDomain(t, k, d, "ctl-vm")
-		qemu, err := harness.QEMUPID(domain)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid, _ := strconv.Atoi(qemu)
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			cpu0, rss0 := harness.ProcessCPU(pid), harness.QEMURSS(domain)
+		// its resident memory, and its CPU time.
+		untilQEMUAgrees(t, k, d, "ctl-vm", "the summary API's pod figures", func(q qemuSpan) (bool, string) {
 			pod, err := podSummary(k, "ctl-vm")
-			cpu1, rss1 := harness.ProcessCPU(pid), harness.QEMURSS(domain)
-			if err == nil && pod.CPU.UsageCoreNanoSeconds > 0 && pod.Memory.WorkingSetBytes > 0 &&
-				within(float64(pod.Memory.WorkingSetBytes), float64(min(rss0, rss1)), float64(max(rss0, rss1)), 0.1) &&
-				within(float64(pod.CPU.UsageCoreNanoSeconds), float64(cpu0), float64(cpu1), 0.1) {
-				t.Logf("pod ctl-vm: working set %d (QEMU RSS %d–%d), CPU %d ns (QEMU %d–%d)",
-					pod.Memory.WorkingSetBytes, rss0, rss1, pod.CPU.UsageCoreNanoSeconds, cpu0, cpu1)
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the summary API's pod figures are not QEMU's: %v; pod %+v; QEMU RSS %d–%d, CPU %d–%d ns", err, pod, rss0, rss1, cpu0, cpu1)
-			}
-			time.Sleep(5 * time.Second)
-		}
+			q = q.after()
+			ok := err == nil && pod.CPU.UsageCoreNanoSeconds > 0 && pod.Memory.WorkingSetBytes > 0 &&
+				q.rssWithin(float64(pod.Memory.WorkingSetBytes), 0.1) && q.cpuWithin(float64(pod.CPU.UsageCoreNanoSeconds), 0.1)
+			return ok, fmt.Sprintf("working set %d, CPU %d ns (%v); %s", pod.Memory.WorkingSetBytes, pod.CPU.UsageCoreNanoSeconds, err, q)
+		})
 	})
 
 	t.Run("kubelet's /metrics/cadvisor", func(t *testing.T) {
@@ -349,17 +332,9 @@ spec:
 		// made of the runtime's metrics alone: the VM pod's series are
 		// there, in cAdvisor's names, the pod's (container="") at what its
 		// QEMU costs, its network per interface.
-		domain := vmDomain(t, k, d, "ctl-vm")
-		qemu, err := harness.QEMUPID(domain)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid, _ := strconv.Atoi(qemu)
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			cpu0, rss0 := harness.ProcessCPU(pid), harness.QEMURSS(domain)
+		untilQEMUAgrees(t, k, d, "ctl-vm", "kubelet's /metrics/cadvisor", func(q qemuSpan) (bool, string) {
 			raw, err := k.KubeletGet("/metrics/cadvisor")
-			cpu1, rss1 := harness.ProcessCPU(pid), harness.QEMURSS(domain)
+			q = q.after()
 			series := func(name, labels string) (float64, bool) {
 				m := regexp.MustCompile(`(?m)^` + name + `\{` + labels + `\} ([0-9.e+]+)`).FindStringSubmatch(raw)
 				if m == nil {
@@ -373,25 +348,19 @@ spec:
 			vmWS, ok3 := series("container_memory_working_set_bytes", `container="ctl-vm",id="[0-9a-f]+",namespace="default",pod="ctl-vm"`)
 			rx, ok4 := series("container_network_receive_bytes_total", `id="[0-9a-f]+",interface="eth0",namespace="default",pod="ctl-vm"`)
 			// CRI's metric values are whole numbers: CPU in whole seconds.
-			if err == nil && ok1 && ok2 && ok3 && ok4 && rx > 0 && vmWS > 0 &&
-				within(podWS, float64(min(rss0, rss1)), float64(max(rss0, rss1)), 0.1) &&
-				podCPU >= float64(cpu0/1e9)-1 && podCPU <= float64(cpu1/1e9)+1 {
-				t.Logf("/metrics/cadvisor: pod ctl-vm CPU %.0f s (QEMU %.1f–%.1f s), working set %.0f (QEMU RSS %d–%d), the guest's %.0f; eth0 received %.0f bytes",
-					podCPU, float64(cpu0)/1e9, float64(cpu1)/1e9, podWS, rss0, rss1, vmWS, rx)
-				return
-			}
-			if time.Now().After(deadline) {
-				var ours []string
+			ok := err == nil && ok1 && ok2 && ok3 && ok4 && rx > 0 && vmWS > 0 && q.rssWithin(podWS, 0.1) &&
+				podCPU >= float64(q.cpu0/time.Second)-1 && podCPU <= float64(q.cpu1/time.Second)+1
+			detail := fmt.Sprintf("pod CPU %.0f s, working set %.0f, the guest's %.0f, eth0 received %.0f bytes (%v); %s", podCPU, podWS, vmWS, rx, err, q)
+			if !ok {
+				detail += "; the pod's series:"
 				for _, l := range strings.Split(raw, "\n") {
 					if strings.Contains(l, "ctl-vm") {
-						ours = append(ours, l)
+						detail += "\n" + l
 					}
 				}
-				t.Fatalf("kubelet's /metrics/cadvisor lacks the VM pod's figures or they are not QEMU's (%v; QEMU RSS %d–%d, CPU %d–%d ns):\n%s",
-					err, rss0, rss1, cpu0, cpu1, strings.Join(ours, "\n"))
 			}
-			time.Sleep(5 * time.Second)
-		}
+			return ok, detail
+		})
 	})
 
 	t.Run("run strategies", func(t *testing.T) {
@@ -577,6 +546,59 @@ func podSummary(k *harness.Kube, name string) (podStats, error) {
 		}
 	}
 	return podStats{}, fmt.Errorf("no pod %s in the summary", name)
+}
+
+// qemuSpan is a pod's QEMU's CPU time and resident memory before a
+// reading of kubelet's (cpu0, rss0) and after it (cpu1, rss1).
+type qemuSpan struct {
+	pid        int
+	domain     string
+	cpu0, cpu1 time.Duration
+	rss0, rss1 int64
+}
+
+// after samples QEMU again, after the reading.
+func (q qemuSpan) after() qemuSpan {
+	q.cpu1, q.rss1 = harness.ProcessCPU(q.pid), harness.QEMURSS(q.domain)
+	return q
+}
+
+func (q qemuSpan) rssWithin(v, tol float64) bool {
+	return within(v, float64(min(q.rss0, q.rss1)), float64(max(q.rss0, q.rss1)), tol)
+}
+
+func (q qemuSpan) cpuWithin(nanos, tol float64) bool {
+	return within(nanos, float64(q.cpu0), float64(q.cpu1), tol)
+}
+
+func (q qemuSpan) String() string {
+	return fmt.Sprintf("QEMU: RSS %d–%d, CPU %.1f–%.1f s", q.rss0, q.rss1, q.cpu0.Seconds(), q.cpu1.Seconds())
+}
+
+// untilQEMUAgrees reads kubelet's figures of the pod (read, which calls
+// after once it has them) until they agree with its QEMU's own, for two
+// minutes; it logs them, or fails with what read last said.
+func untilQEMUAgrees(t *testing.T, k *harness.Kube, d *harness.Daemon, pod, what string, read func(qemuSpan) (bool, string)) {
+	t.Helper()
+	q := qemuSpan{domain: vmDomain(t, k, d, pod)}
+	qemu, err := harness.QEMUPID(q.domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.pid, _ = strconv.Atoi(qemu)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		q.cpu0, q.rss0 = harness.ProcessCPU(q.pid), harness.QEMURSS(q.domain)
+		ok, detail := read(q)
+		if ok {
+			t.Logf("%s of pod %s: %s", what, pod, detail)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s of pod %s are not its QEMU's: %s", what, pod, detail)
+		}
+		time.Sleep(5 * time.Second)
+	}
 }
 
 // within tells whether v lies in [lo, hi] widened by the fraction tol.
