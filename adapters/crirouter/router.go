@@ -458,45 +458,49 @@ func (r *Router) GetContainerEvents(*runtimeapi.GetEventsRequest, grpc.ServerStr
 // Virtlet's label keys fit containerd's metrics (adapters/cri/metrics.go).
 // A forward runtime that does not answer costs its descriptors only.
 func (r *Router) ListMetricDescriptors(ctx context.Context, req *runtimeapi.ListMetricDescriptorsRequest) (*runtimeapi.ListMetricDescriptorsResponse, error) {
-	resp, err := r.local.ListMetricDescriptors(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	fctx, cancel := bounded(ctx)
-	defer cancel()
-	more, err := r.runtime.ListMetricDescriptors(fctx, req)
-	if err != nil {
-		r.metricsUnavailable("ListMetricDescriptors", err)
-		return resp, nil
-	}
-	have := map[string]bool{}
-	for _, d := range resp.Descriptors {
-		have[d.Name] = true
-	}
-	for _, d := range more.Descriptors {
-		if !have[d.Name] {
-			resp.Descriptors = append(resp.Descriptors, d)
-		}
-	}
-	return resp, nil
+	return mergedMetrics(r, ctx, req, "ListMetricDescriptors", r.local.ListMetricDescriptors, r.runtime.ListMetricDescriptors,
+		func(into, from *runtimeapi.ListMetricDescriptorsResponse) {
+			have := map[string]bool{}
+			for _, d := range into.Descriptors {
+				have[d.Name] = true
+			}
+			for _, d := range from.Descriptors {
+				if !have[d.Name] {
+					into.Descriptors = append(into.Descriptors, d)
+				}
+			}
+		})
 }
 
 // ListPodSandboxMetrics reports the VM pods' metrics and the forward
 // runtime's pods'; a forward runtime that does not answer costs its pods'
 // metrics only, so that kubelet's /metrics/cadvisor still shows the VMs.
 func (r *Router) ListPodSandboxMetrics(ctx context.Context, req *runtimeapi.ListPodSandboxMetricsRequest) (*runtimeapi.ListPodSandboxMetricsResponse, error) {
-	resp, err := r.local.ListPodSandboxMetrics(ctx, req)
+	return mergedMetrics(r, ctx, req, "ListPodSandboxMetrics", r.local.ListPodSandboxMetrics, r.runtime.ListPodSandboxMetrics,
+		func(into, from *runtimeapi.ListPodSandboxMetricsResponse) {
+			into.PodMetrics = append(into.PodMetrics, from.PodMetrics...)
+		})
+}
+
+// mergedMetrics is merged for the metrics calls, where the forward
+// runtime's part is best effort: its error is logged, and Virtlet's part
+// answered alone.
+func mergedMetrics[Req any, Resp any](r *Router, ctx context.Context, req Req, method string,
+	localCall func(context.Context, Req) (Resp, error),
+	remoteCall func(context.Context, Req, ...grpc.CallOption) (Resp, error),
+	add func(into, from Resp)) (Resp, error) {
+	resp, err := localCall(ctx, req)
 	if err != nil {
-		return nil, err
+		return resp, err
 	}
 	fctx, cancel := bounded(ctx)
 	defer cancel()
-	more, err := r.runtime.ListPodSandboxMetrics(fctx, req)
+	more, err := remoteCall(fctx, req)
 	if err != nil {
-		r.metricsUnavailable("ListPodSandboxMetrics", err)
+		r.metricsUnavailable(method, err)
 		return resp, nil
 	}
-	resp.PodMetrics = append(resp.PodMetrics, more.PodMetrics...)
+	add(resp, more)
 	return resp, nil
 }
 
