@@ -86,7 +86,7 @@ func begin(id, file string) error {
 			earlier[other] = true
 		}
 	}
-	for _, other := range podLinkRuns() {
+	for other := range podLinks() {
 		if other != id {
 			earlier[other] = true
 		}
@@ -394,37 +394,28 @@ func links() []string {
 	return names
 }
 
-// podLinksOf lists the host links of the run's pods: the CNI plugin
-// aliases a VM's host bridge and veth with the pod's network namespace,
-// which a test network names with the run (podNetNSName).
-func podLinksOf(id string) []string {
+// podLinks lists the host links of the suites' pods by run: the CNI
+// plugin aliases a VM's host bridge and veth with the pod's network
+// namespace, which a test network names with the run (podNetNSName).
+func podLinks() map[string][]string {
 	all, err := netlink.LinkList()
 	if err != nil {
 		return nil
 	}
-	var out []string
+	out := map[string][]string{}
 	for _, l := range all {
-		if m := podNetNSName.FindStringSubmatch(l.Attrs().Alias); m != nil && m[1] == id {
-			out = append(out, l.Attrs().Name)
+		if m := podNetNSName.FindStringSubmatch(l.Attrs().Alias); m != nil {
+			out[m[1]] = append(out[m[1]], l.Attrs().Name)
 		}
 	}
-	sort.Strings(out)
 	return out
 }
 
-// podLinkRuns lists the runs whose pods' host links are on the host.
-func podLinkRuns() []string {
-	all, err := netlink.LinkList()
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, l := range all {
-		if m := podNetNSName.FindStringSubmatch(l.Attrs().Alias); m != nil && !slices.Contains(out, m[1]) {
-			out = append(out, m[1])
-		}
-	}
-	return out
+// podLinksOf lists the host links of run id's pods.
+func podLinksOf(id string) []string {
+	links := podLinks()[id]
+	sort.Strings(links)
+	return links
 }
 
 // runOfLink is the run id in the name of a link the suites made
