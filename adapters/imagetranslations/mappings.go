@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/virtlet/virtlet/ports"
 )
@@ -44,6 +45,9 @@ func (m *Mappings) Translations(ctx context.Context) ([]ports.TranslationConfig,
 	for _, n := range names {
 		ref := fmt.Sprintf("VirtletImageMapping %s/%s", m.namespace, n)
 		cfg, err := parse(ref+" spec", ref, specs[n])
+		if err == nil {
+			err = noNodeFiles(ref, cfg)
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -51,6 +55,20 @@ func (m *Mappings) Translations(ctx context.Context) ([]ports.TranslationConfig,
 		cfgs = append(cfgs, cfg)
 	}
 	return cfgs, errs
+}
+
+// noNodeFiles refuses file:// translations in an object: they name the
+// node's own files, which only the node's translation files (written by
+// its root) may hand to the image plugin, not whoever may write objects in
+// the cluster.
+func noNodeFiles(ref string, cfg ports.TranslationConfig) error {
+	for i, t := range cfg.Translations {
+		if strings.HasPrefix(strings.ToLower(t.URL), "file:") {
+			return &ports.InvalidError{Field: fmt.Sprintf("%s spec field translations[%d].url", ref, i), Value: t.URL,
+				Reason: "a file:// URL names a file of the node", Allowed: "https, http, docker or oci URLs (file:// only in the node's own translation files)"}
+		}
+	}
+	return nil
 }
 
 var _ ports.ImageTranslations = (*Mappings)(nil)

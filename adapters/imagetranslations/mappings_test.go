@@ -28,6 +28,7 @@ func TestMappings(t *testing.T) {
 		"a-more": []byte(`{"prefix": "more", "translations": [{"regexp": "^x(.*)", "url": "http://10.0.0.1/$1.img"}]}`),
 		"c-bad":  []byte(`{"translations": [{"name": "nourl"}]}`),
 		"d-typo": []byte(`{"translation": []}`),
+		"e-file": []byte(`{"translations": [{"name": "x", "url": "file:///etc/shadow"}]}`),
 	}}, "kube-system")
 	cfgs, errs := m.Translations(context.Background())
 	if len(cfgs) != 2 || cfgs[0].Prefix != "more" || cfgs[1].Translations[0].Name != "cirros" {
@@ -36,8 +37,8 @@ func TestMappings(t *testing.T) {
 	if cfgs[1].Source != "VirtletImageMapping kube-system/b-seed" {
 		t.Errorf("source %q", cfgs[1].Source)
 	}
-	if len(errs) != 2 {
-		t.Fatalf("errors %v: want c-bad's and d-typo's", errs)
+	if len(errs) != 3 {
+		t.Fatalf("errors %v: want c-bad's, d-typo's and e-file's", errs)
 	}
 	var ie *ports.InvalidError
 	if !errors.As(errs[0], &ie) || ie.Field != "VirtletImageMapping kube-system/c-bad spec field translations[0].url" {
@@ -45,6 +46,11 @@ func TestMappings(t *testing.T) {
 	}
 	if !errors.As(errs[1], &ie) || ie.Field != "VirtletImageMapping kube-system/d-typo spec field translation" {
 		t.Errorf("d-typo: %v", errs[1])
+	}
+	// An object may not hand the node's files to the image plugin.
+	if !errors.As(errs[2], &ie) || ie.Field != "VirtletImageMapping kube-system/e-file spec field translations[0].url" ||
+		!strings.Contains(errs[2].Error(), "file of the node") {
+		t.Errorf("e-file: %v", errs[2])
 	}
 }
 
