@@ -3,8 +3,11 @@ package cri
 import (
 	"context"
 	"encoding/json"
+	"regexp"
 	"runtime"
+	"strings"
 
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/virtlet/virtlet/core"
@@ -13,11 +16,32 @@ import (
 // RuntimeName is what Version reports.
 const RuntimeName = "virtlet"
 
-// Version reports the real build version.
+// Version reports the real build version, as a semantic version.
 func (s *Server) Version(ctx context.Context, req *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
 	return &runtimeapi.VersionResponse{
-		Version: "0.1.0", RuntimeName: RuntimeName, RuntimeVersion: s.info.Version, RuntimeApiVersion: "v1",
+		Version: "0.1.0", RuntimeName: RuntimeName, RuntimeVersion: semanticVersion(s.info.Version), RuntimeApiVersion: "v1",
 	}, nil
+}
+
+var notBuildMetadata = regexp.MustCompile(`[^0-9A-Za-z.-]+`)
+
+// semanticVersion is the build version as kubelet reads a runtime's: a
+// semantic version, else the node shows "Unknown" (kubectl get nodes -o
+// wide). A build without a release tag (git describe gives a commit,
+// "df3ba06-dirty") becomes 0.0.0 with the build as its metadata
+// ("0.0.0+df3ba06-dirty").
+func semanticVersion(v string) string {
+	if _, err := utilversion.ParseSemantic(v); err == nil {
+		return v
+	}
+	meta := strings.Trim(notBuildMetadata.ReplaceAllString(v, "-"), ".-")
+	for strings.Contains(meta, "..") {
+		meta = strings.ReplaceAll(meta, "..", ".")
+	}
+	if meta == "" {
+		return "0.0.0"
+	}
+	return "0.0.0+" + meta
 }
 
 // Status reports whether the hypervisor and the pod network are ready,
