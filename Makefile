@@ -28,7 +28,7 @@ DEFAULT_PLUGINS := $(shell sed -n 's/^command: *//p' plugins/manifest/defaults/*
 # Test-only plugins.
 TEST_PLUGINS := bin/virtlet-fake-plugin bin/virtlet-example-scratch
 
-.PHONY: all build deps tools proto test unit integration e2e e2e-k8s critest e2e-all bench bench-check bench-smoke fuzz check demo lint clean install uninstall
+.PHONY: all build deps tools proto test unit integration e2e e2e-k8s critest e2e-all bench bench-check bench-smoke fuzz check demo lint clean install uninstall image
 
 all: build
 
@@ -182,8 +182,10 @@ fuzz:
 demo: deps build
 	@if [ -x testing/demo/run.sh ]; then testing/demo/run.sh; else echo "the demo boots a real VM pod: it needs the libvirt hypervisor plugin, which is not built yet" >&2; exit 1; fi
 
-# make install [DESTDIR=...] [PREFIX=/usr/local] [SYSCONFDIR=/etc] [KUBELET_VOLUME_PLUGIN_DIR=...]:
-# a node install. The daemon, its plugins and virtletctl under $(PREFIX)/bin;
+# make install [DESTDIR=...] [PREFIX=/usr/local] [SYSCONFDIR=/etc] [PLUGINDIR=...] [KUBELET_VOLUME_PLUGIN_DIR=...]:
+# a node install. The daemon and virtletctl under $(PREFIX)/bin, the
+# plugins in $(PLUGINDIR) ($(PREFIX)/bin unless set; the node image puts
+# them in /usr/libexec/virtlet);
 # the shipped plugins' manifests, pinned by checksum, in
 # $(SYSCONFDIR)/virtlet/plugins.d; the config (kept if present) and an empty
 # image translations directory under $(SYSCONFDIR)/virtlet; the flexvolume
@@ -192,6 +194,7 @@ demo: deps build
 # node").
 PREFIX ?= /usr/local
 SYSCONFDIR ?= /etc
+PLUGINDIR ?= $(PREFIX)/bin
 KUBELET_VOLUME_PLUGIN_DIR ?= /usr/libexec/kubernetes/kubelet-plugins/volume/exec
 SYSTEMD_DIR ?= $(SYSCONFDIR)/systemd/system
 # systemd-tmpfiles reads /usr/local/lib/tmpfiles.d as well as /usr/lib's.
@@ -208,14 +211,14 @@ install: build
 # An older install named the plugin kubectl-virt, which is KubeVirt's:
 # ours (a link to virtletctl) goes, theirs stays.
 	[ "$$(readlink $(DESTDIR)$(PREFIX)/bin/kubectl-virt 2>/dev/null)" != virtletctl ] || rm -f $(DESTDIR)$(PREFIX)/bin/kubectl-virt
-	for p in $(DEFAULT_PLUGINS); do install -D -m 0755 bin/$$p $(DESTDIR)$(PREFIX)/bin/$$p; done
+	for p in $(DEFAULT_PLUGINS); do install -D -m 0755 bin/$$p $(DESTDIR)$(PLUGINDIR)/$$p; done
 	install -d -m 0755 $(DESTDIR)$(SYSCONFDIR)/virtlet/plugins.d $(DESTDIR)$(SYSCONFDIR)/virtlet/images
 	for f in plugins/manifest/defaults/*.yaml; do \
 	  cmd=$$(sed -n 's/^command: *//p' $$f); \
-	  { sed "s|^command: .*|command: $(PREFIX)/bin/$$cmd|" $$f; echo "sha256: $$(sha256sum bin/$$cmd | cut -d' ' -f1)"; } \
+	  { sed "s|^command: .*|command: $(PLUGINDIR)/$$cmd|" $$f; echo "sha256: $$(sha256sum bin/$$cmd | cut -d' ' -f1)"; } \
 	    > $(DESTDIR)$(SYSCONFDIR)/virtlet/plugins.d/$$(basename $$f); \
 	  chmod 0644 $(DESTDIR)$(SYSCONFDIR)/virtlet/plugins.d/$$(basename $$f); done
-	[ -e $(DESTDIR)$(SYSCONFDIR)/virtlet/virtlet.yaml ] || $(PATHS_SED) deploy/node/virtlet.yaml > $(DESTDIR)$(SYSCONFDIR)/virtlet/virtlet.yaml
+	[ -e $(DESTDIR)$(SYSCONFDIR)/virtlet/virtlet.yaml ] || $(PATHS_SED) -e 's|^pluginBinDir: .*|pluginBinDir: $(PLUGINDIR)|' deploy/node/virtlet.yaml > $(DESTDIR)$(SYSCONFDIR)/virtlet/virtlet.yaml
 	install -D -m 0755 bin/virtlet-flexvolume-driver "$(DESTDIR)$(KUBELET_VOLUME_PLUGIN_DIR)/virtlet~flexvolume_driver/flexvolume_driver"
 	install -d -m 0755 $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d
 	$(PATHS_SED) deploy/node/virtlet.service > $(DESTDIR)$(SYSTEMD_DIR)/virtlet.service
@@ -232,12 +235,29 @@ install: build
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/virtlet $(DESTDIR)$(PREFIX)/bin/virtletctl $(DESTDIR)$(PREFIX)/bin/kubectl-virtlet
 	[ "$$(readlink $(DESTDIR)$(PREFIX)/bin/kubectl-virt 2>/dev/null)" != virtletctl ] || rm -f $(DESTDIR)$(PREFIX)/bin/kubectl-virt
-	for p in $(DEFAULT_PLUGINS); do rm -f $(DESTDIR)$(PREFIX)/bin/$$p; done
+	for p in $(DEFAULT_PLUGINS); do rm -f $(DESTDIR)$(PLUGINDIR)/$$p; done
+	-[ "$(PLUGINDIR)" = "$(PREFIX)/bin" ] || rmdir $(DESTDIR)$(PLUGINDIR) 2>/dev/null
 	rm -rf $(DESTDIR)$(SYSCONFDIR)/virtlet
 	rm -rf "$(DESTDIR)$(KUBELET_VOLUME_PLUGIN_DIR)/virtlet~flexvolume_driver"
 	rm -f $(DESTDIR)$(SYSTEMD_DIR)/virtlet.service $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d/10-virtlet.conf
 	-rmdir $(DESTDIR)$(SYSTEMD_DIR)/kubelet.service.d 2>/dev/null
 	rm -f $(COMPLETIONS) $(DESTDIR)$(TMPFILES_DIR)/virtlet-ksm.conf
+
+# make image [IMAGE=docker://REGISTRY/virtlet/virtlet-node:TAG] [IMAGE_INSECURE=1]:
+# the node installer's OCI image, built without docker: one layer holding
+# what `make install` stages for a node (plugins in /usr/libexec/virtlet)
+# and the static installer, its entrypoint (deploy/installer-daemonset.yaml
+# runs it; docs/operator.md, "Installing with a DaemonSet"). IMAGE is where
+# it goes: an OCI layout (the default) or a registry (IMAGE_INSECURE=1 for
+# plain HTTP). The node's libvirt and QEMU stay its Debian packages.
+IMAGE ?= oci:bin/image:$(VERSION)
+bin/virtlet-installer: FORCE
+	CGO_ENABLED=0 $(GO) build $(STAMP) -o $@ ./cmd/virtlet-installer
+
+image: build bin/virtlet-installer
+	rm -rf bin/image-stage
+	$(MAKE) -s install DESTDIR=$(CURDIR)/bin/image-stage PREFIX=/usr/local SYSCONFDIR=/etc PLUGINDIR=/usr/libexec/virtlet
+	$(GO) run ./cmd/virtlet-image-build --stage bin/image-stage --installer bin/virtlet-installer --image-version $(VERSION) --dest $(IMAGE) $(if $(IMAGE_INSECURE),--insecure)
 
 clean:
 	rm -rf bin

@@ -85,7 +85,7 @@ func TestGenPrintsTheClusterObjects(t *testing.T) {
 	root := newRoot("virtletctl")
 	var out bytes.Buffer
 	root.SetOut(&out)
-	root.SetArgs([]string{"gen", "--node", "node-1"})
+	root.SetArgs([]string{"gen", "--node", "node-1", "--tag", "v1.2"})
 	if err := root.Execute(); err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,17 @@ func TestGenPrintsTheClusterObjects(t *testing.T) {
 				Labels map[string]string `json:"labels"`
 			} `json:"metadata"`
 			Handler string `json:"handler"`
-			Rules   []struct {
+			Spec    struct {
+				Template struct {
+					Spec struct {
+						NodeSelector map[string]string `json:"nodeSelector"`
+						Containers   []struct {
+							Image string `json:"image"`
+						} `json:"containers"`
+					} `json:"spec"`
+				} `json:"template"`
+			} `json:"spec"`
+			Rules []struct {
 				APIGroups []string `json:"apiGroups"`
 				Resources []string `json:"resources"`
 				Verbs     []string `json:"verbs"`
@@ -121,6 +131,11 @@ func TestGenPrintsTheClusterObjects(t *testing.T) {
 			if obj.Metadata.Labels["extraRuntime"] != "virtlet" {
 				t.Errorf("node labels %v", obj.Metadata.Labels)
 			}
+		case "DaemonSet":
+			pod := obj.Spec.Template.Spec
+			if len(pod.Containers) != 1 || pod.Containers[0].Image != "ghcr.io/virtlet/virtlet-node:v1.2" || pod.NodeSelector["extraRuntime"] != "virtlet" {
+				t.Errorf("the installer's DaemonSet: %+v", pod)
+			}
 		case "ClusterRole":
 			// Reading Virtlet's mappings, nothing else.
 			if got := fmt.Sprint(obj.Rules); got != "[{[virtlet.k8s] [virtletimagemappings virtletconfigmappings] [get list watch]}]" {
@@ -134,10 +149,27 @@ func TestGenPrintsTheClusterObjects(t *testing.T) {
 	}
 	// The only grant: the nodes read Virtlet's mappings; ConfigMaps and
 	// Secrets they read as their nodes.
-	want := "RuntimeClass/virtlet CustomResourceDefinition/virtletconfigmappings.virtlet.k8s CustomResourceDefinition/virtletimagemappings.virtlet.k8s " +
-		"ClusterRole/virtlet:mapping-reader ClusterRoleBinding/virtlet:mapping-reader Node/node-1"
+	want := "RuntimeClass/virtlet CustomResourceDefinition/virtletimagemappings.virtlet.k8s CustomResourceDefinition/virtletconfigmappings.virtlet.k8s " +
+		"ClusterRole/virtlet:mapping-reader ClusterRoleBinding/virtlet:mapping-reader DaemonSet/virtlet-installer Node/node-1"
 	if got := strings.Join(kinds, " "); got != want {
 		t.Errorf("gen printed %s, want %s", got, want)
+	}
+
+	for _, bad := range []string{"v1:x", "a/b"} {
+		root = newRoot("virtletctl")
+		root.SetArgs([]string{"gen", "--tag", bad})
+		root.SetOut(&bytes.Buffer{})
+		root.SetErr(&bytes.Buffer{})
+		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("--tag %q: not an image tag", bad)) {
+			t.Errorf("gen --tag %s: %v", bad, err)
+		}
+	}
+	root = newRoot("virtletctl")
+	root.SetArgs([]string{"gen", "--no-installer"})
+	var noInst bytes.Buffer
+	root.SetOut(&noInst)
+	if err := root.Execute(); err != nil || strings.Contains(noInst.String(), "kind: DaemonSet") || !strings.Contains(noInst.String(), "kind: RuntimeClass") {
+		t.Errorf("gen --no-installer: %v\n%s", err, noInst.String())
 	}
 
 	root = newRoot("virtletctl")

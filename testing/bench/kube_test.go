@@ -54,7 +54,7 @@ func BenchmarkKubeApply(b *testing.B) {
 	d.Translate("bench.yaml", translation)
 	d.Start()
 	k := harness.StartKube(b, kubeBin, d)
-	objects, err := deploy.Manifests([]string{k.Node})
+	objects, err := deploy.Manifests(deploy.Options{Nodes: []string{k.Node}, NoInstaller: true})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -156,7 +156,7 @@ func TestNodeInstall(t *testing.T) {
 // prints its name and version instead of go-plugin's refusal.
 func TestEveryBinaryAnswersVersion(t *testing.T) {
 	parallel(t)
-	names := []string{"virtlet", "virtlet-flexvolume-driver"}
+	names := []string{"virtlet", "virtlet-flexvolume-driver", "virtlet-installer"}
 	for name := range harness.ShippedPlugins {
 		names = append(names, name)
 	}

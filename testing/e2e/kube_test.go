@@ -43,7 +43,7 @@ func startKubeNode(t *testing.T, netIndex int) *kubeNode {
 		t.Fatal(err)
 	}
 	k := harness.StartControlPlane(t, kubeBin)
-	objects, err := deploy.Manifests(nil)
+	objects, err := deploy.Manifests(deploy.Options{NoInstaller: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func startKubeNode(t *testing.T, netIndex int) *kubeNode {
 	k.StartKubelet(d)
 	k.StartKubeProxy()
 	// The node label, as `virtletctl gen --node` prints it.
-	label, err := deploy.Manifests([]string{k.Node})
+	label, err := deploy.Manifests(deploy.Options{Nodes: []string{k.Node}, NoInstaller: true})
 	if err != nil {
 		t.Fatal(err)
 	}

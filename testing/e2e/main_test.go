@@ -60,6 +60,7 @@ func run(m *testing.M) int {
 	build := map[string]string{
 		"virtlet-failpoints":        "github.com/virtlet/virtlet/cmd/virtlet", // the crash matrix's daemon
 		"virtlet-flexvolume-driver": "github.com/virtlet/virtlet/cmd/virtlet-flexvolume-driver",
+		"virtlet-installer":         "github.com/virtlet/virtlet/cmd/virtlet-installer",
 		"virtlet-example-scratch":   "github.com/virtlet/virtlet/examples/scratch-volume",
 		"virtlet-example-vfat":      "github.com/virtlet/virtlet/examples/vfat-datasource",
 	}

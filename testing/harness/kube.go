@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -51,6 +52,7 @@ type Kube struct {
 	// FeatureGates, when set before StartKubelet, are kubelet's feature
 	// gates, a YAML flow mapping ("{PodAndContainerStatsFromCRI: true}").
 	FeatureGates string
+	mu           sync.Mutex // procs and kubeletDone, which RestartKubeletProcess changes
 	procs        []*exec.Cmd
 	kubelet      []string // the kubelet's command line, for RestartKubelet
 	kubeletDone  <-chan struct{}
@@ -120,7 +122,9 @@ func StartControlPlane(t testing.TB, bin string) *Kube {
 		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
 		"--kubelet-client-certificate="+pki("apiserver-kubelet-client.crt"), "--kubelet-client-key="+pki("apiserver-kubelet-client.key"),
 		"--kubelet-certificate-authority="+pki("ca.crt"), "--kubelet-preferred-address-types=Hostname,InternalIP",
-		"--endpoint-reconciler-type=none")
+		"--endpoint-reconciler-type=none",
+		// As kubeadm sets it: node agents (the installer DaemonSet) run privileged.
+		"--allow-privileged=true")
 	k.Kubeconfig = k.kubeconfig("admin")
 	k.wait("the API server", 3*time.Minute, func() bool { _, err := k.Kubectl("get", "--raw", "/readyz"); return err == nil })
 	// Port 0: neither serves HTTPS (their health is the objects they make).
@@ -218,6 +222,14 @@ func KubeProxyTables() []string {
 // StartKubelet runs a kubelet whose container runtime is d and waits for
 // the node to be Ready.
 func (k *Kube) StartKubelet(d *Daemon) {
+	k.t.Helper()
+	k.StartKubeletOn("unix://"+d.Socket, d.AdminSocket())
+}
+
+// StartKubeletOn runs a kubelet whose container runtime is at endpoint
+// (adminSocket: the Virtlet daemon's, for the flexvolume driver; "" when
+// the runtime is not Virtlet) and waits for the node to be Ready.
+func (k *Kube) StartKubeletOn(endpoint, adminSocket string) {
 	t := k.t
 	t.Helper()
 	dir := k.Dir
@@ -242,12 +254,12 @@ func (k *Kube) StartKubelet(d *Daemon) {
 	// kubelet's flexvolume plugins: Virtlet's driver, as `make install`
 	// puts it, told where this daemon's admin socket is.
 	plugins := filepath.Join(dir, "volume-plugins")
-	if k.FlexvolumeDriver != "" {
+	if k.FlexvolumeDriver != "" && adminSocket != "" {
 		drv := filepath.Join(plugins, "virtlet~flexvolume_driver")
 		if err := os.MkdirAll(drv, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		wrapper := fmt.Sprintf("#!/bin/sh\nVIRTLET_ADMIN_SOCKET=%s exec %s \"$@\"\n", d.AdminSocket(), k.FlexvolumeDriver)
+		wrapper := fmt.Sprintf("#!/bin/sh\nVIRTLET_ADMIN_SOCKET=%s exec %s \"$@\"\n", adminSocket, k.FlexvolumeDriver)
 		if err := os.WriteFile(filepath.Join(drv, "flexvolume_driver"), []byte(wrapper), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -258,7 +270,7 @@ func (k *Kube) StartKubelet(d *Daemon) {
 	if err := makeCgroupRoot(k.cgroupRoot); err != nil {
 		t.Fatal(err)
 	}
-	config := filepath.Join(dir, "kubelet.yaml")
+	config := k.KubeletConfig()
 	// No cgroupDriver: kubelet takes it from the runtime (RuntimeConfig).
 	gates := ""
 	if k.FeatureGates != "" {
@@ -273,7 +285,7 @@ healthzPort: %d
 readOnlyPort: 0
 failSwapOn: false
 failCgroupV1: false
-containerRuntimeEndpoint: unix://%s
+containerRuntimeEndpoint: %s
 podLogsDir: %s
 volumePluginDir: %s
 tlsCertFile: %s
@@ -292,11 +304,11 @@ imageGCLowThresholdPercent: 99
 nodeStatusReportFrequency: 10s
 syncFrequency: 10s
 cgroupRoot: /%s
-`, kubeletPort, healthz, d.Socket, filepath.Join(dir, "pod-logs"), plugins, pki("kubelet-serving.crt"), pki("kubelet-serving.key"), pki("ca.crt"), defaultEvictionHard, k.cgroupRoot)), 0o644)
+`, kubeletPort, healthz, endpoint, filepath.Join(dir, "pod-logs"), plugins, pki("kubelet-serving.crt"), pki("kubelet-serving.key"), pki("ca.crt"), defaultEvictionHard, k.cgroupRoot)), 0o644)
 	k.kubelet = []string{"unshare", "-m", "--propagation", "unchanged", "--", "sh", "-c", fmt.Sprintf(
 		"mount --bind %[1]s/overcommit_memory /proc/sys/vm/overcommit_memory && mount --bind %[1]s/panic /proc/sys/kernel/panic && "+
 			"mount --bind %[1]s/panic_on_oops /proc/sys/kernel/panic_on_oops && exec %[2]s --config=%[3]s --kubeconfig=%[4]s --root-dir=%[5]s --hostname-override=%[6]s --v=2",
-		sysctls, filepath.Join(k.Bin, "kubelet"), config, k.kubeconfig("kubelet"), k.rootDir, k.Node)}
+		sysctls, filepath.Join(k.Bin, "kubelet"), config, k.KubeletKubeconfig(), k.rootDir, k.Node)}
 	k.kubeletDone = k.start("kubelet", k.kubelet[0], k.kubelet[1:]...)
 	k.waitNodeReady()
 }
@@ -319,20 +331,8 @@ func (k *Kube) waitNodeReady() {
 // the pods keep running meanwhile.
 func (k *Kube) RestartKubelet(settings map[string]string) {
 	k.t.Helper()
-	for i, p := range k.procs {
-		if slices.Equal(p.Args, k.kubelet) {
-			p.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-k.kubeletDone:
-			case <-time.After(15 * time.Second):
-				p.Process.Kill()
-				<-k.kubeletDone
-			}
-			k.procs = slices.Delete(k.procs, i, i+1)
-			break
-		}
-	}
-	config := filepath.Join(k.Dir, "kubelet.yaml")
+	k.stopKubelet()
+	config := k.KubeletConfig()
 	b, err := os.ReadFile(config)
 	if err != nil {
 		k.t.Fatal(err)
@@ -353,6 +353,67 @@ func (k *Kube) RestartKubelet(settings map[string]string) {
 	}
 	k.kubeletDone = k.start("kubelet", k.kubelet[0], k.kubelet[1:]...)
 	k.waitNodeReady()
+}
+
+// stopKubelet ends the kubelet (SIGTERM, SIGKILL after 15 s).
+func (k *Kube) stopKubelet() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for i, p := range k.procs {
+		if slices.Equal(p.Args, k.kubelet) {
+			p.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-k.kubeletDone:
+			case <-time.After(15 * time.Second):
+				p.Process.Kill()
+				<-k.kubeletDone
+			}
+			k.procs = slices.Delete(k.procs, i, i+1)
+			break
+		}
+	}
+}
+
+// RestartKubeletProcess stops the kubelet and starts it again as it was
+// started, reading its configuration file as it is now, without waiting
+// for the node: what `systemctl restart kubelet` does on a node. It may
+// be called from any goroutine.
+func (k *Kube) RestartKubeletProcess() error {
+	k.stopKubelet()
+	logf, err := os.OpenFile(filepath.Join(k.Dir, "kubelet.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(k.kubelet[0], k.kubelet[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start kubelet: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); logf.Close(); close(done) }()
+	k.mu.Lock()
+	k.procs = append(k.procs, cmd)
+	k.kubeletDone = done
+	k.mu.Unlock()
+	return nil
+}
+
+// WaitNodeReady waits until the node is Ready.
+func (k *Kube) WaitNodeReady() { k.t.Helper(); k.waitNodeReady() }
+
+// KubeletConfig is the kubelet's KubeletConfiguration file.
+func (k *Kube) KubeletConfig() string { return filepath.Join(k.Dir, "kubelet.yaml") }
+
+// KubeletKubeconfig is the kubelet's kubeconfig (its node identity).
+func (k *Kube) KubeletKubeconfig() string {
+	k.t.Helper()
+	p := filepath.Join(k.Dir, "kubelet.kubeconfig")
+	if _, err := os.Stat(p); err != nil {
+		return k.kubeconfig("kubelet")
+	}
+	return p
 }
 
 // ClientKubeconfig writes a kubeconfig for a new client certificate of
@@ -438,7 +499,9 @@ func (k *Kube) start(name, bin string, args ...string) <-chan struct{} {
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); logf.Close(); close(done) }()
+	k.mu.Lock()
 	k.procs = append(k.procs, cmd)
+	k.mu.Unlock()
 	return done
 }
 
@@ -463,6 +526,8 @@ func tail(s string, n int) string {
 // stop ends the processes, newest first, by PID, removes the kubelet's
 // cgroups and unmounts what the kubelet mounted.
 func (k *Kube) stop() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	for i := len(k.procs) - 1; i >= 0; i-- {
 		p := k.procs[i].Process
 		p.Signal(syscall.SIGTERM)
