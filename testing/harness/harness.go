@@ -220,6 +220,8 @@ type Daemon struct {
 	LogFile  string
 	// Env is added to the daemon's environment at its next Start.
 	Env []string
+	// Wrap runs it on a Node (Node.Wrap) at its next Start.
+	Wrap []string
 	// VMUsers and PoolUsers are the daemon's VM users (--vm-users) and
 	// its libvirt plugin's pool users: ranges of their own, so that two
 	// daemons of a run never give one user to two VMs (each plugin
@@ -352,7 +354,8 @@ func (d *Daemon) Start(extraArgs ...string) {
 		args = append(args, "--vm-users", d.VMUsers.String())
 	}
 	args = append(args, extraArgs...)
-	cmd := exec.Command(d.Bin, args...)
+	argv := append(append(append([]string(nil), d.Wrap...), d.Bin), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if len(d.Env) > 0 {
 		cmd.Env = append(os.Environ(), d.Env...)
@@ -583,6 +586,9 @@ type Crictl struct {
 	Bin      string
 	Endpoint string
 	Timeout  time.Duration
+	// Wrap runs it on a Node (Node.Wrap): exec, attach and port-forward
+	// reach the daemon's loopback streaming server there.
+	Wrap []string
 }
 
 // Crictl returns a crictl bound to the daemon's socket.
@@ -596,7 +602,8 @@ func (c *Crictl) Run(args ...string) (string, string, error) {
 	defer cancel()
 	full := append([]string{"--config", "/dev/null", "--runtime-endpoint", c.Endpoint, "--image-endpoint", c.Endpoint,
 		"--timeout", c.Timeout.String()}, args...)
-	cmd := exec.CommandContext(ctx, c.Bin, full...)
+	argv := append(append(append([]string(nil), c.Wrap...), c.Bin), full...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

@@ -24,10 +24,17 @@ type Server struct {
 	srv    *http.Server
 }
 
-// Start serves dir on 127.0.0.1 (addr "127.0.0.1:0" for any port) and
-// writes the CA certificate into caDir.
+// Start serves dir on addr ("127.0.0.1:0": loopback, any port; a test
+// address for nodes in network namespaces) and writes the CA certificate
+// into caDir.
 func Start(dir, addr, caDir string) (*Server, error) {
-	ca, err := testca.Write(caDir)
+	var extra []net.IP
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		if ip := net.ParseIP(host); ip != nil && !ip.IsLoopback() {
+			extra = append(extra, ip) // a test address (the nodes' network)
+		}
+	}
+	ca, err := testca.Write(caDir, extra...)
 	if err != nil {
 		return nil, err
 	}

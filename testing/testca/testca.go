@@ -23,8 +23,9 @@ type Files struct {
 	Pair          tls.Certificate
 }
 
-// Write creates a CA and a server certificate signed by it in dir.
-func Write(dir string) (Files, error) {
+// Write creates a CA and a server certificate signed by it in dir, for
+// 127.0.0.1, localhost and the extra addresses.
+func Write(dir string, extra ...net.IP) (Files, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return Files{}, err
@@ -47,7 +48,7 @@ func Write(dir string) (Files, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(7 * 24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		IPAddresses: append([]net.IP{net.ParseIP("127.0.0.1")}, extra...), DNSNames: []string{"localhost"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
