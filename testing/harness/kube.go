@@ -57,7 +57,8 @@ type Kube struct {
 	kubelet      []string // the kubelet's command line, for RestartKubelet
 	kubeletDone  <-chan struct{}
 	rootDir      string
-	cgroupRoot   string // the kubelet's, in every hierarchy (KubeletCgroupRoot)
+	cgroupRoot   string   // the kubelet's, in every hierarchy (KubeletCgroupRoot)
+	serverIPs    []net.IP // more addresses of the servers' certificates
 	ca           *x509.Certificate
 	caKey        *ecdsa.PrivateKey
 	serial       int64
@@ -88,6 +89,19 @@ func StartKube(t testing.TB, bin string, d *Daemon) *Kube {
 // waits until the default namespace has its service account.
 func StartControlPlane(t testing.TB, bin string) *Kube {
 	t.Helper()
+	return startControlPlane(t, bin, "")
+}
+
+// StartClusterControlPlane is StartControlPlane listening on address, the
+// host's address on a NodeNet, where kubelets on Nodes reach it and it
+// reaches them by their InternalIP.
+func StartClusterControlPlane(t testing.TB, bin, address string) *Kube {
+	t.Helper()
+	return startControlPlane(t, bin, address)
+}
+
+func startControlPlane(t testing.TB, bin, address string) *Kube {
+	t.Helper()
 	node, err := os.Hostname()
 	if err != nil {
 		t.Fatal(err)
@@ -100,6 +114,11 @@ func StartControlPlane(t testing.TB, bin string) *Kube {
 		t.Fatal(err)
 	}
 	k := &Kube{t: t, Dir: dir, Bin: bin, Node: node}
+	bind, preferred := "127.0.0.1", "Hostname,InternalIP"
+	if address != "" {
+		bind, preferred = address, "InternalIP,Hostname"
+		k.serverIPs = append(k.serverIPs, net.ParseIP(address))
+	}
 	// kubelet's and kube-proxy's iptables chains (KUBE-FIREWALL with its
 	// INPUT and OUTPUT jumps, KUBE-KUBELET-CANARY, ...) go after the test,
 	// once they have stopped (cleanups run last-registered first).
@@ -107,7 +126,7 @@ func StartControlPlane(t testing.TB, bin string) *Kube {
 	t.Cleanup(func() { k.stop(); os.RemoveAll(dir) })
 	pki := k.makePKI()
 	etcdClient, etcdPeer, apiPort := FreePort(t), FreePort(t), FreePort(t)
-	k.APIServer = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	k.APIServer = fmt.Sprintf("https://%s:%d", bind, apiPort)
 
 	k.start("etcd", "etcd", "--name", "virtlet-test", "--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", fmt.Sprintf("http://127.0.0.1:%d", etcdClient), "--advertise-client-urls", fmt.Sprintf("http://127.0.0.1:%d", etcdClient),
@@ -115,13 +134,13 @@ func StartControlPlane(t testing.TB, bin string) *Kube {
 		"--initial-cluster", fmt.Sprintf("virtlet-test=http://127.0.0.1:%d", etcdPeer), "--unsafe-no-fsync")
 	k.start("kube-apiserver", filepath.Join(bin, "kube-apiserver"),
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", etcdClient),
-		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", apiPort), "--advertise-address=127.0.0.1",
+		"--bind-address="+bind, fmt.Sprintf("--secure-port=%d", apiPort), "--advertise-address="+bind,
 		"--tls-cert-file="+pki("apiserver.crt"), "--tls-private-key-file="+pki("apiserver.key"), "--client-ca-file="+pki("ca.crt"),
 		"--service-account-key-file="+pki("sa.pub"), "--service-account-signing-key-file="+pki("sa.key"),
 		"--service-account-issuer=https://kubernetes.default.svc", "--service-cluster-ip-range="+ServiceCIDR,
 		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
 		"--kubelet-client-certificate="+pki("apiserver-kubelet-client.crt"), "--kubelet-client-key="+pki("apiserver-kubelet-client.key"),
-		"--kubelet-certificate-authority="+pki("ca.crt"), "--kubelet-preferred-address-types=Hostname,InternalIP",
+		"--kubelet-certificate-authority="+pki("ca.crt"), "--kubelet-preferred-address-types="+preferred,
 		"--endpoint-reconciler-type=none",
 		// As kubeadm sets it: node agents (the installer DaemonSet) run privileged.
 		"--allow-privileged=true")
@@ -609,7 +628,7 @@ func (k *Kube) makePKI() func(string) string {
 }
 
 // issue writes name.crt and name.key: a certificate of the cluster's CA.
-func (k *Kube) issue(name, cn string, orgs []string, server bool, dns []string) {
+func (k *Kube) issue(name, cn string, orgs []string, server bool, dns []string, ips ...net.IP) {
 	key := k.key(name)
 	k.serial++
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(k.serial), Subject: pkix.Name{CommonName: cn, Organization: orgs},
@@ -618,7 +637,7 @@ func (k *Kube) issue(name, cn string, orgs []string, server bool, dns []string) 
 	if server {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
 		tmpl.DNSNames = dns
-		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("198.19.96.1")} // the kubernetes Service
+		tmpl.IPAddresses = append([]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("198.19.96.1")}, append(k.serverIPs, ips...)...) // the kubernetes Service
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, k.ca, &key.PublicKey, k.caKey)
 	if err != nil {

@@ -73,8 +73,10 @@ func (n *NodeNet) NewNode(t testing.TB, podIndex int) *Node {
 	node := &Node{
 		Name: fmt.Sprintf("node-%d", i), IP: fmt.Sprintf("198.18.%d.%d", n.Index, 10+i),
 		PodNet: fmt.Sprintf("198.18.%d.0/24", podIndex), PodGW: fmt.Sprintf("198.18.%d.1", podIndex),
-		Dir:   VMDir(t),
-		netns: fmt.Sprintf("%sk%d", RunBridgePrefix(RunID()), i),
+		Dir: VMDir(t),
+		// The run's tag, the network's index and the node's: with its host
+		// side's "h", at most 15 bytes, a link name's limit.
+		netns: fmt.Sprintf("%sk%dn%d", RunBridgePrefix(RunID()), n.Index, i),
 	}
 	// The network: a veth from the bridge into the node's namespace.
 	exec.Command("ip", "netns", "del", node.netns).Run()
@@ -116,12 +118,27 @@ func (n *NodeNet) NewNode(t testing.TB, podIndex int) *Node {
 	fmt.Fprintf(f, "\n# this node's own (migration refuses hosts of one UUID)\nhost_uuid = %q\n", strings.TrimSpace(string(uuid)))
 	f.Close()
 
-	// The mount namespace, held by a sleeping shell.
-	pidFile := filepath.Join(node.Dir, "holder.pid")
-	script := fmt.Sprintf("mount --bind %[1]s/etc /etc/libvirt && mount --bind %[1]s/lib /var/lib/libvirt && "+
+	// The mount namespace, held by a sleeping shell: libvirt's
+	// directories bound over, and a /sys of the node's network namespace
+	// (as ip netns exec mounts one) with the machine's cgroups on it, which
+	// kubelet and libvirtd manage.
+	pidFile, cg := filepath.Join(node.Dir, "holder.pid"), filepath.Join(node.Dir, "cgroup")
+	if err := os.MkdirAll(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Its own /var/log too: kubelet's links in /var/log/containers.
+	for _, d := range []string{"varlog/libvirt", "varlog/containers", "varlog/pods"} {
+		if err := os.MkdirAll(filepath.Join(node.Dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := fmt.Sprintf("mount --bind %[4]s /var/log && "+
+		"mount --bind %[1]s/etc /etc/libvirt && mount --bind %[1]s/lib /var/lib/libvirt && "+
 		"mount --bind %[1]s/cache /var/cache/libvirt && mount --bind %[1]s/log /var/log/libvirt && "+
-		"mount --bind %[1]s/run /run/libvirt && echo $$ > %[2]s && exec sleep infinity", lv, pidFile)
-	holder := exec.Command("ip", "netns", "exec", node.netns, "unshare", "--mount", "--propagation", "private", "--fork", "sh", "-c", script)
+		"mount --bind %[1]s/run /run/libvirt && "+
+		"mount --rbind /sys/fs/cgroup %[3]s && mount -t sysfs sysfs /sys && mount --rbind %[3]s /sys/fs/cgroup && umount -l %[3]s && "+
+		"echo $$ > %[2]s && exec sleep infinity", lv, pidFile, cg, filepath.Join(node.Dir, "varlog"))
+	holder := exec.Command("nsenter", "--net=/run/netns/"+node.netns, "--", "unshare", "--mount", "--propagation", "private", "--fork", "sh", "-c", script)
 	holder.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := holder.Start(); err != nil {
 		t.Fatal(err)
