@@ -94,19 +94,18 @@ func (n *NodeNet) NewNode(t testing.TB, podIndex int) *Node {
 	mustRun(t, "ip", "route", "add", node.PodNet, "via", node.IP)
 	t.Cleanup(func() { exec.Command("ip", "route", "del", node.PodNet).Run() })
 
-	// libvirt's directories, its own: a copy of the machine's config
-	// without its default network, and a host UUID of its own.
+	// libvirt's directories, its own, with a host UUID of its own.
 	lv := filepath.Join(node.Dir, "libvirt")
 	for _, d := range []string{"etc", "lib", "cache", "log", "run"} {
 		if err := os.MkdirAll(filepath.Join(lv, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	mustRun(t, "cp", "-a", "/etc/libvirt/.", filepath.Join(lv, "etc"))
-	autostart, _ := filepath.Glob(filepath.Join(lv, "etc", "qemu", "networks", "autostart", "*"))
-	for _, a := range autostart {
-		os.Remove(a)
-	}
+	// The machine's configuration files only: its qemu/ holds the
+	// definitions of the machine's persistent domains (other tests'),
+	// which a libvirtd loads as its own, and its default network.
+	confs, _ := filepath.Glob("/etc/libvirt/*.conf")
+	mustRun(t, "cp", append(append([]string{"-p"}, confs...), filepath.Join(lv, "etc"))...)
 	uuid, err := os.ReadFile("/proc/sys/kernel/random/uuid")
 	if err != nil {
 		t.Fatal(err)
