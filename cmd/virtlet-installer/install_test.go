@@ -31,7 +31,13 @@ type fixture struct {
 
 func newFixture(t *testing.T, failOn string) *fixture {
 	t.Helper()
-	dir := t.TempDir()
+	// Short: the daemon's socket below it must fit a unix socket path
+	// (t.TempDir names it after the test).
+	dir, err := os.MkdirTemp("", "vi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	host, stage := filepath.Join(dir, "host"), filepath.Join(dir, "stage")
 	files := map[string]string{
 		"host/var/lib/kubelet/config.yaml":                   kubeletYAML,
