@@ -3,14 +3,12 @@ package e2e
 import (
 	"fmt"
 	"net"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/virtlet/virtlet/deploy"
 	"github.com/virtlet/virtlet/testing/harness"
-	"github.com/virtlet/virtlet/testing/imageserver"
 )
 
 // A cluster of three Virtlet nodes on this one machine (issue 28): one
@@ -36,22 +34,10 @@ func TestKubeCluster(t *testing.T) {
 	if err := k.Apply(objects); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := imageserver.Start(imgDir, nodeNet.HostIP+":0", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	names, err := srv.Translation(map[string]string{"tiny": "tiny.qcow2"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	names := nodeImages(t, nodeNet)
 	nodes := map[string]*harness.Node{}
 	for i := 0; i < 3; i++ {
-		node := nodeNet.NewNode(t, 211+i)
-		d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), node.CNIPlugin(bins)))
-		d.Wrap = node.Wrap()
-		d.Translate("test-images.yaml", names)
-		d.Start()
+		node, d := startNodeDaemon(t, nodeNet, 211+i, names)
 		k.StartNodeKubelet(node, d)
 		nodes[node.Name] = node
 	}

@@ -24,16 +24,7 @@ import (
 func TestNodesAreIsolated(t *testing.T) {
 	parallel(t)
 	nodes := harness.NewNodeNet(t, 200)
-	// The nodes download images from the host's address on their network.
-	srv, err := imageserver.Start(imgDir, nodes.HostIP+":0", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	names, err := srv.Translation(map[string]string{"tiny": "tiny.qcow2"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	names := nodeImages(t, nodes)
 	type vm struct {
 		node     *harness.Node
 		c        *harness.Crictl
@@ -42,11 +33,7 @@ func TestNodesAreIsolated(t *testing.T) {
 	}
 	var vms []*vm
 	for i := 0; i < 2; i++ {
-		node := nodes.NewNode(t, 201+i)
-		d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), node.CNIPlugin(bins)))
-		d.Wrap = node.Wrap()
-		d.Translate("test-images.yaml", names)
-		d.Start()
+		node, d := startNodeDaemon(t, nodes, 201+i, names)
 		c := d.Crictl(crictl)
 		c.Timeout, c.Wrap = 3*time.Minute, node.Wrap()
 		c.Must(t, "pull", tinyRef)
@@ -111,4 +98,33 @@ func TestNodesAreIsolated(t *testing.T) {
 			t.Errorf("%s on %s → %s on %s (%s): %v\n%s%s", v.name, v.node.Name, other.name, other.node.Name, other.ip, err, out, stderr)
 		}
 	}
+}
+
+// nodeImages serves the test images on the host's address on the nodes'
+// network, where nodes download them, and returns the translation of
+// virtlet.cloud/tiny to it.
+func nodeImages(t *testing.T, nodes *harness.NodeNet) string {
+	t.Helper()
+	srv, err := imageserver.Start(imgDir, nodes.HostIP+":0", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	names, err := srv.Translation(map[string]string{"tiny": "tiny.qcow2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// startNodeDaemon starts a node on nodes, its pods on subnet podIndex, and
+// a daemon on it with the shipped plugins, its pod network, and images.
+func startNodeDaemon(t *testing.T, nodes *harness.NodeNet, podIndex int, images string) (*harness.Node, *harness.Daemon) {
+	t.Helper()
+	node := nodes.NewNode(t, podIndex)
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), node.CNIPlugin(bins)))
+	d.Wrap = node.Wrap()
+	d.Translate("test-images.yaml", images)
+	d.Start()
+	return node, d
 }

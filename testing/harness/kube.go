@@ -257,13 +257,13 @@ func (k *Kube) StartKubeletOn(endpoint, adminSocket string) {
 	k.KubeletPort = kubeletPort
 	k.rootDir = filepath.Join(dir, "kubelet")
 	sysctls := filepath.Join(dir, "sysctl")
-	for _, p := range []string{k.rootDir, sysctls, filepath.Join(dir, "pod-logs")} {
+	for _, p := range []string{k.rootDir, filepath.Join(dir, "pod-logs")} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for name, v := range map[string]string{"overcommit_memory": "1", "panic": "10", "panic_on_oops": "1"} {
-		os.WriteFile(filepath.Join(sysctls, name), []byte(v+"\n"), 0o644)
+	if err := writeSysctls(sysctls); err != nil {
+		t.Fatal(err)
 	}
 	// kubelet's volume mounts must be visible to the daemon: its root dir
 	// is a shared mount.
@@ -290,14 +290,37 @@ func (k *Kube) StartKubeletOn(endpoint, adminSocket string) {
 		t.Fatal(err)
 	}
 	config := k.KubeletConfig()
-	// No cgroupDriver: kubelet takes it from the runtime (RuntimeConfig).
 	gates := ""
 	if k.FeatureGates != "" {
 		gates = "featureGates: " + k.FeatureGates + "\n"
 	}
-	os.WriteFile(config, []byte(gates+fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+	os.WriteFile(config, []byte(gates+kubeletSettings{
+		Address: "127.0.0.1", Port: kubeletPort, HealthzPort: healthz, Endpoint: endpoint,
+		PodLogs: filepath.Join(dir, "pod-logs"), VolumePlugins: plugins, Cert: pki("kubelet-serving.crt"), Key: pki("kubelet-serving.key"),
+		CA: pki("ca.crt"), CgroupRoot: k.cgroupRoot,
+	}.yaml()), 0o644)
+	k.kubelet = []string{"unshare", "-m", "--propagation", "unchanged", "--", "sh", "-c",
+		kubeletCommand(sysctls, filepath.Join(k.Bin, "kubelet"), config, k.KubeletKubeconfig(), k.rootDir, "--hostname-override="+k.Node)}
+	k.kubeletDone = k.start("kubelet", k.kubelet[0], k.kubelet[1:]...)
+	k.waitNodeReady()
+}
+
+// kubeletSettings are what differs between test kubelets'
+// configurations.
+type kubeletSettings struct {
+	Address                   string
+	Port, HealthzPort         int
+	Endpoint                  string // the runtime's
+	PodLogs, VolumePlugins    string
+	Cert, Key, CA, CgroupRoot string
+}
+
+// yaml is the kubelet's KubeletConfiguration. No cgroupDriver: kubelet
+// takes it from the runtime (RuntimeConfig).
+func (s kubeletSettings) yaml() string {
+	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: %s
 port: %d
 healthzBindAddress: 127.0.0.1
 healthzPort: %d
@@ -323,13 +346,30 @@ imageGCLowThresholdPercent: 99
 nodeStatusReportFrequency: 10s
 syncFrequency: 10s
 cgroupRoot: /%s
-`, kubeletPort, healthz, endpoint, filepath.Join(dir, "pod-logs"), plugins, pki("kubelet-serving.crt"), pki("kubelet-serving.key"), pki("ca.crt"), defaultEvictionHard, k.cgroupRoot)), 0o644)
-	k.kubelet = []string{"unshare", "-m", "--propagation", "unchanged", "--", "sh", "-c", fmt.Sprintf(
-		"mount --bind %[1]s/overcommit_memory /proc/sys/vm/overcommit_memory && mount --bind %[1]s/panic /proc/sys/kernel/panic && "+
-			"mount --bind %[1]s/panic_on_oops /proc/sys/kernel/panic_on_oops && exec %[2]s --config=%[3]s --kubeconfig=%[4]s --root-dir=%[5]s --hostname-override=%[6]s --v=2",
-		sysctls, filepath.Join(k.Bin, "kubelet"), config, k.KubeletKubeconfig(), k.rootDir, k.Node)}
-	k.kubeletDone = k.start("kubelet", k.kubelet[0], k.kubelet[1:]...)
-	k.waitNodeReady()
+`, s.Address, s.Port, s.HealthzPort, s.Endpoint, s.PodLogs, s.VolumePlugins, s.Cert, s.Key, s.CA, defaultEvictionHard, s.CgroupRoot)
+}
+
+// writeSysctls writes the files a kubelet's mount namespace binds over
+// the host sysctls it would set (kubeletCommand), in dir.
+func writeSysctls(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for name, v := range map[string]string{"overcommit_memory": "1", "panic": "10", "panic_on_oops": "1"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// kubeletCommand is the shell command, for sh -c in a mount namespace
+// of the kubelet's own, that binds the sysctl files over the host's
+// and runs the kubelet.
+func kubeletCommand(sysctls, kubelet, config, kubeconfig, rootDir string, flags ...string) string {
+	return fmt.Sprintf("mount --bind %[1]s/overcommit_memory /proc/sys/vm/overcommit_memory && mount --bind %[1]s/panic /proc/sys/kernel/panic && "+
+		"mount --bind %[1]s/panic_on_oops /proc/sys/kernel/panic_on_oops && exec %[2]s --config=%[3]s --kubeconfig=%[4]s --root-dir=%[5]s %[6]s --v=2",
+		sysctls, kubelet, config, kubeconfig, rootDir, strings.Join(flags, " "))
 }
 
 // defaultEvictionHard are the test kubelets' hard eviction thresholds:

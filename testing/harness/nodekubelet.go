@@ -18,13 +18,13 @@ func (k *Kube) StartNodeKubelet(node *Node, d *Daemon) {
 	t.Helper()
 	dir := filepath.Join(k.Dir, "nodes", node.Name)
 	rootDir, sysctls := filepath.Join(dir, "kubelet"), filepath.Join(dir, "sysctl")
-	for _, p := range []string{rootDir, sysctls, filepath.Join(dir, "pod-logs"), filepath.Join(dir, "volume-plugins")} {
+	for _, p := range []string{rootDir, filepath.Join(dir, "pod-logs"), filepath.Join(dir, "volume-plugins")} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for name, v := range map[string]string{"overcommit_memory": "1", "panic": "10", "panic_on_oops": "1"} {
-		os.WriteFile(filepath.Join(sysctls, name), []byte(v+"\n"), 0o644)
+	if err := writeSysctls(sysctls); err != nil {
+		t.Fatal(err)
 	}
 	// Its volume mounts are seen by the daemon: a shared mount, in the
 	// node's mount namespace, where both run.
@@ -38,47 +38,18 @@ func (k *Kube) StartNodeKubelet(node *Node, d *Daemon) {
 		t.Fatal(err)
 	}
 	config := filepath.Join(dir, "kubelet.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: %s
-port: 10250
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-readOnlyPort: 0
-failSwapOn: false
-failCgroupV1: false
-containerRuntimeEndpoint: unix://%s
-podLogsDir: %s
-volumePluginDir: %s
-tlsCertFile: %s
-tlsPrivateKeyFile: %s
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: %s}
-authorization: {mode: Webhook}
-resolvConf: ""
-clusterDomain: cluster.local
-protectKernelDefaults: true
-evictionHard: %s
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-nodeStatusReportFrequency: 10s
-syncFrequency: 10s
-cgroupRoot: /%s
-featureGates: {PodAndContainerStatsFromCRI: true}
-`, node.IP, d.Socket, filepath.Join(dir, "pod-logs"), filepath.Join(dir, "volume-plugins"),
-		filepath.Join(pki, user+"-serving.crt"), filepath.Join(pki, user+"-serving.key"), filepath.Join(pki, "ca.crt"),
-		defaultEvictionHard, cgroupRoot)), 0o644); err != nil {
+	settings := kubeletSettings{Address: node.IP, Port: 10250, HealthzPort: 10248, Endpoint: "unix://" + d.Socket,
+		PodLogs: filepath.Join(dir, "pod-logs"), VolumePlugins: filepath.Join(dir, "volume-plugins"),
+		Cert: filepath.Join(pki, user+"-serving.crt"), Key: filepath.Join(pki, user+"-serving.key"), CA: filepath.Join(pki, "ca.crt"),
+		CgroupRoot: cgroupRoot}
+	if err := os.WriteFile(config, []byte("featureGates: {PodAndContainerStatsFromCRI: true}\n"+settings.yaml()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// kubelet would set host sysctls: its own mount namespace (below the
 	// node's) binds those files over.
-	argv := append(node.Wrap(), "unshare", "-m", "--propagation", "unchanged", "--", "sh", "-c", fmt.Sprintf(
-		"mount --bind %[1]s/overcommit_memory /proc/sys/vm/overcommit_memory && mount --bind %[1]s/panic /proc/sys/kernel/panic && "+
-			"mount --bind %[1]s/panic_on_oops /proc/sys/kernel/panic_on_oops && exec %[2]s --config=%[3]s --kubeconfig=%[4]s --root-dir=%[5]s "+
-			"--hostname-override=%[6]s --node-ip=%[7]s --node-labels=%[8]s --v=2",
-		sysctls, filepath.Join(k.Bin, "kubelet"), config, k.kubeconfig(user), rootDir, node.Name, node.IP, "extraRuntime=virtlet"))
+	argv := append(node.Wrap(), "unshare", "-m", "--propagation", "unchanged", "--", "sh", "-c",
+		kubeletCommand(sysctls, filepath.Join(k.Bin, "kubelet"), config, k.kubeconfig(user), rootDir,
+			"--hostname-override="+node.Name, "--node-ip="+node.IP, "--node-labels=extraRuntime=virtlet"))
 	done := k.start("kubelet-"+node.Name, argv[0], argv[1:]...)
 	k.mu.Lock()
 	cmd := k.procs[len(k.procs)-1]
