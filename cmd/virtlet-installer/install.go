@@ -130,6 +130,12 @@ func (in *installer) install(ctx context.Context) (err error) {
 	if forward == endpoint {
 		return fmt.Errorf("KUBELET_CONFIG %s: kubelet's containerRuntimeEndpoint is Virtlet's already (%s) and no install is recorded: not installing over another install", in.kubeletConfig, endpoint)
 	}
+	// A node installed otherwise (make install) has the unit and no
+	// record: installing over it would replace its files and its kubelet
+	// configuration's meaning.
+	if _, err := os.Lstat(in.h(in.prefix + "/etc/systemd/system/" + unitName)); err == nil {
+		return fmt.Errorf("%s is on this node and no install of this installer is recorded: Virtlet was installed otherwise (make install?); uninstall it, or take the node's %s label away", in.prefix+"/etc/systemd/system/"+unitName, "extraRuntime=virtlet")
+	}
 	rec = &record{Version: in.version}
 	if err := in.mkdirs(rec, in.stateDir()); err != nil {
 		return err

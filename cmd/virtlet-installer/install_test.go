@@ -289,3 +289,19 @@ func TestUninstallLeavesStateWithMounts(t *testing.T) {
 		t.Errorf("record after a partial uninstall: %+v %v", rec, err)
 	}
 }
+
+// A node installed by make install (the unit, no record) is refused.
+func TestRefusesANodeInstalledOtherwise(t *testing.T) {
+	f := newFixture(t, "")
+	unit := filepath.Join(f.host, "etc/systemd/system/virtlet.service")
+	os.MkdirAll(filepath.Dir(unit), 0o755)
+	os.WriteFile(unit, []byte("ExecStart=/usr/local/bin/virtlet\n"), 0o644)
+	before := snapshot(t, f.host)
+	err := f.in.install(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "/etc/systemd/system/virtlet.service is on this node and no install of this installer is recorded") {
+		t.Fatalf("install: %v", err)
+	}
+	if d := diff(before, snapshot(t, f.host)); len(d) > 0 {
+		t.Errorf("the node differs:\n%s", strings.Join(d, "\n"))
+	}
+}

@@ -111,7 +111,7 @@ func (v validator) run(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(out, "RuntimeClass %s: handler %s\n", runtimeClassName, rc.Handler)
 	}
 	if len(nodes.Items) == 0 {
-		problem("no node has the label %s: VM pods have nowhere to run (virtletctl gen --node NAME | kubectl apply -f -)", selector)
+		problem("no node has the label %s: VM pods have nowhere to run (kubectl label node NAME %s, or virtletctl gen --node NAME)", selector, selector)
 	}
 	sort.Slice(nodes.Items, func(i, j int) bool { return nodes.Items[i].Name < nodes.Items[j].Name })
 	for i := range nodes.Items {
