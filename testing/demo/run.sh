@@ -99,6 +99,10 @@ say "starting virtlet (log: $work/virtlet.log)"
 pids+=($!)
 for i in $(seq 1 1200); do [ -S "$sock" ] && crictl version >/dev/null 2>&1 && break; sleep 0.1; done
 crictl version
+# The runtime is ready once its records are reconciled with the
+# hypervisor (a loaded machine takes a few seconds): its info names the
+# hypervisor from then on.
+for i in $(seq 1 600); do crictl info 2>/dev/null | python3 -c 'import json,sys; sys.exit(json.load(sys.stdin).get("hypervisor") is None)' && break; sleep 0.2; done
 crictl info | python3 -c 'import json,sys; d=json.load(sys.stdin); h=d["hypervisor"]; print("hypervisor:", h["Version"], "accelerator:", h["Accelerator"], "-", h["Details"]["accelerator"])'
 
 cat > "$work/pod.json" <<JSON
