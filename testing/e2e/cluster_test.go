@@ -3,6 +3,8 @@ package e2e
 import (
 	"fmt"
 	"net"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,9 +18,11 @@ import (
 // the nodes' network, and three harness.Nodes, each with its own kubelet,
 // daemon, libvirtd and pod subnet. A Deployment of three VM pods spread
 // by topology lands one VM on each node; kubectl logs and exec reach the
-// VM on every node through the API server and that node's kubelet; each
-// VM reaches the next node's VM by its pod address; each node's libvirtd
-// holds its own VM only. Scaled to zero, no domain is left on any node.
+// VM on every node through the API server and that node's kubelet, and so
+// do virtletctl status and virsh, which find the VM in its own node's
+// libvirtd; each VM reaches the next node's VM by its pod address; each
+// node's libvirtd holds its own VM only. Scaled to zero, no domain is left
+// on any node.
 func TestKubeCluster(t *testing.T) {
 	parallel(t)
 	kubeBin, err := harness.KubeBinaries()
@@ -127,6 +131,25 @@ spec:
 		}
 	}
 	t.Logf("VM pods: %v", vms)
+	// virtletctl status and virsh, through the API server and each node's
+	// kubelet and daemon: the VM as its own node's libvirtd has it.
+	ctl := filepath.Join(t.TempDir(), "virtletctl")
+	build := exec.Command("go", "build", "-o", ctl, "./cmd/virtletctl")
+	build.Dir = harness.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build virtletctl: %v\n%s", err, out)
+	}
+	for _, v := range vms {
+		out, err := exec.Command(ctl, "--kubeconfig", k.Kubeconfig, "status", v.pod).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "State:       running for ") || !strings.Contains(string(out), " "+v.ip+"/") {
+			t.Errorf("virtletctl status %s (on %s): %v\n%s", v.pod, v.node, err, out)
+		}
+		doms, _ := nodes[v.node].Domains()
+		out, err = exec.Command(ctl, "--kubeconfig", k.Kubeconfig, "virsh", v.pod, "--", "dominfo").CombinedOutput()
+		if err != nil || len(doms) != 1 || !strings.Contains(string(out), doms[0]) || !strings.Contains(string(out), "running") {
+			t.Errorf("virtletctl virsh %s -- dominfo (on %s, whose libvirtd has %v): %v\n%s", v.pod, v.node, doms, err, out)
+		}
+	}
 
 	if out, err := k.Kubectl("scale", "deployment", "vms", "--replicas=0"); err != nil {
 		t.Fatalf("scale to 0: %v\n%s", err, out)
