@@ -61,7 +61,10 @@ type Node struct {
 	Dir     string
 	ConfDir string // its pods' CNI config (a bridge inside the node)
 	netns   string
-	pid     int // the process holding its mount namespace
+	// netnsPrefix begins its pods' network namespaces' names, tagged as
+	// a TestNetwork's are (the run's, n<pod subnet index>-).
+	netnsPrefix string
+	pid         int // the process holding its mount namespace
 }
 
 // NewNode starts a node on n; podIndex picks its pod subnet. It is
@@ -76,7 +79,8 @@ func (n *NodeNet) NewNode(t testing.TB, podIndex int) *Node {
 		Dir: VMDir(t),
 		// The run's tag, the network's index and the node's: with its host
 		// side's "h", at most 15 bytes, a link name's limit.
-		netns: fmt.Sprintf("%sk%dn%d", RunBridgePrefix(RunID()), n.Index, i),
+		netns:       fmt.Sprintf("%sk%dn%d", RunBridgePrefix(RunID()), n.Index, i),
+		netnsPrefix: fmt.Sprintf("%sn%d-", RunBridgePrefix(RunID()), podIndex),
 	}
 	// The network: a veth from the bridge into the node's namespace.
 	exec.Command("ip", "netns", "del", node.netns).Run()
@@ -126,17 +130,20 @@ func (n *NodeNet) NewNode(t testing.TB, podIndex int) *Node {
 		t.Fatal(err)
 	}
 	// Its own /var/log too: kubelet's links in /var/log/containers.
-	for _, d := range []string{"varlog/libvirt", "varlog/containers", "varlog/pods"} {
+	for _, d := range []string{"varlog/libvirt", "varlog/containers", "varlog/pods", "netns"} {
 		if err := os.MkdirAll(filepath.Join(node.Dir, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	script := fmt.Sprintf("mount --bind %[4]s /var/log && "+
+	// And its own /run/netns: its pods' network namespaces are files
+	// there, which a node torn down with pods left would leave on the
+	// machine's /run.
+	script := fmt.Sprintf("mount --bind %[4]s /var/log && mount --bind %[5]s /run/netns && "+
 		"mount --bind %[1]s/etc /etc/libvirt && mount --bind %[1]s/lib /var/lib/libvirt && "+
 		"mount --bind %[1]s/cache /var/cache/libvirt && mount --bind %[1]s/log /var/log/libvirt && "+
 		"mount --bind %[1]s/run /run/libvirt && "+
 		"mount --rbind /sys/fs/cgroup %[3]s && mount -t sysfs sysfs /sys && mount --rbind %[3]s /sys/fs/cgroup && umount -l %[3]s && "+
-		"echo $$ > %[2]s && exec sleep infinity", lv, pidFile, cg, filepath.Join(node.Dir, "varlog"))
+		"echo $$ > %[2]s && exec sleep infinity", lv, pidFile, cg, filepath.Join(node.Dir, "varlog"), filepath.Join(node.Dir, "netns"))
 	holder := exec.Command("nsenter", "--net=/run/netns/"+node.netns, "--", "unshare", "--mount", "--propagation", "private", "--fork", "sh", "-c", script)
 	holder.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := holder.Start(); err != nil {
@@ -228,7 +235,7 @@ func (node *Node) HostUUID() (string, error) {
 // the node's bridge.
 func (node *Node) CNIPlugin(bins string) Plugin {
 	return Plugin{Name: "cni", Kind: "network", Binary: filepath.Join(bins, "virtlet-plugin-cni"),
-		Config: fmt.Sprintf("{confDir: %q, binDirs: [%q]}", node.ConfDir, CNIBinDir)}
+		Config: fmt.Sprintf("{confDir: %q, binDirs: [%q], netnsPrefix: %q}", node.ConfDir, CNIBinDir, node.netnsPrefix)}
 }
 
 func (node *Node) destroyDomains(t testing.TB) {

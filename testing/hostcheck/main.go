@@ -419,9 +419,10 @@ func podLinksOf(id string) []string {
 }
 
 // runOfLink is the run id in the name of a link the suites made
-// (harness.RunBridgePrefix, then up to five lower-case letters or
-// digits), or "".
-var linkName = regexp.MustCompile(`^vt([0-9a-f]{6})[0-9a-z]{1,5}$`)
+// (harness.RunBridgePrefix, then up to seven lower-case letters or
+// digits: a link name's 15 bytes; harness.Node's namespaces and veths are
+// k<net>n<node>[h]), or "".
+var linkName = regexp.MustCompile(`^vt([0-9a-f]{6})[0-9a-z]{1,7}$`)
 
 func runOfLink(name string) string {
 	if m := linkName.FindStringSubmatch(name); m != nil {

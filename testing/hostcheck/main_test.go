@@ -5,18 +5,20 @@ import "testing"
 // Only a link name of the harness's form carries a run id.
 func TestRunOfLink(t *testing.T) {
 	for name, want := range map[string]string{
-		"vtab12cd85":     "ab12cd",
-		"vtab12cd1":      "ab12cd",
-		"vt0123459":      "012345",
-		"vtab12cd0":      "ab12cd", // the service range's bridge
-		"vtab12cdc417":   "ab12cd", // a unit test's veth
-		"vtab12cd":       "",       // nothing after the id
-		"vtab12cd123456": "",       // too long for the harness's names
-		"vtab12cd-1":     "",       // not a letter or digit
-		"vtAB12CD85":     "",       // the harness writes lower-case hex
-		"vltest85":       "",       // another suite's (or an older run's) name
-		"virbr0":         "",       // libvirt's
-		"xvtab12cd85":    "",       // not at the start
+		"vtab12cd85":       "ab12cd",
+		"vtab12cd1":        "ab12cd",
+		"vt0123459":        "012345",
+		"vtab12cd0":        "ab12cd", // the service range's bridge
+		"vtab12cdc417":     "ab12cd", // a unit test's veth
+		"vtab12cd":         "",       // nothing after the id
+		"vtab12cdk210n1":   "ab12cd", // a harness.Node's network namespace
+		"vtab12cdk210n1h":  "ab12cd", // and its veth's host side
+		"vtab12cd12345678": "",       // too long for a link name
+		"vtab12cd-1":       "",       // not a letter or digit
+		"vtAB12CD85":       "",       // the harness writes lower-case hex
+		"vltest85":         "",       // another suite's (or an older run's) name
+		"virbr0":           "",       // libvirt's
+		"xvtab12cd85":      "",       // not at the start
 	} {
 		if got := runOfLink(name); got != want {
 			t.Errorf("runOfLink(%q) = %q, want %q", name, got, want)
