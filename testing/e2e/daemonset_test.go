@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -216,21 +215,6 @@ patches:
 func nodeRuntime(t *testing.T, k *harness.Kube) string {
 	out, _ := k.Kubectl("get", "node", k.Node, "-o", "jsonpath={.status.nodeInfo.containerRuntimeVersion}")
 	return out
-}
-
-func waitKube(t *testing.T, k *harness.Kube, what string, timeout time.Duration, ok func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	for !ok() {
-		select {
-		case <-ctx.Done():
-			pods, _ := k.Kubectl("get", "pods", "-A", "-o", "wide")
-			events, _ := k.Kubectl("get", "events", "-A", "--sort-by=.lastTimestamp")
-			t.Fatalf("%s: not after %s\npods:\n%s\nevents:\n%s\nkubelet log tail:\n%s", what, timeout, pods, tail(events, 3000), tail(k.Log("kubelet"), 3000))
-		case <-time.After(time.Second):
-		}
-	}
 }
 
 // treeOf lists every path below root with its type.

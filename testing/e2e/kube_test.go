@@ -168,12 +168,19 @@ func (n *kubeNode) kubectl(t *testing.T, args ...string) string {
 // waitFor polls until ok, or fails showing what kubelet and the pods say.
 func (n *kubeNode) waitFor(t *testing.T, what string, timeout time.Duration, ok func() bool) {
 	t.Helper()
+	waitKube(t, n.k, what, timeout, ok)
+}
+
+// waitKube polls until ok, or fails showing what k's kubelet and the
+// pods of every namespace say.
+func waitKube(t *testing.T, k *harness.Kube, what string, timeout time.Duration, ok func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !ok() {
 		if time.Now().After(deadline) {
-			pods, _ := n.k.Kubectl("get", "pods", "-o", "wide")
-			events, _ := n.k.Kubectl("get", "events", "--sort-by=.lastTimestamp")
-			t.Fatalf("%s: not after %s\npods:\n%s\nevents:\n%s\nkubelet log tail:\n%s", what, timeout, pods, tail(events, 3000), tail(n.k.Log("kubelet"), 3000))
+			pods, _ := k.Kubectl("get", "pods", "-A", "-o", "wide")
+			events, _ := k.Kubectl("get", "events", "-A", "--sort-by=.lastTimestamp")
+			t.Fatalf("%s: not after %s\npods:\n%s\nevents:\n%s\nkubelet log tail:\n%s", what, timeout, pods, tail(events, 3000), tail(k.Log("kubelet"), 3000))
 		}
 		time.Sleep(time.Second)
 	}
