@@ -22,17 +22,13 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"time"
 
-	"github.com/containers/image/v5/docker"
-	"github.com/containers/image/v5/oci/layout"
-	"github.com/containers/image/v5/pkg/blobinfocache/none"
 	"github.com/containers/image/v5/types"
 	digest "github.com/opencontainers/go-digest"
-	imgspec "github.com/opencontainers/image-spec/specs-go"
 	imgspecv1 "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/virtlet/virtlet/deploy/ociimage"
 	"github.com/virtlet/virtlet/plugins/buildinfo"
 )
 
@@ -183,57 +179,16 @@ func layerTar(stage, installer string) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// write stores the image (config and one gzip layer) at dest under an OCI
-// manifest and returns the manifest's digest.
+// write stores the image (config and one gzip layer) at dest and returns
+// the manifest's digest.
 func write(ctx context.Context, dest string, config, layer []byte, insecure bool) (digest.Digest, error) {
-	var ref types.ImageReference
-	var err error
-	switch {
-	case strings.HasPrefix(dest, "docker://"):
-		ref, err = docker.ParseReference(strings.TrimPrefix(dest, "docker:"))
-	case strings.HasPrefix(dest, "oci:"):
-		ref, err = layout.ParseReference(strings.TrimPrefix(dest, "oci:"))
-	default:
-		err = fmt.Errorf("want oci:DIR:TAG or docker://REGISTRY/REPO:TAG")
-	}
-	if err != nil {
-		return "", fmt.Errorf("--dest %q: %w", dest, err)
-	}
 	sys := &types.SystemContext{}
 	if insecure {
 		sys.DockerInsecureSkipTLSVerify = types.OptionalBoolTrue
 	}
-	d, err := ref.NewImageDestination(ctx, sys)
+	d, err := ociimage.Write(ctx, dest, ociimage.Image{Config: config, Layers: [][]byte{layer}}, sys)
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", dest, err)
+		return "", fmt.Errorf("--dest %q: %w", dest, err)
 	}
-	defer d.Close()
-	put := func(what string, b []byte, isConfig bool) error {
-		_, err := d.PutBlob(ctx, bytes.NewReader(b), types.BlobInfo{Digest: digest.FromBytes(b), Size: int64(len(b))}, none.NoCache, isConfig)
-		if err != nil {
-			return fmt.Errorf("%s: push the %s: %w", dest, what, err)
-		}
-		return nil
-	}
-	if err := put("layer", layer, false); err != nil {
-		return "", err
-	}
-	if err := put("config", config, true); err != nil {
-		return "", err
-	}
-	man, err := json.Marshal(imgspecv1.Manifest{
-		Versioned: imgspec.Versioned{SchemaVersion: 2}, MediaType: imgspecv1.MediaTypeImageManifest,
-		Config: imgspecv1.Descriptor{MediaType: imgspecv1.MediaTypeImageConfig, Digest: digest.FromBytes(config), Size: int64(len(config))},
-		Layers: []imgspecv1.Descriptor{{MediaType: imgspecv1.MediaTypeImageLayerGzip, Digest: digest.FromBytes(layer), Size: int64(len(layer))}},
-	})
-	if err != nil {
-		return "", err
-	}
-	if err := d.PutManifest(ctx, man, nil); err != nil {
-		return "", fmt.Errorf("%s: push the manifest: %w", dest, err)
-	}
-	if err := d.Commit(ctx, nil); err != nil {
-		return "", fmt.Errorf("%s: commit: %w", dest, err)
-	}
-	return digest.FromBytes(man), nil
+	return d, nil
 }

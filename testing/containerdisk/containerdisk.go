@@ -18,16 +18,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
-	"github.com/containers/image/v5/docker"
-	"github.com/containers/image/v5/oci/layout"
 	"github.com/containers/image/v5/pkg/blobinfocache/none"
 	"github.com/containers/image/v5/types"
 	digest "github.com/opencontainers/go-digest"
-	imgspec "github.com/opencontainers/image-spec/specs-go"
 	imgspecv1 "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/virtlet/virtlet/deploy/ociimage"
 	"github.com/virtlet/virtlet/testing/testca"
 	"golang.org/x/crypto/bcrypt"
 )
@@ -87,70 +84,18 @@ func PushAs(ctx context.Context, dest string, files Files, sys *types.SystemCont
 
 // Image is an image's config and its layers (gzip-compressed tars, lowest
 // first), as Write stores it and Read returns it.
-type Image struct {
-	Config []byte
-	Layers [][]byte
-}
-
-// Manifest is img's OCI manifest.
-func (img Image) Manifest() []byte {
-	m := imgspecv1.Manifest{
-		Versioned: imgspec.Versioned{SchemaVersion: 2}, MediaType: imgspecv1.MediaTypeImageManifest,
-		Config: imgspecv1.Descriptor{MediaType: imgspecv1.MediaTypeImageConfig, Digest: digest.FromBytes(img.Config), Size: int64(len(img.Config))},
-		Layers: []imgspecv1.Descriptor{},
-	}
-	for _, l := range img.Layers {
-		m.Layers = append(m.Layers, imgspecv1.Descriptor{MediaType: imgspecv1.MediaTypeImageLayerGzip, Digest: digest.FromBytes(l), Size: int64(len(l))})
-	}
-	data, _ := json.Marshal(m)
-	return data
-}
-
-// reference parses "docker://…" or "oci:<dir>:<name>".
-func reference(name string) (types.ImageReference, error) {
-	switch {
-	case strings.HasPrefix(name, "docker://"):
-		return docker.ParseReference(strings.TrimPrefix(name, "docker:"))
-	case strings.HasPrefix(name, "oci:"):
-		return layout.ParseReference(strings.TrimPrefix(name, "oci:"))
-	}
-	return nil, fmt.Errorf("unknown image location %q (want docker://… or oci:…)", name)
-}
+type Image = ociimage.Image
 
 // Write stores img at dest ("docker://…" or "oci:<dir>:<name>") under an
 // OCI manifest, and returns the manifest's digest.
 func Write(ctx context.Context, dest string, img Image, sys *types.SystemContext) (digest.Digest, error) {
-	ref, err := reference(dest)
-	if err != nil {
-		return "", err
-	}
-	d, err := ref.NewImageDestination(ctx, sys)
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", dest, err)
-	}
-	defer d.Close()
-	for i, l := range img.Layers {
-		if _, err := d.PutBlob(ctx, bytes.NewReader(l), types.BlobInfo{Digest: digest.FromBytes(l), Size: int64(len(l))}, none.NoCache, false); err != nil {
-			return "", fmt.Errorf("%s: push layer %d: %w", dest, i, err)
-		}
-	}
-	if _, err := d.PutBlob(ctx, bytes.NewReader(img.Config), types.BlobInfo{Digest: digest.FromBytes(img.Config), Size: int64(len(img.Config))}, none.NoCache, true); err != nil {
-		return "", fmt.Errorf("%s: push config: %w", dest, err)
-	}
-	man := img.Manifest()
-	if err := d.PutManifest(ctx, man, nil); err != nil {
-		return "", fmt.Errorf("%s: push manifest: %w", dest, err)
-	}
-	if err := d.Commit(ctx, nil); err != nil {
-		return "", fmt.Errorf("%s: commit: %w", dest, err)
-	}
-	return digest.FromBytes(man), nil
+	return ociimage.Write(ctx, dest, img, sys)
 }
 
 // Read loads the image at src ("oci:<dir>:<name>" or "docker://…"),
 // whose manifest must be an OCI manifest such as Write stores.
 func Read(ctx context.Context, src string, sys *types.SystemContext) (Image, error) {
-	ref, err := reference(src)
+	ref, err := ociimage.Reference(src)
 	if err != nil {
 		return Image{}, err
 	}
