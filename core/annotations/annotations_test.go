@@ -73,7 +73,7 @@ func TestValid(t *testing.T) {
 			o.Clock.Timers = []ports.ClockTimer{{Name: "rtc", TickPolicy: "catchup"}, {Name: "pit", TickPolicy: "delay"}, {Name: "hpet", Present: "no"}, {Name: "kvmclock", Present: "yes"}}
 		}},
 		{"versioned machine", map[string]string{MachineType: "pc-i440fx-7.2"}, func(o *VMOptions) { o.MachineType = "pc-i440fx-7.2" }},
-		{"cpu setting from seed 001", map[string]string{LibvirtCPUSetting: "Match: exact\nModel:\n  Fallback: allow\n  Value: core2duo\n"},
+		{"cpu setting from docs/vm-pods.md", map[string]string{LibvirtCPUSetting: "Match: exact\nModel:\n  Fallback: allow\n  Value: core2duo\n"},
 			func(o *VMOptions) {
 				o.CPUSetting = &ports.CPUSetting{Match: "exact", Model: &ports.CPUSettingModel{Fallback: "allow", Value: "core2duo"}}
 			}},
@@ -92,11 +92,11 @@ Numa:
 		}},
 		{"configdrive", map[string]string{CloudInitImageType: "configdrive"}, func(o *VMOptions) { o.CloudInitImageType = "configdrive" }},
 		{"nocloud", map[string]string{CloudInitImageType: "nocloud"}, func(o *VMOptions) { o.CloudInitImageType = "nocloud" }},
-		{"meta-data yaml (seed 004)", map[string]string{CloudInitMetaData: "instance-id: foobar\n"},
+		{"meta-data yaml (docs/cloud-init.md)", map[string]string{CloudInitMetaData: "instance-id: foobar\n"},
 			func(o *VMOptions) { o.MetaData = map[string]interface{}{"instance-id": "foobar"} }},
 		{"meta-data json", map[string]string{CloudInitMetaData: `{"instance-id": "foobar", "n": 1}`},
 			func(o *VMOptions) { o.MetaData = map[string]interface{}{"instance-id": "foobar", "n": float64(1)} }},
-		{"user-data (seed 004)", map[string]string{CloudInitUserData: "users:\n- name: cloudy\n  gecos: Magic Cloud App Daemon User\n  inactive: true\n  system: true\n"},
+		{"user-data (docs/cloud-init.md)", map[string]string{CloudInitUserData: "users:\n- name: cloudy\n  gecos: Magic Cloud App Daemon User\n  inactive: true\n  system: true\n"},
 			func(o *VMOptions) {
 				o.UserData = map[string]interface{}{"users": []interface{}{map[string]interface{}{
 					"name": "cloudy", "gecos": "Magic Cloud App Daemon User", "inactive": true, "system": true}}}

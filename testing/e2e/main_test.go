@@ -107,9 +107,10 @@ func run(m *testing.M) int {
 // cores: a TCG guest keeps one core busy, and a test also waits),
 // the longest first. Every test calls it but those that must have the
 // node to themselves: TestLibvirtdKilled kills libvirtd, TestPluginChaos
-// and TestConcurrentVMPods load both cores with 20 VMs, and
+// and TestConcurrentVMPods load both cores with 20 VMs,
 // TestLibvirtdSharedByFew runs the crash matrix beside the hypervisor
-// contracts only; go runs those first, one at a time.
+// contracts only, and TestCPULimitBoundsTheVM measures how close a guest
+// gets to its CPU limit; go runs those first, one at a time.
 func parallel(t *testing.T) {
 	t.Helper()
 	t.Parallel()

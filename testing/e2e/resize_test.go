@@ -177,11 +177,12 @@ func TestFreedGuestMemoryGoesBack(t *testing.T) {
 
 // A container's CPU limit bounds its VM (the whole VM's CFS quota, as a
 // container's bounds it): libvirt holds the limit, a guest burning CPU
-// under a 0.5 CPU limit gets no more than that, and an in-place resize
-// to 0.25 CPU takes effect live. How close to the limit a guest gets on an
-// idle machine is a benchmark's figure; here the machine runs other tests.
+// under a 0.5 CPU limit gets 0.5 ± 0.05 of a CPU, and an in-place resize
+// to 0.25 CPU takes effect live. The test has the node to itself (it is
+// not parallel): a limit is a ceiling, and beside other VMs on two cores
+// the guest could get less than its limit for want of CPU, not because
+// of it.
 func TestCPULimitBoundsTheVM(t *testing.T) {
-	parallel(t)
 	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
 	podJSON, ctrJSON := vmPod(t, d, "cpulimit", nil, 128<<20)
@@ -199,52 +200,75 @@ func TestCPULimitBoundsTheVM(t *testing.T) {
 			t.Fatalf("libvirt's live scheduler parameters lack %q:\n%s", want, schedinfo())
 		}
 	}
-	// cpuTime is the CPU time QEMU's process has used.
-	cpuTime := func() time.Duration {
-		pid, err := harness.QEMUPID(domain)
-		if err != nil {
-			t.Fatal(err)
+	pid, err := harness.QEMUPID(domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	within := func(limit, used, idle float64) {
+		t.Helper()
+		msg := fmt.Sprintf("under a %.2f CPU limit the VM used %.3f CPUs (the node idle meanwhile: %.2f CPUs)", limit, used, idle)
+		if used < limit-0.05 || used > limit+0.05 {
+			t.Errorf("%s, want %.2f ± 0.05", msg, limit)
+			return
 		}
-		stat, err := os.ReadFile("/proc/" + pid + "/stat")
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := strings.Fields(string(stat)[strings.LastIndexByte(string(stat), ')')+2:])
-		utime, _ := strconv.ParseInt(f[11], 10, 64)
-		stime, _ := strconv.ParseInt(f[12], 10, 64)
-		return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
+		t.Log(msg)
 	}
-	// usage burns CPU in the guest for 12 s and returns the CPUs QEMU used
-	// over 8 s of it.
-	usage := func() float64 {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			c.Run("exec", "-s", "--timeout", "60", ctr, "timeout", "12", "sh", "-c", "while :; do :; done")
-		}()
-		time.Sleep(2 * time.Second)
-		t0, c0 := time.Now(), cpuTime()
-		time.Sleep(8 * time.Second)
-		used := float64(cpuTime()-c0) / float64(time.Since(t0))
-		<-done
-		return used
-	}
-	if used := usage(); used > 0.55 {
-		t.Errorf("under a 0.5 CPU limit the VM used %.2f CPUs", used)
-	} else {
-		t.Logf("under a 0.5 CPU limit the VM used %.2f CPUs", used)
-	}
+	used, idle := burnCPU(t, c, ctr, pid)
+	within(0.5, used, idle)
 	c.Must(t, "update", "--cpu-quota", "25000", "--cpu-period", "100000", ctr)
 	if !strings.Contains(schedinfo(), "global_quota   : 25000") {
 		t.Fatalf("after the resize to 0.25 CPU:\n%s", schedinfo())
 	}
-	if used := usage(); used > 0.3 {
-		t.Errorf("under a 0.25 CPU limit the VM used %.2f CPUs", used)
-	} else {
-		t.Logf("under a 0.25 CPU limit the VM used %.2f CPUs", used)
-	}
+	used, idle = burnCPU(t, c, ctr, pid)
+	within(0.25, used, idle)
 	c.Must(t, "rmp", "-f", sb)
 	assertNothingLeft(t, d, c)
+}
+
+// burnCPU burns CPU in a VM's guest for 12 s and returns the CPUs its
+// QEMU process (pid) used over 8 s of it, and the CPUs the node left idle
+// meanwhile (from /proc/stat).
+func burnCPU(t *testing.T, c *harness.Crictl, ctr, pid string) (used, idle float64) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.Run("exec", "-s", "--timeout", "60", ctr, "timeout", "12", "sh", "-c", "while :; do :; done")
+	}()
+	time.Sleep(2 * time.Second)
+	t0, c0, i0 := time.Now(), processCPUTime(t, pid), nodeIdleTime(t)
+	time.Sleep(8 * time.Second)
+	took := time.Since(t0)
+	used = float64(processCPUTime(t, pid)-c0) / float64(took)
+	idle = float64(nodeIdleTime(t)-i0) / float64(took)
+	<-done
+	return used, idle
+}
+
+// processCPUTime is the CPU time a process has used (all its threads).
+func processCPUTime(t *testing.T, pid string) time.Duration {
+	t.Helper()
+	stat, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(stat)[strings.LastIndexByte(string(stat), ')')+2:])
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
+}
+
+// nodeIdleTime is the idle time of all the node's CPUs together.
+func nodeIdleTime(t *testing.T) time.Duration {
+	t.Helper()
+	stat, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// cpu  user nice system idle iowait ...
+	f := strings.Fields(strings.SplitN(string(stat), "\n", 2)[0])
+	idle, _ := strconv.ParseInt(f[4], 10, 64)
+	return time.Duration(idle) * time.Second / 100 // USER_HZ
 }
 
 // The libvirt plugin's tcgTranslationCacheMiB caps a TCG VM's translated
