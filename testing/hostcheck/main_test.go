@@ -1,6 +1,12 @@
 package main
 
-import "testing"
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+)
 
 // Only a link name of the harness's form carries a run id.
 func TestRunOfLink(t *testing.T) {
@@ -54,5 +60,35 @@ func TestPathModeString(t *testing.T) {
 	}
 	if s := (pathMode{Mode: 0o20000000000 | 0o755, UID: 0, GID: 109}).String(); s != "drwxr-xr-x 0:109" {
 		t.Errorf("a directory: %q", s)
+	}
+}
+
+// A run whose test binary is still running is found (and begin leaves
+// what it made); a run without one is not.
+func TestRunningAs(t *testing.T) {
+	if os.Getenv("HOSTCHECK_SLEEP") != "" {
+		time.Sleep(time.Minute)
+		return
+	}
+	id := fmt.Sprintf("t%05d", os.Getpid()%100000)
+	if pid := runningAs(id); pid != 0 {
+		t.Fatalf("run %s: process %d before any runs as it", id, pid)
+	}
+	// This test binary again, as run id.
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRunningAs$")
+	cmd.Env = append(os.Environ(), "HOSTCHECK_SLEEP=1", "VIRTLET_RUN="+id)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for runningAs(id) != cmd.Process.Pid {
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s: its test binary %d not found", id, cmd.Process.Pid)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if pid := runningAs(id + "x"); pid != 0 {
+		t.Errorf("run %sx: found process %d", id, pid)
 	}
 }
