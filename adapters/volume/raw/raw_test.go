@@ -239,9 +239,12 @@ func TestPersistentRootfs(t *testing.T) {
 }
 
 // A persistent root written by Virtlet 1.x (its header in the first
-// sector, the root file system from the second) is used where Virtlet put
-// it while it holds the pod's image, and re-initialised, as Virtlet did,
-// when the image changed; a metadata version Virtlet never wrote is
+// sector, the root file system from the second) gives the guest the whole
+// device after that sector, as Virtlet's device-mapper table did, however
+// large the image: a root the guest grew is used whole. It is used as it
+// is while it holds the pod's image, and re-initialised unasked, as
+// Virtlet did, when the image changed, keeping Virtlet's layout; a device
+// smaller than the image and a metadata version Virtlet never wrote are
 // refused.
 func TestVirtlet1PersistentRootfs(t *testing.T) {
 	if _, err := exec.LookPath("qemu-img"); err != nil {
@@ -251,59 +254,90 @@ func TestVirtlet1PersistentRootfs(t *testing.T) {
 	ctx := context.Background()
 	imgA, _ := image(t, "image-A!", 2<<20)
 	imgB, rawB := image(t, "image-B?", 2<<20)
-	hashA := sha256.Sum256([]byte("image A"))
-	digestA := "sha256:" + hex.EncodeToString(hashA[:])
-	virtlet1 := func(version uint16, hash [32]byte) string {
-		dev := loopDevice(t, 8<<20)
+	hashA, hashB := sha256.Sum256([]byte("image A")), sha256.Sum256([]byte("image B"))
+	digestA, digestB := "sha256:"+hex.EncodeToString(hashA[:]), "sha256:"+hex.EncodeToString(hashB[:])
+	header := func(version uint16, hash [32]byte) []byte {
 		hdr := binary.BigEndian.AppendUint64(nil, 0x263dbe52ba576702)
 		hdr = binary.BigEndian.AppendUint16(hdr, version)
-		hdr = append(hdr, hash[:]...)
+		return append(hdr, hash[:]...)
+	}
+	const devSize = 8 << 20
+	virtlet1 := func(size int64, version uint16, hash [32]byte) string {
+		dev := loopDevice(t, size)
 		f, err := os.OpenFile(dev, os.O_RDWR, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f.WriteAt(hdr, 0)
-		f.WriteAt([]byte("written-by-virtlet-1"), 512)
-		f.Close()
+		defer f.Close()
+		for off, b := range map[int64][]byte{0: header(version, hash), 512: []byte("written-by-virtlet-1"),
+			size - 16: []byte("grown-by-guest")} {
+			if _, err := f.WriteAt(b, off); err != nil {
+				t.Fatal(err)
+			}
+		}
 		return dev
 	}
 	req := func(dev, img, digest string) ports.VolumeRequest {
 		return ports.VolumeRequest{VMID: "vm", Name: "root-pv", Type: ports.VolumeBlock, HostPath: dev,
 			Rootfs: &ports.RootfsRequest{ImagePath: img, ImageFormat: "qcow2", ImageDigest: digest, ImageName: "virtlet.cloud/x", ImageVirtualSize: 2 << 20}}
 	}
+	wholeDevice := func(t *testing.T, att ports.VolumeAttachment, dev string) {
+		t.Helper()
+		if d := att.Disks[0].Source; d.Offset != 512 || d.Size != devSize-512 || d.Path != dev {
+			t.Fatalf("disk source %+v, want offset 512, size %d (the device less its first sector)", d, devSize-512)
+		}
+	}
 
-	// The same image: the guest's disk is where Virtlet 1.x put it, as
-	// large as the image; nothing is written.
-	dev := virtlet1(1, hashA)
+	// The same image: the guest's disk starts where Virtlet 1.x put it and
+	// runs to the device's end, past the image's size; nothing is written.
+	dev := virtlet1(devSize, 1, hashA)
 	att, err := v.Prepare(ctx, req(dev, imgA, digestA))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := att.Disks[0].Source; d.Offset != 512 || d.Size != 2<<20 || d.Path != dev {
-		t.Fatalf("disk source %+v, want offset 512, size %d", d, 2<<20)
-	}
+	wholeDevice(t, att, dev)
 	if got := harness.ReadAt(t, dev, 512, 20); string(got) != "written-by-virtlet-1" {
 		t.Fatalf("the root file system was touched: %q", got)
 	}
+	if got := harness.ReadAt(t, dev, devSize-16, 14); string(got) != "grown-by-guest" {
+		t.Fatalf("the grown root's end was touched: %q", got)
+	}
 
-	// Another image: re-initialised unasked, as Virtlet did, in this
-	// project's layout.
-	att, err = v.Prepare(ctx, req(dev, imgB, "sha256:bbbb"))
+	// Another image: re-initialised unasked, as Virtlet did, in Virtlet's
+	// layout (its header naming the new image), the whole device again.
+	att, err = v.Prepare(ctx, req(dev, imgB, digestB))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := att.Disks[0].Source; d.Offset != DataOffset {
-		t.Fatalf("re-initialised disk source %+v", d)
+	wholeDevice(t, att, dev)
+	if got := harness.ReadAt(t, dev, 512, int64(len(rawB))); !bytes.Equal(got, rawB) {
+		t.Fatal("the new image was not written behind the first sector")
 	}
-	if got := harness.ReadAt(t, dev, DataOffset, int64(len(rawB))); !bytes.Equal(got, rawB) {
-		t.Fatal("the new image was not written")
+	if h, want := harness.ReadAt(t, dev, 0, 512), append(header(1, hashB), make([]byte, 512-42)...); !bytes.Equal(h, want) {
+		t.Fatalf("header %x, want %x", h, want)
 	}
-	if h := harness.ReadAt(t, dev, 0, 64); !bytes.HasPrefix(h, []byte(headerMagic+`{"image":"sha256:bbbb"`)) {
-		t.Fatalf("header %q", h)
+	// ... and used as it is by the next pod with that image.
+	f, _ := os.OpenFile(dev, os.O_RDWR, 0)
+	f.WriteAt([]byte("guest-was-here"), 512+100)
+	f.Close()
+	att, err = v.Prepare(ctx, req(dev, imgB, digestB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wholeDevice(t, att, dev)
+	if got := harness.ReadAt(t, dev, 512+100, 14); string(got) != "guest-was-here" {
+		t.Fatalf("the guest's change is gone: %q", got)
+	}
+
+	// A device smaller than the image and Virtlet's header, as Virtlet
+	// refused it.
+	small := virtlet1(2<<20, 1, hashA)
+	if _, err := v.Prepare(ctx, req(small, imgA, digestA)); !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), "needs") {
+		t.Fatalf("small device: %v", err)
 	}
 
 	// A metadata version Virtlet never wrote.
-	odd := virtlet1(7, hashA)
+	odd := virtlet1(devSize, 7, hashA)
 	if _, err := v.Prepare(ctx, req(odd, imgA, digestA)); !errors.Is(err, ports.ErrInvalidArgument) || !strings.Contains(err.Error(), "metadata version 7") {
 		t.Fatalf("version 7: %v", err)
 	}
