@@ -244,8 +244,8 @@ func TestPersistentRootfs(t *testing.T) {
 // large the image: a root the guest grew is used whole. It is used as it
 // is while it holds the pod's image, and re-initialised unasked, as
 // Virtlet did, when the image changed, keeping Virtlet's layout; a device
-// smaller than the image and a metadata version Virtlet never wrote are
-// refused.
+// smaller than the image is refused, and a metadata version Virtlet never
+// wrote unless the pod asks to reinitialise.
 func TestVirtlet1PersistentRootfs(t *testing.T) {
 	if _, err := exec.LookPath("qemu-img"); err != nil {
 		t.Skip("qemu-img is not installed")
@@ -343,5 +343,22 @@ func TestVirtlet1PersistentRootfs(t *testing.T) {
 	}
 	if got := harness.ReadAt(t, odd, 512, 20); string(got) != "written-by-virtlet-1" {
 		t.Fatal("a refused device was touched")
+	}
+	// ... overwritten when the pod asks, as its refusal says, in this
+	// project's layout.
+	asked := req(odd, imgB, digestB)
+	asked.Rootfs.Reinitialize = true
+	att, err = v.Prepare(ctx, asked)
+	if err != nil {
+		t.Fatalf("version 7, reinitialise: %v", err)
+	}
+	if d := att.Disks[0].Source; d.Offset != DataOffset || d.Size != devSize-DataOffset {
+		t.Fatalf("disk source %+v", d)
+	}
+	if h := harness.ReadAt(t, odd, 0, 128); !bytes.HasPrefix(h, []byte(headerMagic+`{"image":"`+digestB+`"`)) {
+		t.Fatalf("header %q", h)
+	}
+	if got := harness.ReadAt(t, odd, DataOffset, int64(len(rawB))); !bytes.Equal(got, rawB) {
+		t.Fatal("the image was not written")
 	}
 }

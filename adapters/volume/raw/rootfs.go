@@ -156,12 +156,16 @@ func prepareRootfs(ctx context.Context, dev, volume string, want ports.RootfsReq
 	first = first[:n]
 	field := "block volume " + volume + " (persistent root file system)"
 	reinit := "set the pod annotation VirtletPersistentRootfsReinit: \"true\" to overwrite it"
-	if v1, isV1 := readVirtlet1Header(first); isV1 {
-		if v1.version != virtlet1Version {
-			return 0, 0, &ports.InvalidError{Field: field, Value: dev,
-				Reason:  fmt.Sprintf("it holds a Virtlet 1.x persistent root of metadata version %d, which neither Virtlet 1.x nor this node reads", v1.version),
-				Allowed: reinit}
-		}
+	v1, isV1 := readVirtlet1Header(first)
+	// A metadata version Virtlet never wrote is overwritten only when the
+	// pod asks, and then in this package's layout, which Virtlet 1.x could
+	// not have read either.
+	if isV1 && v1.version != virtlet1Version && !want.Reinitialize {
+		return 0, 0, &ports.InvalidError{Field: field, Value: dev,
+			Reason:  fmt.Sprintf("it holds a Virtlet 1.x persistent root of metadata version %d, which neither Virtlet 1.x nor this node reads", v1.version),
+			Allowed: reinit}
+	}
+	if isV1 && v1.version == virtlet1Version {
 		size := virtlet1Size(devSize)
 		if size < want.ImageVirtualSize {
 			return 0, 0, &ports.InvalidError{Field: field, Value: dev,
