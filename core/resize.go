@@ -42,14 +42,24 @@ func cpuLimits(shares, period, quota int64) ports.CPULimits {
 }
 
 // resizedCPULimits are the VM's CPU limits after a resize: what it asks
-// for replaces what it names.
+// for replaces what it names. kubelet names both every time: a pod
+// without a CPU request has kubelet's least shares (the hypervisor's
+// default weight, as at creation), one without a CPU limit a quota of 0
+// per a period (or -1, runc's "no limit"): the limit goes. A resize that
+// names neither (crictl update --memory) leaves them.
 func resizedCPULimits(spec ports.VMSpec, res ContainerResources) ports.CPULimits {
 	l := spec.CPULimits
-	if res.CPUShares > minShares {
+	switch {
+	case res.CPUShares > minShares:
 		l.Shares = uint64(res.CPUShares)
+	case res.CPUShares > 0:
+		l.Shares = 0
 	}
-	if res.CPUQuota > 0 {
+	switch {
+	case res.CPUQuota > 0:
 		l.Quota, l.Period = res.CPUQuota, cfsPeriod(res.CPUPeriod)
+	case res.CPUQuota < 0, res.CPUPeriod > 0:
+		l.Quota, l.Period = 0, 0
 	}
 	return l
 }

@@ -230,6 +230,20 @@ func TestCPULimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("request resized", ports.CPULimits{Shares: 1024, Period: 100_000, Quota: 25_000})
+	// kubelet's resize to no request and no limit: its least shares, and
+	// no quota per its period.
+	if err := e.rt.UpdateContainerResources(ctx, id, core.ContainerResources{CPUShares: 2, CPUPeriod: 100_000, MemoryLimitBytes: cfg.MemoryLimitBytes}); err != nil {
+		t.Fatal(err)
+	}
+	check("request and limit removed", ports.CPULimits{})
+	if err := e.rt.UpdateContainerResources(ctx, id, core.ContainerResources{CPUQuota: 30_000, CPUPeriod: 100_000}); err != nil {
+		t.Fatal(err)
+	}
+	check("limit again", ports.CPULimits{Period: 100_000, Quota: 30_000})
+	if err := e.rt.UpdateContainerResources(ctx, id, core.ContainerResources{CPUQuota: -1}); err != nil {
+		t.Fatal(err)
+	}
+	check("limit -1", ports.CPULimits{})
 
 	sb2 := e.runPod(t, "q", nil)
 	cfg.CPUShares, cfg.CPUQuota, cfg.CPUPeriod = 2, 0, 0

@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,16 +53,28 @@ func cfsPeriod(period int64) int64 {
 }
 
 // schedulerParams are libvirt's scheduler parameters for CPU limits: a
-// limit of none is libvirt's -1 (no quota).
+// limit of none is libvirt's -1 (no quota), shares of none the cgroup's
+// default weight (the weight a VM created without shares has).
 func schedulerParams(l ports.CPULimits) *libvirt.DomainSchedulerParameters {
-	p := &libvirt.DomainSchedulerParameters{GlobalPeriodSet: true, GlobalPeriod: uint64(cfsPeriod(l.Period)), GlobalQuotaSet: true, GlobalQuota: -1}
+	p := &libvirt.DomainSchedulerParameters{GlobalPeriodSet: true, GlobalPeriod: uint64(cfsPeriod(l.Period)), GlobalQuotaSet: true, GlobalQuota: -1,
+		CpuSharesSet: true, CpuShares: defaultCPUShares()}
 	if l.Quota > 0 {
 		p.GlobalQuota = l.Quota
 	}
 	if l.Shares > 0 {
-		p.CpuSharesSet, p.CpuShares = true, l.Shares
+		p.CpuShares = l.Shares
 	}
 	return p
+}
+
+// defaultCPUShares is a cgroup's default CPU weight as libvirt's
+// cpu_shares: cgroup v2's cpu.weight 100 (libvirt writes cpu_shares to it
+// as is), cgroup v1's cpu.shares 1024.
+func defaultCPUShares() uint64 {
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return 100
+	}
+	return 1024
 }
 
 func domainCPU(c ports.CPUSpec) (*libvirtxml.DomainCPU, error) {

@@ -221,6 +221,18 @@ func TestCPULimitBoundsTheVM(t *testing.T) {
 	}
 	used, idle = burnCPU(t, c, ctr, pid)
 	within(0.25, used, idle)
+	// kubelet's resize to no request and no limit: its least shares and
+	// no quota per its period give the VM the default weight and no
+	// bound.
+	c.Must(t, "update", "--cpu-share", "2", "--cpu-quota", "0", "--cpu-period", "100000", ctr)
+	weight := "1024" // cgroup v1's cpu.shares
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		weight = "100" // cgroup v2's cpu.weight
+	}
+	if out := schedinfo(); !strings.Contains(out, "cpu_shares     : "+weight+"\n") || !strings.Contains(out, "global_quota   : -1\n") &&
+		!strings.Contains(out, "global_quota   : 17592186044415\n") {
+		t.Errorf("after the resize to no request and no limit:\n%s", out)
+	}
 	c.Must(t, "rmp", "-f", sb)
 	assertNothingLeft(t, d, c)
 }
