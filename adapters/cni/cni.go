@@ -365,7 +365,7 @@ func (n *Network) setup(ctx context.Context, r *record, list *libcni.NetworkConf
 	if err != nil {
 		return ports.NetworkAttachment{}, fmt.Errorf("CNI result: %w", err)
 	}
-	ifaces, err := podInterfaces(res)
+	ifaces, err := allPodInterfaces(res, r.NetNS)
 	if err != nil {
 		return ports.NetworkAttachment{}, err
 	}
@@ -434,13 +434,33 @@ type podIface struct {
 	index int    // in the CNI result's interfaces, -1 when the result lists none
 	mac   string // as the result reports it
 	wired podInterface
+	// scanned: the result does not describe it (a meta plugin's other
+	// attachments); its addresses and routes are the namespace's.
+	scanned bool
+	ips     []ports.IPConfig
+	routes  []ports.Route
+}
+
+// allPodInterfaces lists the pod's interfaces: the CNI result's, then the
+// namespace's links the result leaves out (undescribed).
+func allPodInterfaces(res *types100.Result, nsPath string) ([]podIface, error) {
+	ifaces := podInterfaces(res)
+	links, err := readNSLinks(nsPath)
+	if err != nil {
+		return nil, fmt.Errorf("find the pod interfaces the CNI result leaves out: %w", err)
+	}
+	ifaces = append(ifaces, undescribed(links, ifaces)...)
+	if len(ifaces) > maxInterfaces {
+		return nil, fmt.Errorf("the pod has %d interfaces; a VM pod takes at most %d", len(ifaces), maxInterfaces)
+	}
+	return ifaces, nil
 }
 
 // podInterfaces lists the pod's interfaces in the CNI result: those with a
-// sandbox path, in the result's order (a meta plugin like Multus reports
-// several). A result that lists no interface (some plugins do not) means
-// the one interface runtimes always ask for.
-func podInterfaces(res *types100.Result) ([]podIface, error) {
+// sandbox path, in the result's order (a meta plugin like CNI-Genie
+// reports several). A result that lists no interface (some plugins do
+// not) means the one interface runtimes always ask for.
+func podInterfaces(res *types100.Result) []podIface {
 	var out []podIface
 	for i, in := range res.Interfaces {
 		if in.Sandbox != "" {
@@ -450,16 +470,14 @@ func podInterfaces(res *types100.Result) ([]podIface, error) {
 	if len(out) == 0 {
 		out = []podIface{{name: IfName, index: -1}}
 	}
-	if len(out) > maxInterfaces {
-		return nil, fmt.Errorf("the CNI result has %d pod interfaces; a VM pod takes at most %d", len(out), maxInterfaces)
-	}
-	return out, nil
+	return out
 }
 
 // attachment turns the CNI result into what the VM gets: per interface the
-// CNI MAC and the addresses CNI gave it, the routes with their gateways
-// filled in (a CNI route without one goes through the interface's
-// gateway), and the pod's DNS.
+// CNI MAC and the addresses CNI gave it (the namespace's, for an interface
+// the result leaves out), the routes with their gateways filled in (a CNI
+// route without one goes through the interface's gateway), then the
+// routes of the interfaces the result leaves out, and the pod's DNS.
 func attachment(r *record, res *types100.Result, ifaces []podIface, req ports.NetworkRequest) (ports.NetworkAttachment, error) {
 	att := ports.NetworkAttachment{NetNSPath: r.NetNS}
 	for k, pi := range ifaces {
@@ -471,19 +489,9 @@ func attachment(r *record, res *types100.Result, ifaces []podIface, req ports.Ne
 			}
 			iface.MAC = mac.String()
 		}
-		for _, ip := range res.IPs {
-			switch {
-			case ip.Interface != nil && *ip.Interface == pi.index:
-			case ip.Interface == nil && k == 0: // unattributed addresses belong to the first interface
-			case ip.Interface != nil && pi.index == -1 && k == 0:
-			default:
-				continue
-			}
-			c := ports.IPConfig{Address: ip.Address.String()}
-			if ip.Gateway != nil {
-				c.Gateway = ip.Gateway.String()
-			}
-			iface.IPs = append(iface.IPs, c)
+		iface.IPs = pi.ips
+		if !pi.scanned {
+			iface.IPs = resultIPs(res, pi, k == 0)
 		}
 		att.Interfaces = append(att.Interfaces, iface)
 	}
@@ -491,19 +499,13 @@ func attachment(r *record, res *types100.Result, ifaces []podIface, req ports.Ne
 		return ports.NetworkAttachment{}, errors.New("the CNI result has no IP address for the pod")
 	}
 	onLinkGateways(&att, res)
-	for _, rt := range res.Routes {
-		route := ports.Route{Destination: rt.Dst.String()}
-		if rt.GW != nil {
-			route.Gateway = rt.GW.String()
-		} else if gw := gatewayFor(att.Interfaces, rt.Dst.IP.To4() != nil); gw != "" {
-			route.Gateway = gw
-		} else {
-			continue // no next hop known: the route cannot be expressed
+	att.Routes = resultRoutes(res, att.Interfaces)
+	for _, pi := range ifaces {
+		for _, route := range pi.routes {
+			if !slices.Contains(att.Routes, route) {
+				att.Routes = append(att.Routes, route)
+			}
 		}
-		if slices.Contains(att.Routes, route) {
-			continue // a meta plugin's delegates may each report it
-		}
-		att.Routes = append(att.Routes, route)
 	}
 	att.DNS = req.DNS
 	if att.DNS == nil && (len(res.DNS.Nameservers) > 0 || len(res.DNS.Search) > 0) {
@@ -513,6 +515,49 @@ func attachment(r *record, res *types100.Result, ifaces []podIface, req ports.Ne
 		return ports.NetworkAttachment{}, fmt.Errorf("the CNI result: %w", err)
 	}
 	return att, nil
+}
+
+// resultIPs are the addresses the CNI result gives a pod interface; the
+// first interface also takes the addresses attributed to none (or, when
+// the result lists no interface, all of them).
+func resultIPs(res *types100.Result, pi podIface, first bool) []ports.IPConfig {
+	var out []ports.IPConfig
+	for _, ip := range res.IPs {
+		switch {
+		case ip.Interface != nil && *ip.Interface == pi.index:
+		case ip.Interface == nil && first: // unattributed addresses belong to the first interface
+		case ip.Interface != nil && pi.index == -1 && first:
+		default:
+			continue
+		}
+		c := ports.IPConfig{Address: ip.Address.String()}
+		if ip.Gateway != nil {
+			c.Gateway = ip.Gateway.String()
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// resultRoutes are the CNI result's routes, a route without a gateway
+// going through the first interface's gateway of its family.
+func resultRoutes(res *types100.Result, ifaces []ports.NetworkInterface) []ports.Route {
+	var out []ports.Route
+	for _, rt := range res.Routes {
+		route := ports.Route{Destination: rt.Dst.String()}
+		if rt.GW != nil {
+			route.Gateway = rt.GW.String()
+		} else if gw := gatewayFor(ifaces, rt.Dst.IP.To4() != nil); gw != "" {
+			route.Gateway = gw
+		} else {
+			continue // no next hop known: the route cannot be expressed
+		}
+		if slices.Contains(out, route) {
+			continue // a meta plugin's delegates may each report it
+		}
+		out = append(out, route)
+	}
+	return out
 }
 
 // CalicoGateway is the link-local gateway Calico gives pods (and answers
