@@ -423,11 +423,22 @@ func TestPortMappingsReachPortmap(t *testing.T) {
 	}
 }
 
-// A meta plugin (Multus-like, testing/cnimulti) reports two pod interfaces
-// on two networks: each gets its links, its own host bridge, a DHCP server
+// A meta plugin (testing/cnimulti) gives the pod two interfaces on two
+// networks: each gets its links, its own host bridge, a DHCP server
 // answering its MAC with its address (the gateway and routes only on the
-// first), and teardown removes all of it.
+// first), and teardown removes all of it. So it goes whether the result
+// describes eth0 alone, as Multus's does (net1 is read from the pod's
+// namespace), or both interfaces, as CNI-Genie's merged one did.
 func TestSeveralPodInterfaces(t *testing.T) {
+	for _, shape := range []struct {
+		name  string
+		merge bool
+	}{{"multus result", false}, {"merged result", true}} {
+		t.Run(shape.name, func(t *testing.T) { testSeveralPodInterfaces(t, shape.merge) })
+	}
+}
+
+func testSeveralPodInterfaces(t *testing.T, merge bool) {
 	bin := t.TempDir()
 	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "virtlet-test-cni-multi"), "github.com/virtlet/virtlet/testing/cnimulti").CombinedOutput(); err != nil {
 		t.Fatalf("build the meta plugin: %v\n%s", err, out)
@@ -436,11 +447,11 @@ func TestSeveralPodInterfaces(t *testing.T) {
 	second := runName("")
 	isolate(t, tn.bridge)
 	isolate(t, second)
-	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "virtlet-multi", "type": "virtlet-test-cni-multi", "delegates": [
+	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "virtlet-multi", "type": "virtlet-test-cni-multi", "mergeResults": %t, "delegates": [
 	  {"type": "bridge", "bridge": %q, "isGateway": true, "ipam": {"type": "host-local", "dataDir": %q,
 	   "ranges": [[{"subnet": "198.18.5.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
 	  {"type": "bridge", "bridge": %q, "isGateway": true, "ipam": {"type": "host-local", "dataDir": %q,
-	   "ranges": [[{"subnet": "198.18.6.0/24"}]], "routes": [{"dst": "198.19.128.0/17", "gw": "198.18.6.1"}]}}]}`, tn.bridge, tn.ipam, second, tn.ipam)
+	   "ranges": [[{"subnet": "198.18.6.0/24"}]], "routes": [{"dst": "198.19.128.0/17", "gw": "198.18.6.1"}]}}]}`, merge, tn.bridge, tn.ipam, second, tn.ipam)
 	if err := os.WriteFile(filepath.Join(tn.conf, "10-multi.conf"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}

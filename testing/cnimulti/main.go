@@ -1,8 +1,13 @@
 // Command virtlet-test-cni-multi is a test-only CNI meta plugin in the
 // manner of Multus: it delegates to several network configs, one pod
-// interface each (eth0, net1, net2, ...), and returns one result listing
-// every interface, so tests can give a pod several interfaces with
-// Debian's ordinary plugins.
+// interface each (eth0, net1, net2, ...), so tests can give a pod several
+// interfaces with Debian's ordinary plugins.
+//
+// Its result is Multus's by default: the first (master) delegate's result
+// alone, as multus-cni's CmdAdd (pkg/multus/multus.go) returns it; the
+// other interfaces exist only in the pod's network namespace. With
+// "mergeResults": true it returns one result listing every delegate's
+// interfaces, addresses and routes instead, as CNI-Genie did.
 //
 //	{"cniVersion": "1.0.0", "name": "multi", "type": "virtlet-test-cni-multi",
 //	 "delegates": [{"type": "bridge", ...}, {"type": "bridge", ...}]}
@@ -24,6 +29,9 @@ import (
 type netConf struct {
 	types.NetConf
 	Delegates []map[string]interface{} `json:"delegates"`
+	// MergeResults returns every delegate's result merged into one, not
+	// the master's alone.
+	MergeResults bool `json:"mergeResults,omitempty"`
 }
 
 func parse(args *skel.CmdArgs) (*netConf, error) {
@@ -58,21 +66,43 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	merged := &types100.Result{CNIVersion: c.CNIVersion}
+	results := make([]*types100.Result, 0, len(c.Delegates))
 	for i := range c.Delegates {
-		conf, ifName, err := delegate(c, i)
+		res, err := add(c, i)
 		if err != nil {
 			return err
 		}
-		os.Setenv("CNI_IFNAME", ifName)
-		raw, err := invoke.DelegateAdd(context.Background(), c.Delegates[i]["type"].(string), conf, nil)
-		if err != nil {
-			return fmt.Errorf("delegate %d (%s): %w", i, ifName, err)
-		}
-		res, err := types100.NewResultFromResult(raw)
-		if err != nil {
-			return err
-		}
+		results = append(results, res)
+	}
+	if !c.MergeResults {
+		return types.PrintResult(results[0], c.CNIVersion) // Multus: the master's result
+	}
+	return types.PrintResult(merge(c.CNIVersion, results), c.CNIVersion)
+}
+
+// add runs the i-th delegate's ADD.
+func add(c *netConf, i int) (*types100.Result, error) {
+	conf, ifName, err := delegate(c, i)
+	if err != nil {
+		return nil, err
+	}
+	os.Setenv("CNI_IFNAME", ifName)
+	raw, err := invoke.DelegateAdd(context.Background(), c.Delegates[i]["type"].(string), conf, nil)
+	if err != nil {
+		return nil, fmt.Errorf("delegate %d (%s): %w", i, ifName, err)
+	}
+	res, err := types100.NewResultFromResult(raw)
+	if err != nil {
+		return nil, fmt.Errorf("delegate %d (%s) result: %w", i, ifName, err)
+	}
+	return res, nil
+}
+
+// merge lists every result's interfaces, addresses (their interface
+// indexes shifted) and routes in one result, with the first's DNS.
+func merge(cniVersion string, results []*types100.Result) *types100.Result {
+	merged := &types100.Result{CNIVersion: cniVersion, DNS: results[0].DNS}
+	for _, res := range results {
 		offset := len(merged.Interfaces)
 		merged.Interfaces = append(merged.Interfaces, res.Interfaces...)
 		for _, ip := range res.IPs {
@@ -83,11 +113,8 @@ func cmdAdd(args *skel.CmdArgs) error {
 			merged.IPs = append(merged.IPs, ip)
 		}
 		merged.Routes = append(merged.Routes, res.Routes...)
-		if i == 0 {
-			merged.DNS = res.DNS
-		}
 	}
-	return types.PrintResult(merged, c.CNIVersion)
+	return merged
 }
 
 func cmdDel(args *skel.CmdArgs) error {

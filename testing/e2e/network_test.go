@@ -361,8 +361,9 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// A pod with two interfaces (a Multus-like meta plugin over two bridge
-// networks): the VM gets two NICs, each takes its pod interface's address
+// A pod with two interfaces (a meta plugin over two bridge networks that
+// returns Multus's result: the first network's alone, net1 only in the pod's
+// namespace): the VM gets two NICs, each takes its pod interface's address
 // by DHCP, inspectp lists both, and the host reaches the VM on both.
 func TestVMWithTwoPodInterfaces(t *testing.T) {
 	parallel(t)
