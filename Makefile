@@ -121,10 +121,11 @@ e2e-k8s: deps
 
 # Nodes on this one machine, each in its own network and mount namespaces
 # with its own libvirtd, daemon and kubelet (testing/harness/node.go), and
-# a cluster of three (issue 28). make check runs them in e2e-all.
+# a cluster of three, and a node of it failing (issue 28). make check runs
+# them in e2e-all.
 e2e-cluster: deps
 	testing/k8s/build.sh >/dev/null
-	$(E2E_GOTEST) -timeout 20m -run '^TestNodesAreIsolated$$|^TestKubeCluster$$' ./testing/e2e/...
+	$(E2E_GOTEST) -timeout 20m -run '^TestNodesAreIsolated$$|^TestKubeCluster$$|^TestKubeNodeFailure$$' ./testing/e2e/...
 
 # cri-tools' conformance suite against VM pods and forwarded container
 # pods; regenerates docs/critest.md.

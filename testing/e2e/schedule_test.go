@@ -19,6 +19,7 @@ import (
 var longestFirst = []string{
 	"TestKubeNode",
 	"TestCritest",
+	"TestKubeNodeFailure",
 	"TestPersistentRootfs",
 	"TestCloudInitInRealGuest",
 	"TestReachTheVM",

@@ -147,11 +147,17 @@ func startControlPlane(t testing.TB, bin, address string) *Kube {
 	k.Kubeconfig = k.kubeconfig("admin")
 	k.wait("the API server", 3*time.Minute, func() bool { _, err := k.Kubectl("get", "--raw", "/readyz"); return err == nil })
 	// Port 0: neither serves HTTPS (their health is the objects they make).
-	k.start("kube-controller-manager", filepath.Join(bin, "kube-controller-manager"),
-		"--kubeconfig="+k.kubeconfig("controller-manager"), "--leader-elect=false", "--secure-port=0",
-		"--service-account-private-key-file="+pki("sa.key"), "--root-ca-file="+pki("ca.crt"),
-		"--use-service-account-credentials=true", "--service-cluster-ip-range="+ServiceCIDR,
-		"--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller")
+	controllers := []string{"--kubeconfig=" + k.kubeconfig("controller-manager"), "--leader-elect=false", "--secure-port=0",
+		"--service-account-private-key-file=" + pki("sa.key"), "--root-ca-file=" + pki("ca.crt"),
+		"--use-service-account-credentials=true", "--service-cluster-ip-range=" + ServiceCIDR,
+		"--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller"}
+	if address != "" {
+		// A cluster's nodes renew their leases every 2 s
+		// (StartNodeKubelet): a node silent for 16 s is taken for gone
+		// (the default, 50 s, would make a node failure test wait).
+		controllers = append(controllers, "--node-monitor-grace-period=16s")
+	}
+	k.start("kube-controller-manager", filepath.Join(bin, "kube-controller-manager"), controllers...)
 	k.start("kube-scheduler", filepath.Join(bin, "kube-scheduler"),
 		"--kubeconfig="+k.kubeconfig("scheduler"), "--leader-elect=false", "--secure-port=0")
 	k.wait("the default service account", 3*time.Minute, func() bool {

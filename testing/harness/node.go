@@ -175,11 +175,7 @@ func (n *NodeNet) NewNode(t testing.TB, podIndex int) *Node {
 		holder.Process.Kill()
 	})
 	node.Must(t, "virtlogd", "-d", "-p", "/run/libvirt/virtlogd.pid")
-	node.Must(t, "libvirtd", "-d", "-p", "/run/libvirt/libvirtd.pid")
-	Eventually(t, 30*time.Second, node.Name+"'s libvirtd", func() bool {
-		_, err := node.Run("virsh", "-c", "qemu:///system", "uri")
-		return err == nil
-	})
+	node.StartLibvirtd(t)
 
 	// Its pods' network: a CNI bridge inside the node, its pod subnet.
 	node.ConfDir = filepath.Join(node.Dir, "cni")
@@ -193,6 +189,32 @@ func (n *NodeNet) NewNode(t testing.TB, podIndex int) *Node {
 		t.Fatal(err)
 	}
 	return node
+}
+
+// StartLibvirtd starts the node's libvirtd and waits until it answers.
+func (node *Node) StartLibvirtd(t testing.TB) {
+	t.Helper()
+	node.Must(t, "libvirtd", "-d", "-p", "/run/libvirt/libvirtd.pid")
+	Eventually(t, 30*time.Second, node.Name+"'s libvirtd", func() bool {
+		_, err := node.Run("virsh", "-c", "qemu:///system", "uri")
+		return err == nil
+	})
+}
+
+// KillLibvirtd ends the node's libvirtd with SIGKILL and waits for it to
+// go; its VMs' QEMUs run on.
+func (node *Node) KillLibvirtd(t testing.TB) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(node.Dir, "libvirt", "run", "libvirtd.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("%s's libvirtd.pid: %v", node.Name, err)
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	Eventually(t, 30*time.Second, node.Name+"'s libvirtd gone", func() bool { return !Alive(pid) })
 }
 
 // Wrap is the command prefix that runs a program on the node.

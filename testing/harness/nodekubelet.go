@@ -4,16 +4,31 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 )
 
+// NodeKubelet is a kubelet running on a Node.
+type NodeKubelet struct {
+	k    *Kube
+	node *Node
+	argv []string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done <-chan struct{}
+}
+
 // StartNodeKubelet runs a kubelet on node (its namespaces) whose runtime
 // is d, a daemon on the same node, as node.Name with node.IP as its
 // InternalIP, and waits for the node to be Ready. Its files are below
-// k.Dir/nodes/<name>; it stops, and its cgroups go, after the test.
-func (k *Kube) StartNodeKubelet(node *Node, d *Daemon) {
+// k.Dir/nodes/<name>; it stops, and its cgroups go, after the test. It
+// renews its node's lease every 2 s (an 8 s lease), so that the cluster
+// control plane's short grace period (StartClusterControlPlane) notices a
+// node gone in seconds, not minutes.
+func (k *Kube) StartNodeKubelet(node *Node, d *Daemon) *NodeKubelet {
 	t := k.t
 	t.Helper()
 	dir := filepath.Join(k.Dir, "nodes", node.Name)
@@ -42,7 +57,7 @@ func (k *Kube) StartNodeKubelet(node *Node, d *Daemon) {
 		PodLogs: filepath.Join(dir, "pod-logs"), VolumePlugins: filepath.Join(dir, "volume-plugins"),
 		Cert: filepath.Join(pki, user+"-serving.crt"), Key: filepath.Join(pki, user+"-serving.key"), CA: filepath.Join(pki, "ca.crt"),
 		CgroupRoot: cgroupRoot}
-	if err := os.WriteFile(config, []byte("featureGates: {PodAndContainerStatsFromCRI: true}\n"+settings.yaml()), 0o644); err != nil {
+	if err := os.WriteFile(config, []byte("featureGates: {PodAndContainerStatsFromCRI: true}\nnodeLeaseDurationSeconds: 8\n"+settings.yaml()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// kubelet would set host sysctls: its own mount namespace (below the
@@ -50,31 +65,78 @@ func (k *Kube) StartNodeKubelet(node *Node, d *Daemon) {
 	argv := append(node.Wrap(), "unshare", "-m", "--propagation", "unchanged", "--", "sh", "-c",
 		kubeletCommand(sysctls, filepath.Join(k.Bin, "kubelet"), config, k.kubeconfig(user), rootDir,
 			"--hostname-override="+node.Name, "--node-ip="+node.IP, "--node-labels=extraRuntime=virtlet"))
-	done := k.start("kubelet-"+node.Name, argv[0], argv[1:]...)
-	k.mu.Lock()
-	cmd := k.procs[len(k.procs)-1]
-	k.mu.Unlock()
+	kl := &NodeKubelet{k: k, node: node, argv: argv}
+	kl.Start()
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
+		kl.stop(syscall.SIGTERM, 15*time.Second)
 		for _, m := range cgroupMounts() {
 			if err := RemoveCgroupTree(filepath.Join(m.dir, cgroupRoot)); err != nil {
 				t.Errorf("%s's kubelet's cgroups: %v", node.Name, err)
 			}
 		}
 	})
-	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
-		out, err := k.Kubectl("get", "node", node.Name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
-		if err == nil && out == "True" {
+	kl.WaitReady(3 * time.Minute)
+	return kl
+}
+
+// Start runs the kubelet (again, after Kill), its log appended to the
+// one before.
+func (kl *NodeKubelet) Start() {
+	done := kl.k.start("kubelet-"+kl.node.Name, kl.argv[0], kl.argv[1:]...)
+	kl.k.mu.Lock()
+	cmd := kl.k.procs[len(kl.k.procs)-1]
+	kl.k.mu.Unlock()
+	kl.mu.Lock()
+	kl.cmd, kl.done = cmd, done
+	kl.mu.Unlock()
+}
+
+// Kill ends the kubelet with SIGKILL, as a crash or a node's power loss
+// would: it cleans nothing up.
+func (kl *NodeKubelet) Kill() { kl.stop(syscall.SIGKILL, time.Minute) }
+
+// stop sends sig, then SIGKILL after wait, and waits for the kubelet to
+// exit.
+func (kl *NodeKubelet) stop(sig syscall.Signal, wait time.Duration) {
+	kl.mu.Lock()
+	cmd, done := kl.cmd, kl.done
+	kl.cmd = nil
+	kl.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(wait):
+		cmd.Process.Kill()
+		<-done
+	}
+}
+
+// WaitReady waits until the API server shows the node Ready.
+func (kl *NodeKubelet) WaitReady(timeout time.Duration) {
+	kl.k.t.Helper()
+	kl.waitReadyIs(func(status string) bool { return status == "True" }, "Ready", timeout)
+}
+
+// WaitNotReady waits until the API server shows the node not Ready
+// (False: its kubelet says so; Unknown: its kubelet went silent).
+func (kl *NodeKubelet) WaitNotReady(timeout time.Duration) {
+	kl.k.t.Helper()
+	kl.waitReadyIs(func(status string) bool { return status == "False" || status == "Unknown" }, "NotReady", timeout)
+}
+
+func (kl *NodeKubelet) waitReadyIs(ok func(string) bool, what string, timeout time.Duration) {
+	t, k, name := kl.k.t, kl.k, kl.node.Name
+	t.Helper()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(500 * time.Millisecond) {
+		out, err := k.Kubectl("get", "node", name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		if err == nil && ok(out) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("node %s not Ready after 3m: %s %v\nits kubelet's log tail:\n%s", node.Name, out, err, tail(k.Log("kubelet-"+node.Name), 4000))
+			t.Fatalf("node %s not %s after %s: Ready=%s %v\nits kubelet's log tail:\n%s", name, what, timeout, out, err, tail(k.Log("kubelet-"+name), 4000))
 		}
 	}
 }

@@ -1,0 +1,221 @@
+package e2e
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/deploy"
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// clusterNode is a node of a test cluster with what runs on it.
+type clusterNode struct {
+	*harness.Node
+	d  *harness.Daemon
+	kl *harness.NodeKubelet
+}
+
+// clusterVM is a VM pod as the API server has it.
+type clusterVM struct{ pod, node, ip string }
+
+// A node of a three-node cluster fails (issue 28, item 3), twice: first
+// its kubelet and Virtlet die (SIGKILL), then, on another node, libvirtd
+// alone. Each time the node goes NotReady, the controllers recreate its
+// VM pods on the other nodes, and when the node comes back its stale VMs
+// are removed: every VM pod runs once, and the node keeps no domain, VM
+// file, pod network namespace or pod address. The pods tolerate an
+// unreachable or not-ready node for 2 s (a Deployment's pods tolerate it
+// for 300 s by default), and the control plane takes a node for gone
+// after 16 s without a lease renewal.
+func TestKubeNodeFailure(t *testing.T) {
+	parallel(t)
+	kubeBin, err := harness.KubeBinaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeNet := harness.NewNodeNet(t, 220)
+	k := harness.StartClusterControlPlane(t, kubeBin, nodeNet.HostIP)
+	objects, err := deploy.Manifests(deploy.Options{NoInstaller: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Apply(objects); err != nil {
+		t.Fatal(err)
+	}
+	names := nodeImages(t, nodeNet)
+	nodes := map[string]*clusterNode{}
+	for i := 0; i < 3; i++ {
+		node, d := startNodeDaemon(t, nodeNet, 221+i, names)
+		nodes[node.Name] = &clusterNode{Node: node, d: d, kl: k.StartNodeKubelet(node, d)}
+	}
+	if err := k.Apply(failoverDeployment); err != nil {
+		t.Fatal(err)
+	}
+	vms := waitVMPods(t, k, "three VM pods ready, one per node", func(vms []clusterVM) bool {
+		return len(vms) == 3 && len(byNode(vms)) == 3
+	})
+
+	// kubelet and Virtlet die; the VM's QEMU runs on under libvirtd.
+	victim := nodes[vms[0].node]
+	began := time.Now()
+	victim.kl.Kill()
+	victim.d.Kill()
+	vms = failover(t, k, victim, began, "its kubelet and Virtlet killed")
+	victim.d.Start()
+	victim.kl.Start()
+	victim.kl.WaitReady(3 * time.Minute)
+	recovered(t, k, nodes, victim)
+
+	// libvirtd dies on a node that has a VM; the node's runtime is not
+	// ready while it is down.
+	victim = nodes[vms[0].node]
+	began = time.Now()
+	victim.KillLibvirtd(t)
+	failover(t, k, victim, began, "its libvirtd killed")
+	victim.StartLibvirtd(t)
+	victim.kl.WaitReady(3 * time.Minute)
+	recovered(t, k, nodes, victim)
+}
+
+// failoverDeployment is three VM pods spread over the nodes that are up
+// (a tainted node is left out of the spread), tolerating a failed node
+// for 2 s.
+const failoverDeployment = `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: vms
+spec:
+  replicas: 3
+  selector:
+    matchLabels: {app: vms}
+  template:
+    metadata:
+      labels: {app: vms}
+      annotations:
+        kubernetes.io/target-runtime: virtlet.cloud
+        VirtletForceDHCPNetworkConfig: "true"
+    spec:
+      nodeSelector: {extraRuntime: virtlet}
+      terminationGracePeriodSeconds: 10
+      tolerations:
+      - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 2}
+      - {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 2}
+      topologySpreadConstraints:
+      - maxSkew: 1
+        topologyKey: kubernetes.io/hostname
+        whenUnsatisfiable: DoNotSchedule
+        nodeTaintsPolicy: Honor
+        labelSelector:
+          matchLabels: {app: vms}
+      containers:
+      - name: vm
+        image: virtlet.cloud/tiny
+        tty: true
+        stdin: true
+        resources:
+          limits: {memory: 160Mi}
+`
+
+// failover waits until victim is not Ready and its VM pods are being
+// deleted, and three VM pods run and are ready on the other nodes; it
+// returns them.
+func failover(t *testing.T, k *harness.Kube, victim *clusterNode, began time.Time, what string) []clusterVM {
+	t.Helper()
+	victim.kl.WaitNotReady(2 * time.Minute)
+	notReady := time.Since(began)
+	vms := waitVMPods(t, k, "three VM pods ready off "+victim.Name+", "+what, func(vms []clusterVM) bool {
+		return len(vms) == 3 && len(byNode(vms)[victim.Name]) == 0
+	})
+	t.Logf("%s, %s: NotReady after %.1f s, its VM pods running elsewhere after %.1f s: %v",
+		victim.Name, what, notReady.Seconds(), time.Since(began).Seconds(), vms)
+	return vms
+}
+
+// recovered checks a node that came back: its stale VM pods go, no VM
+// runs twice, and the node keeps nothing of them.
+func recovered(t *testing.T, k *harness.Kube, nodes map[string]*clusterNode, back *clusterNode) {
+	t.Helper()
+	waitKube(t, k, back.Name+"'s stale VM pods gone", 3*time.Minute, func() bool {
+		out, _ := k.Kubectl("get", "pods", "-l", "app=vms", "--field-selector", "spec.nodeName="+back.Name, "-o", "name")
+		return out == ""
+	})
+	waitKube(t, k, back.Name+"'s stale VMs removed", 2*time.Minute, func() bool {
+		doms, err := back.Domains()
+		return err == nil && len(doms) == 0
+	})
+	vms := waitVMPods(t, k, "three VM pods ready", func(vms []clusterVM) bool { return len(vms) == 3 })
+	total := 0
+	for name, n := range nodes {
+		doms, err := n.Domains()
+		if err != nil {
+			t.Fatalf("%s's domains: %v", name, err)
+		}
+		if want := len(byNode(vms)[name]); len(doms) != want {
+			t.Errorf("%s's libvirtd has %v, want %d VMs (its pods')", name, doms, want)
+		}
+		total += len(doms)
+	}
+	if total != 3 {
+		t.Errorf("%d VMs run for three VM pods", total)
+	}
+	if files := vmFiles(back.d); len(files) != 0 {
+		t.Errorf("%s keeps VM files: %v", back.Name, files)
+	}
+	if left, _ := os.ReadDir(filepath.Join(back.Dir, "netns")); len(left) != 0 {
+		t.Errorf("%s keeps pod network namespaces: %v", back.Name, left)
+	}
+	entries, _ := os.ReadDir(filepath.Join(back.Dir, "ipam", "pods"))
+	for _, e := range entries {
+		if net.ParseIP(e.Name()) != nil {
+			t.Errorf("%s's IPAM still holds %s", back.Name, e.Name())
+		}
+	}
+}
+
+// waitVMPods waits until the VM pods that are running, not being
+// deleted and show the tiny guest's ready marker in kubectl logs satisfy
+// ok, and returns them.
+func waitVMPods(t *testing.T, k *harness.Kube, what string, ok func([]clusterVM) bool) []clusterVM {
+	t.Helper()
+	var vms []clusterVM
+	var problem string
+	waitKube(t, k, what, 5*time.Minute, func() bool {
+		out, err := k.Kubectl("get", "pods", "-l", "app=vms", "-o",
+			`jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.podIP} {.status.phase} {.metadata.deletionTimestamp}{"\n"}{end}`)
+		if err != nil {
+			problem = err.Error()
+			return false
+		}
+		vms = nil
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) != 4 || f[3] != "Running" { // being deleted, or not running yet
+				continue
+			}
+			if logs, err := k.Kubectl("logs", f[0]); !strings.Contains(logs, "@@TINY-READY") {
+				problem = fmt.Sprintf("kubectl logs %s (on %s): %v\n%s", f[0], f[1], err, tail(logs, 1000))
+				continue
+			}
+			vms = append(vms, clusterVM{pod: f[0], node: f[1], ip: f[2]})
+		}
+		return ok(vms)
+	})
+	if t.Failed() && problem != "" {
+		t.Logf("the VM pods' last problem: %s", problem)
+	}
+	return vms
+}
+
+// byNode groups VM pods by node.
+func byNode(vms []clusterVM) map[string][]clusterVM {
+	out := map[string][]clusterVM{}
+	for _, v := range vms {
+		out[v.node] = append(out[v.node], v)
+	}
+	return out
+}
