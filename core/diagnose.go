@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/virtlet/virtlet/ports"
 )
@@ -15,6 +16,9 @@ type Diagnosis struct {
 	// VMs is the hypervisor's view of each container's VM, by container ID
 	// (missing when the VM is gone or the plugin cannot tell).
 	VMs map[string]ports.VMDiagnostics
+	// Node is what the node shows of this pod alone: its network
+	// namespace's interfaces and routes, its VMs' hypervisor logs.
+	Node ports.NodeReport
 	// Problems says what could not be read.
 	Problems []string
 }
@@ -49,7 +53,61 @@ func (r *accessService) Diagnose(ctx context.Context, containerID string) (Diagn
 		}
 		d.VMs[other.ID] = vm
 	}
+	if r.deps.Node == nil {
+		d.Problems = append(d.Problems, "this daemon reads nothing of the node")
+		return d, nil
+	}
+	d.Node = r.deps.Node.InspectNode(ctx, ports.NodeInspection{NetNS: podNetNS(&sb), VMs: vmNames(d.Containers)})
 	return d, nil
+}
+
+// DiagnoseNode gathers the node's part of the diagnostics: the node's own
+// interfaces, routes and processes, its network namespaces, the
+// hypervisor's log, and every Virtlet pod's network namespace and VM log.
+// It shows every pod of the node: the edge decides who may see it.
+func (r *accessService) DiagnoseNode(ctx context.Context) (ports.NodeReport, error) {
+	if r.deps.Node == nil {
+		return ports.NodeReport{}, fmt.Errorf("node diagnostics: this daemon reads nothing of the node: %w", ports.ErrUnimplemented)
+	}
+	req := ports.NodeInspection{Node: true}
+	sandboxes := r.sandboxes.list(func(sb *Sandbox) bool { return sb.State != SandboxPending })
+	slices.SortFunc(sandboxes, func(a, b *Sandbox) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	for _, sb := range sandboxes {
+		req.NetNS = append(req.NetNS, podNetNS(sb)...)
+	}
+	containers := r.containers.list(nil)
+	slices.SortFunc(containers, func(a, b *Container) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	for _, c := range containers {
+		if madeVM(c) {
+			req.VMs = append(req.VMs, c.Spec.Name)
+		}
+	}
+	return r.deps.Node.InspectNode(ctx, req), nil
+}
+
+// podNetNS is the pod's network namespace, when it has one.
+func podNetNS(sb *Sandbox) []ports.PodNetNS {
+	if sb.Network == nil || sb.Network.NetNSPath == "" {
+		return nil
+	}
+	return []ports.PodNetNS{{Pod: sb.Namespace + "/" + sb.Name, Path: sb.Network.NetNSPath}}
+}
+
+// vmNames are the hypervisor's names of the VMs that were made.
+func vmNames(containers []Container) []string {
+	var names []string
+	for i := range containers {
+		if madeVM(&containers[i]) {
+			names = append(names, containers[i].Spec.Name)
+		}
+	}
+	return names
+}
+
+// madeVM reports whether the container's VM was made (an exited VM's log
+// tells why it ended).
+func madeVM(c *Container) bool {
+	return c.State != ContainerCreating && c.Spec.Name != ""
 }
 
 // redactDisks copies disks without their credentials.

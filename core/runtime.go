@@ -31,6 +31,7 @@ type Deps struct {
 	VolumeDirs   ports.VolumeDirs            // nil: flexvolume mounts fail
 	Dialer       ports.Dialer                // nil: port-forward and the VNC display fail
 	Observer     ports.Observer              // nil: nothing is measured
+	Node         ports.NodeInspector         // nil: diagnostics hold nothing read from the node
 }
 
 // Options tune the runtime.

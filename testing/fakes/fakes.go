@@ -296,7 +296,7 @@ func (n *Network) Setup(ctx context.Context, req ports.NetworkRequest) (ports.Ne
 		return ports.NetworkAttachment{}, n.SetupErr
 	}
 	n.next++
-	att := ports.NetworkAttachment{Interfaces: []ports.NetworkInterface{{
+	att := ports.NetworkAttachment{NetNSPath: "/var/run/netns/fake-" + req.SandboxID, Interfaces: []ports.NetworkInterface{{
 		Name: "eth0", MAC: fmt.Sprintf("52:54:00:00:00:%02x", n.next), MTU: 1500, Bridge: fmt.Sprintf("vlb-fake%d", n.next),
 		IPs: []ports.IPConfig{{Address: fmt.Sprintf("198.18.0.%d/24", n.next+1), Gateway: "198.18.0.1"}},
 	}}}
