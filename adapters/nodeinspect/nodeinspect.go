@@ -70,6 +70,8 @@ func (in *Inspector) InspectNode(ctx context.Context, req ports.NodeInspection) 
 	if err := ctx.Err(); err != nil {
 		r.problem(fmt.Errorf("node inspection cut short: %w", err))
 	}
+	in.Log.WithFields(logrus.Fields{"node": req.Node, "namespaces": len(req.NetNS), "vms": len(req.VMs),
+		"files": len(r.files), "bytes": r.total, "problems": len(r.problems)}).Debug("node inspected")
 	return ports.NodeReport{Files: r.files, Problems: r.problems}
 }
 

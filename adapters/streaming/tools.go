@@ -26,7 +26,11 @@ type Tools struct {
 	Plugins func() interface{}
 	// PluginLogs returns the plugins' recent log lines.
 	PluginLogs func() []vmtools.LogLine
-	Log        logrus.FieldLogger
+	// NodeData serves DiagNode. The node's diagnostics show every pod of
+	// the node to whoever may exec into any VM pod on it: the operator
+	// turns them on (diagNodeData) where those are the node's admins.
+	NodeData bool
+	Log      logrus.FieldLogger
 }
 
 // Run serves one command; it returns the exit code of the command (virsh's).
@@ -50,6 +54,15 @@ func (t *Tools) Run(ctx context.Context, containerID string, cmd []string, in io
 			return 0, err
 		}
 		log.Info("diagnostics collected")
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return 0, enc.Encode(d)
+	case vmtools.DiagNode:
+		d, err := t.diagnoseNode(ctx, containerID)
+		if err != nil {
+			return 0, err
+		}
+		log.WithField("files", len(d.Files)).Info("node diagnostics collected")
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		return 0, enc.Encode(d)
@@ -182,7 +195,29 @@ func (t *Tools) diagnose(ctx context.Context, containerID string) (vmtools.Diagn
 	if t.PluginLogs != nil {
 		out.PluginLogs = aboutPod(t.PluginLogs(), d)
 	}
+	out.Files = vmtools.FilesOf(d.Node.Files)
+	out.Problems = append(out.Problems, d.Node.Problems...)
 	return out, nil
+}
+
+// diagnoseNode answers DiagNode, when the operator allows it, through any
+// VM pod of the node.
+func (t *Tools) diagnoseNode(ctx context.Context, containerID string) (vmtools.NodeDiagnostics, error) {
+	if _, err := t.RT.ContainerStatus(ctx, containerID); err != nil {
+		return vmtools.NodeDiagnostics{}, err
+	}
+	node, _ := os.Hostname()
+	if !t.NodeData {
+		return vmtools.NodeDiagnostics{}, fmt.Errorf("the node's diagnostics are off on node %s: they show every pod of the node, "+
+			"and the right to exec into one pod is no right to see them; the node's operator turns them on with diagNodeData: %w",
+			node, ports.ErrFailedPrecondition)
+	}
+	r, err := t.RT.DiagnoseNode(ctx)
+	if err != nil {
+		return vmtools.NodeDiagnostics{}, err
+	}
+	return vmtools.NodeDiagnostics{Node: node, Version: t.Version, Collected: time.Now().UTC(),
+		Files: vmtools.FilesOf(r.Files), Problems: r.Problems}, nil
 }
 
 // podFields are the log fields that name a pod or its VM; plugins tag

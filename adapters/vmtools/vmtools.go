@@ -27,6 +27,13 @@ const (
 	// Diag prints diagnostics of the pod's VM and its node's daemon (JSON
 	// Diagnostics).
 	Diag = Prefix + "diag"
+	// DiagNode prints the node's diagnostics (JSON NodeDiagnostics): its
+	// interfaces, routes, processes and network namespaces, libvirt's
+	// logs, and every Virtlet pod's network namespace and QEMU log. They
+	// show every pod of the node, and the right to exec into one pod is
+	// no right to see them: the daemon serves them only when its operator
+	// turned diagNodeData on.
+	DiagNode = Prefix + "diag-node"
 	// Virsh runs a read-only virsh command against the pod's VM: the
 	// arguments follow, the domain is added by the daemon.
 	Virsh = Prefix + "virsh"
@@ -51,7 +58,7 @@ const (
 const DefaultGracePeriod = 30 * time.Second
 
 // Commands lists the commands, for help and errors.
-var Commands = []string{Version, Diag, Virsh, VNC, Status, Stop, Start, Restart}
+var Commands = []string{Version, Diag, DiagNode, Virsh, VNC, Status, Stop, Start, Restart}
 
 // IsCommand reports whether cmd is one of Virtlet's own commands.
 func IsCommand(cmd []string) bool {
@@ -80,7 +87,43 @@ type Diagnostics struct {
 	// PluginLogs are the plugins' recent log lines about this pod or about
 	// no pod in particular.
 	PluginLogs []LogLine `json:"pluginLogs"`
-	Problems   []string  `json:"problems,omitempty"`
+	// Files are what the node shows of this pod alone: its network
+	// namespace's interfaces and routes, its VMs' QEMU logs.
+	Files    []File   `json:"files,omitempty"`
+	Problems []string `json:"problems,omitempty"`
+}
+
+// NodeDiagnostics is the daemon's answer to DiagNode.
+type NodeDiagnostics struct {
+	Node      string    `json:"node"`
+	Version   string    `json:"version"`
+	Collected time.Time `json:"collected"`
+	// Files: ip-a.txt, ip-r.txt, ps.txt, netns.txt,
+	// netns/<name>/ip-{a,r}.txt, libvirt/libvirtd.log,
+	// libvirt/qemu/<domain>.log.
+	Files    []File   `json:"files"`
+	Problems []string `json:"problems,omitempty"`
+}
+
+// File is one file read from the node: a listing (`ip a`) or the end of a
+// log, its secrets redacted.
+type File struct {
+	// Name is a relative, slash-separated path.
+	Name    string `json:"name"`
+	Content string `json:"content"`
+	// Truncated: Content holds part of the file's Size bytes, and says
+	// at its start or end where it was cut.
+	Truncated bool  `json:"truncated,omitempty"`
+	Size      int64 `json:"size,omitempty"`
+}
+
+// FilesOf converts a node inspector's files.
+func FilesOf(files []ports.NodeFile) []File {
+	out := make([]File, 0, len(files))
+	for _, f := range files {
+		out = append(out, File{Name: f.Name, Content: string(f.Data), Truncated: f.Truncated, Size: f.Size})
+	}
+	return out
 }
 
 // VMInfo is the hypervisor's view of one VM.

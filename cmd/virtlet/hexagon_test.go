@@ -42,6 +42,9 @@ var daemonMayImport = []string{
 	"github.com/virtlet/virtlet/adapters/kubedir",
 	"github.com/virtlet/virtlet/adapters/kubefiles",
 	"github.com/virtlet/virtlet/adapters/metrics",
+	// The node's own state for diag dump (netlink, /proc, libvirt's log
+	// files): the daemon's view of its host, as kubefiles is.
+	"github.com/virtlet/virtlet/adapters/nodeinspect",
 }
 
 // daemonMustNotLink are the outbound adapters' libraries.

@@ -32,6 +32,7 @@ import (
 	"github.com/virtlet/virtlet/adapters/kubedir"
 	"github.com/virtlet/virtlet/adapters/kubefiles"
 	"github.com/virtlet/virtlet/adapters/metrics"
+	"github.com/virtlet/virtlet/adapters/nodeinspect"
 	"github.com/virtlet/virtlet/adapters/streaming"
 	"github.com/virtlet/virtlet/adapters/vmtools"
 	"github.com/virtlet/virtlet/core"
@@ -155,6 +156,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		Translations: translations(cfg, kube),
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
 		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.Host{}, Observer: observer,
+		Node: nodeinspect.New(log.WithField("component", "nodeinspect")),
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core"),
 		Failpoint: failpointHook(log), VMUsers: vmUsers, Presets: vmPresets, AllowWatchdogDump: cfg.AllowWatchdogDump,
 		NoMemorySharing: !cfg.MemorySharing,
@@ -172,7 +174,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	pluginStatus := func() interface{} { return pluginsByName(plugins) }
 	streams, err := streaming.Listen(cfg.StreamingAddress, rt, &streaming.Tools{
 		RT: rt, Version: buildinfo.Version(), Plugins: pluginStatus, PluginLogs: func() []vmtools.LogLine { return pluginLogs(plugins) },
-		Log: log.WithField("component", "vmtools"),
+		NodeData: cfg.DiagNodeData, Log: log.WithField("component", "vmtools"),
 	}, log.WithField("component", "streaming"))
 	if err != nil {
 		return err
