@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,13 +18,13 @@ import (
 // A cluster of three Virtlet nodes on this one machine (issue 28): one
 // API server, controller manager and scheduler on the host's address on
 // the nodes' network, and three harness.Nodes, each with its own kubelet,
-// daemon, libvirtd and pod subnet. A Deployment of three VM pods spread
-// by topology lands one VM on each node; kubectl logs and exec reach the
-// VM on every node through the API server and that node's kubelet, and so
-// do virtletctl status and virsh, which find the VM in its own node's
-// libvirtd; each VM reaches the next node's VM by its pod address; each
-// node's libvirtd holds its own VM only. Scaled to zero, no domain is left
-// on any node.
+// daemon, libvirtd and pod subnet. A Deployment of six VM pods spread by
+// topology lands two VMs on each node; kubectl logs, exec, attach and
+// port-forward reach the VMs on every node through the API server and
+// that node's kubelet and daemon, and so do virtletctl status and virsh,
+// which find the VM in its own node's libvirtd; each VM reaches a VM of
+// the next node by its pod address; each node's libvirtd holds its own
+// VMs only. Scaled to zero, no domain is left on any node.
 func TestKubeCluster(t *testing.T) {
 	parallel(t)
 	kubeBin, err := harness.KubeBinaries()
@@ -41,8 +43,9 @@ func TestKubeCluster(t *testing.T) {
 	names := nodeImages(t, nodeNet)
 	nodes := map[string]*harness.Node{}
 	for i := 0; i < 3; i++ {
-		node, d := startNodeDaemon(t, nodeNet, 211+i, names)
+		node, d := nodeNet.StartVirtletNode(t, bins, 211+i, names)
 		k.StartNodeKubelet(node, d)
+		k.StartNodeKubeProxy(node)
 		nodes[node.Name] = node
 	}
 
@@ -51,7 +54,7 @@ kind: Deployment
 metadata:
   name: vms
 spec:
-  replicas: 3
+  replicas: 6
   selector:
     matchLabels: {app: vms}
   template:
@@ -79,58 +82,62 @@ spec:
 	if err := k.Apply(deployment); err != nil {
 		t.Fatal(err)
 	}
-	type vm struct{ pod, node, ip string }
-	var vms []vm
-	var problem string
-	t.Cleanup(func() {
-		if t.Failed() && problem != "" {
-			t.Logf("the VM pods' last problem: %s", problem)
-		}
-	})
-	waitKube(t, k, "three VM pods ready, one per node", 5*time.Minute, func() bool {
-		out, _ := k.Kubectl("get", "pods", "-l", "app=vms", "-o",
-			`jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.podIP} {.status.phase}{"\n"}{end}`)
-		vms = nil
-		seen := map[string]bool{}
-		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-			f := strings.Fields(line)
-			if len(f) != 4 || f[3] != "Running" || seen[f[1]] {
-				return false
-			}
-			seen[f[1]] = true
-			vms = append(vms, vm{pod: f[0], node: f[1], ip: f[2]})
-		}
-		if len(vms) != 3 {
-			return false
-		}
-		for _, v := range vms {
-			if logs, err := k.Kubectl("logs", v.pod); !strings.Contains(logs, "@@TINY-READY") {
-				problem = fmt.Sprintf("kubectl logs %s (on %s): %v\n%s", v.pod, v.node, err, tail(logs, 2000))
+	vms := k.WaitVMs("vms", "six VM pods ready, two per node", 5*time.Minute, time.Second, func(vms []harness.ClusterVM) bool {
+		byNode := harness.ByNode(vms)
+		for _, on := range byNode {
+			if len(on) != 2 {
 				return false
 			}
 		}
-		return true
+		return len(byNode) == 3
 	})
+	// By node: each VM's next but one is a VM of the next node.
+	slices.SortFunc(vms, func(a, b harness.ClusterVM) int { return strings.Compare(a.Node+a.Pod, b.Node+b.Pod) })
 	for i, v := range vms {
-		node := nodes[v.node]
+		node := nodes[v.Node]
 		if node == nil {
-			t.Fatalf("%s runs on %s, not one of the test's nodes", v.pod, v.node)
+			t.Fatalf("%s runs on %s, not one of the test's nodes", v.Pod, v.Node)
 		}
-		if _, subnet, _ := net.ParseCIDR(node.PodNet); !subnet.Contains(net.ParseIP(v.ip)) {
-			t.Errorf("%s on %s has address %s, not in its node's %s", v.pod, v.node, v.ip, node.PodNet)
+		if _, subnet, _ := net.ParseCIDR(node.PodNet); !subnet.Contains(net.ParseIP(v.IP)) {
+			t.Errorf("%s on %s has address %s, not in its node's %s", v.Pod, v.Node, v.IP, node.PodNet)
 		}
-		if doms, err := node.Domains(); err != nil || len(doms) != 1 {
-			t.Errorf("%s's libvirtd lists %v (%v), want its one VM", v.node, doms, err)
+		if doms, err := node.Domains(); err != nil || len(doms) != 2 || !slices.ContainsFunc(doms, func(d string) bool { return strings.HasSuffix(d, "-"+v.Pod) }) {
+			t.Errorf("%s's libvirtd lists %v (%v), want its two VMs, %s's among them", v.Node, doms, err, v.Pod)
 		}
 		// kubectl exec, through the API server and this node's kubelet,
-		// into the VM, which reaches the next node's VM.
-		next := vms[(i+1)%len(vms)]
-		out, err := k.Kubectl("exec", v.pod, "--", "ping", "-c", "1", "-W", "3", next.ip)
+		// into the VM, which reaches a VM of the next node.
+		next := vms[(i+2)%len(vms)]
+		out, err := k.Kubectl("exec", v.Pod, "--", "ping", "-c", "1", "-W", "3", next.IP)
 		if err != nil || !strings.Contains(out, "1 packets received") {
-			t.Errorf("kubectl exec %s (on %s) -- ping %s (%s on %s): %v\n%s", v.pod, v.node, next.ip, next.pod, next.node, err, out)
+			t.Errorf("kubectl exec %s (on %s) -- ping %s (%s on %s): %v\n%s", v.Pod, v.Node, next.IP, next.Pod, next.Node, err, out)
 		}
 	}
 	t.Logf("VM pods: %v", vms)
+	// kubectl attach and port-forward, through the API server, each VM's
+	// node's kubelet and its daemon: the console answers a typed line,
+	// and the guest's web server its page, which names the guest (its
+	// host name is its pod's).
+	for _, v := range vms {
+		kubectlAttachTypes(t, k, v.Pod, "typed-into-"+v.Pod)
+		local := harness.FreePort(t)
+		fwd := exec.Command(filepath.Join(k.Bin, "kubectl"), "--kubeconfig", k.Kubeconfig, "port-forward", v.Pod, fmt.Sprintf("%d:80", local))
+		fwdOut := &harness.Screen{}
+		fwd.Stdout, fwd.Stderr = fwdOut, fwdOut
+		if err := fwd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var page string
+		var err error
+		ok := harness.EventuallyOK(time.Minute, func() bool {
+			page, err = httpGet(fmt.Sprintf("http://127.0.0.1:%d/", local))
+			return err == nil && strings.TrimSpace(page) == "tiny "+v.Pod
+		})
+		fwd.Process.Kill()
+		fwd.Wait()
+		if !ok {
+			t.Errorf("kubectl port-forward %s %d:80 (on %s): got %q, %v\n%s", v.Pod, local, v.Node, page, err, tail(fwdOut.String(), 1000))
+		}
+	}
 	// virtletctl status and virsh, through the API server and each node's
 	// kubelet and daemon: the VM as its own node's libvirtd has it.
 	ctl := filepath.Join(t.TempDir(), "virtletctl")
@@ -140,16 +147,56 @@ spec:
 		t.Fatalf("build virtletctl: %v\n%s", err, out)
 	}
 	for _, v := range vms {
-		out, err := exec.Command(ctl, "--kubeconfig", k.Kubeconfig, "status", v.pod).CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "State:       running for ") || !strings.Contains(string(out), " "+v.ip+"/") {
-			t.Errorf("virtletctl status %s (on %s): %v\n%s", v.pod, v.node, err, out)
+		out, err := exec.Command(ctl, "--kubeconfig", k.Kubeconfig, "status", v.Pod).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "State:       running for ") || !strings.Contains(string(out), " "+v.IP+"/") {
+			t.Errorf("virtletctl status %s (on %s): %v\n%s", v.Pod, v.Node, err, out)
 		}
-		doms, _ := nodes[v.node].Domains()
-		out, err = exec.Command(ctl, "--kubeconfig", k.Kubeconfig, "virsh", v.pod, "--", "dominfo").CombinedOutput()
-		if err != nil || len(doms) != 1 || !strings.Contains(string(out), doms[0]) || !strings.Contains(string(out), "running") {
-			t.Errorf("virtletctl virsh %s -- dominfo (on %s, whose libvirtd has %v): %v\n%s", v.pod, v.node, doms, err, out)
+		doms, _ := nodes[v.Node].Domains()
+		i := slices.IndexFunc(doms, func(d string) bool { return strings.HasSuffix(d, "-"+v.Pod) })
+		out, err = exec.Command(ctl, "--kubeconfig", k.Kubeconfig, "virsh", v.Pod, "--", "dominfo").CombinedOutput()
+		if err != nil || i < 0 || !strings.Contains(string(out), "Name:           "+doms[i]+"\n") || !strings.Contains(string(out), "running") {
+			t.Errorf("virtletctl virsh %s -- dominfo (on %s, whose libvirtd has %v): %v\n%s", v.Pod, v.Node, doms, err, out)
 		}
 	}
+
+	// A Service balancing to the VMs of every node: each node's
+	// kube-proxy rewrites its pods' traffic to the ClusterIP, here from a
+	// VM of node-1 to VMs of all three nodes.
+	if err := k.Apply("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  selector: {app: vms}\n  ports: [{port: 80}]\n"); err != nil {
+		t.Fatal(err)
+	}
+	clusterIP, err := k.Kubectl("get", "service", "web", "-o", "jsonpath={.spec.clusterIP}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	answered := map[string]bool{} // by node
+	var out string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the last answers to %s from %s:\n%s", clusterIP, vms[0].Pod, out)
+			for name, node := range nodes {
+				rules, err := node.Run("nft", "list", "table", "ip", "kube-proxy")
+				t.Logf("%s's kube-proxy rules (%v):\n%s\nits log:\n%s", name, err, tail(rules, 3000), tail(k.Log("kube-proxy-"+name), 3000))
+			}
+		}
+	})
+	waitKube(t, k, "the web Service answered from the VMs of every node", 2*time.Minute, func() bool {
+		out, err = k.Kubectl("exec", vms[0].Pod, "--", "sh", "-c",
+			// busybox nc: the tiny guest's wget crashes.
+			fmt.Sprintf(`for i in 1 2 3 4 5 6 7 8 9 10; do printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 %s 80; echo; done`, clusterIP))
+		if err != nil {
+			out += "\n" + err.Error()
+		}
+		for _, line := range strings.Split(out, "\n") {
+			for _, v := range vms {
+				if strings.TrimSpace(line) == "tiny "+v.Pod {
+					answered[v.Node] = true
+				}
+			}
+		}
+		return len(answered) == 3
+	})
+	t.Logf("%s (%s) → Service web %s: answered by the VMs of %v", vms[0].Pod, vms[0].Node, clusterIP, answered)
 
 	if out, err := k.Kubectl("scale", "deployment", "vms", "--replicas=0"); err != nil {
 		t.Fatalf("scale to 0: %v\n%s", err, out)
@@ -163,5 +210,32 @@ spec:
 			doms, err := node.Domains()
 			return err == nil && len(doms) == 0
 		})
+	}
+}
+
+// kubectlAttachTypes types a line into a VM pod's console through kubectl
+// attach -it and waits for the tiny guest's answer in kubectl attach's
+// output.
+func kubectlAttachTypes(t *testing.T, k *harness.Kube, pod, line string) {
+	t.Helper()
+	// kubectl attach -it needs a terminal: script(1) gives it one.
+	attach := exec.Command("script", "-q", "-e", "-c",
+		fmt.Sprintf("%s --kubeconfig %s attach -it %s", filepath.Join(k.Bin, "kubectl"), k.Kubeconfig, pod), "/dev/null")
+	stdin, err := attach.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	attached := &harness.Screen{}
+	attach.Stdout, attach.Stderr = attached, attached
+	if err := attach.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); attach.Process.Kill(); attach.Wait() }()
+	if !harness.EventuallyOK(time.Minute, func() bool {
+		io.WriteString(stdin, line+"\r")
+		time.Sleep(time.Second)
+		return strings.Contains(attached.String(), "@@ECHO "+line)
+	}) {
+		t.Errorf("kubectl attach -it %s: no answer to %q:\n%s", pod, line, tail(attached.String(), 2000))
 	}
 }

@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,9 +17,6 @@ type clusterNode struct {
 	d  *harness.Daemon
 	kl *harness.NodeKubelet
 }
-
-// clusterVM is a VM pod as the API server has it.
-type clusterVM struct{ pod, node, ip string }
 
 // A node of a three-node cluster fails (issue 28, item 3), twice: first
 // its kubelet and Virtlet die (SIGKILL), then, on another node, libvirtd
@@ -50,18 +45,18 @@ func TestKubeNodeFailure(t *testing.T) {
 	names := nodeImages(t, nodeNet)
 	nodes := map[string]*clusterNode{}
 	for i := 0; i < 3; i++ {
-		node, d := startNodeDaemon(t, nodeNet, 221+i, names)
+		node, d := nodeNet.StartVirtletNode(t, bins, 221+i, names)
 		nodes[node.Name] = &clusterNode{Node: node, d: d, kl: k.StartNodeKubelet(node, d)}
 	}
-	if err := k.Apply(failoverDeployment); err != nil {
+	if err := k.Apply(harness.SpreadVMs("vms", 3, 2)); err != nil {
 		t.Fatal(err)
 	}
-	vms := waitVMPods(t, k, "three VM pods ready, one per node", func(vms []clusterVM) bool {
-		return len(vms) == 3 && len(byNode(vms)) == 3
+	vms := k.WaitVMs("vms", "three VM pods ready, one per node", 5*time.Minute, time.Second, func(vms []harness.ClusterVM) bool {
+		return len(vms) == 3 && len(harness.ByNode(vms)) == 3
 	})
 
 	// kubelet and Virtlet die; the VM's QEMU runs on under libvirtd.
-	victim := nodes[vms[0].node]
+	victim := nodes[vms[0].Node]
 	began := time.Now()
 	victim.kl.Kill()
 	victim.d.Kill()
@@ -73,7 +68,7 @@ func TestKubeNodeFailure(t *testing.T) {
 
 	// libvirtd dies on a node that has a VM; the node's runtime is not
 	// ready while it is down.
-	victim = nodes[vms[0].node]
+	victim = nodes[vms[0].Node]
 	began = time.Now()
 	victim.KillLibvirtd(t)
 	failover(t, k, victim, began, "its libvirtd killed")
@@ -82,54 +77,15 @@ func TestKubeNodeFailure(t *testing.T) {
 	recovered(t, k, nodes, victim)
 }
 
-// failoverDeployment is three VM pods spread over the nodes that are up
-// (a tainted node is left out of the spread), tolerating a failed node
-// for 2 s.
-const failoverDeployment = `apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: vms
-spec:
-  replicas: 3
-  selector:
-    matchLabels: {app: vms}
-  template:
-    metadata:
-      labels: {app: vms}
-      annotations:
-        kubernetes.io/target-runtime: virtlet.cloud
-        VirtletForceDHCPNetworkConfig: "true"
-    spec:
-      nodeSelector: {extraRuntime: virtlet}
-      terminationGracePeriodSeconds: 10
-      tolerations:
-      - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 2}
-      - {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 2}
-      topologySpreadConstraints:
-      - maxSkew: 1
-        topologyKey: kubernetes.io/hostname
-        whenUnsatisfiable: DoNotSchedule
-        nodeTaintsPolicy: Honor
-        labelSelector:
-          matchLabels: {app: vms}
-      containers:
-      - name: vm
-        image: virtlet.cloud/tiny
-        tty: true
-        stdin: true
-        resources:
-          limits: {memory: 160Mi}
-`
-
 // failover waits until victim is not Ready and its VM pods are being
 // deleted, and three VM pods run and are ready on the other nodes; it
 // returns them.
-func failover(t *testing.T, k *harness.Kube, victim *clusterNode, began time.Time, what string) []clusterVM {
+func failover(t *testing.T, k *harness.Kube, victim *clusterNode, began time.Time, what string) []harness.ClusterVM {
 	t.Helper()
 	victim.kl.WaitNotReady(2 * time.Minute)
 	notReady := time.Since(began)
-	vms := waitVMPods(t, k, "three VM pods ready off "+victim.Name+", "+what, func(vms []clusterVM) bool {
-		return len(vms) == 3 && len(byNode(vms)[victim.Name]) == 0
+	vms := k.WaitVMs("vms", "three VM pods ready off "+victim.Name+", "+what, 5*time.Minute, time.Second, func(vms []harness.ClusterVM) bool {
+		return len(vms) == 3 && len(harness.ByNode(vms)[victim.Name]) == 0
 	})
 	t.Logf("%s, %s: NotReady after %.1f s, its VM pods running elsewhere after %.1f s: %v",
 		victim.Name, what, notReady.Seconds(), time.Since(began).Seconds(), vms)
@@ -148,14 +104,14 @@ func recovered(t *testing.T, k *harness.Kube, nodes map[string]*clusterNode, bac
 		doms, err := back.Domains()
 		return err == nil && len(doms) == 0
 	})
-	vms := waitVMPods(t, k, "three VM pods ready", func(vms []clusterVM) bool { return len(vms) == 3 })
+	vms := k.WaitVMs("vms", "three VM pods ready", 5*time.Minute, time.Second, func(vms []harness.ClusterVM) bool { return len(vms) == 3 })
 	total := 0
 	for name, n := range nodes {
 		doms, err := n.Domains()
 		if err != nil {
 			t.Fatalf("%s's domains: %v", name, err)
 		}
-		if want := len(byNode(vms)[name]); len(doms) != want {
+		if want := len(harness.ByNode(vms)[name]); len(doms) != want {
 			t.Errorf("%s's libvirtd has %v, want %d VMs (its pods')", name, doms, want)
 		}
 		total += len(doms)
@@ -175,47 +131,4 @@ func recovered(t *testing.T, k *harness.Kube, nodes map[string]*clusterNode, bac
 			t.Errorf("%s's IPAM still holds %s", back.Name, e.Name())
 		}
 	}
-}
-
-// waitVMPods waits until the VM pods that are running, not being
-// deleted and show the tiny guest's ready marker in kubectl logs satisfy
-// ok, and returns them.
-func waitVMPods(t *testing.T, k *harness.Kube, what string, ok func([]clusterVM) bool) []clusterVM {
-	t.Helper()
-	var vms []clusterVM
-	var problem string
-	waitKube(t, k, what, 5*time.Minute, func() bool {
-		out, err := k.Kubectl("get", "pods", "-l", "app=vms", "-o",
-			`jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.podIP} {.status.phase} {.metadata.deletionTimestamp}{"\n"}{end}`)
-		if err != nil {
-			problem = err.Error()
-			return false
-		}
-		vms = nil
-		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-			f := strings.Fields(line)
-			if len(f) != 4 || f[3] != "Running" { // being deleted, or not running yet
-				continue
-			}
-			if logs, err := k.Kubectl("logs", f[0]); !strings.Contains(logs, "@@TINY-READY") {
-				problem = fmt.Sprintf("kubectl logs %s (on %s): %v\n%s", f[0], f[1], err, tail(logs, 1000))
-				continue
-			}
-			vms = append(vms, clusterVM{pod: f[0], node: f[1], ip: f[2]})
-		}
-		return ok(vms)
-	})
-	if t.Failed() && problem != "" {
-		t.Logf("the VM pods' last problem: %s", problem)
-	}
-	return vms
-}
-
-// byNode groups VM pods by node.
-func byNode(vms []clusterVM) map[string][]clusterVM {
-	out := map[string][]clusterVM{}
-	for _, v := range vms {
-		out[v.node] = append(out[v.node], v)
-	}
-	return out
 }

@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"net"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -33,7 +32,7 @@ func TestNodesAreIsolated(t *testing.T) {
 	}
 	var vms []*vm
 	for i := 0; i < 2; i++ {
-		node, d := startNodeDaemon(t, nodes, 201+i, names)
+		node, d := nodes.StartVirtletNode(t, bins, 201+i, names)
 		c := d.Crictl(crictl)
 		c.Timeout, c.Wrap = 3*time.Minute, node.Wrap()
 		c.Must(t, "pull", tinyRef)
@@ -115,16 +114,4 @@ func nodeImages(t *testing.T, nodes *harness.NodeNet) string {
 		t.Fatal(err)
 	}
 	return names
-}
-
-// startNodeDaemon starts a node on nodes, its pods on subnet podIndex, and
-// a daemon on it with the shipped plugins, its pod network, and images.
-func startNodeDaemon(t *testing.T, nodes *harness.NodeNet, podIndex int, images string) (*harness.Node, *harness.Daemon) {
-	t.Helper()
-	node := nodes.NewNode(t, podIndex)
-	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), node.CNIPlugin(bins)))
-	d.Wrap = node.Wrap()
-	d.Translate("test-images.yaml", images)
-	d.Start()
-	return node, d
 }

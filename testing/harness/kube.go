@@ -51,17 +51,18 @@ type Kube struct {
 	FlexvolumeDriver string
 	// FeatureGates, when set before StartKubelet, are kubelet's feature
 	// gates, a YAML flow mapping ("{PodAndContainerStatsFromCRI: true}").
-	FeatureGates string
-	mu           sync.Mutex // procs and kubeletDone, which RestartKubeletProcess changes
-	procs        []*exec.Cmd
-	kubelet      []string // the kubelet's command line, for RestartKubelet
-	kubeletDone  <-chan struct{}
-	rootDir      string
-	cgroupRoot   string   // the kubelet's, in every hierarchy (KubeletCgroupRoot)
-	serverIPs    []net.IP // more addresses of the servers' certificates
-	ca           *x509.Certificate
-	caKey        *ecdsa.PrivateKey
-	serial       int64
+	FeatureGates  string
+	mu            sync.Mutex // procs and kubeletDone, which RestartKubeletProcess changes
+	procs         []*exec.Cmd
+	kubelet       []string // the kubelet's command line, for RestartKubelet
+	kubeletDone   <-chan struct{}
+	rootDir       string
+	cgroupRoot    string   // the kubelet's, in every hierarchy (KubeletCgroupRoot)
+	serverIPs     []net.IP // more addresses of the servers' certificates
+	ca            *x509.Certificate
+	caKey         *ecdsa.PrivateKey
+	serial        int64
+	proxyIdentity sync.Once // kube-proxy's certificate, issued once for every node's
 }
 
 // KubeBinaries builds (or finds in the cache) the Kubernetes binaries.
@@ -280,12 +281,7 @@ func (k *Kube) StartKubeletOn(endpoint, adminSocket string) {
 	// puts it, told where this daemon's admin socket is.
 	plugins := filepath.Join(dir, "volume-plugins")
 	if k.FlexvolumeDriver != "" && adminSocket != "" {
-		drv := filepath.Join(plugins, "virtlet~flexvolume_driver")
-		if err := os.MkdirAll(drv, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		wrapper := fmt.Sprintf("#!/bin/sh\nVIRTLET_ADMIN_SOCKET=%s exec %s \"$@\"\n", adminSocket, k.FlexvolumeDriver)
-		if err := os.WriteFile(filepath.Join(drv, "flexvolume_driver"), []byte(wrapper), 0o755); err != nil {
+		if err := installFlexvolumeDriver(plugins, adminSocket, k.FlexvolumeDriver); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -367,6 +363,18 @@ func writeSysctls(dir string) error {
 		}
 	}
 	return nil
+}
+
+// installFlexvolumeDriver installs driver as kubelet's
+// virtlet/flexvolume_driver in its volume plugin directory, as make
+// install puts it, told where the daemon's admin socket is.
+func installFlexvolumeDriver(pluginDir, adminSocket, driver string) error {
+	drv := filepath.Join(pluginDir, "virtlet~flexvolume_driver")
+	if err := os.MkdirAll(drv, 0o755); err != nil {
+		return err
+	}
+	wrapper := fmt.Sprintf("#!/bin/sh\nVIRTLET_ADMIN_SOCKET=%s exec %s \"$@\"\n", adminSocket, driver)
+	return os.WriteFile(filepath.Join(drv, "flexvolume_driver"), []byte(wrapper), 0o755)
 }
 
 // kubeletCommand is the shell command, for sh -c in a mount namespace

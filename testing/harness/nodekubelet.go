@@ -41,6 +41,13 @@ func (k *Kube) StartNodeKubelet(node *Node, d *Daemon) *NodeKubelet {
 	if err := writeSysctls(sysctls); err != nil {
 		t.Fatal(err)
 	}
+	// Virtlet's flexvolume driver, as StartKubelet installs it, told
+	// where the node's daemon's admin socket is.
+	if k.FlexvolumeDriver != "" {
+		if err := installFlexvolumeDriver(filepath.Join(dir, "volume-plugins"), d.AdminSocket(), k.FlexvolumeDriver); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Its volume mounts are seen by the daemon: a shared mount, in the
 	// node's mount namespace, where both run.
 	node.Must(t, "sh", "-c", fmt.Sprintf("mount --bind %[1]s %[1]s && mount --make-shared %[1]s", rootDir))
@@ -139,4 +146,53 @@ func (kl *NodeKubelet) waitReadyIs(ok func(string) bool, what string, timeout ti
 			t.Fatalf("node %s not %s after %s: Ready=%s %v\nits kubelet's log tail:\n%s", name, what, timeout, out, err, tail(k.Log("kubelet-"+name), 4000))
 		}
 	}
+}
+
+// StartNodeKubeProxy runs kube-proxy on node in nftables mode: its tables
+// are in the node's network namespace, where the node's pods' traffic to
+// a ClusterIP is rewritten, and go with it. It masquerades all Service
+// traffic, so that a pod reaching a Service endpoint on its own node's
+// bridge (where replies do not pass the node's conntrack) gets its
+// answer, and the service range is routed into a bridge without ports, so that
+// nothing sent to an address kube-proxy does not rewrite leaves the node.
+func (k *Kube) StartNodeKubeProxy(node *Node) {
+	t := k.t
+	t.Helper()
+	node.Must(t, "ip", "link", "add", "services", "type", "bridge") // no ports: what reaches it goes nowhere
+	node.Must(t, "ip", "link", "set", "services", "up")
+	node.Must(t, "ip", "route", "add", ServiceCIDR, "dev", "services")
+	k.proxyIdentity.Do(func() { k.issue("kube-proxy", "system:kube-proxy", nil, false, nil) })
+	config := filepath.Join(k.Dir, "nodes", node.Name, "kube-proxy.yaml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clientConnection: {kubeconfig: %s}
+hostnameOverride: %s
+bindAddress: %s
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: [%s/32]
+masqueradeAll: true
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+`, k.kubeconfig("kube-proxy"), node.Name, node.IP, node.IP)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	argv := append(node.Wrap(), filepath.Join(k.Bin, "kube-proxy"), "--config="+config, "--v=2")
+	done := k.start("kube-proxy-"+node.Name, argv[0], argv[1:]...)
+	k.mu.Lock()
+	proxy := k.procs[len(k.procs)-1].Process
+	k.mu.Unlock()
+	t.Cleanup(func() {
+		proxy.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			proxy.Kill()
+			<-done
+		}
+	})
+	Eventually(t, time.Minute, node.Name+"'s kube-proxy rules", func() bool {
+		_, err := node.Run("nft", "list", "table", "ip", "kube-proxy")
+		return err == nil
+	})
 }

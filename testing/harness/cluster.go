@@ -1,0 +1,117 @@
+package harness
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// StartVirtletNode starts a node on n, its pods on subnet podIndex, and a
+// daemon on it with the shipped plugins built in bins, the node's pod
+// network, and an image translation file (translations, YAML).
+func (n *NodeNet) StartVirtletNode(t testing.TB, bins string, podIndex int, translations string) (*Node, *Daemon) {
+	t.Helper()
+	node := n.NewNode(t, podIndex)
+	d := NewDaemon(t, filepath.Join(bins, "virtlet"), append(Shipped(bins), node.CNIPlugin(bins)))
+	d.Wrap = node.Wrap()
+	d.Translate("test-images.yaml", translations)
+	d.Start()
+	return node, d
+}
+
+// SpreadVMs is a Deployment of replicas tiny-guest VM pods labelled
+// app=name, spread over the Virtlet nodes that are up (a tainted node is
+// left out of the spread), which tolerate a failed node for
+// tolerationSeconds.
+func SpreadVMs(name string, replicas, tolerationSeconds int) string {
+	return fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: %[1]s
+spec:
+  replicas: %[2]d
+  selector:
+    matchLabels: {app: %[1]s}
+  template:
+    metadata:
+      labels: {app: %[1]s}
+      annotations:
+        kubernetes.io/target-runtime: virtlet.cloud
+        VirtletForceDHCPNetworkConfig: "true"
+    spec:
+      nodeSelector: {extraRuntime: virtlet}
+      terminationGracePeriodSeconds: 10
+      tolerations:
+      - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: %[3]d}
+      - {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: %[3]d}
+      topologySpreadConstraints:
+      - maxSkew: 1
+        topologyKey: kubernetes.io/hostname
+        whenUnsatisfiable: DoNotSchedule
+        nodeTaintsPolicy: Honor
+        labelSelector:
+          matchLabels: {app: %[1]s}
+      containers:
+      - name: vm
+        image: virtlet.cloud/tiny
+        tty: true
+        stdin: true
+        resources:
+          limits: {memory: 160Mi}
+`, name, replicas, tolerationSeconds)
+}
+
+// ClusterVM is a VM pod as the API server has it.
+type ClusterVM struct{ Pod, Node, IP string }
+
+// ReadyVMs lists the pods labelled app=app that run, are not being
+// deleted, and whose tiny guest printed its ready marker (kubectl logs);
+// problem says why the last pod left out was.
+func (k *Kube) ReadyVMs(app string) (vms []ClusterVM, problem string) {
+	out, err := k.Kubectl("get", "pods", "-l", "app="+app, "-o",
+		`jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.podIP} {.status.phase} {.metadata.deletionTimestamp}{"\n"}{end}`)
+	if err != nil {
+		return nil, err.Error()
+	}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 || f[3] != "Running" { // being deleted, or not running yet
+			continue
+		}
+		if logs, err := k.Kubectl("logs", f[0]); !strings.Contains(logs, "@@TINY-READY") {
+			problem = fmt.Sprintf("kubectl logs %s (on %s): %v\n%s", f[0], f[1], err, tail(logs, 1000))
+			continue
+		}
+		vms = append(vms, ClusterVM{Pod: f[0], Node: f[1], IP: f[2]})
+	}
+	return vms, problem
+}
+
+// WaitVMs waits up to timeout until ReadyVMs(app) satisfy ok, polling
+// every interval, and returns them.
+func (k *Kube) WaitVMs(app, what string, timeout, interval time.Duration, ok func([]ClusterVM) bool) []ClusterVM {
+	t := k.t
+	t.Helper()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(interval) {
+		vms, problem := k.ReadyVMs(app)
+		if ok(vms) {
+			return vms
+		}
+		if time.Now().After(deadline) {
+			pods, _ := k.Kubectl("get", "pods", "-A", "-o", "wide")
+			events, _ := k.Kubectl("get", "events", "-A", "--sort-by=.lastTimestamp")
+			t.Fatalf("%s: not after %s; ready: %v; the last problem: %s\npods:\n%s\nevents:\n%s", what, timeout, vms, problem, pods, tail(events, 3000))
+		}
+	}
+}
+
+// ByNode groups VM pods by node.
+func ByNode(vms []ClusterVM) map[string][]ClusterVM {
+	out := map[string][]ClusterVM{}
+	for _, v := range vms {
+		out[v.Node] = append(out[v.Node], v)
+	}
+	return out
+}
