@@ -28,7 +28,7 @@ DEFAULT_PLUGINS := $(shell sed -n 's/^command: *//p' plugins/manifest/defaults/*
 # Test-only plugins.
 TEST_PLUGINS := bin/virtlet-fake-plugin bin/virtlet-example-scratch
 
-.PHONY: all build deps tools proto test unit integration e2e e2e-k8s e2e-cluster critest e2e-all bench bench-check bench-smoke fuzz check demo lint clean install uninstall image
+.PHONY: all build deps tools proto test unit integration e2e e2e-k8s e2e-cluster cluster-up cluster-down critest e2e-all bench bench-check bench-smoke fuzz check demo lint clean install uninstall image
 
 all: build
 
@@ -127,6 +127,17 @@ e2e-cluster: deps
 	testing/k8s/build.sh >/dev/null
 	$(E2E_GOTEST) -timeout 20m -run '^TestNodesAreIsolated$$|^TestKubeCluster$$|^TestKubeNodeFailure$$' ./testing/e2e/...
 
+# The test cluster of e2e-cluster (three Virtlet nodes, each with its own
+# kube-proxy, and a control plane), left running for a person to try:
+# cluster-up prints its KUBECONFIG; cluster-down removes everything.
+cluster-up: deps
+	testing/k8s/build.sh >/dev/null
+	testing/images/build.sh tiny >/dev/null
+	testing/cluster.sh up
+
+cluster-down:
+	testing/cluster.sh down
+
 # cri-tools' conformance suite against VM pods and forwarded container
 # pods; regenerates docs/critest.md.
 critest: deps
@@ -150,7 +161,7 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'PluginRoundTrip|List|CloudInitISO' -benchtime 3000x ./testing/bench/
 	$(GO) test -run '^$$' -bench 'P1BootOverhead|P1PoolPrimitives|P6PullVsCurl|P2SecondRootDisk|FilesFromDataSource|PodNetwork20|ReachTheVM|P5Density' -benchtime 1x -timeout 40m ./testing/bench/
 	testing/k8s/build.sh >/dev/null
-	$(GO) test -run '^$$' -bench 'KubeApply' -benchtime 1x -timeout 30m ./testing/bench/
+	$(GO) test -run '^$$' -bench 'KubeApply|Cluster' -benchtime 1x -timeout 30m ./testing/bench/
 	@echo "targets: PluginRoundTrip p50 overhead above bare gRPC on the same connection (grpc-floor-*, no Virtlet code) <= 10 %;"
 	@echo "         List*500 server p99 <= 2000 µs (e2e-* adds the client's own decoding);"
 	@echo "         P1 (its table): RunPodSandbox -> first console line through the daemon, claimed from the libvirt plugin's pool, <= 1.5 x bare QEMU; StartContainer <= 50 ms;"

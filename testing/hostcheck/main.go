@@ -586,15 +586,17 @@ func hostModes() (map[string]pathMode, error) {
 	return out, nil
 }
 
-// runningAs returns the test binary (a go test's *.test process) that
-// runs as run id (VIRTLET_RUN=id in its environment), or 0. Only a test
-// binary counts: a daemon a killed run left behind has the variable too,
-// and what it holds is to be removed.
+// runningAs returns the test binary (a go test's *.test process, or
+// make cluster-up's virtlet-cluster-up) that runs as run id
+// (VIRTLET_RUN=id in its environment), or 0. Only those count: a daemon a
+// killed run left behind has the variable too, and what it holds is to be
+// removed.
 func runningAs(id string) int {
 	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
 	want := []byte("VIRTLET_RUN=" + id + "\x00")
 	for _, p := range procs {
-		if exe, err := os.Readlink(filepath.Join(filepath.Dir(p), "exe")); err != nil || !strings.HasSuffix(exe, ".test") {
+		exe, err := os.Readlink(filepath.Join(filepath.Dir(p), "exe"))
+		if err != nil || !strings.HasSuffix(exe, ".test") && filepath.Base(exe) != "virtlet-cluster-up" {
 			continue
 		}
 		env, err := os.ReadFile(p)
