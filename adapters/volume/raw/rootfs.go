@@ -1,12 +1,10 @@
 package raw
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -18,24 +16,18 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/virtlet/virtlet/adapters/diskimage"
+	"github.com/virtlet/virtlet/adapters/volume/internal/rootfsheader"
 	"github.com/virtlet/virtlet/ports"
 )
 
 // A persistent root file system's device starts with a header (the first
-// 4 KiB) saying which image it holds; the VM sees the device from
-// DataOffset on. The header is readable text:
-//
-//	VIRTLET-PERSISTENT-ROOTFS v1
-//	{"image":"sha256:…","name":"virtlet.cloud/…","virtualSize":…,"dataOffset":1048576,"written":"…"}
+// 4 KiB, package rootfsheader) saying which image it holds; the VM sees the
+// device from DataOffset on.
 const (
-	headerMagic = "VIRTLET-PERSISTENT-ROOTFS v1\n"
-	headerSize  = 4096
-	// DataOffset is where the image starts: 1 MiB keeps the guest's disk
-	// aligned for any block size.
-	DataOffset = 1 << 20
-	// probeSize is how much of a device must be zero for it to count as
-	// blank (never written).
-	probeSize = 1 << 20
+	headerMagic = rootfsheader.Magic
+	// DataOffset is where the image starts.
+	DataOffset = rootfsheader.DataOffset
+	probeSize  = rootfsheader.ProbeSize
 )
 
 // Virtlet 1.x wrote its own header in the device's first sector (its
@@ -93,45 +85,6 @@ func virtlet1HeaderBytes(digest string) ([]byte, error) {
 // guest saw: its whole sectors but the first.
 func virtlet1Size(devSize int64) int64 {
 	return devSize/virtlet1SectorSize*virtlet1SectorSize - virtlet1DataOffset
-}
-
-// header is what a persistent root's device holds.
-type header struct {
-	Image       string    `json:"image"`
-	Name        string    `json:"name,omitempty"`
-	VirtualSize int64     `json:"virtualSize"`
-	DataOffset  int64     `json:"dataOffset"`
-	Written     time.Time `json:"written"`
-}
-
-func readHeader(first []byte) (*header, bool) {
-	if !bytes.HasPrefix(first, []byte(headerMagic)) {
-		return nil, false
-	}
-	rest := first[len(headerMagic):headerSize]
-	if i := bytes.IndexByte(rest, '\n'); i >= 0 {
-		rest = rest[:i]
-	}
-	var h header
-	if err := json.Unmarshal(rest, &h); err != nil || h.Image == "" || h.DataOffset <= 0 {
-		return nil, false
-	}
-	return &h, true
-}
-
-func (h header) bytes() ([]byte, error) {
-	j, err := json.Marshal(h)
-	if err != nil {
-		return nil, err
-	}
-	b := make([]byte, headerSize)
-	n := copy(b, headerMagic)
-	if n+len(j)+1 > headerSize {
-		return nil, fmt.Errorf("persistent root header too long")
-	}
-	copy(b[n:], j)
-	b[n+len(j)] = '\n'
-	return b, nil
 }
 
 // prepareRootfs makes sure dev holds the image: a device holding it already
@@ -194,7 +147,7 @@ func prepareRootfs(ctx context.Context, dev, volume string, want ports.RootfsReq
 		log.WithFields(fields).Info("image written to the persistent root file system in Virtlet 1.x's layout")
 		return virtlet1DataOffset, size, nil
 	}
-	h, ok := readHeader(first)
+	h, ok := rootfsheader.Read(first)
 	switch {
 	case ok && h.Image == want.ImageDigest:
 		log.WithFields(logrus.Fields{"volume": volume, "device": dev, "image": h.Image}).Info("persistent root file system holds the image")
@@ -214,8 +167,8 @@ func prepareRootfs(ctx context.Context, dev, volume string, want ports.RootfsReq
 				devSize, nameOr(want.ImageName, want.ImageDigest), want.ImageVirtualSize, DataOffset),
 			Allowed: fmt.Sprintf("a device of at least %d bytes", need)}
 	}
-	hb, err := header{Image: want.ImageDigest, Name: want.ImageName, VirtualSize: want.ImageVirtualSize,
-		DataOffset: DataOffset, Written: time.Now().UTC().Truncate(time.Second)}.bytes()
+	hb, err := rootfsheader.Header{Image: want.ImageDigest, Name: want.ImageName, VirtualSize: want.ImageVirtualSize,
+		DataOffset: DataOffset, Written: time.Now().UTC().Truncate(time.Second)}.Bytes()
 	if err != nil {
 		return 0, 0, err
 	}
@@ -285,18 +238,7 @@ func writeImage(ctx context.Context, want ports.RootfsRequest, dev string, offse
 	return unix.Fsync(int(f.Fd()))
 }
 
-func zero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
-}
-
-func nameOr(name, digest string) string {
-	if name != "" {
-		return name
-	}
-	return digest
-}
+var (
+	zero   = rootfsheader.Zero
+	nameOr = rootfsheader.NameOr
+)
