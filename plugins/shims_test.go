@@ -21,7 +21,7 @@ type echo struct {
 }
 
 func (e *echo) PluginInfo() ports.PluginInfo {
-	return ports.PluginInfo{Name: "echo", Kind: e.kind, Version: "1", Handles: []string{"x"}}
+	return ports.PluginInfo{Name: "echo", Kind: e.kind, Version: "1", Handles: []string{"x"}, RootfsTypes: []string{"x"}}
 }
 
 var (
@@ -30,6 +30,9 @@ var (
 			Hosts: []ports.NetworkHost{{Name: "127.0.0.1", Port: "6789"}}, Auth: &ports.DiskAuth{Username: "admin", SecretType: "ceph", Secret: []byte("k")}}}
 	slice = ports.Disk{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true,
 		Source: ports.DiskSource{Type: ports.SourceBlock, Path: "/dev/loop3", Format: "raw", Offset: 1 << 20, Size: 1 << 30}}
+	rbdRoot = ports.Disk{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true,
+		Source: ports.DiskSource{Type: ports.SourceNetwork, Format: "raw", Protocol: "rbd", Name: "pool/root", Offset: 1 << 20, Size: 3 << 30,
+			Hosts: []ports.NetworkHost{{Name: "127.0.0.1", Port: "6789"}}, Auth: &ports.DiskAuth{Username: "admin", SecretType: "ceph", Secret: []byte("k")}}}
 	fsys       = ports.Filesystem{Source: "/var/lib/kubelet/pods/u/volumes/x", Tag: "x", AccessMode: "squash", ReadOnly: true}
 	attachment = ports.NetworkAttachment{NetNSPath: "/var/run/netns/p", DNS: &ports.DNSConfig{Servers: []string{"198.18.0.10"}, Searches: []string{"svc"}, Options: []string{"ndots:5"}},
 		Interfaces: []ports.NetworkInterface{{Name: "eth0", MAC: "52:54:00:00:00:01", MTU: 1450, Bridge: "vlb-0123456789a",
@@ -48,7 +51,7 @@ func (e *echo) Validate(ctx context.Context, req ports.VolumeRequest) (map[strin
 func (e *echo) Forget(ctx context.Context, req ports.VolumeRequest) error { e.got = req; return nil }
 func (e *echo) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.VolumeAttachment, error) {
 	e.got = req
-	return ports.VolumeAttachment{Disks: []ports.Disk{disk, slice}, Filesystems: []ports.Filesystem{fsys}, Format: "ext4", FormatUUID: "u-1"}, nil
+	return ports.VolumeAttachment{Disks: []ports.Disk{disk, slice, rbdRoot}, Filesystems: []ports.Filesystem{fsys}, Format: "ext4", FormatUUID: "u-1"}, nil
 }
 func (e *echo) Release(ctx context.Context, req ports.VolumeRequest) error { e.got = req; return nil }
 func (e *echo) BuildMedia(ctx context.Context, req ports.MediaRequest) (ports.Disk, error) {
@@ -98,7 +101,12 @@ func TestVolumeShim(t *testing.T) {
 		t.Fatal(err)
 	}
 	same(t, "request", e.got, req)
-	same(t, "attachment", att, ports.VolumeAttachment{Disks: []ports.Disk{disk, slice}, Filesystems: []ports.Filesystem{fsys}, Format: "ext4", FormatUUID: "u-1"})
+	same(t, "attachment", att, ports.VolumeAttachment{Disks: []ports.Disk{disk, slice, rbdRoot}, Filesystems: []ports.Filesystem{fsys}, Format: "ext4", FormatUUID: "u-1"})
+	// The types that may hold a persistent root come from the plugin's
+	// PluginInfo.
+	if types, err := c.RootfsTypes(context.Background()); err != nil || len(types) != 1 || types[0] != "x" {
+		t.Fatalf("RootfsTypes: %v %v", types, err)
+	}
 	kept, err := c.Validate(context.Background(), req)
 	if err != nil || kept["kept"] != "yes" {
 		t.Fatalf("Validate: %v %v", kept, err)

@@ -51,6 +51,11 @@ type PluginInfo struct {
 	// Configure; empty when the plugin declares none. The plugin SDK makes
 	// it from the adapter's ConfigDefaulter.
 	ConfigSchema []byte
+	// RootfsTypes, for a volume plugin, lists the volume types of Handles
+	// whose flexvolumes may hold the VM's persistent root filesystem
+	// (RootfsOption): Prepare then gets VolumeRequest.Rootfs and returns
+	// the disk the VM boots. The core refuses the option on other types.
+	RootfsTypes []string
 }
 
 // Describer is implemented by every adapter that is served as a plugin.

@@ -38,6 +38,21 @@ const (
 	VolumeBlock = "block"
 )
 
+// RootfsOption is the flexvolume option by which a volume asks to hold the
+// VM's persistent root filesystem ("true"), on a type whose plugin lists it
+// in PluginInfo.RootfsTypes. The volume's mount path is not mounted in the
+// guest: the disk is the VM's root.
+const RootfsOption = "rootfs"
+
+// RootfsHolder is a Volumes that says on which of its types a flexvolume
+// may hold the VM's persistent root filesystem (PluginInfo.RootfsTypes). A
+// Volumes that is not one holds none: the core refuses RootfsOption rather
+// than have a plugin that ignores VolumeRequest.Rootfs attach a blank disk
+// as the VM's root.
+type RootfsHolder interface {
+	RootfsTypes(ctx context.Context) ([]string, error)
+}
+
 // VolumeRequest names one volume of one VM.
 type VolumeRequest struct {
 	VMID         string
@@ -61,12 +76,13 @@ type VolumeRequest struct {
 	// them: a share is made for that user rather than the hypervisor's
 	// default one.
 	RunAs *ProcessIdentity
-	// Rootfs, set on a block volume, makes it the VM's persistent root
-	// disk holding this image.
+	// Rootfs, set on a block volume (devicePath "/") or a flexvolume with
+	// RootfsOption, makes it the VM's persistent root disk holding this
+	// image.
 	Rootfs *RootfsRequest
 }
 
-// RootfsRequest asks for a block device to hold a VM's root disk: the
+// RootfsRequest asks for a volume to hold a VM's root disk: the
 // image is written to it once, and the VM boots from it for as long as it
 // holds that image.
 type RootfsRequest struct {
@@ -75,7 +91,7 @@ type RootfsRequest struct {
 	ImageDigest      string // "sha256:<hex>": what the device must hold
 	ImageName        string // for messages
 	ImageVirtualSize int64
-	// Reinitialize allows overwriting a device that holds another image or
+	// Reinitialize allows overwriting a volume that holds another image or
 	// data that is not a Virtlet root filesystem.
 	Reinitialize bool
 }

@@ -25,6 +25,7 @@ func (s *Server) PluginInfo(ctx context.Context, _ *basev1.PluginInfoRequest) (*
 	return &basev1.PluginInfoResponse{
 		Name: info.Name, Kind: string(s.Kind), Version: info.Version,
 		ApiVersion: int32(APIVersions[s.Kind]), Handles: info.Handles, ConfigSchemaJson: schema,
+		RootfsTypes: info.RootfsTypes,
 	}, nil
 }
 
@@ -65,6 +66,7 @@ func Info(ctx context.Context, c Conn) (ports.PluginInfo, error) {
 	return ports.PluginInfo{
 		Name: resp.Name, Kind: ports.PluginKind(resp.Kind), Version: resp.Version,
 		APIVersion: int(resp.ApiVersion), Handles: resp.Handles, ConfigSchema: resp.ConfigSchemaJson,
+		RootfsTypes: resp.RootfsTypes,
 	}, nil
 }
 

@@ -52,6 +52,16 @@ type Client struct{ conn base.Conn }
 // NewClient returns a volume client over a plugin connection.
 func NewClient(c base.Conn) *Client { return &Client{conn: c} }
 
+// RootfsTypes asks the plugin on which of its types a flexvolume may hold
+// the VM's persistent root (its PluginInfo), only when a pod asks for one.
+func (c *Client) RootfsTypes(ctx context.Context) ([]string, error) {
+	info, err := base.Info(ctx, c.conn)
+	if err != nil {
+		return nil, err
+	}
+	return info.RootfsTypes, nil
+}
+
 func (c *Client) Validate(ctx context.Context, req ports.VolumeRequest) (map[string]string, error) {
 	conn, err := c.conn.GRPC()
 	if err != nil {
@@ -134,4 +144,7 @@ func (s *Server) Release(ctx context.Context, p *volumev1.VolumeRequest) (*volum
 	return &volumev1.ReleaseResponse{}, base.ToRPC(s.impl.Release(ctx, requestFromProto(p)))
 }
 
-var _ ports.Volumes = (*Client)(nil)
+var (
+	_ ports.Volumes      = (*Client)(nil)
+	_ ports.RootfsHolder = (*Client)(nil)
+)

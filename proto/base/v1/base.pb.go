@@ -68,8 +68,11 @@ type PluginInfoResponse struct {
 	// daemon checks the config against it before Configure. Empty: the
 	// plugin declares none (it checks its config in Configure alone).
 	ConfigSchemaJson []byte `protobuf:"bytes,6,opt,name=config_schema_json,json=configSchemaJson,proto3" json:"config_schema_json,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Volume plugins: the volume types (of handles) whose flexvolumes may
+	// hold the VM's persistent root filesystem (option rootfs: "true").
+	RootfsTypes   []string `protobuf:"bytes,7,rep,name=rootfs_types,json=rootfsTypes,proto3" json:"rootfs_types,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PluginInfoResponse) Reset() {
@@ -140,6 +143,13 @@ func (x *PluginInfoResponse) GetHandles() []string {
 func (x *PluginInfoResponse) GetConfigSchemaJson() []byte {
 	if x != nil {
 		return x.ConfigSchemaJson
+	}
+	return nil
+}
+
+func (x *PluginInfoResponse) GetRootfsTypes() []string {
+	if x != nil {
+		return x.RootfsTypes
 	}
 	return nil
 }
@@ -238,7 +248,7 @@ var File_base_v1_base_proto protoreflect.FileDescriptor
 const file_base_v1_base_proto_rawDesc = "" +
 	"\n" +
 	"\x12base/v1/base.proto\x12\x0fvirtlet.base.v1\"\x13\n" +
-	"\x11PluginInfoRequest\"\xbf\x01\n" +
+	"\x11PluginInfoRequest\"\xe2\x01\n" +
 	"\x12PluginInfoResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
@@ -246,7 +256,8 @@ const file_base_v1_base_proto_rawDesc = "" +
 	"\vapi_version\x18\x04 \x01(\x05R\n" +
 	"apiVersion\x12\x18\n" +
 	"\ahandles\x18\x05 \x03(\tR\ahandles\x12,\n" +
-	"\x12config_schema_json\x18\x06 \x01(\fR\x10configSchemaJson\"P\n" +
+	"\x12config_schema_json\x18\x06 \x01(\fR\x10configSchemaJson\x12!\n" +
+	"\frootfs_types\x18\a \x03(\tR\vrootfsTypes\"P\n" +
 	"\x10ConfigureRequest\x12\x1f\n" +
 	"\vconfig_json\x18\x01 \x01(\fR\n" +
 	"configJson\x12\x1b\n" +
