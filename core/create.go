@@ -256,13 +256,13 @@ func (r *vmService) checkCreation(cr *creation) error {
 	case root != nil && opts.RootVolumeSize > 0:
 		return &ports.InvalidError{
 			Field: "annotation " + annotations.RootVolumeSize, Value: ann[annotations.RootVolumeSize],
-			Reason:  fmt.Sprintf("the VM's root is the persistent root filesystem on block volume %s, whose size is the device's", root.Name),
+			Reason:  fmt.Sprintf("the VM's root is the persistent root filesystem on %s, whose size is the volume's", rootVolume(root)),
 			Allowed: "no " + annotations.RootVolumeSize + " with a persistent root filesystem"}
 	case root == nil && opts.RootfsReinit:
 		return &ports.InvalidError{
 			Field: "annotation " + annotations.PersistentRootfsReinit, Value: ann[annotations.PersistentRootfsReinit],
 			Reason:  "the pod has no persistent root filesystem",
-			Allowed: "only with a block volume at devicePath \"/\""}
+			Allowed: "only with a block volume at devicePath \"/\" or a flexvolume with rootfs: \"true\""}
 	case r.opts.MaxVirtualBytes > 0 && opts.RootVolumeSize > r.opts.MaxVirtualBytes:
 		return &ports.InvalidError{
 			Field: "annotation " + annotations.RootVolumeSize, Value: ann[annotations.RootVolumeSize],

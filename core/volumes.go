@@ -9,6 +9,7 @@ import (
 	"maps"
 	"path"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -70,8 +71,8 @@ var cloudInitKinds = map[string]string{
 // SupportedVolumes says, for error messages, what a VM pod may use.
 const SupportedVolumes = "configMap, secret, projected and downwardAPI volumes (files written by cloud-init); " +
 	"emptyDir, hostPath directories, CSI, local, NFS, iSCSI and Fibre Channel file system volumes (9p shares); " +
-	"Virtlet flexvolumes (driver " + flexvolumeDriver + "); block persistent volumes as volumeDevices " +
-	"(devicePath \"/\" for a persistent root filesystem)"
+	"Virtlet flexvolumes (driver " + flexvolumeDriver + "); block persistent volumes as volumeDevices; " +
+	"a persistent root filesystem on a block volume at devicePath \"/\" or a flexvolume with rootfs: \"true\""
 
 // VolumeUse is one volume of a VM: what the pod asked for, and how it
 // reaches the guest. It is kept in the container's record, without
@@ -96,7 +97,9 @@ type VolumeUse struct {
 	// Options are a flexvolume's options as its plugin kept them.
 	Options map[string]string `json:"options,omitempty"`
 	Chown   bool              `json:"chown,omitempty"`
-	// Rootfs marks the block device holding the VM's persistent root.
+	// Rootfs marks the volume holding the VM's persistent root: a block
+	// device at devicePath "/", or a flexvolume with option rootfs: "true"
+	// (its mount path is not mounted in the guest).
 	Rootfs bool `json:"rootfs,omitempty"`
 	// Serial is the serial of the volume's disk; Tag the mount tag of its
 	// share.
@@ -180,23 +183,22 @@ func (r *volumeService) planVolumes(ctx context.Context, cfg ContainerConfig, op
 			return volumePlan{}, err
 		}
 	}
-	roots := 0
 	for _, d := range cfg.Devices {
 		u, err := blockDeviceUse(d)
 		if err != nil {
 			return volumePlan{}, err
 		}
-		if u.Rootfs {
-			roots++
-		}
-		if roots > 1 {
-			return volumePlan{}, fmt.Errorf("devices: two block volumes ask to be the persistent root filesystem (devicePath \"/\"); a VM has one root: %w", ports.ErrInvalidArgument)
-		}
 		if err := add(u, ""); err != nil {
 			return volumePlan{}, err
 		}
 	}
+	if err := checkOneRoot(p.uses); err != nil {
+		return volumePlan{}, err
+	}
 	if err := r.checkVolumePlugins(p.uses); err != nil {
+		return volumePlan{}, err
+	}
+	if err := r.checkRootfsTypes(ctx, p.uses); err != nil {
 		return volumePlan{}, err
 	}
 	assignSerialsAndTags(p.uses)
@@ -218,7 +220,7 @@ func blockDeviceUse(d Device) (VolumeUse, error) {
 	u := VolumeUse{Name: bv[1], Kind: "block device", Type: ports.VolumeBlock, HostPath: d.HostPath,
 		ReadOnly: !strings.Contains(d.Permissions, "w") && d.Permissions != ""}
 	if path.Clean(d.ContainerPath) == "/" {
-		u.Kind, u.Rootfs = "persistent root filesystem", true
+		u.Kind, u.Rootfs = rootfsKind, true
 	} else {
 		u.DevicePath = path.Clean(d.ContainerPath)
 	}
@@ -283,12 +285,129 @@ func (r *volumeService) classifyMount(ctx context.Context, m Mount, opts annotat
 		}
 		// The plugin learns the type from the request, as at Validate.
 		delete(options, "type")
-		return VolumeUse{Name: name, Kind: "flexvolume", Type: typ, HostPath: hostPath, ReadOnly: m.ReadOnly,
-			Options: options}, mountVolume, nil
+		u := VolumeUse{Name: name, Kind: "flexvolume", Type: typ, HostPath: hostPath, ReadOnly: m.ReadOnly, Options: options}
+		if err := markFlexvolumeRootfs(&u); err != nil {
+			return VolumeUse{}, 0, err
+		}
+		return u, mountVolume, nil
 	}
 	kind := strings.TrimPrefix(plugin, "kubernetes.io~")
 	return VolumeUse{}, 0, fmt.Errorf("%s: volume %s is a %s volume, which VM pods do not support (supported: %s): %w",
 		where, name, kind, SupportedVolumes, ports.ErrInvalidArgument)
+}
+
+// rootfsKind is the Kind of the volume holding a VM's persistent root.
+const rootfsKind = "persistent root filesystem"
+
+// markFlexvolumeRootfs makes a flexvolume with option rootfs: "true" the
+// VM's persistent root (whether its type can be one is checked with its
+// plugin, checkRootfsTypes). Its mount path is not mounted in the guest:
+// the disk is the guest's root.
+func markFlexvolumeRootfs(u *VolumeUse) error {
+	field := "flexvolume " + u.Name + " option " + ports.RootfsOption
+	switch v := u.Options[ports.RootfsOption]; v {
+	case "", "false":
+		return nil
+	case "true":
+	default:
+		return &ports.InvalidError{Field: field, Value: v, Allowed: `"true" (the volume holds the VM's persistent root filesystem) or "false"`}
+	}
+	if u.ReadOnly {
+		return &ports.InvalidError{Field: field, Value: "true", Reason: "the volume is mounted read-only, and a persistent root filesystem is written by its VM",
+			Allowed: "a read-write volumeMount (readOnly: false)"}
+	}
+	u.Kind, u.Rootfs = rootfsKind, true
+	return nil
+}
+
+// checkOneRoot refuses a VM of two persistent roots, naming the second.
+func checkOneRoot(uses []VolumeUse) error {
+	var first *VolumeUse
+	for i := range uses {
+		u := &uses[i]
+		if !u.Rootfs {
+			continue
+		}
+		if first == nil {
+			first = u
+			continue
+		}
+		if u.Type == ports.VolumeBlock && first.Type == ports.VolumeBlock {
+			return fmt.Errorf("devices: two block volumes ask to be the persistent root filesystem (devicePath \"/\"); a VM has one root: %w", ports.ErrInvalidArgument)
+		}
+		field := "flexvolume " + u.Name + " option " + ports.RootfsOption
+		if u.Type == ports.VolumeBlock {
+			field = "device / (block volume " + u.Name + ")"
+		}
+		return &ports.InvalidError{Field: field, Value: "true",
+			Reason:  fmt.Sprintf("volume %s is the VM's persistent root filesystem already (%s), and a VM has one root", first.Name, rootfsSource(first)),
+			Allowed: "one volume with rootfs: \"true\" or at devicePath \"/\""}
+	}
+	return nil
+}
+
+// rootVolume names, for messages, the volume holding the root.
+func rootVolume(u *VolumeUse) string {
+	if u.Type == ports.VolumeBlock {
+		return "block volume " + u.Name
+	}
+	return u.Type + " flexvolume " + u.Name
+}
+
+// rootfsSource says, for messages, how a volume came to hold the root.
+func rootfsSource(u *VolumeUse) string {
+	if u.Type == ports.VolumeBlock {
+		return "a block volume at devicePath \"/\""
+	}
+	return "a " + u.Type + " flexvolume with " + ports.RootfsOption + ": \"true\""
+}
+
+// checkRootfsTypes asks the plugin of each flexvolume holding the root
+// whether its type can: a plugin that cannot would ignore the request and
+// attach a blank disk as the VM's root.
+func (r *volumeService) checkRootfsTypes(ctx context.Context, uses []VolumeUse) error {
+	for _, u := range uses {
+		if !u.Rootfs || u.Type == ports.VolumeBlock {
+			continue
+		}
+		types, err := rootfsTypesOf(ctx, r.deps.Volumes[u.Type])
+		if err != nil {
+			return fmt.Errorf("flexvolume %s (type %s): ask its plugin whether it can hold a persistent root filesystem: %w", u.Name, u.Type, err)
+		}
+		if slices.Contains(types, u.Type) {
+			continue
+		}
+		return &ports.InvalidError{Field: "flexvolume " + u.Name + " option " + ports.RootfsOption, Value: "true",
+			Reason:  fmt.Sprintf("volume type %s cannot hold a persistent root filesystem", u.Type),
+			Allowed: "rootfs: \"true\" on a volume type that can (" + r.rootfsTypes(ctx) + "), or a block volume at devicePath \"/\""}
+	}
+	return nil
+}
+
+// rootfsTypesOf is what a volume plugin says its types can hold the root
+// on; nothing when it says nothing.
+func rootfsTypesOf(ctx context.Context, vols ports.Volumes) ([]string, error) {
+	h, ok := vols.(ports.RootfsHolder)
+	if !ok {
+		return nil, nil
+	}
+	return h.RootfsTypes(ctx)
+}
+
+// rootfsTypes lists, for messages, the installed flexvolume types that can
+// hold a persistent root filesystem.
+func (r *volumeService) rootfsTypes(ctx context.Context) string {
+	var out []string
+	for typ, vols := range r.deps.Volumes {
+		if types, err := rootfsTypesOf(ctx, vols); err == nil && slices.Contains(types, typ) {
+			out = append(out, typ)
+		}
+	}
+	if len(out) == 0 {
+		return "none is installed"
+	}
+	sort.Strings(out)
+	return strings.Join(out, ", ")
 }
 
 // checkVolumePlugins makes sure a plugin handles every volume's type.

@@ -307,6 +307,107 @@ func TestPersistentRoot(t *testing.T) {
 	}
 }
 
+// A flexvolume with rootfs: "true" on a type whose plugin can hold a root
+// (ceph) is the VM's persistent root: the plugin gets the image, the VM
+// boots its disk, and its mount path is mounted nowhere in the guest.
+func TestFlexvolumePersistentRoot(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	img := e.pull(t)
+	fv := ports.FlexvolumeOptions{PodUID: "uid-p", PodNamespace: "default", PodName: "p", Volume: "root",
+		Options: map[string]string{"type": "ceph", "monitor": "127.0.0.1:6789", "rootfs": "true", "secret": "AQBrZXk="}}
+	kept, err := e.rt.ValidateVolume(ctx, fv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.vdirs[volDir(core.FlexvolumeDriverDir, "root")] = kept
+	sb := e.runPod(t, "p", map[string]string{annotations.PersistentRootfsReinit: "true"})
+	cfg := vmContainer(img)
+	cfg.Mounts = []core.Mount{{ContainerPath: "/not-in-the-guest", HostPath: volDir(core.FlexvolumeDriverDir, "root")}}
+	id, err := e.rt.CreateContainer(ctx, sb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, ok := e.vols.Request(id, "root")
+	if !ok || req.Type != "ceph" || req.Rootfs == nil || req.Rootfs.ImageDigest != img || !req.Rootfs.Reinitialize || req.Options["rootfs"] != "true" {
+		t.Fatalf("ceph request %+v rootfs %+v", req, req.Rootfs)
+	}
+	spec, _ := e.hv.Spec(id)
+	if d := spec.Disks[0]; d.Name != "root" || !d.Boot || d.Overlay != nil || d.Serial != core.RootSerial ||
+		d.Source.Type != ports.SourceNetwork || d.Source.Name != "pool/root" || d.Source.Offset != 1<<20 {
+		t.Fatalf("root disk %+v", d)
+	}
+	if len(spec.Disks) != 2 || spec.Disks[1].Name != "cloud-init" {
+		t.Fatalf("disks %+v: the root volume is attached once, as the root", spec.Disks)
+	}
+	media, _ := e.nc.Media(id)
+	if ud := string(media.UserData); strings.Contains(ud, "/not-in-the-guest") || strings.Contains(ud, "vol-root") {
+		t.Errorf("the root volume's mount path reached the guest:\n%s", ud)
+	}
+	if len(media.NetworkConfig) != 0 {
+		t.Errorf("a persistent root got network-config: %s", media.NetworkConfig)
+	}
+}
+
+// A pod is refused, before any volume is prepared, when it asks for two
+// roots, a read-only root, or a root on a type that cannot hold one; the
+// error names the volume and the option.
+func TestFlexvolumePersistentRootRefusals(t *testing.T) {
+	root := func(name string) core.Mount {
+		return core.Mount{ContainerPath: "/" + name, HostPath: volDir(core.FlexvolumeDriverDir, name)}
+	}
+	for _, tc := range []struct {
+		name   string
+		mounts []core.Mount
+		devs   []core.Device
+		fail   error // of the plugin's RootfsTypes
+		want   []string
+		is     error
+	}{
+		{"two rootfs flexvolumes", []core.Mount{root("root"), root("root2")}, nil, nil,
+			[]string{`flexvolume root2 option rootfs: invalid value "true": volume root is the VM's persistent root filesystem already (a ceph flexvolume with rootfs: "true")`},
+			ports.ErrInvalidArgument},
+		{"a rootfs flexvolume and a block volume at /", []core.Mount{root("root")},
+			[]core.Device{{ContainerPath: "/", HostPath: podDir + "/volumeDevices/kubernetes.io~local-volume/root-pv"}}, nil,
+			[]string{"device / (block volume root-pv)", "volume root is the VM's persistent root filesystem already"}, ports.ErrInvalidArgument},
+		{"read-only", []core.Mount{{ContainerPath: "/r", HostPath: volDir(core.FlexvolumeDriverDir, "root"), ReadOnly: true}}, nil, nil,
+			[]string{`flexvolume root option rootfs: invalid value "true": the volume is mounted read-only`}, ports.ErrInvalidArgument},
+		{"a type that cannot hold a root", []core.Mount{root("scratch")}, nil, nil,
+			[]string{`flexvolume scratch option rootfs: invalid value "true": volume type qcow2 cannot hold a persistent root filesystem`,
+				`on a volume type that can (ceph)`}, ports.ErrInvalidArgument},
+		{"not a boolean", []core.Mount{root("odd")}, nil, nil,
+			[]string{`flexvolume odd option rootfs: invalid value "yes"`}, ports.ErrInvalidArgument},
+		{"the plugin cannot say", []core.Mount{root("root")}, nil, fmt.Errorf("plugin ceph is restarting: %w", ports.ErrUnavailable),
+			[]string{"flexvolume root (type ceph): ask its plugin whether it can hold a persistent root filesystem: plugin ceph is restarting"},
+			ports.ErrUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			for name, typ := range map[string]string{"root": "ceph", "root2": "ceph", "scratch": "qcow2"} {
+				e.vdirs[volDir(core.FlexvolumeDriverDir, name)] = map[string]string{"type": typ, "rootfs": "true"}
+			}
+			e.vdirs[volDir(core.FlexvolumeDriverDir, "odd")] = map[string]string{"type": "ceph", "rootfs": "yes"}
+			if tc.fail != nil {
+				e.vols.SetFail("RootfsTypes", tc.fail)
+			}
+			sb := e.runPod(t, "p", nil)
+			cfg := vmContainer(e.pull(t))
+			cfg.Mounts, cfg.Devices = tc.mounts, tc.devs
+			_, err := e.rt.CreateContainer(context.Background(), sb, cfg)
+			if err == nil {
+				t.Fatal("the pod was not refused")
+			}
+			lacks(t, "error", err.Error(), tc.want...)
+			if !errors.Is(err, tc.is) {
+				t.Errorf("error %v is not %v", err, tc.is)
+			}
+			if n := e.vols.Prepares; n != 0 {
+				t.Errorf("%d volumes prepared for a refused pod", n)
+			}
+		})
+	}
+}
+
 // VirtletFilesFromDataSource: the keys become files written into the root
 // file system before the first boot, as Virtlet read them; bad keys fail
 // naming the key and the path.

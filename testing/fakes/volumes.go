@@ -24,12 +24,25 @@ type Volumes struct {
 	Format string
 	// Releases counts Release calls; Prepares successful Prepare calls.
 	Releases, Prepares int
+	// Roots are the types RootfsTypes reports ("ceph"): their flexvolumes
+	// may hold a persistent root.
+	Roots []string
 }
 
 // NewVolumes returns an empty fake.
 func NewVolumes() *Volumes {
 	return &Volumes{prepared: map[string]ports.VolumeRequest{}, kept: map[string]string{},
-		Fail: map[string]error{}, FailVolume: map[string]error{}}
+		Fail: map[string]error{}, FailVolume: map[string]error{}, Roots: []string{"ceph"}}
+}
+
+// RootfsTypes reports Roots.
+func (v *Volumes) RootfsTypes(ctx context.Context) ([]string, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.Fail["RootfsTypes"]; err != nil {
+		return nil, err
+	}
+	return append([]string(nil), v.Roots...), nil
 }
 
 // Validate requires a size option for type "sized", keeps option
@@ -99,10 +112,14 @@ func (v *Volumes) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.V
 		return ports.VolumeAttachment{Disks: []ports.Disk{d}}, nil
 	}
 	if secret, ok := v.kept[req.PodUID+"/"+req.Name]; ok {
-		return ports.VolumeAttachment{Disks: []ports.Disk{{Name: "vol-" + req.Name, Source: ports.DiskSource{
+		d := ports.Disk{Name: "vol-" + req.Name, Source: ports.DiskSource{
 			Type: ports.SourceNetwork, Protocol: "rbd", Name: "pool/" + req.Name, Format: "raw",
 			Hosts: []ports.NetworkHost{{Name: "127.0.0.1", Port: "6789"}},
-			Auth:  &ports.DiskAuth{Username: "admin", SecretType: "ceph", Secret: []byte(secret)}}}}}, nil
+			Auth:  &ports.DiskAuth{Username: "admin", SecretType: "ceph", Secret: []byte(secret)}}}
+		if req.Rootfs != nil {
+			d.Source.Offset, d.Source.Size = 1<<20, req.Rootfs.ImageVirtualSize
+		}
+		return ports.VolumeAttachment{Disks: []ports.Disk{d}}, nil
 	}
 	return ports.VolumeAttachment{Disks: []ports.Disk{{Name: "vol-" + req.Name,
 		Source: ports.DiskSource{Type: ports.SourceFile, Path: "/fake/volumes/" + key + ".qcow2", Format: "qcow2"}}}, Format: v.Format}, nil
@@ -167,6 +184,7 @@ func (d VolumeDirs) FlexvolumeOptions(ctx context.Context, dir string) (map[stri
 }
 
 var (
-	_ ports.Volumes    = (*Volumes)(nil)
-	_ ports.VolumeDirs = VolumeDirs{}
+	_ ports.Volumes      = (*Volumes)(nil)
+	_ ports.RootfsHolder = (*Volumes)(nil)
+	_ ports.VolumeDirs   = VolumeDirs{}
 )
