@@ -47,6 +47,7 @@ const (
 	DefaultToolUID = 1999999999
 	VolumeToolUID  = DefaultToolUID - 1 // the raw volume plugin (persistent roots)
 	LibvirtToolUID = DefaultToolUID - 2 // the libvirt plugin (VirtletFilesFromDataSource)
+	CephToolUID    = DefaultToolUID - 3 // the ceph volume plugin (persistent roots on RBD)
 )
 
 func (t Tool) uid() uint32 {
@@ -245,6 +246,17 @@ func unsearchable(path string) string {
 func (t Tool) Convert(ctx context.Context, image, format, dev, targetOpts string) error {
 	_, _, err := t.run(ctx, 0, map[string]uint16{image: 4, dev: 6},
 		"convert", "-n", "-f", format, "--target-image-opts", image, targetOpts)
+	return err
+}
+
+// ConvertToFile writes the image (of format, which Inspect found) as raw
+// data into dest, an existing file the caller made (the tool's user cannot
+// create files where the caller keeps it), sparse where the image reads
+// as zeros. It is bounded by ctx alone: a copy takes as long as the image
+// is large.
+func (t Tool) ConvertToFile(ctx context.Context, image, format, dest string) error {
+	_, _, err := t.run(ctx, 0, map[string]uint16{image: 4, dest: 6},
+		"convert", "-f", format, "-O", "raw", image, dest)
 	return err
 }
 

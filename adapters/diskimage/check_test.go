@@ -83,3 +83,35 @@ func TestToolRunsUnprivileged(t *testing.T) {
 		t.Fatalf("qemu-img info of a root-only image granted for the run: %+v %v", info, err)
 	}
 }
+
+// ConvertToFile writes an image's raw content into a root-only file the
+// caller made, sparse where the image is empty, and leaves no ACL.
+func TestToolConvertToFile(t *testing.T) {
+	dir := harness.SearchableTempDir(t)
+	p := func(n string) string { return filepath.Join(dir, n) }
+	qemuImg(t, "create", "-q", "-f", "qcow2", p("img.qcow2"), "64M")
+	qemuIO(t, p("img.qcow2"), "write -P 0x41 1M 64k")
+	os.Chmod(p("img.qcow2"), 0o600)
+	if err := os.WriteFile(p("out.raw"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := (diskimage.Tool{UID: diskimage.CephToolUID}).ConvertToFile(context.Background(), p("img.qcow2"), "qcow2", p("out.raw")); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(p("out.raw"))
+	if err != nil || len(data) != 64<<20 {
+		t.Fatalf("raw copy of %d bytes (%v), want 64 MiB", len(data), err)
+	}
+	if data[1<<20] != 0x41 || data[1<<20+64<<10-1] != 0x41 || data[1<<20-1] != 0 || data[1<<20+64<<10] != 0 {
+		t.Error("the raw copy does not hold the image's data where it was written")
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(p("out.raw"), &st); err != nil || st.Blocks*512 > 8<<20 {
+		t.Errorf("the raw copy takes %d bytes on disk (%v): not sparse", st.Blocks*512, err)
+	}
+	for _, f := range []string{"img.qcow2", "out.raw"} {
+		if _, err := unix.Getxattr(p(f), "system.posix_acl_access", make([]byte, 64)); !errors.Is(err, unix.ENODATA) {
+			t.Errorf("%s: an ACL is left (%v)", f, err)
+		}
+	}
+}
