@@ -2,7 +2,9 @@
 // RBD images, reached with go-ceph (librados, librbd) to check that the
 // image exists and is large enough (or to create it), and attached to the
 // VM as a libvirt network disk whose cephx key the hypervisor keeps in a
-// libvirt secret.
+// libvirt secret. A volume with option rootfs: "true" holds the VM's
+// persistent root file system (rootfs.go): the pod's image behind the
+// header the raw plugin writes on block devices.
 //
 // The key is secret. kubelet hands it to the flexvolume driver when it
 // mounts the volume (the `secret` option, or a Secret through the
@@ -32,13 +34,14 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/virtlet/virtlet/adapters/internal/atomicfile"
+	"github.com/virtlet/virtlet/adapters/internal/keyedmutex"
 	"github.com/virtlet/virtlet/adapters/volume/flexopts"
 	"github.com/virtlet/virtlet/ports"
 )
 
 var schema = flexopts.Schema{Type: "ceph",
 	Required: []string{"monitor", "pool", "volume", "user"},
-	Optional: []string{"secret", "capacity", "create", "protocol"}}
+	Optional: []string{"secret", "capacity", "create", "protocol", ports.RootfsOption}}
 
 // Config is the plugin's manifest config.
 type Config struct {
@@ -57,13 +60,19 @@ type Volumes struct {
 	log     logrus.FieldLogger
 	keys    string // the keys' directory
 	timeout time.Duration
+	// work holds the raw copies of images on their way into a persistent
+	// root (<state>/rootfs); "" until configured with a state directory.
+	work string
+	// writing serialises the persistent roots of one RBD image in this
+	// process.
+	writing keyedmutex.Map
 }
 
 // New returns an unconfigured adapter.
 func New(log logrus.FieldLogger) *Volumes { return &Volumes{log: log, timeout: 30 * time.Second} }
 
 func (v *Volumes) PluginInfo() ports.PluginInfo {
-	return ports.PluginInfo{Name: "ceph", Kind: ports.KindVolume, Handles: []string{"ceph"}}
+	return ports.PluginInfo{Name: "ceph", Kind: ports.KindVolume, Handles: []string{"ceph"}, RootfsTypes: []string{"ceph"}}
 }
 
 // DefaultConfig declares the plugin's config (ports.ConfigDefaulter).
@@ -98,8 +107,17 @@ func (v *Volumes) Configure(ctx context.Context, pc ports.PluginConfig) error {
 		return err
 	}
 	// A key whose writing was interrupted is a secret left behind.
-	_, err := atomicfile.RemoveTemps(v.keys)
-	return err
+	if _, err := atomicfile.RemoveTemps(v.keys); err != nil {
+		return err
+	}
+	if pc.StateDir != "" {
+		work, err := makeWorkDir(pc.StateDir)
+		if err != nil {
+			return fmt.Errorf("ceph: persistent roots' work directory: %w", err)
+		}
+		v.work = work
+	}
+	return nil
 }
 
 // volume is a checked ceph flexvolume.
@@ -111,6 +129,7 @@ type volume struct {
 	key      string // base64, as in a keyring; may be empty until found
 	capacity int64  // 0: any size
 	create   bool
+	rootfs   bool // the volume holds the VM's persistent root
 }
 
 var (
@@ -166,6 +185,14 @@ func parse(name string, opts map[string]string) (volume, error) {
 		}
 	default:
 		return volume{}, schema.Invalid(name, "create", opts["create"], "", `"true" (create the image when it does not exist) or "false"`)
+	}
+	switch opts[ports.RootfsOption] {
+	case "", "false":
+	case "true":
+		v.rootfs = true
+	default:
+		return volume{}, schema.Invalid(name, ports.RootfsOption, opts[ports.RootfsOption], "",
+			`"true" (the image holds the VM's persistent root file system) or "false"`)
 	}
 	return v, nil
 }
@@ -226,37 +253,43 @@ func (v *Volumes) Forget(ctx context.Context, req ports.VolumeRequest) error {
 	return nil
 }
 
-// Prepare checks the image (creating it when asked) and describes the
-// network disk.
+// Prepare checks the image (creating it when asked), writes the pod's
+// image into a persistent root, and describes the network disk.
 func (v *Volumes) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.VolumeAttachment, error) {
 	vol, err := parse(req.Name, req.Options)
 	if err != nil {
 		return ports.VolumeAttachment{}, err
 	}
-	if vol.key == "" {
-		p, err := v.keyPath(req)
-		if err != nil {
-			return ports.VolumeAttachment{}, err
-		}
-		b, err := os.ReadFile(p)
-		if errors.Is(err, fs.ErrNotExist) {
-			return ports.VolumeAttachment{}, fmt.Errorf("ceph volume %s: the plugin does not know its cephx key: it keeps the key it receives when kubelet mounts the volume (flexvolume driver), and this volume was not mounted through it: %w",
-				req.Name, ports.ErrFailedPrecondition)
-		}
-		if err != nil {
-			return ports.VolumeAttachment{}, err
-		}
-		vol.key = string(b)
+	if err := checkRootfsRequest(vol, req); err != nil {
+		return ports.VolumeAttachment{}, err
 	}
-	size, created, err := v.checkImage(ctx, vol)
+	if vol.key, err = v.key(req, vol); err != nil {
+		return ports.VolumeAttachment{}, err
+	}
+	rawKey, _ := base64.StdEncoding.DecodeString(vol.key) // checked by parse
+	disk := ports.Disk{Name: "vol-" + req.Name, Device: ports.DeviceDisk, ReadOnly: req.ReadOnly,
+		Source: ports.DiskSource{Type: ports.SourceNetwork, Protocol: "rbd", Name: vol.pool + "/" + vol.image, Format: "raw",
+			Hosts: vol.monitors, Auth: &ports.DiskAuth{Username: vol.user, SecretType: "ceph", Secret: rawKey}}}
+	log := v.log.WithFields(logrus.Fields{"vm": req.VMID, "volume": req.Name, "image": vol.pool + "/" + vol.image})
+	s, err := v.connect(ctx, vol)
 	if err != nil {
 		return ports.VolumeAttachment{}, fmt.Errorf("ceph volume %s (image %s/%s): %w", req.Name, vol.pool, vol.image, err)
 	}
-	rawKey, _ := base64.StdEncoding.DecodeString(vol.key) // checked by parse
-	v.log.WithFields(logrus.Fields{"vm": req.VMID, "volume": req.Name, "image": vol.pool + "/" + vol.image, "bytes": size, "created": created}).Info("RBD image ready")
-	att := ports.VolumeAttachment{Disks: []ports.Disk{{Name: "vol-" + req.Name, Device: ports.DeviceDisk, ReadOnly: req.ReadOnly,
-		Source: ports.DiskSource{Type: ports.SourceNetwork, Protocol: "rbd", Name: vol.pool + "/" + vol.image, Format: "raw",
-			Hosts: vol.monitors, Auth: &ports.DiskAuth{Username: vol.user, SecretType: "ceph", Secret: rawKey}}}}}
+	defer s.close()
+	if req.Rootfs != nil {
+		offset, size, err := v.prepareRootfs(ctx, s.ioctx, vol, req.Name, *req.Rootfs, log)
+		if err != nil {
+			return ports.VolumeAttachment{}, fmt.Errorf("ceph volume %s (image %s/%s): %w", req.Name, vol.pool, vol.image, err)
+		}
+		disk.Source.Offset, disk.Source.Size = offset, size
+		return ports.VolumeAttachment{Disks: []ports.Disk{disk}}, nil
+	}
+	size, created, err := checkImage(s.ioctx, vol)
+	if err != nil {
+		return ports.VolumeAttachment{}, fmt.Errorf("ceph volume %s (image %s/%s): %w", req.Name, vol.pool, vol.image, err)
+	}
+	log.WithFields(logrus.Fields{"bytes": size, "created": created}).Info("RBD image ready")
+	att := ports.VolumeAttachment{Disks: []ports.Disk{disk}}
 	if vol.create {
 		// A volume that may be new asks the guest for a file system; the
 		// guest makes one only on a disk that is blank (never written), so
@@ -268,13 +301,64 @@ func (v *Volumes) Prepare(ctx context.Context, req ports.VolumeRequest) (ports.V
 	return att, nil
 }
 
-// checkImage connects as the volume's user and checks the image, creating
-// it when the volume asks. The image is opened read-only, which registers
-// no watch, and closed with the connection.
-func (v *Volumes) checkImage(ctx context.Context, vol volume) (size uint64, created bool, err error) {
+// checkRootfsRequest makes sure the volume's rootfs option and the
+// runtime's request agree: an image is written only into a volume that
+// asked to hold the root, and such a volume is never attached without it
+// (the guest would see the header).
+func checkRootfsRequest(vol volume, req ports.VolumeRequest) error {
+	switch {
+	case vol.rootfs && req.Rootfs == nil:
+		return fmt.Errorf("ceph volume %s has option rootfs: \"true\", but the runtime asked for no persistent root (a runtime that does not know the option): %w",
+			req.Name, ports.ErrFailedPrecondition)
+	case !vol.rootfs && req.Rootfs != nil:
+		return schema.Invalid(req.Name, ports.RootfsOption, "", "missing: the runtime asks this volume to hold the persistent root",
+			`"true" on the volume that holds the VM's persistent root file system`)
+	case req.Rootfs != nil && req.ReadOnly:
+		return schema.Invalid(req.Name, ports.RootfsOption, "true", "the volume is read-only, and a persistent root file system is written by its VM",
+			"a read-write volume")
+	}
+	return nil
+}
+
+// key is the volume's cephx key: from its options, else the one Validate
+// kept.
+func (v *Volumes) key(req ports.VolumeRequest, vol volume) (string, error) {
+	if vol.key != "" {
+		return vol.key, nil
+	}
+	p, err := v.keyPath(req)
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("ceph volume %s: the plugin does not know its cephx key: it keeps the key it receives when kubelet mounts the volume (flexvolume driver), and this volume was not mounted through it: %w",
+			req.Name, ports.ErrFailedPrecondition)
+	}
+	if err != nil {
+		return "", fmt.Errorf("ceph volume %s: read its kept key: %w", req.Name, err)
+	}
+	return string(b), nil
+}
+
+// session is a connection to the cluster as a volume's user, with the
+// volume's pool open.
+type session struct {
+	conn  *rados.Conn
+	ioctx *rados.IOContext
+}
+
+func (s *session) close() {
+	s.ioctx.Destroy()
+	s.conn.Shutdown()
+}
+
+// connect connects as the volume's user and opens its pool. Every talk
+// with the cluster is bounded by the plugin's timeout.
+func (v *Volumes) connect(ctx context.Context, vol volume) (*session, error) {
 	conn, err := rados.NewConnWithUser(vol.user)
 	if err != nil {
-		return 0, false, fmt.Errorf("ceph client: %w", err)
+		return nil, fmt.Errorf("ceph client: %w", err)
 	}
 	var mons []string
 	for _, m := range vol.monitors {
@@ -288,7 +372,7 @@ func (v *Volumes) checkImage(ctx context.Context, vol volume) (size uint64, crea
 	} {
 		if err := conn.SetConfigOption(o[0], o[1]); err != nil {
 			conn.Shutdown()
-			return 0, false, fmt.Errorf("ceph client option %s: %w", o[0], err)
+			return nil, fmt.Errorf("ceph client option %s: %w", o[0], err)
 		}
 	}
 	// Connect may outlive the caller (it is bounded by the timeouts
@@ -302,29 +386,30 @@ func (v *Volumes) checkImage(ctx context.Context, vol volume) (size uint64, crea
 			<-done
 			conn.Shutdown()
 		}()
-		return 0, false, ctx.Err()
+		return nil, ctx.Err()
 	}
-	defer conn.Shutdown()
 	if err != nil {
-		return 0, false, fmt.Errorf("connect to the Ceph monitors %s as %s: %v: %w", strings.Join(mons, ","), vol.user, err, ports.ErrUnavailable)
+		conn.Shutdown()
+		return nil, fmt.Errorf("connect to the Ceph monitors %s as %s: %v: %w", strings.Join(mons, ","), vol.user, err, ports.ErrUnavailable)
 	}
 	ioctx, err := conn.OpenIOContext(vol.pool)
 	if err != nil {
-		return 0, false, fmt.Errorf("open pool %s: %w", vol.pool, err)
+		conn.Shutdown()
+		return nil, fmt.Errorf("open pool %s: %w", vol.pool, err)
 	}
-	defer ioctx.Destroy()
+	return &session{conn: conn, ioctx: ioctx}, nil
+}
+
+// checkImage checks the image, creating it when the volume asks. The image
+// is opened read-only, which registers no watch, and closed at once.
+func checkImage(ioctx *rados.IOContext, vol volume) (size uint64, created bool, err error) {
 	img, err := rbd.OpenImageReadOnly(ioctx, vol.image, rbd.NoSnapshot)
 	if errors.Is(err, rbd.ErrNotFound) {
 		if !vol.create {
 			return 0, false, fmt.Errorf("the image does not exist (the volume's options may ask to create it: create: \"true\" with a capacity): %w", ports.ErrNotFound)
 		}
-		opts := rbd.NewRbdImageOptions()
-		defer opts.Destroy()
-		if err := opts.SetUint64(rbd.ImageOptionFeatures, rbd.FeatureLayering); err != nil {
+		if err := createImage(ioctx, vol.image, vol.capacity); err != nil {
 			return 0, false, err
-		}
-		if err := rbd.CreateImage(ioctx, vol.image, uint64(vol.capacity), opts); err != nil {
-			return 0, false, fmt.Errorf("create the image: %w", err)
 		}
 		return uint64(vol.capacity), true, nil
 	}
@@ -341,6 +426,20 @@ func (v *Volumes) checkImage(ctx context.Context, vol volume) (size uint64, crea
 			Reason: fmt.Sprintf("the image has %d bytes", size), Allowed: "at most the image's size"}
 	}
 	return size, false, nil
+}
+
+// createImage makes an RBD image of size bytes with layering only, which
+// every client (QEMU's librbd of any node) reads.
+func createImage(ioctx *rados.IOContext, name string, size int64) error {
+	opts := rbd.NewRbdImageOptions()
+	defer opts.Destroy()
+	if err := opts.SetUint64(rbd.ImageOptionFeatures, rbd.FeatureLayering); err != nil {
+		return err
+	}
+	if err := rbd.CreateImage(ioctx, name, uint64(size), opts); err != nil {
+		return fmt.Errorf("create the image: %w", err)
+	}
+	return nil
 }
 
 // Release keeps the image: Ceph volumes are persistent. The key stays
