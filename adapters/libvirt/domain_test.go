@@ -128,6 +128,14 @@ func domainCases() []domainCase {
 			s.Disks[0] = ports.Disk{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true, Serial: "virtlet-root",
 				Source: ports.DiskSource{Type: ports.SourceBlock, Path: "/dev/loop3", Format: "raw", Offset: 1 << 20, Size: 4<<30 - 1<<20}}
 		}, true},
+		// A persistent root on Ceph RBD: the RBD image behind its 1 MiB
+		// header, a slice of a network source, its key in a secret.
+		{"persistent-root-rbd", with(annotations.DiskDriver, "virtio"), func(s *ports.VMSpec) {
+			s.Disks[0] = ports.Disk{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true, Serial: "virtlet-root",
+				Source: ports.DiskSource{Type: ports.SourceNetwork, Protocol: "rbd", Name: "libvirt-pool/vm-root", Format: "raw",
+					Offset: 1 << 20, Size: 4<<30 - 1<<20, Hosts: []ports.NetworkHost{{Name: "10.0.0.1", Port: "6789"}},
+					Auth: &ports.DiskAuth{Username: "libvirt", SecretType: "ceph", Secret: []byte("never in the XML")}}}
+		}, true},
 		{"pod-network", with(), func(s *ports.VMSpec) {
 			s.NICs = []ports.NIC{
 				{Name: "eth0", MAC: "0A:58:C6:12:05:02", MTU: 1500, Bridge: "vlb-fedcba98765"},
@@ -149,7 +157,7 @@ func (tc domainCase) input(t *testing.T) domainInput {
 	}
 	return domainInput{Spec: spec, accelerator: accelerator{DomainType: dt},
 		DiskPaths: map[string]string{"root": "/var/lib/virtlet/vms/" + spec.ID + "-root.qcow2"}, ConsoleLog: "/var/lib/virtlet/vms/" + spec.ID + ".console",
-		Secrets: map[string]string{"vol-ceph": "1c0a2b3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d"}, HostCPUs: []int{0, 1, 2, 3}}
+		Secrets: map[string]string{"vol-ceph": "1c0a2b3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d", "root": "2d1b3c4e-5f60-5b7c-9d8e-0f1a2b3c4d5e"}, HostCPUs: []int{0, 1, 2, 3}}
 }
 
 func TestDomainGolden(t *testing.T) {
