@@ -377,6 +377,12 @@ func builtBinaries(b *testing.B) string {
 // on loopback; it returns the image's path and the translation naming it
 // virtlet.cloud/<name>.
 func serveGuest(b *testing.B, kind, name string) (image, translation string) {
+	return serveGuestOn(b, kind, name, "127.0.0.1")
+}
+
+// serveGuestOn is serveGuest on the host's address addr (a NodeNet's, for
+// nodes to download from).
+func serveGuestOn(b *testing.B, kind, name, addr string) (image, translation string) {
 	image, err := harness.GuestImage(kind)
 	if err != nil {
 		b.Fatal(err)
@@ -385,7 +391,7 @@ func serveGuest(b *testing.B, kind, name string) (image, translation string) {
 	if err := os.Symlink(image, filepath.Join(www, kind+".qcow2")); err != nil {
 		b.Fatal(err)
 	}
-	srv, err := imageserver.Start(www, "127.0.0.1:0", www)
+	srv, err := imageserver.Start(www, addr+":0", www)
 	if err != nil {
 		b.Fatal(err)
 	}
