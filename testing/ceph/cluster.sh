@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # A one-monitor, one-OSD Ceph cluster (Debian's Ceph 16) on loopback, for
 # tests: cephx authentication, an in-memory object store, a pool "rbd".
+# CEPH_ADDR (default 127.0.0.1) is the address its daemons listen on: a
+# harness NodeNet's host address lets nodes in their own network
+# namespaces reach it.
 #   cluster.sh start DIR   writes DIR/ceph.conf, DIR/keyring (client.admin), DIR/ready
 #   cluster.sh stop DIR    stops the daemons (by their pid files) and removes DIR
 # The monitor's ports are fixed (3300, 6789): one cluster at a time (the Go
@@ -9,6 +12,8 @@ set -euo pipefail
 cmd=${1:?usage: cluster.sh start|stop DIR}
 dir=${2:?usage: cluster.sh start|stop DIR}
 export CEPH_CONF=$dir/ceph.conf
+addr=${CEPH_ADDR:-127.0.0.1}
+[[ $addr =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || { echo "CEPH_ADDR $addr: not an IPv4 address" >&2; exit 2; }
 
 stop() {
   local p pid
@@ -30,9 +35,9 @@ fsid=$(cat /proc/sys/kernel/random/uuid)
 cat > "$CEPH_CONF" <<CONF
 [global]
 fsid = $fsid
-mon host = [v2:127.0.0.1:3300,v1:127.0.0.1:6789]
-public addr = 127.0.0.1
-cluster addr = 127.0.0.1
+mon host = [v2:$addr:3300,v1:$addr:6789]
+public addr = $addr
+cluster addr = $addr
 auth cluster required = cephx
 auth service required = cephx
 auth client required = cephx
@@ -62,7 +67,7 @@ osd max object namespace len = 64
 CONF
 ceph-authtool --create-keyring "$dir/keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null
 ceph-authtool "$dir/keyring" --gen-key -n client.admin --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' >/dev/null
-monmaptool --create --fsid "$fsid" --addv a '[v2:127.0.0.1:3300,v1:127.0.0.1:6789]' "$dir/monmap" >/dev/null
+monmaptool --create --fsid "$fsid" --addv a "[v2:$addr:3300,v1:$addr:6789]" "$dir/monmap" >/dev/null
 ceph-mon -i a --mkfs --monmap "$dir/monmap" --keyring "$dir/keyring"
 ceph-mon -i a
 timeout 60 sh -c "until ceph -s >/dev/null 2>&1; do sleep 0.3; done"

@@ -16,13 +16,14 @@ import (
 	"time"
 )
 
-// Monitor is the cluster's monitor address (msgr v1).
+// Monitor is the monitor address (msgr v1) of a cluster Start runs.
 const Monitor = "127.0.0.1:6789"
 
 // Cluster is a running test cluster.
 type Cluster struct {
-	Dir  string
-	Conf string // ceph.conf
+	Dir     string
+	Conf    string // ceph.conf
+	Monitor string // its monitor's address (msgr v1), host:port
 	// AdminKey is client.admin's cephx key, base64 as in a keyring.
 	AdminKey string
 }
@@ -32,8 +33,16 @@ func script() string {
 	return filepath.Join(filepath.Dir(file), "..", "ceph", "cluster.sh")
 }
 
-// Start starts a cluster, stopped and removed when the test ends.
+// Start starts a cluster on loopback, stopped and removed when the test
+// ends.
 func Start(t testing.TB) *Cluster {
+	t.Helper()
+	return StartOn(t, "127.0.0.1")
+}
+
+// StartOn is Start with the daemons listening on addr, an IPv4 address of
+// the host (a NodeNet's HostIP, for nodes to reach).
+func StartOn(t testing.TB, addr string) *Cluster {
 	t.Helper()
 	for _, tool := range []string{"ceph-mon", "ceph-osd", "ceph", "rbd", "ceph-authtool"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -52,14 +61,16 @@ func Start(t testing.TB) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Cluster{Dir: dir, Conf: filepath.Join(dir, "ceph.conf")}
+	c := &Cluster{Dir: dir, Conf: filepath.Join(dir, "ceph.conf"), Monitor: addr + ":6789"}
 	t.Cleanup(func() {
 		if out, err := exec.Command(script(), "stop", dir).CombinedOutput(); err != nil {
 			t.Errorf("stop the Ceph cluster: %v\n%s", err, out)
 		}
 	})
 	start := time.Now()
-	if out, err := exec.Command(script(), "start", dir).CombinedOutput(); err != nil {
+	cmd := exec.Command(script(), "start", dir)
+	cmd.Env = append(os.Environ(), "CEPH_ADDR="+addr)
+	if out, err := cmd.CombinedOutput(); err != nil {
 		logs, _ := exec.Command("sh", "-c", "tail -n 30 "+dir+"/log/*.log").CombinedOutput()
 		t.Fatalf("start a Ceph cluster: %v\n%s\n%s", err, out, logs)
 	}

@@ -20,6 +20,7 @@ var longestFirst = []string{
 	"TestKubeNode",
 	"TestCritest",
 	"TestKubeNodeFailure",
+	"TestKubeStatefulVMDrain",
 	"TestPersistentRootfs",
 	"TestCloudInitInRealGuest",
 	"TestReachTheVM",

@@ -1,0 +1,205 @@
+package e2e
+
+import (
+	"encoding/base64"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/deploy"
+	"github.com/virtlet/virtlet/testing/cephcluster"
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// State that outlives its node (issue 28, item 4): a StatefulSet's VM
+// whose persistent root is a Ceph RBD image (a ceph flexvolume PV with
+// rootfs: "true", the Ceph cluster on the host's address on the nodes'
+// network). The guest writes a marker on its root disk; kubectl drain of
+// its node brings the VM back on the other node, booting the same disk,
+// which holds the marker; draining that node brings it back to the first,
+// the marker still there.
+func TestKubeStatefulVMDrain(t *testing.T) {
+	parallel(t)
+	kubeBin, err := harness.KubeBinaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeNet := harness.NewNodeNet(t, 250)
+	ceph := cephcluster.StartOn(t, nodeNet.HostIP)
+	ceph.Run(t, "ceph", "auth", "get-or-create", "client.libvirt", "mon", "profile rbd", "osd", "profile rbd pool=rbd")
+	key := strings.TrimSpace(ceph.Run(t, "ceph", "auth", "print-key", "client.libvirt"))
+	k := harness.StartClusterControlPlane(t, kubeBin, nodeNet.HostIP)
+	k.FlexvolumeDriver = filepath.Join(bins, "virtlet-flexvolume-driver")
+	objects, err := deploy.Manifests(deploy.Options{NoInstaller: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Apply(objects); err != nil {
+		t.Fatal(err)
+	}
+	names := nodeImages(t, nodeNet)
+	for i := 0; i < 2; i++ {
+		node, d := nodeNet.StartVirtletNode(t, bins, 251+i, names)
+		k.StartNodeKubelet(node, d)
+	}
+	if err := k.Apply(statefulVM(ceph.Monitor, key)); err != nil {
+		t.Fatal(err)
+	}
+
+	// The marker goes in the root disk's last sector, past the image's
+	// file system.
+	waitStatefulVM(t, k, "")
+	root, size := rootDisk(t, k)
+	marker := fmt.Sprintf("MARK-%d", time.Now().UnixNano())
+	sector := size/512 - 1
+	out, err := k.Kubectl("exec", "vm-0", "--", "sh", "-c",
+		fmt.Sprintf("echo %s | dd of=%s bs=512 seek=%d count=1 conv=sync,notrunc 2>/dev/null && sync && echo written", marker, root, sector))
+	if err != nil || !strings.Contains(out, "written") {
+		t.Fatalf("write the marker on %s: %v\n%s", root, err, out)
+	}
+	readMarker := func(where string) {
+		t.Helper()
+		root, _ := rootDisk(t, k)
+		out, err := k.Kubectl("exec", "vm-0", "--", "sh", "-c", fmt.Sprintf("dd if=%s bs=512 skip=%d count=1 2>/dev/null | head -c %d", root, sector, len(marker)))
+		if err != nil || out != marker {
+			t.Errorf("%s: the root disk's last sector holds %q (%v), want %q", where, out, err, marker)
+		}
+	}
+	readMarker("before the drain")
+
+	// Drain its node, then the one it moved to.
+	for i := 0; i < 2; i++ {
+		node := currentNode(t, k)
+		began := time.Now()
+		if out, err := k.Kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=3m"); err != nil {
+			t.Fatalf("kubectl drain %s: %v\n%s", node, err, out)
+		}
+		moved := waitStatefulVM(t, k, node)
+		t.Logf("kubectl drain %s → vm-0 ready on %s: %.1f s", node, moved, time.Since(began).Seconds())
+		readMarker("after draining " + node)
+		if out, err := k.Kubectl("uncordon", node); err != nil {
+			t.Fatalf("kubectl uncordon %s: %v\n%s", node, err, out)
+		}
+	}
+	if out, err := k.Kubectl("delete", "statefulset", "vm", "--wait=true", "--timeout=3m"); err != nil {
+		t.Fatalf("delete the StatefulSet: %v\n%s", err, out)
+	}
+	waitKube(t, k, "vm-0 gone", 3*time.Minute, func() bool {
+		out, _ := k.Kubectl("get", "pods", "-o", "name")
+		return out == ""
+	})
+}
+
+// statefulVM is a StatefulSet of one tiny-guest VM pod whose persistent
+// root is the Ceph RBD image vm-root (created on first use), through a
+// ceph flexvolume PV bound to its claim.
+func statefulVM(monitor, key string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Secret
+metadata: {name: ceph-libvirt, namespace: default}
+type: virtlet/flexvolume_driver
+data: {secret: %[3]s}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: vm-root}
+spec:
+  capacity: {storage: 256Mi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  claimRef: {namespace: default, name: root-vm-0}
+  flexVolume:
+    driver: virtlet/flexvolume_driver
+    secretRef: {name: ceph-libvirt, namespace: default}
+    options: {type: ceph, monitor: "%[1]s", pool: rbd, volume: vm-root, user: libvirt, create: "true", capacity: 256MiB, rootfs: "true"}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: vm}
+spec:
+  clusterIP: None
+  selector: {app: stateful-vm}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: vm}
+spec:
+  serviceName: vm
+  replicas: 1
+  selector:
+    matchLabels: {app: stateful-vm}
+  template:
+    metadata:
+      labels: {app: stateful-vm}
+      annotations:
+        kubernetes.io/target-runtime: virtlet.cloud
+        VirtletForceDHCPNetworkConfig: "true"
+        VirtletDiskDriver: %[2]s
+    spec:
+      nodeSelector: {extraRuntime: virtlet}
+      terminationGracePeriodSeconds: 10
+      containers:
+      - name: vm
+        image: virtlet.cloud/tiny
+        tty: true
+        stdin: true
+        resources:
+          limits: {memory: 160Mi}
+        volumeMounts:
+        - {name: root, mountPath: /persistent-root}
+  volumeClaimTemplates:
+  - metadata: {name: root}
+    spec:
+      accessModes: [ReadWriteOnce]
+      storageClassName: ""
+      resources: {requests: {storage: 256Mi}}
+`, monitor, "virtio", base64.StdEncoding.EncodeToString([]byte(key)))
+}
+
+// waitStatefulVM waits until vm-0 runs, not on node notOn, and its guest
+// is ready; it returns its node.
+func waitStatefulVM(t *testing.T, k *harness.Kube, notOn string) string {
+	t.Helper()
+	var node string
+	waitKube(t, k, "vm-0 ready off "+notOn, 5*time.Minute, func() bool {
+		vms, _ := k.ReadyVMs("stateful-vm")
+		if len(vms) != 1 || vms[0].Node == notOn {
+			return false
+		}
+		node = vms[0].Node
+		return true
+	})
+	return node
+}
+
+// currentNode is vm-0's node.
+func currentNode(t *testing.T, k *harness.Kube) string {
+	t.Helper()
+	out, err := k.Kubectl("get", "pod", "vm-0", "-o", "jsonpath={.spec.nodeName}")
+	if err != nil || out == "" {
+		t.Fatalf("vm-0's node: %q %v", out, err)
+	}
+	return out
+}
+
+var diskLine = regexp.MustCompile(`@@DISK (\w+) SIZE_BYTES=(\d+) RO=\d SERIAL=` + regexp.QuoteMeta(core.RootSerial))
+
+// rootDisk is the device of vm-0's guest whose serial is the root disk's,
+// and its size, as the tiny guest printed them on its console.
+func rootDisk(t *testing.T, k *harness.Kube) (dev string, size int64) {
+	t.Helper()
+	logs, err := k.Kubectl("logs", "vm-0")
+	m := diskLine.FindAllStringSubmatch(logs, -1)
+	if err != nil || len(m) == 0 {
+		t.Fatalf("vm-0's console names no root disk (%v):\n%s", err, tail(logs, 3000))
+	}
+	last := m[len(m)-1]
+	size, _ = strconv.ParseInt(last[2], 10, 64)
+	return "/dev/" + last[1], size
+}
