@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything building and testing Virtlet needs on Debian 12,
 # idempotently: Debian packages (only the missing ones, so a ready machine
-# needs no network) and the Go test tools at pinned versions.
+# needs no network) and the Go test tools at pinned versions. A package
+# given as NAME=VERSION is pinned: installed at that version (Debian 12's),
+# and installed again when the machine has another.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,11 +27,16 @@ PKGS=(
   nftables                                             # kube-proxy (nftables mode) in the kubelet-driven e2e
   acl xfsprogs                                         # getfacl in the ACL tests; an xfs root FilesFromDataSource refuses
   socat                                                # dials a VM's guest agent socket as another VM's user in the security e2e
-  novnc chromium                                       # virtletctl vnc --web serves noVNC; the e2e opens it in headless Chromium
+  novnc=1:1.3.0-1 chromium                             # virtletctl vnc --web serves noVNC; the e2e opens it in headless Chromium
+  tesseract-ocr=5.3.0-2 tesseract-ocr-eng=1:4.1.0-2    # and reads the guest's console in the page's screenshot (OCR)
 )
 missing=()
 for p in "${PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  have=$(dpkg-query -W -f='${Status} ${Version}' "${p%%=*}" 2>/dev/null || true)
+  case "$have" in
+    "install ok installed "*) [ "$p" = "${p%%=*}" ] || [ "${have##* }" = "${p#*=}" ] || missing+=("$p") ;;
+    *) missing+=("$p") ;;
+  esac
 done
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 # cloud-init is installed for its schema validator only: keep it from ever
@@ -38,7 +45,7 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --allow-downgrades "${missing[@]}"
 fi
 command -v go >/dev/null || { echo "setup: Go is not installed (want go 1.26 at /usr/local/go)" >&2; exit 1; }
 testing/tools/build.sh
