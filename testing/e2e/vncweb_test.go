@@ -9,7 +9,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"image"
+	"image/color"
 	"image/png"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,10 +44,11 @@ runcmd:
 `
 
 // vncWebInBrowser runs virtletctl vnc --web for the pod and opens its page
-// in headless Chromium: the page shows what the VM's display shows (the
-// page's canvas against libvirt's own screenshot of the display), a line
-// typed into the page runs in the guest (the file it makes is there for
-// kubectl exec), and closing the page ends virtletctl.
+// in headless Chromium: the page shows the guest's text console (OCR reads
+// in the page's screenshot a random marker the guest wrote on its console,
+// and the page's canvas is libvirt's own screenshot of the display), a
+// line typed into the page runs in the guest (the file it makes is there
+// for kubectl exec), and closing the page ends virtletctl.
 func vncWebInBrowser(t *testing.T, k *harness.Kube, d *harness.Daemon, ctl, pod string) {
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {
@@ -68,7 +71,10 @@ func vncWebInBrowser(t *testing.T, k *harness.Kube, d *harness.Daemon, ctl, pod 
 	}
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox,
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1024, 768))
+		// A window larger than the display (OVMF's is 1280×800), which
+		// the page scales to fit: the console's text is larger than the
+		// guest draws it for OCR to read, not smaller.
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1600, 1000))
 	actx, acancel := chromedp.NewExecAllocator(ctx, opts...)
 	defer acancel()
 	browser, closeBrowser := chromedp.NewContext(actx)
@@ -114,22 +120,39 @@ func vncWebInBrowser(t *testing.T, k *harness.Kube, d *harness.Daemon, ctl, pod 
 	}
 	t.Logf("noVNC: %s", status)
 
-	// The page shows the display: its canvas is libvirt's screenshot of
-	// it, pixel for pixel but for a blinking cursor.
+	// The page shows the guest's text console: the guest writes a random
+	// marker on its foreground console, the display (libvirt's screenshot
+	// of it) is the page's canvas pixel for pixel but for a blinking
+	// cursor, and OCR reads the marker in the page's screenshot (a new
+	// marker each try).
 	domain := vmDomain(t, k, d, pod)
 	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	for try := 1; ; try++ {
+		marker := consoleMarker()
+		write := fmt.Sprintf(`{ printf '\033[H\033[2J'; for i in 1 2 3 4; do echo "%[1]s %[1]s %[1]s"; done; } >/dev/tty0`, marker)
+		if out, err := k.Kubectl("exec", pod, "--", "sh", "-c", write); err != nil {
+			t.Fatalf("the guest did not write its console: %v %s", err, out)
+		}
+		time.Sleep(2 * time.Second)
 		page := canvasImage(t, browser)
 		screen := displayImage(t, domain)
 		same, total := samePixels(page, screen)
-		if total > 0 && float64(same) >= 0.99*float64(total) {
+		shot := pageScreenshot(t, browser)
+		read := ocrText(t, shot)
+		if total > 0 && float64(same) >= 0.99*float64(total) && strings.Contains(read, marker) {
 			t.Logf("the page's canvas is the display's screenshot: %d×%d, %d of %d pixels the same", page.Bounds().Dx(), page.Bounds().Dy(), same, total)
+			t.Logf("the guest wrote %s 12 times on its console (try %d); OCR of the page's screenshot (%d×%d) reads it %d times:\n%s",
+				marker, try, shot.Bounds().Dx(), shot.Bounds().Dy(), strings.Count(read, marker), strings.TrimSpace(read))
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the page's canvas (%v) is not the display (%v): %d of %d pixels the same", page.Bounds(), screen.Bounds(), same, total)
+			file := filepath.Join(os.TempDir(), "vnc-web-"+marker+".png")
+			var buf bytes.Buffer
+			png.Encode(&buf, shot)
+			os.WriteFile(file, buf.Bytes(), 0o644)
+			t.Fatalf("the page does not show the guest's console after %d tries: its canvas (%v) against the display (%v): %d of %d pixels the same; the guest wrote %s, OCR of the page's screenshot (%s) reads:\n%s",
+				try, page.Bounds(), screen.Bounds(), same, total, marker, file, read)
 		}
-		time.Sleep(2 * time.Second)
 	}
 
 	// What is typed into the page reaches the guest: root's shell on tty1
@@ -138,28 +161,28 @@ func vncWebInBrowser(t *testing.T, k *harness.Kube, d *harness.Daemon, ctl, pod 
 	// agent to find.
 	b := make([]byte, 4)
 	rand.Read(b)
-	marker := "/root/vnctyped" + hex.EncodeToString(b)
+	typed := "/root/vnctyped" + hex.EncodeToString(b)
 	made := func() bool {
-		_, err := k.Kubectl("exec", pod, "--", "test", "-e", marker)
+		_, err := k.Kubectl("exec", pod, "--", "test", "-e", typed)
 		return err == nil
 	}
 	deadline = time.Now().Add(3 * time.Minute)
 	for !made() {
 		if time.Now().After(deadline) {
-			shot := filepath.Join(os.TempDir(), "vnc-web-"+filepath.Base(marker)+".png")
+			shot := filepath.Join(os.TempDir(), "vnc-web-"+filepath.Base(typed)+".png")
 			var buf bytes.Buffer
 			png.Encode(&buf, canvasImage(t, browser))
 			os.WriteFile(shot, buf.Bytes(), 0o644)
-			t.Fatalf("what was typed into the page did not run in the guest (no %s; the page: %s)", marker, shot)
+			t.Fatalf("what was typed into the page did not run in the guest (no %s; the page: %s)", typed, shot)
 		}
-		if err := chromedp.Do(browser, chromedp.Click(chromedp.CSS("#screen canvas")), chromedp.KeyEvent("touch "+marker+"\r")); err != nil {
+		if err := chromedp.Do(browser, chromedp.Click(chromedp.CSS("#screen canvas")), chromedp.KeyEvent("touch "+typed+"\r")); err != nil {
 			t.Fatal(err)
 		}
 		for i := 0; i < 10 && !made(); i++ {
 			time.Sleep(2 * time.Second)
 		}
 	}
-	t.Logf("typed into the page: touch %s, which ran in the guest", marker)
+	t.Logf("typed into the page: touch %s, which ran in the guest", typed)
 
 	// Closing the page ends virtletctl.
 	closeBrowser()
@@ -190,6 +213,74 @@ func canvasImage(t *testing.T, browser context.Context) image.Image {
 		t.Fatalf("the canvas: %v", err)
 	}
 	return img
+}
+
+// pageScreenshot is the browser's screenshot of noVNC's canvas, as the
+// page shows it (scaled to the window).
+func pageScreenshot(t *testing.T, browser context.Context) image.Image {
+	t.Helper()
+	raw, err := chromedp.Run(browser, chromedp.Screenshot(chromedp.CSS("#screen canvas")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatalf("the page's screenshot: %v", err)
+	}
+	return img
+}
+
+// consoleMarker is a random marker for the guest to write on its text
+// console: twelve capital letters from those tesseract tells apart in the
+// console's font (not B, G, I, O, Q, S, U, V, W, Y, Z, nor digits, which it
+// reads as one another).
+func consoleMarker() string {
+	const letters = "ACDEFHJKLMNPRTX"
+	b := make([]byte, 12)
+	rand.Read(b)
+	for i := range b {
+		b[i] = letters[int(b[i])%len(letters)]
+	}
+	return string(b)
+}
+
+// ocrText is the text tesseract (Debian's tesseract-ocr) reads in a
+// picture of a text console: light text on a dark ground, which it reads
+// best dark on light and three times the size, smoothly scaled.
+func ocrText(t *testing.T, img image.Image) string {
+	t.Helper()
+	const scale = 3
+	b := img.Bounds()
+	w, h := b.Dx(), b.Dy()
+	inv := make([]float64, w*h)
+	for y := 0; y < h; y++ {
+		for x := 0; x < w; x++ {
+			inv[y*w+x] = 255 - float64(color.GrayModel.Convert(img.At(b.Min.X+x, b.Min.Y+y)).(color.Gray).Y)
+		}
+	}
+	at := func(x, y int) float64 { return inv[min(y, h-1)*w+min(x, w-1)] }
+	big := image.NewGray(image.Rect(0, 0, w*scale, h*scale))
+	for y := 0; y < h*scale; y++ {
+		fy := max((float64(y)+0.5)/scale-0.5, 0)
+		y0, ty := int(fy), fy-math.Floor(fy)
+		for x := 0; x < w*scale; x++ {
+			fx := max((float64(x)+0.5)/scale-0.5, 0)
+			x0, tx := int(fx), fx-math.Floor(fx)
+			v := (at(x0, y0)*(1-tx)+at(x0+1, y0)*tx)*(1-ty) + (at(x0, y0+1)*(1-tx)+at(x0+1, y0+1)*tx)*ty
+			big.Pix[y*big.Stride+x] = uint8(v + 0.5)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "ocr.png")
+	var buf bytes.Buffer
+	png.Encode(&buf, big)
+	if err := os.WriteFile(file, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("tesseract", file, "stdout", "--psm", "6").Output()
+	if err != nil {
+		t.Fatalf("tesseract (Debian's tesseract-ocr; testing/setup.sh installs it): %v", err)
+	}
+	return string(out)
 }
 
 // displayImage is libvirt's screenshot of the domain's display (QEMU's
