@@ -112,8 +112,17 @@ func begin(id, file string) error {
 		}
 	}
 	// ACL entries a killed run's VM users kept on libvirtd's directories
-	// (the test daemons' users are a range of their own).
+	// (the test daemons' users are a range of their own). An entry names
+	// no run: while another run goes on, its VMs' grants are in use, and
+	// all stay.
+	live := liveRuns(id)
+	if len(live) > 0 {
+		fmt.Printf("hostcheck: runs %v are still running: the test VM users' grants stay\n", live)
+	}
 	for _, p := range modePaths {
+		if len(live) > 0 {
+			break
+		}
 		users, _ := posixacl.Users(p)
 		for uid := range users {
 			if harness.TestUsers.Contains(int(uid)) {
@@ -190,6 +199,7 @@ func end(id, file string) error {
 	if err != nil {
 		return err
 	}
+	live := liveRuns(id)
 	for _, p := range modePaths {
 		was, is := before[p], now[p]
 		switch {
@@ -198,6 +208,10 @@ func end(id, file string) error {
 			// Made by the software under test where a node has it too
 			// (/var/run/netns, kubelet's log directories).
 			fmt.Printf("hostcheck: %s was made (%s)\n", p, is)
+		case was.Mode == is.Mode && was.UID == is.UID && was.GID == is.GID && !was.Missing && !is.Missing && len(live) > 0:
+			// Only ACL entries differ, while another run goes on: its
+			// VMs' grants, or this run's, which no entry tells apart.
+			fmt.Printf("hostcheck: %s has ACL entries %q, had %q: not judged while runs %v go on\n", p, is.ACL, was.ACL, live)
 		case was.Mode == is.Mode && was.UID == is.UID && was.GID == is.GID && !was.Missing && !is.Missing:
 			// Only ACL entries differ: a VM user's grant that nothing
 			// revoked. Reported, and removed so the next run starts clean.
@@ -584,6 +598,19 @@ func hostModes() (map[string]pathMode, error) {
 		}
 	}
 	return out, nil
+}
+
+// liveRuns lists the runs other than id whose test binary still runs
+// (runningAs).
+func liveRuns(id string) []string {
+	dirs, _ := filepath.Glob(harness.RunDir("*"))
+	var out []string
+	for _, dir := range dirs {
+		if other := strings.TrimPrefix(dir, harness.RunDir("")); other != id && runningAs(other) != 0 {
+			out = append(out, other)
+		}
+	}
+	return out
 }
 
 // runningAs returns the test binary (a go test's *.test process, or
