@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/virtlet/virtlet/deploy"
+	"github.com/virtlet/virtlet/testing/cephcluster"
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -114,4 +116,64 @@ func BenchmarkCluster(b *testing.B) {
 		Row{Figure: "node failure (kubelet and daemon killed) → its VM pod ready on another node (16 s grace, 2 s toleration)", Ours: fmt.Sprintf("%.1f s", rescheduled.Seconds()), Target: "none set"})
 	fmt.Printf("Cluster (3 nodes on one machine, tiny guests, TCG): VM → VM ping p50 %.2f ms, TCP %.0f Mbit/s (%.0f bytes in %.2f s), node failure → VM pod ready elsewhere %.1f s\n",
 		float64(p50.Microseconds())/1e3, mbps, bytes, secs, rescheduled.Seconds())
+}
+
+// BenchmarkClusterDrain: two Virtlet nodes, a Ceph cluster on their
+// network, and a StatefulSet's VM whose persistent root is a Ceph RBD
+// image (harness.StatefulVM, as TestKubeStatefulVMDrain); kubectl drain
+// of the VM's node → the guest ready on the other node (its pod Running
+// and the tiny guest's ready marker in kubectl logs, polled every
+// 100 ms), twice (there and back). No target is set. Run with
+// -benchtime 1x.
+func BenchmarkClusterDrain(b *testing.B) {
+	kubeBin, err := harness.KubeBinaries()
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := builtBinaries(b)
+	nodeNet := harness.NewNodeNet(b, 235)
+	ceph := cephcluster.StartOn(b, nodeNet.HostIP)
+	ceph.Run(b, "ceph", "auth", "get-or-create", "client.libvirt", "mon", "profile rbd", "osd", "profile rbd pool=rbd")
+	key := strings.TrimSpace(ceph.Run(b, "ceph", "auth", "print-key", "client.libvirt"))
+	k := harness.StartClusterControlPlane(b, kubeBin, nodeNet.HostIP)
+	k.FlexvolumeDriver = filepath.Join(dir, "virtlet-flexvolume-driver")
+	objects, err := deploy.Manifests(deploy.Options{NoInstaller: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := k.Apply(objects); err != nil {
+		b.Fatal(err)
+	}
+	_, translation := serveGuestOn(b, "tiny", "tiny", nodeNet.HostIP)
+	for i := 0; i < 2; i++ {
+		node, d := nodeNet.StartVirtletNode(b, dir, 236+i, translation)
+		k.StartNodeKubelet(node, d)
+	}
+	if err := k.Apply(harness.StatefulVM(ceph.Monitor, key)); err != nil {
+		b.Fatal(err)
+	}
+	vms := k.WaitVMs("stateful-vm", "vm-0 ready", 5*time.Minute, time.Second, func(vms []harness.ClusterVM) bool { return len(vms) == 1 })
+	var took []time.Duration
+	for i := 0; i < 2; i++ {
+		from := vms[0].Node
+		began := time.Now()
+		if out, err := k.Kubectl("drain", from, "--ignore-daemonsets", "--timeout=3m"); err != nil {
+			b.Fatalf("kubectl drain %s: %v\n%s", from, err, out)
+		}
+		vms = k.WaitVMs("stateful-vm", "vm-0 ready off "+from, 5*time.Minute, 100*time.Millisecond, func(vms []harness.ClusterVM) bool {
+			return len(vms) == 1 && vms[0].Node != from
+		})
+		took = append(took, time.Since(began))
+		if out, err := k.Kubectl("uncordon", from); err != nil {
+			b.Fatalf("kubectl uncordon %s: %v\n%s", from, err, out)
+		}
+	}
+	if out, err := k.Kubectl("delete", "statefulset", "vm", "--wait=true", "--timeout=3m"); err != nil {
+		b.Fatalf("delete the StatefulSet: %v\n%s", err, out)
+	}
+	b.ReportMetric(median(took).Seconds(), "drain-ready-s")
+	record(Row{Figure: "kubectl drain → the StatefulSet's VM ready on another node, its root on Ceph RBD (tiny guest; there, back)",
+		Ours: fmt.Sprintf("%.1f s, %.1f s", took[0].Seconds(), took[1].Seconds()), Target: "none set"})
+	fmt.Printf("ClusterDrain (2 nodes, the VM's root on Ceph RBD, tiny guest, TCG): kubectl drain → guest ready on the other node %.1f s, back %.1f s\n",
+		took[0].Seconds(), took[1].Seconds())
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/base64"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -47,7 +46,7 @@ func TestKubeStatefulVMDrain(t *testing.T) {
 		node, d := nodeNet.StartVirtletNode(t, bins, 251+i, names)
 		k.StartNodeKubelet(node, d)
 	}
-	if err := k.Apply(statefulVM(ceph.Monitor, key)); err != nil {
+	if err := k.Apply(harness.StatefulVM(ceph.Monitor, key)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -93,73 +92,6 @@ func TestKubeStatefulVMDrain(t *testing.T) {
 		out, _ := k.Kubectl("get", "pods", "-o", "name")
 		return out == ""
 	})
-}
-
-// statefulVM is a StatefulSet of one tiny-guest VM pod whose persistent
-// root is the Ceph RBD image vm-root (created on first use), through a
-// ceph flexvolume PV bound to its claim.
-func statefulVM(monitor, key string) string {
-	return fmt.Sprintf(`apiVersion: v1
-kind: Secret
-metadata: {name: ceph-libvirt, namespace: default}
-type: virtlet/flexvolume_driver
-data: {secret: %[3]s}
----
-apiVersion: v1
-kind: PersistentVolume
-metadata: {name: vm-root}
-spec:
-  capacity: {storage: 256Mi}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  storageClassName: ""
-  claimRef: {namespace: default, name: root-vm-0}
-  flexVolume:
-    driver: virtlet/flexvolume_driver
-    secretRef: {name: ceph-libvirt, namespace: default}
-    options: {type: ceph, monitor: "%[1]s", pool: rbd, volume: vm-root, user: libvirt, create: "true", capacity: 256MiB, rootfs: "true"}
----
-apiVersion: v1
-kind: Service
-metadata: {name: vm}
-spec:
-  clusterIP: None
-  selector: {app: stateful-vm}
----
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {name: vm}
-spec:
-  serviceName: vm
-  replicas: 1
-  selector:
-    matchLabels: {app: stateful-vm}
-  template:
-    metadata:
-      labels: {app: stateful-vm}
-      annotations:
-        kubernetes.io/target-runtime: virtlet.cloud
-        VirtletForceDHCPNetworkConfig: "true"
-        VirtletDiskDriver: %[2]s
-    spec:
-      nodeSelector: {extraRuntime: virtlet}
-      terminationGracePeriodSeconds: 10
-      containers:
-      - name: vm
-        image: virtlet.cloud/tiny
-        tty: true
-        stdin: true
-        resources:
-          limits: {memory: 160Mi}
-        volumeMounts:
-        - {name: root, mountPath: /persistent-root}
-  volumeClaimTemplates:
-  - metadata: {name: root}
-    spec:
-      accessModes: [ReadWriteOnce]
-      storageClassName: ""
-      resources: {requests: {storage: 256Mi}}
-`, monitor, "virtio", base64.StdEncoding.EncodeToString([]byte(key)))
 }
 
 // waitStatefulVM waits until vm-0 runs, not on node notOn, and its guest

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"encoding/base64"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -114,4 +115,72 @@ func ByNode(vms []ClusterVM) map[string][]ClusterVM {
 		out[v.Node] = append(out[v.Node], v)
 	}
 	return out
+}
+
+// StatefulVM is a StatefulSet (vm, its pod vm-0 labelled
+// app=stateful-vm) of one tiny-guest VM pod whose persistent
+// root is the Ceph RBD image vm-root (created on first use), through a
+// ceph flexvolume PV bound to its claim.
+func StatefulVM(monitor, key string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Secret
+metadata: {name: ceph-libvirt, namespace: default}
+type: virtlet/flexvolume_driver
+data: {secret: %[3]s}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: vm-root}
+spec:
+  capacity: {storage: 256Mi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  claimRef: {namespace: default, name: root-vm-0}
+  flexVolume:
+    driver: virtlet/flexvolume_driver
+    secretRef: {name: ceph-libvirt, namespace: default}
+    options: {type: ceph, monitor: "%[1]s", pool: rbd, volume: vm-root, user: libvirt, create: "true", capacity: 256MiB, rootfs: "true"}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: vm}
+spec:
+  clusterIP: None
+  selector: {app: stateful-vm}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: vm}
+spec:
+  serviceName: vm
+  replicas: 1
+  selector:
+    matchLabels: {app: stateful-vm}
+  template:
+    metadata:
+      labels: {app: stateful-vm}
+      annotations:
+        kubernetes.io/target-runtime: virtlet.cloud
+        VirtletForceDHCPNetworkConfig: "true"
+        VirtletDiskDriver: %[2]s
+    spec:
+      nodeSelector: {extraRuntime: virtlet}
+      terminationGracePeriodSeconds: 10
+      containers:
+      - name: vm
+        image: virtlet.cloud/tiny
+        tty: true
+        stdin: true
+        resources:
+          limits: {memory: 160Mi}
+        volumeMounts:
+        - {name: root, mountPath: /persistent-root}
+  volumeClaimTemplates:
+  - metadata: {name: root}
+    spec:
+      accessModes: [ReadWriteOnce]
+      storageClassName: ""
+      resources: {requests: {storage: 256Mi}}
+`, monitor, "virtio", base64.StdEncoding.EncodeToString([]byte(key)))
 }
