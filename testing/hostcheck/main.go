@@ -93,6 +93,13 @@ func begin(id, file string) error {
 			earlier[other] = true
 		}
 	}
+	// Kubelets' cgroup roots outlive a run whose directory went (a
+	// container a killed test left kept one busy).
+	for _, cg := range harness.RunCgroups("*") {
+		if m := runCgroup.FindStringSubmatch(filepath.Base(cg)); m != nil && m[1] != id {
+			earlier[m[1]] = true
+		}
+	}
 	for other := range earlier {
 		left := leftBy(other, true)
 		if len(left) == 0 {
@@ -599,6 +606,10 @@ func hostModes() (map[string]pathMode, error) {
 	}
 	return out, nil
 }
+
+// runCgroup is a kubelet cgroup root's name (harness.KubeletCgroupRoot),
+// with its run's id.
+var runCgroup = regexp.MustCompile(`^vt([0-9a-f]{6})-kubelet-`)
 
 // liveRuns lists the runs other than id whose test binary still runs
 // (runningAs).
