@@ -24,19 +24,35 @@ rm -rf "$root" "$mods"; mkdir -p "$root"/{bin,proc,sys,dev,ci,mnt} "$mods/lib/mo
 cp /bin/busybox "$root/bin/busybox"
 cp "$here/init" "$root/init"; chmod 755 "$root/init"
 cp "$here/pgrep" "$root/bin/pgrep"; chmod 755 "$root/bin/pgrep"
-# The guest agent (Debian's qemu-guest-agent) with the libraries it links,
-# taken from this host (the same Debian release), so exec reaches this
-# guest too.
-(cd "$work/debs" && ls qemu-guest-agent_*.deb >/dev/null 2>&1 || apt-get download -q qemu-guest-agent)
-ga=$work/ga; rm -rf "$ga"; mkdir -p "$ga"
-dpkg-deb -x "$(ls "$work"/debs/qemu-guest-agent_*.deb | tail -1)" "$ga"
-cp "$ga/usr/sbin/qemu-ga" "$root/bin/qemu-ga"
-if ldd "$ga/usr/sbin/qemu-ga" | grep -q "not found"; then
-  echo "qemu-ga needs libraries this host lacks:" >&2; ldd "$ga/usr/sbin/qemu-ga" >&2; exit 1
-fi
-for lib in $(ldd "$ga/usr/sbin/qemu-ga" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
-  mkdir -p "$root$(dirname "$lib")"; cp -L "$lib" "$root$lib"
-done
+# bundle PACKAGE PROGRAM [LIBRARY-PACKAGE...]: a program of a Debian
+# package, with the libraries it links, into the initramfs's /bin: this
+# host's (the same Debian release), or those of the library packages.
+bundle() {
+  local pkg=$1 prog=$2 x=$work/pkg-$1 p lib
+  shift 2
+  rm -rf "$x"; mkdir -p "$x"
+  for p in "$pkg" "$@"; do
+    (cd "$work/debs" && ls "${p}"_*.deb >/dev/null 2>&1 || apt-get download -q "$p")
+    dpkg-deb -x "$(ls "$work"/debs/"${p}"_*.deb | tail -1)" "$x"
+  done
+  cp "$x$prog" "$root/bin/$(basename "$prog")"
+  local libs="$x/usr/lib/x86_64-linux-gnu:$x/lib/x86_64-linux-gnu"
+  if LD_LIBRARY_PATH=$libs ldd "$x$prog" | grep -q "not found"; then
+    echo "$prog needs libraries this host lacks:" >&2; LD_LIBRARY_PATH=$libs ldd "$x$prog" >&2; exit 1
+  fi
+  for lib in $(LD_LIBRARY_PATH=$libs ldd "$x$prog" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
+    p=${lib#"$x"}
+    mkdir -p "$root$(dirname "$p")"; cp -L "$lib" "$root$p"
+  done
+}
+# The guest agent (exec reaches this guest too) and an SSH server
+# (virtletctl ssh: dropbear, root's keys from the pod's VirtletSSHKeys).
+bundle qemu-guest-agent /usr/sbin/qemu-ga
+bundle dropbear-bin /usr/sbin/dropbear libtomcrypt1 libtommath1
+mkdir -p "$root/etc"
+echo "root:x:0:0:root:/root:/bin/sh" > "$root/etc/passwd"
+echo "root:x:0:" > "$root/etc/group"
+echo "/bin/sh" > "$root/etc/shells"
 # Debian's kernel's modules, in the order they load, for the UEFI path.
 : > "$mods/modules.list"
 for m in $MODS; do modprobe -d "$kpkg" -S "$kv" --show-depends "$m" | awk '$1=="insmod"{print $2}'; done | awk '!seen[$0]++' |
