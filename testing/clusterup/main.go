@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/virtlet/virtlet/deploy"
 	"github.com/virtlet/virtlet/testing/harness"
 	"github.com/virtlet/virtlet/testing/imageserver"
 )
@@ -72,10 +71,6 @@ func up(t *runner, nodes int) string {
 	if err := harness.Build(bins, build); err != nil {
 		t.Fatal(err)
 	}
-	kubeBin, err := harness.KubeBinaries()
-	if err != nil {
-		t.Fatal(err)
-	}
 	tiny, err := harness.GuestImage("tiny")
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +82,8 @@ func up(t *runner, nodes int) string {
 	if err := harness.EnsureLibvirt(); err != nil {
 		t.Fatal(err)
 	}
-	nodeNet := harness.NewNodeNet(t, 240)
+	fmt.Println("starting the control plane…")
+	nodeNet, k := harness.StartCluster(t, 240)
 	srv, err := imageserver.Start(www, nodeNet.HostIP+":0", www)
 	if err != nil {
 		t.Fatal(err)
@@ -95,15 +91,6 @@ func up(t *runner, nodes int) string {
 	t.Cleanup(func() { srv.Close() })
 	translation, err := srv.Translation(map[string]string{"tiny": "tiny.qcow2"})
 	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Println("starting the control plane…")
-	k := harness.StartClusterControlPlane(t, kubeBin, nodeNet.HostIP)
-	objects, err := deploy.Manifests(deploy.Options{NoInstaller: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Apply(objects); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < nodes; i++ {

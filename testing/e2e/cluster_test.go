@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/virtlet/virtlet/deploy"
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -27,29 +26,33 @@ import (
 // VMs only. Scaled to zero, no domain is left on any node.
 func TestKubeCluster(t *testing.T) {
 	parallel(t)
-	kubeBin, err := harness.KubeBinaries()
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodeNet := harness.NewNodeNet(t, 210)
-	k := harness.StartClusterControlPlane(t, kubeBin, nodeNet.HostIP)
-	objects, err := deploy.Manifests(deploy.Options{NoInstaller: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Apply(objects); err != nil {
-		t.Fatal(err)
-	}
+	nodeNet, k := harness.StartCluster(t, 210)
 	names := nodeImages(t, nodeNet)
 	nodes := map[string]*harness.Node{}
+	k.ClusterDNS = harness.ClusterDNSIP
+	var mixed *harness.Containerd
 	for i := 0; i < 3; i++ {
-		node, d := nodeNet.StartVirtletNode(t, bins, 211+i, names)
+		var node *harness.Node
+		var d *harness.Daemon
+		if i == 0 {
+			// node-1 is mixed: container pods go to its containerd.
+			node, d, mixed = nodeNet.StartMixedNode(t, bins, 211, names)
+		} else {
+			node, d = nodeNet.StartVirtletNode(t, bins, 211+i, names)
+		}
 		k.StartNodeKubelet(node, d)
 		k.StartNodeKubeProxy(node)
 		nodes[node.Name] = node
 	}
+	// The cluster's DNS and a web server, container pods of node-1.
+	mixed.ImportCoreDNS(t)
+	mixed.ImportBusybox(t, "virtlet-test.local/web:1", "httpd", "-f", "-p", "8080", "-h", "/www")
+	if err := k.Apply(harness.ClusterDNS("node-1") + "---\n" + webContainer); err != nil {
+		t.Fatal(err)
+	}
 
-	const deployment = `apiVersion: apps/v1
+	key, pub := sshKey(t)
+	deployment := `apiVersion: apps/v1
 kind: Deployment
 metadata:
   name: vms
@@ -63,6 +66,7 @@ spec:
       annotations:
         kubernetes.io/target-runtime: virtlet.cloud
         VirtletForceDHCPNetworkConfig: "true"
+        VirtletSSHKeys: "` + strings.TrimSpace(pub) + `"
     spec:
       nodeSelector: {extraRuntime: virtlet}
       topologySpreadConstraints:
@@ -146,7 +150,22 @@ spec:
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build virtletctl: %v\n%s", err, out)
 	}
-	for _, v := range vms {
+	for i, v := range vms {
+		// virtletctl ssh, through the API server's port-forward to this
+		// node's kubelet and daemon, into the tiny guest's dropbear (one
+		// VM of each node).
+		if i%2 == 0 {
+			var out []byte
+			var err error
+			if !harness.EventuallyOK(time.Minute, func() bool {
+				out, err = exec.Command(ctl, "--kubeconfig", k.Kubeconfig, "ssh", "-i", key, "root@"+v.Pod, "--",
+					"-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+					"echo ssh-ok from $(hostname)").CombinedOutput()
+				return err == nil && strings.Contains(string(out), "ssh-ok from "+v.Pod)
+			}) {
+				t.Errorf("virtletctl ssh root@%s (on %s): %v\n%s", v.Pod, v.Node, err, out)
+			}
+		}
 		out, err := exec.Command(ctl, "--kubeconfig", k.Kubeconfig, "status", v.Pod).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "State:       running for ") || !strings.Contains(string(out), " "+v.IP+"/") {
 			t.Errorf("virtletctl status %s (on %s): %v\n%s", v.Pod, v.Node, err, out)
@@ -198,6 +217,42 @@ spec:
 	})
 	t.Logf("%s (%s) → Service web %s: answered by the VMs of %v", vms[0].Pod, vms[0].Node, clusterIP, answered)
 
+	// VM → container pod on the mixed node, by pod IP, and by Service
+	// names that CoreDNS (a container pod there too) resolves: from a
+	// VM of node-3, whose kube-proxy sends it the mixed node's way.
+	waitKube(t, k, "the container pods (CoreDNS, web-ctr) ready", 3*time.Minute, func() bool {
+		out, _ := k.Kubectl("get", "pods", "-A", "-l", "tier=containers", "-o", `jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status} {end}`)
+		return slices.Equal(strings.Fields(out), []string{"True", "True"})
+	})
+	client := vms[len(vms)-1]
+	ctrIP, err := k.Kubectl("get", "pods", "-l", "app=web-ctr", "-o", "jsonpath={.items[0].status.podIP}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := k.Kubectl("exec", client.Pod, "--", "sh", "-c", fmt.Sprintf(`printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 %s 8080`, ctrIP)); err != nil || !strings.Contains(out, "busybox httpd") {
+		t.Errorf("%s (%s) → the container pod web-ctr at %s: %v\n%s", client.Pod, client.Node, ctrIP, err, out)
+	}
+	for _, svc := range []string{"web-ctr", "web"} {
+		ip, err := k.Kubectl("get", "service", svc, "-o", "jsonpath={.spec.clusterIP}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := svc + ".default.svc.cluster.local"
+		var out string
+		if !harness.EventuallyOK(time.Minute, func() bool {
+			out, _ = k.Kubectl("exec", client.Pod, "--", "nslookup", name)
+			return strings.Contains(out, ip)
+		}) {
+			t.Errorf("%s (%s): nslookup %s, want %s:\n%s", client.Pod, client.Node, name, ip, out)
+		}
+	}
+	webCtrIP, _ := k.Kubectl("get", "service", "web-ctr", "-o", "jsonpath={.spec.clusterIP}")
+	// The short name, through the pod's search domains.
+	if out, err := k.Kubectl("exec", client.Pod, "--", "sh", "-c",
+		`printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 $(nslookup web-ctr | sed -n 's/^Address:[[:space:]]*\([0-9.]*\)$/\1/p' | tail -1) 80`); err != nil || !strings.Contains(out, "busybox httpd") {
+		t.Errorf("%s (%s) → Service web-ctr (%s) by its name: %v\n%s", client.Pod, client.Node, webCtrIP, err, out)
+	}
+
 	if out, err := k.Kubectl("scale", "deployment", "vms", "--replicas=0"); err != nil {
 		t.Fatalf("scale to 0: %v\n%s", err, out)
 	}
@@ -211,6 +266,17 @@ spec:
 			return err == nil && len(doms) == 0
 		})
 	}
+	// The container pods go too, through the daemon's forward, before
+	// node-1's containerd and kubelet stop.
+	for _, args := range [][]string{{"delete", "deployment", "web-ctr"}, {"delete", "deployment", "-n", "kube-system", "coredns"}} {
+		if out, err := k.Kubectl(args...); err != nil {
+			t.Errorf("kubectl %v: %v\n%s", args, err, out)
+		}
+	}
+	waitKube(t, k, "the container pods gone", 2*time.Minute, func() bool {
+		out, _ := k.Kubectl("get", "pods", "-A", "-l", "tier=containers", "-o", "name")
+		return out == ""
+	})
 }
 
 // kubectlAttachTypes types a line into a VM pod's console through kubectl
@@ -239,3 +305,31 @@ func kubectlAttachTypes(t *testing.T, k *harness.Kube, pod, line string) {
 		t.Errorf("kubectl attach -it %s: no answer to %q:\n%s", pod, line, tail(attached.String(), 2000))
 	}
 }
+
+// webContainer is a container pod serving busybox httpd's page on the
+// mixed node, and the Service web-ctr in front of it.
+const webContainer = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web-ctr}
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {app: web-ctr}
+  template:
+    metadata:
+      labels: {app: web-ctr, tier: containers}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: node-1}
+      containers:
+      - name: web
+        image: virtlet-test.local/web:1
+        imagePullPolicy: Never
+        ports: [{containerPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-ctr}
+spec:
+  selector: {app: web-ctr}
+  ports: [{port: 80, targetPort: 8080}]
+`

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/virtlet/virtlet/core"
-	"github.com/virtlet/virtlet/deploy"
 	"github.com/virtlet/virtlet/testing/cephcluster"
 	"github.com/virtlet/virtlet/testing/harness"
 )
@@ -24,23 +23,11 @@ import (
 // the marker still there.
 func TestKubeStatefulVMDrain(t *testing.T) {
 	parallel(t)
-	kubeBin, err := harness.KubeBinaries()
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodeNet := harness.NewNodeNet(t, 250)
+	nodeNet, k := harness.StartCluster(t, 250)
 	ceph := cephcluster.StartOn(t, nodeNet.HostIP)
 	ceph.Run(t, "ceph", "auth", "get-or-create", "client.libvirt", "mon", "profile rbd", "osd", "profile rbd pool=rbd")
 	key := strings.TrimSpace(ceph.Run(t, "ceph", "auth", "print-key", "client.libvirt"))
-	k := harness.StartClusterControlPlane(t, kubeBin, nodeNet.HostIP)
 	k.FlexvolumeDriver = filepath.Join(bins, "virtlet-flexvolume-driver")
-	objects, err := deploy.Manifests(deploy.Options{NoInstaller: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Apply(objects); err != nil {
-		t.Fatal(err)
-	}
 	names := nodeImages(t, nodeNet)
 	for i := 0; i < 2; i++ {
 		node, d := nodeNet.StartVirtletNode(t, bins, 251+i, names)

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/virtlet/virtlet/deploy"
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -29,19 +28,7 @@ type clusterNode struct {
 // after 16 s without a lease renewal.
 func TestKubeNodeFailure(t *testing.T) {
 	parallel(t)
-	kubeBin, err := harness.KubeBinaries()
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodeNet := harness.NewNodeNet(t, 220)
-	k := harness.StartClusterControlPlane(t, kubeBin, nodeNet.HostIP)
-	objects, err := deploy.Manifests(deploy.Options{NoInstaller: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Apply(objects); err != nil {
-		t.Fatal(err)
-	}
+	nodeNet, k := harness.StartCluster(t, 220)
 	names := nodeImages(t, nodeNet)
 	nodes := map[string]*clusterNode{}
 	for i := 0; i < 3; i++ {

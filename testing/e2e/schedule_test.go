@@ -21,6 +21,7 @@ var longestFirst = []string{
 	"TestCritest",
 	"TestKubeNodeFailure",
 	"TestKubeStatefulVMDrain",
+	"TestKubeCluster",
 	"TestPersistentRootfs",
 	"TestCloudInitInRealGuest",
 	"TestReachTheVM",

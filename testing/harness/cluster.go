@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/virtlet/virtlet/deploy"
 )
 
 // StartVirtletNode starts a node on n, its pods on subnet podIndex, and a
@@ -183,4 +185,125 @@ spec:
       storageClassName: ""
       resources: {requests: {storage: 256Mi}}
 `, monitor, "virtio", base64.StdEncoding.EncodeToString([]byte(key)))
+}
+
+// StartMixedNode is StartVirtletNode with a containerd of the node's own
+// (in its namespaces, its pods on the node's pod network) to which the
+// daemon forwards container pods, as a mixed node of a real cluster.
+func (n *NodeNet) StartMixedNode(t testing.TB, bins string, podIndex int, translations string) (*Node, *Daemon, *Containerd) {
+	t.Helper()
+	node := n.NewNode(t, podIndex)
+	ctrd := StartContainerd(t, nil, ContainerdOptions{CNIConfDir: node.ConfDir, Wrap: node.Wrap()})
+	d := NewDaemon(t, filepath.Join(bins, "virtlet"), append(Shipped(bins), node.CNIPlugin(bins)))
+	d.Wrap = node.Wrap()
+	d.Translate("test-images.yaml", translations)
+	d.Start("--forward-runtime", ctrd.Endpoint)
+	return node, d, ctrd
+}
+
+// ClusterDNSIP is the cluster DNS Service's address (ClusterDNS).
+const ClusterDNSIP = "198.19.96.10"
+
+// ClusterDNS is CoreDNS (CoreDNSImage, imported into the node's
+// containerd) serving the cluster's names (cluster.local) from the API
+// server, on node, as the Service kube-dns at ClusterDNSIP; nothing is
+// forwarded upstream (nothing leaves the machine). The nodes' kubelets
+// give pods that server when Kube.ClusterDNS is set.
+func ClusterDNS(node string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: ServiceAccount
+metadata: {name: coredns, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "system:coredns"}
+rules:
+- apiGroups: [""]
+  resources: [endpoints, services, pods, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "system:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
+subjects:
+- {kind: ServiceAccount, name: coredns, namespace: kube-system}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: coredns, namespace: kube-system}
+data:
+  Corefile: |
+    .:53 {
+        errors
+        kubernetes cluster.local in-addr.arpa ip6.arpa {
+            pods insecure
+            fallthrough in-addr.arpa ip6.arpa
+        }
+        cache 30
+    }
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: coredns, namespace: kube-system}
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {k8s-app: kube-dns}
+  template:
+    metadata:
+      labels: {k8s-app: kube-dns, tier: containers}
+    spec:
+      serviceAccountName: coredns
+      dnsPolicy: Default
+      nodeSelector: {kubernetes.io/hostname: %[1]s}
+      containers:
+      - name: coredns
+        image: %[2]s
+        imagePullPolicy: Never
+        args: [-conf, /etc/coredns/Corefile]
+        ports:
+        - {containerPort: 53, protocol: UDP, name: dns}
+        - {containerPort: 53, protocol: TCP, name: dns-tcp}
+        volumeMounts:
+        - {name: config, mountPath: /etc/coredns, readOnly: true}
+      volumes:
+      - name: config
+        configMap: {name: coredns}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kube-dns, namespace: kube-system}
+spec:
+  clusterIP: %[3]s
+  selector: {k8s-app: kube-dns}
+  ports:
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: dns-tcp, port: 53, protocol: TCP}
+`, node, CoreDNSImage, ClusterDNSIP)
+}
+
+// StartCluster starts a cluster's network (NewNodeNet(index)) and control
+// plane (StartClusterControlPlane, the pinned Kubernetes binaries) with
+// Virtlet's cluster objects (deploy.Manifests: its CRDs and RuntimeClass)
+// applied; the nodes are the caller's.
+func StartCluster(t testing.TB, index int) (*NodeNet, *Kube) {
+	t.Helper()
+	kubeBin, err := KubeBinaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeNet := NewNodeNet(t, index)
+	k := StartClusterControlPlane(t, kubeBin, nodeNet.HostIP)
+	objects, err := deploy.Manifests(deploy.Options{NoInstaller: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Apply(objects); err != nil {
+		t.Fatal(err)
+	}
+	return nodeNet, k
 }

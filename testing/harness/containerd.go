@@ -57,6 +57,11 @@ type ContainerdOptions struct {
 	// are: the config the harness writes is version 2, which containerd
 	// 1.6 reads and 2.x migrates.
 	BinDir string
+	// CNIConfDir is its pods' CNI configuration (the test network's when
+	// empty).
+	CNIConfDir string
+	// Wrap runs it on a Node (Node.Wrap).
+	Wrap []string
 }
 
 // Containerd is a containerd of the test's own (containerd 2.2 and runc
@@ -100,13 +105,18 @@ func StartContainerd(t testing.TB, tn *TestNetwork, opts ContainerdOptions) *Con
 	c := &Containerd{Dir: dir, binDir: binDir, socket: filepath.Join(dir, "containerd.sock")}
 	c.Endpoint = "unix://" + c.socket
 	config := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(config, []byte(containerdConfig(dir, c.socket, tn.ConfDir)), 0o644); err != nil {
+	cniConf := opts.CNIConfDir
+	if cniConf == "" {
+		cniConf = tn.ConfDir
+	}
+	if err := os.WriteFile(config, []byte(containerdConfig(dir, c.socket, cniConf)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if c.log, err = os.Create(filepath.Join(dir, "containerd.log")); err != nil {
 		t.Fatal(err)
 	}
-	c.cmd = exec.Command(filepath.Join(binDir, "containerd"), "--config", config)
+	argv := append(append([]string(nil), opts.Wrap...), filepath.Join(binDir, "containerd"), "--config", config)
+	c.cmd = exec.Command(argv[0], argv[1:]...)
 	// containerd finds its shim, and the shim runc, in PATH.
 	c.cmd.Env = append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"))
 	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log
@@ -493,4 +503,36 @@ func tarDir(w io.Writer, root string) error {
 		return err
 	}
 	return tw.Close()
+}
+
+// CoreDNSImage is the cluster DNS's image (ImportCoreDNS): CoreDNS,
+// testing/coredns/build.sh's static build, alone.
+const CoreDNSImage = "virtlet-test.local/coredns:1.12.4"
+
+// ImportCoreDNS builds CoreDNS (once, cached) and imports it as
+// CoreDNSImage, its entrypoint /coredns.
+func (c *Containerd) ImportCoreDNS(t testing.TB) {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(RepoRoot(), "testing", "coredns", "build.sh")).Output()
+	if err != nil {
+		t.Fatalf("build CoreDNS: %v", err)
+	}
+	bin, err := os.ReadFile(strings.TrimSpace(string(out)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(t.TempDir(), "rootfs")
+	if err := os.MkdirAll(filepath.Join(root, "etc", "coredns"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "coredns"), bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	archive := root + ".tar"
+	if err := writeDockerArchive(archive, CoreDNSImage, root, []string{"/coredns"}); err != nil {
+		t.Fatalf("image %s: %v", CoreDNSImage, err)
+	}
+	if out, err := c.Ctr("images", "import", archive); err != nil {
+		t.Fatalf("import %s into containerd: %v\n%s", CoreDNSImage, err, out)
+	}
 }

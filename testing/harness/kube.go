@@ -51,7 +51,10 @@ type Kube struct {
 	FlexvolumeDriver string
 	// FeatureGates, when set before StartKubelet, are kubelet's feature
 	// gates, a YAML flow mapping ("{PodAndContainerStatsFromCRI: true}").
-	FeatureGates  string
+	FeatureGates string
+	// ClusterDNS, when set before StartNodeKubelet, is the cluster DNS
+	// server kubelet gives pods (ClusterDNSIP), with cluster.local.
+	ClusterDNS    string
 	mu            sync.Mutex // procs and kubeletDone, which RestartKubeletProcess changes
 	procs         []*exec.Cmd
 	kubelet       []string // the kubelet's command line, for RestartKubelet
@@ -142,7 +145,10 @@ func startControlPlane(t testing.TB, bin, address string) *Kube {
 		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
 		"--kubelet-client-certificate="+pki("apiserver-kubelet-client.crt"), "--kubelet-client-key="+pki("apiserver-kubelet-client.key"),
 		"--kubelet-certificate-authority="+pki("ca.crt"), "--kubelet-preferred-address-types="+preferred,
-		"--endpoint-reconciler-type=none",
+		// The kubernetes Service's endpoint is the API server's address:
+		// a cluster's, on its node bridge, which pods reach (CoreDNS
+		// reads the API through it); loopback is no endpoint.
+		"--endpoint-reconciler-type="+map[bool]string{false: "none", true: "lease"}[address != ""],
 		// As kubeadm sets it: node agents (the installer DaemonSet) run privileged.
 		"--allow-privileged=true")
 	k.Kubeconfig = k.kubeconfig("admin")

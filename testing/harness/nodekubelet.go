@@ -64,7 +64,11 @@ func (k *Kube) StartNodeKubelet(node *Node, d *Daemon) *NodeKubelet {
 		PodLogs: filepath.Join(dir, "pod-logs"), VolumePlugins: filepath.Join(dir, "volume-plugins"),
 		Cert: filepath.Join(pki, user+"-serving.crt"), Key: filepath.Join(pki, user+"-serving.key"), CA: filepath.Join(pki, "ca.crt"),
 		CgroupRoot: cgroupRoot}
-	if err := os.WriteFile(config, []byte("featureGates: {PodAndContainerStatsFromCRI: true}\nnodeLeaseDurationSeconds: 8\n"+settings.yaml()), 0o644); err != nil {
+	extra := "featureGates: {PodAndContainerStatsFromCRI: true}\nnodeLeaseDurationSeconds: 8\n"
+	if k.ClusterDNS != "" {
+		extra += "clusterDNS: [" + k.ClusterDNS + "]\n"
+	}
+	if err := os.WriteFile(config, []byte(extra+settings.yaml()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// kubelet would set host sysctls: its own mount namespace (below the
