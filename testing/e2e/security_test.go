@@ -117,10 +117,12 @@ transports:
 		}
 		// Plugin directories: private, or traversable (not listable) for
 		// the plugins that hand QEMU files below them.
-		for _, p := range []string{"images", "raw", "ceph"} {
+		for _, p := range []string{"images", "raw"} {
 			modes[filepath.Join(d.StateDir, "plugins", p)] = 0o700
 		}
-		for _, p := range []string{"libvirt", "nocloud", "configdrive", "qcow2", "ninep"} {
+		// The ceph plugin's disk tools' user reaches its work directory
+		// (persistent roots' raw copies) through it.
+		for _, p := range []string{"libvirt", "nocloud", "configdrive", "qcow2", "ninep", "ceph"} {
 			modes[filepath.Join(d.StateDir, "plugins", p)] = 0o711
 		}
 		for _, p := range []string{"libvirt", "nocloud", "configdrive", "images", "qcow2", "raw", "ninep", "ceph"} {
