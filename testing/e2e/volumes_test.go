@@ -113,10 +113,16 @@ data:
 	os.WriteFile(filepath.Join(roDir, "config.txt"), []byte("read me"), 0o644)
 	emptyDir := k.Volume("kubernetes.io~empty-dir", "cache")
 	os.MkdirAll(emptyDir, 0o777)
+	// An NFS PV where kubelet mounts it (this machine's kernel has no
+	// NFS client: a directory stands in for the mount): a 9p share, as
+	// in Virtlet's ubuntu-vm-nfs-pv example.
+	nfsDir := k.Volume("kubernetes.io~nfs", "nfs-pv")
+	os.MkdirAll(nfsDir, 0o777)
+	os.WriteFile(filepath.Join(nfsDir, "exported.txt"), []byte("from the nfs export"), 0o644)
 
 	report := `exec >/dev/ttyS0 2>&1
 echo "@@BYID-BEGIN"; ls /dev/disk/by-id/; echo "@@BYID-END"
-for m in /var/lib/extra /var/lib/raw /cephdata /srv/host /cache /etc/ro-share; do
+for m in /var/lib/extra /var/lib/raw /cephdata /srv/host /cache /etc/ro-share /srv/nfs; do
   echo "@@MOUNT $m $(findmnt -n -r -o SOURCE,FSTYPE,OPTIONS $m | tr ' ' '|')"
 done
 echo "@@EXTRA-UUID=$(findmnt -n -o UUID /var/lib/extra)"
@@ -129,6 +135,7 @@ echo "@@HOST-READ=$(cat /srv/host/from-host.txt | tr ' ' _)"
 echo from-the-guest > /srv/host/from-guest.txt && echo "@@HOST-WRITE-OK"
 echo "@@HOST-OWNER=$(stat -c %u /srv/host/from-host.txt)"
 echo cached > /cache/from-guest.txt && echo "@@EMPTYDIR-WRITE-OK"
+echo "@@NFS-READ=$(cat /srv/nfs/exported.txt | tr ' ' _)"
 echo "@@RO-READ=$(cat /etc/ro-share/config.txt | tr ' ' _)"
 if echo nope > /etc/ro-share/nope.txt 2>/dev/null; then echo "@@RO-WRITE=allowed"; else echo "@@RO-WRITE=refused"; fi
 echo "@@INJECTED=$(cat /etc/injected.conf)"
@@ -140,6 +147,7 @@ echo "@@VOLUMES-REPORT-DONE"
 		{"container_path": "/cephdata", "host_path": cephVol},
 		{"container_path": "/srv/host", "host_path": hostDir},
 		{"container_path": "/cache", "host_path": emptyDir},
+		{"container_path": "/srv/nfs", "host_path": nfsDir},
 		{"container_path": "/etc/ro-share", "host_path": roDir, "readonly": true},
 		{"container_path": "/etc/hosts", "host_path": k.File("etc-hosts")},
 	}
@@ -162,7 +170,7 @@ echo "@@VOLUMES-REPORT-DONE"
 		}
 	}
 	for mp, want := range map[string]string{"/var/lib/extra": "|ext4|rw", "/var/lib/raw": "|ext4|rw", "/cephdata": "|ext4|rw",
-		"/srv/host": "host-data|9p|rw", "/cache": "cache|9p|rw", "/etc/ro-share": "read-only|9p|ro"} {
+		"/srv/host": "host-data|9p|rw", "/cache": "cache|9p|rw", "/etc/ro-share": "read-only|9p|ro", "/srv/nfs": "nfs-pv|9p|rw"} {
 		got := markerLine(t, logs, "MOUNT "+mp)
 		if !strings.Contains(got, want) {
 			t.Errorf("%s is mounted as %q, want %q", mp, got, want)
@@ -171,7 +179,7 @@ echo "@@VOLUMES-REPORT-DONE"
 	for name, want := range map[string]string{
 		"EXTRA-UUID": "7a4d2c1e-9c2b-4e54-9a57-33c1a8b2d0f1", "EXTRA-WRITE": "guest-extra", "RAW-MARKER": "on-the-raw-device",
 		"CEPH-MARKER": "written_with_go-ceph", "HOST-READ": "hello_from_the_host", "HOST-OWNER": qemuUser, "RO-READ": "read_me",
-		"RO-WRITE": "refused", "INJECTED": "injected-before-boot",
+		"RO-WRITE": "refused", "INJECTED": "injected-before-boot", "NFS-READ": "from_the_nfs_export",
 	} {
 		if got := marker(t, logs, name); got != want {
 			t.Errorf("@@%s=%q, want %q", name, got, want)
