@@ -37,7 +37,7 @@ func BenchmarkCluster(b *testing.B) {
 		node, d := nodeNet.StartVirtletNode(b, dir, 231+i, translation)
 		nodes[node.Name] = member{d: d, kl: k.StartNodeKubelet(node, d)}
 	}
-	if err := k.Apply(harness.SpreadVMs("vms", 3, 2, "")); err != nil {
+	if err := k.Apply(harness.SpreadVMs("vms", 3, 2)); err != nil {
 		b.Fatal(err)
 	}
 	vms := k.WaitVMs("vms", "three VM pods ready, one per node", 5*time.Minute, time.Second, func(vms []harness.ClusterVM) bool {

@@ -52,8 +52,38 @@ func TestKubeCluster(t *testing.T) {
 	}
 
 	key, pub := sshKey(t)
-	// Kubernetes' default toleration of a failed node: 300 s.
-	if err := k.Apply(harness.SpreadVMs("vms", 6, 300, pub)); err != nil {
+	deployment := `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: vms
+spec:
+  replicas: 6
+  selector:
+    matchLabels: {app: vms}
+  template:
+    metadata:
+      labels: {app: vms}
+      annotations:
+        kubernetes.io/target-runtime: virtlet.cloud
+        VirtletForceDHCPNetworkConfig: "true"
+        VirtletSSHKeys: "` + strings.TrimSpace(pub) + `"
+    spec:
+      nodeSelector: {extraRuntime: virtlet}
+      topologySpreadConstraints:
+      - maxSkew: 1
+        topologyKey: kubernetes.io/hostname
+        whenUnsatisfiable: DoNotSchedule
+        labelSelector:
+          matchLabels: {app: vms}
+      containers:
+      - name: vm
+        image: virtlet.cloud/tiny
+        tty: true
+        stdin: true
+        resources:
+          limits: {memory: 160Mi}
+`
+	if err := k.Apply(deployment); err != nil {
 		t.Fatal(err)
 	}
 	vms := k.WaitVMs("vms", "six VM pods ready, two per node", 5*time.Minute, time.Second, func(vms []harness.ClusterVM) bool {

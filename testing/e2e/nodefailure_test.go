@@ -35,7 +35,7 @@ func TestKubeNodeFailure(t *testing.T) {
 		node, d := nodeNet.StartVirtletNode(t, bins, 221+i, names)
 		nodes[node.Name] = &clusterNode{Node: node, d: d, kl: k.StartNodeKubelet(node, d)}
 	}
-	if err := k.Apply(harness.SpreadVMs("vms", 3, 2, "")); err != nil {
+	if err := k.Apply(harness.SpreadVMs("vms", 3, 2)); err != nil {
 		t.Fatal(err)
 	}
 	vms := k.WaitVMs("vms", "three VM pods ready, one per node", 5*time.Minute, time.Second, func(vms []harness.ClusterVM) bool {

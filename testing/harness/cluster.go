@@ -27,13 +27,8 @@ func (n *NodeNet) StartVirtletNode(t testing.TB, bins string, podIndex int, tran
 // SpreadVMs is a Deployment of replicas tiny-guest VM pods labelled
 // app=name, spread over the Virtlet nodes that are up (a tainted node is
 // left out of the spread), which tolerate a failed node for
-// tolerationSeconds; sshKey, when set, is their VirtletSSHKeys (the tiny
-// guest's dropbear takes it for root).
-func SpreadVMs(name string, replicas, tolerationSeconds int, sshKey string) string {
-	keys := ""
-	if sshKey != "" {
-		keys = fmt.Sprintf("\n        VirtletSSHKeys: %q", strings.TrimSpace(sshKey))
-	}
+// tolerationSeconds.
+func SpreadVMs(name string, replicas, tolerationSeconds int) string {
 	return fmt.Sprintf(`apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -47,7 +42,7 @@ spec:
       labels: {app: %[1]s}
       annotations:
         kubernetes.io/target-runtime: virtlet.cloud
-        VirtletForceDHCPNetworkConfig: "true"%[4]s
+        VirtletForceDHCPNetworkConfig: "true"
     spec:
       nodeSelector: {extraRuntime: virtlet}
       terminationGracePeriodSeconds: 10
@@ -68,7 +63,7 @@ spec:
         stdin: true
         resources:
           limits: {memory: 160Mi}
-`, name, replicas, tolerationSeconds, keys)
+`, name, replicas, tolerationSeconds)
 }
 
 // ClusterVM is a VM pod as the API server has it.
