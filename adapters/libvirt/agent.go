@@ -10,6 +10,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -37,28 +38,80 @@ const agentOutputTimeout = time.Minute
 
 // guestAgent runs commands in guests through their qemu-guest-agent
 // (GuestExec, GuestInfo), on a libvirt connection of its own (see
-// domain).
+// domain). Its lock guards that connection; the connection's lock may be
+// taken inside it, h.mu never is.
 type guestAgent struct {
-	log  logrus.FieldLogger
-	vms  vmSource
-	side sideConn
+	log   logrus.FieldLogger
+	vms   vmSource
+	dial  func(what string) (*libvirt.Connect, string, error)
+	ready func() bool
+
+	mu   sync.Mutex
+	conn *libvirt.Connect
 }
 
 // domain returns the VM's domain on the connection that carries
-// guest-agent commands. libvirtd serves at most max_client_requests (5 by
-// default) calls of one connection at a time, and an agent command holds
-// its slot until the guest answers: on the main connection, a few execs in
-// busy guests queue every stats, status and lifecycle call behind them
-// (under 50 concurrent CRI calls over 20 VMs, stats took 3 s at p95, 1.7 s
-// with libvirtd allowing 50). On a connection of their own, agent
-// commands queue only behind each other.
+// guest-agent commands, opened on first use and again once libvirtd has
+// dropped it. libvirtd serves at most max_client_requests (5 by default)
+// calls of one connection at a time, and an agent command holds its slot
+// until the guest answers: on the main connection, a few execs in busy
+// guests queue every stats, status and lifecycle call behind them (under
+// 50 concurrent CRI calls over 20 VMs, stats took 3 s at p95, 1.7 s with
+// libvirtd allowing 50). On a connection of their own, agent commands
+// queue only behind each other.
 func (a *guestAgent) domain(r *record) (*libvirt.Domain, error) {
-	return a.side.domain(r)
+	conn, err := a.connection()
+	if err != nil {
+		return nil, err
+	}
+	// The lookup may wait behind agent commands on that connection: it
+	// runs outside a.mu, with a reference of its own on it.
+	defer conn.Close()
+	dom, err := conn.LookupDomainByUUIDString(r.Spec.UUID)
+	if err != nil {
+		return nil, libvirtError("look up domain "+r.Spec.Name+" for its guest agent", err)
+	}
+	return dom, nil
+}
+
+// connection returns the guest-agent connection, opening it when needed,
+// with a reference the caller releases with Close.
+func (a *guestAgent) connection() (*libvirt.Connect, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conn != nil {
+		if alive, err := a.conn.IsAlive(); err != nil || !alive {
+			a.conn.Close()
+			a.conn = nil
+		}
+	}
+	if a.conn == nil {
+		// A call that began before close opens nothing after it.
+		if !a.ready() {
+			return nil, fmt.Errorf("the libvirt plugin is not configured or is closing: %w", ports.ErrUnavailable)
+		}
+		conn, uri, err := a.dial("guest agent")
+		if err != nil {
+			return nil, fmt.Errorf("connect to libvirtd at %s for guest-agent commands: %v: %w", uri, err, ports.ErrUnavailable)
+		}
+		a.conn = conn
+	}
+	if err := a.conn.Ref(); err != nil {
+		return nil, libvirtError("reference the guest-agent connection", err)
+	}
+	return a.conn, nil
 }
 
 // hangUp closes the guest-agent connection (the adapter is closing);
 // calls still in flight hold their domains' references.
-func (a *guestAgent) hangUp() { a.side.hangUp() }
+func (a *guestAgent) hangUp() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conn != nil {
+		a.conn.Close()
+		a.conn = nil
+	}
+}
 
 // agentState is what the live domain tells of the guest agent's channel.
 type agentState int

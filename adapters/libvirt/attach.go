@@ -46,12 +46,9 @@ type consoleStream interface {
 // consoles holds the console hubs, one per VM whose console is open
 // (OpenConsole).
 type consoles struct {
-	log logrus.FieldLogger
-	vms vmSource
-	// side carries the console streams: a stream that fails as its
-	// domain stops has cost libvirtd the connection carrying it (libvirt
-	// 9.0, close reason "error"), which must not be the main one.
-	side sideConn
+	log  logrus.FieldLogger
+	vms  vmSource
+	live func() (*libvirt.Connect, error)
 
 	mu   sync.Mutex
 	hubs map[string]*consoleHub
@@ -99,20 +96,14 @@ func (c *consoles) OpenConsole(ctx context.Context, id string) (io.ReadWriteClos
 	if state, _, err := dom.GetState(); err != nil || state != libvirt.DOMAIN_RUNNING {
 		return nil, fmt.Errorf("console of VM %s: the VM is not running: %w", r.Spec.Name, ports.ErrFailedPrecondition)
 	}
+	conn, err := c.live()
+	if err != nil {
+		return nil, err
+	}
 	var run uint64
 	c.vms.locked(func() { run = r.runs })
 	return c.attach(id, run, c.log.WithField("vm", r.Spec.Name), func() (consoleStream, error) {
-		conn, err := c.side.get()
-		if err != nil {
-			return nil, err
-		}
-		defer conn.Close() // the stream holds a reference of its own
-		cdom, err := conn.LookupDomainByUUIDString(r.Spec.UUID)
-		if err != nil {
-			return nil, libvirtError("look up domain "+r.Spec.Name+" for its console", err)
-		}
-		defer cdom.Free()
-		return openConsoleStream(conn, r, cdom)
+		return openConsoleStream(conn, r, dom)
 	})
 }
 

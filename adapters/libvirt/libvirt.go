@@ -119,9 +119,9 @@ func New(log logrus.FieldLogger) *Hypervisor {
 		}}
 	h.grants = grants{log: log, vms: h}
 	h.dumps = dumps{log: log}
-	h.guestAgent = guestAgent{log: log, vms: h, side: sideConn{what: "guest agent", dial: h.conn.dial, ready: h.conn.isReady}}
+	h.guestAgent = guestAgent{log: log, vms: h, dial: h.conn.dial, ready: h.conn.isReady}
 	h.onliner = onliner{vms: h, domain: h.guestAgent.domain}
-	h.consoles = consoles{log: log, vms: h, side: sideConn{what: "console", dial: h.conn.dial, ready: h.conn.isReady}, hubs: map[string]*consoleHub{}}
+	h.consoles = consoles{log: log, vms: h, live: h.conn.current, hubs: map[string]*consoleHub{}}
 	h.inspector = inspector{vms: h, consoles: &h.consoles}
 	return h
 }
@@ -469,7 +469,6 @@ func (h *Hypervisor) close() {
 		h.conn.hangUp(conn, ids)
 	}
 	h.guestAgent.hangUp()
-	h.consoles.side.hangUp()
 	h.events.stop()
 }
 
