@@ -24,11 +24,18 @@ import (
 
 func configured(t *testing.T) *Volumes {
 	t.Helper()
+	return configuredIn(t, t.TempDir())
+}
+
+// configuredIn is the plugin configured with state directory stateDir and
+// a keys directory of the test's.
+func configuredIn(t *testing.T, stateDir string) *Volumes {
+	t.Helper()
 	l := logrus.New()
 	l.SetOutput(io.Discard)
 	v := New(l)
 	cfg := fmt.Sprintf(`{"timeout":"20s","keysDir":%q}`, filepath.Join(t.TempDir(), "keys"))
-	if err := v.Configure(context.Background(), ports.PluginConfig{StateDir: t.TempDir(), Config: []byte(cfg)}); err != nil {
+	if err := v.Configure(context.Background(), ports.PluginConfig{StateDir: stateDir, Config: []byte(cfg)}); err != nil {
 		t.Fatal(err)
 	}
 	return v

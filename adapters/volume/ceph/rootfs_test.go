@@ -16,7 +16,6 @@ import (
 
 	"github.com/ceph/go-ceph/rados"
 	"github.com/ceph/go-ceph/rbd"
-	"github.com/sirupsen/logrus"
 
 	"github.com/virtlet/virtlet/adapters/volume/internal/rootfsheader"
 	"github.com/virtlet/virtlet/ports"
@@ -28,14 +27,7 @@ import (
 // user may search, as the daemon's plugin state directories are.
 func configuredForRoots(t *testing.T) *Volumes {
 	t.Helper()
-	l := logrus.New()
-	l.SetOutput(io.Discard)
-	v := New(l)
-	cfg := fmt.Sprintf(`{"timeout":"20s","keysDir":%q}`, filepath.Join(t.TempDir(), "keys"))
-	if err := v.Configure(context.Background(), ports.PluginConfig{StateDir: harness.SearchableTempDir(t), Config: []byte(cfg)}); err != nil {
-		t.Fatal(err)
-	}
-	return v
+	return configuredIn(t, harness.SearchableTempDir(t))
 }
 
 // adminPool opens the rbd pool as the cluster's admin, to look at what
