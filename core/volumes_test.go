@@ -135,16 +135,7 @@ func TestUnsupportedVolumesAreRefused(t *testing.T) {
 				cfg.Devices = []core.Device{{ContainerPath: "/", HostPath: podDir + "/volumeDevices/kubernetes.io~local-volume/root-pv"}, *tc.dev}
 			}
 			_, err := e.rt.CreateContainer(context.Background(), sb, cfg)
-			if err == nil {
-				t.Fatal("the pod was not refused")
-			}
-			lacks(t, "error", err.Error(), tc.want...)
-			if !errors.Is(err, tc.is) {
-				t.Errorf("error %v is not %v", err, tc.is)
-			}
-			if n := e.vols.Prepares; n != 0 {
-				t.Errorf("%d volumes prepared for a refused pod", n)
-			}
+			refusedUnprepared(t, e, err, tc.is, tc.want...)
 		})
 	}
 }
@@ -394,16 +385,7 @@ func TestFlexvolumePersistentRootRefusals(t *testing.T) {
 			cfg := vmContainer(e.pull(t))
 			cfg.Mounts, cfg.Devices = tc.mounts, tc.devs
 			_, err := e.rt.CreateContainer(context.Background(), sb, cfg)
-			if err == nil {
-				t.Fatal("the pod was not refused")
-			}
-			lacks(t, "error", err.Error(), tc.want...)
-			if !errors.Is(err, tc.is) {
-				t.Errorf("error %v is not %v", err, tc.is)
-			}
-			if n := e.vols.Prepares; n != 0 {
-				t.Errorf("%d volumes prepared for a refused pod", n)
-			}
+			refusedUnprepared(t, e, err, tc.is, tc.want...)
 		})
 	}
 }
@@ -548,4 +530,20 @@ func TestSharesMountedTwiceAndSameNamedHostPaths(t *testing.T) {
 	lacks(t, "user-data", ud, "- cache\n  - /cache\n  - 9p\n  - trans=virtio,version=9p2000.L,nofail\n",
 		"- cache\n  - /cache-ro\n  - 9p\n  - trans=virtio,version=9p2000.L,nofail,ro\n",
 		"- data\n  - /a\n", "- data-2\n  - /b\n  - 9p\n  - trans=virtio,version=9p2000.L,nofail,ro\n")
+}
+
+// refusedUnprepared checks that CreateContainer refused a pod with an
+// error that is is and names want, before any volume was prepared.
+func refusedUnprepared(t *testing.T, e *env, err, is error, want ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatal("the pod was not refused")
+	}
+	lacks(t, "error", err.Error(), want...)
+	if !errors.Is(err, is) {
+		t.Errorf("error %v is not %v", err, is)
+	}
+	if n := e.vols.Prepares; n != 0 {
+		t.Errorf("%d volumes prepared for a refused pod", n)
+	}
 }
