@@ -23,12 +23,7 @@ import (
 // gateway; the host reaches the VM.
 func TestVMOnCalicoStyleNetwork(t *testing.T) {
 	parallel(t)
-	calicoBin := t.TempDir()
-	build := exec.Command("go", "build", "-o", filepath.Join(calicoBin, "virtlet-test-cni-calico"), "github.com/virtlet/virtlet/testing/cnicalico")
-	build.Dir = harness.RepoRoot()
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the Calico-style plugin: %v\n%s", err, out)
-	}
+	calicoBin := buildCNIPlugin(t, "virtlet-test-cni-calico", "github.com/virtlet/virtlet/testing/cnicalico")
 	prefix := harness.RunBridgePrefix(harness.RunID())
 	// What the host routes elsewhere, as a Calico node routes 169.254.1.1
 	// (its proxy ARP answers for what it routes through another link),
@@ -52,14 +47,7 @@ func TestVMOnCalicoStyleNetwork(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(confDir, "10-calico.conf"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cni := harness.Plugin{Name: "cni", Kind: "network", Binary: filepath.Join(bins, "virtlet-plugin-cni"),
-		Config: fmt.Sprintf("{confDir: %q, binDirs: [%q, %q], netnsPrefix: %q}", confDir, calicoBin, harness.CNIBinDir, prefix+"n95-")}
-	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), cni))
-	d.Translate("test-images.yaml", translation)
-	d.Start()
-	c := d.Crictl(crictl)
-	c.Timeout = 3 * time.Minute
-	c.Must(t, "pull", tinyRef)
+	d, c := daemonOnCNI(t, confDir, calicoBin, prefix+"n95-")
 
 	podJSON, ctrJSON := vmPod(t, d, "calico", nil, 160<<20)
 	sb := c.Must(t, "runp", podJSON)

@@ -369,12 +369,7 @@ func TestVMWithTwoPodInterfaces(t *testing.T) {
 	parallel(t)
 	first := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 41})
 	second := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 42})
-	metaBin := t.TempDir()
-	build := exec.Command("go", "build", "-o", filepath.Join(metaBin, "virtlet-test-cni-multi"), "github.com/virtlet/virtlet/testing/cnimulti")
-	build.Dir = harness.RepoRoot()
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the meta plugin: %v\n%s", err, out)
-	}
+	metaBin := buildCNIPlugin(t, "virtlet-test-cni-multi", "github.com/virtlet/virtlet/testing/cnimulti")
 	confDir := t.TempDir()
 	delegate := func(tn *harness.TestNetwork) string {
 		return fmt.Sprintf(`{"type": "bridge", "bridge": %q, "isGateway": true, "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}]}}`,
@@ -385,14 +380,7 @@ func TestVMWithTwoPodInterfaces(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(confDir, "10-two.conf"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cni := harness.Plugin{Name: "cni", Kind: "network", Binary: filepath.Join(bins, "virtlet-plugin-cni"),
-		Config: fmt.Sprintf("{confDir: %q, binDirs: [%q, %q], netnsPrefix: %q}", confDir, metaBin, harness.CNIBinDir, first.NetNSPrefix)}
-	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), cni))
-	d.Translate("test-images.yaml", translation)
-	d.Start()
-	c := d.Crictl(crictl)
-	c.Timeout = 3 * time.Minute
-	c.Must(t, "pull", tinyRef)
+	d, c := daemonOnCNI(t, confDir, metaBin, first.NetNSPrefix)
 
 	podJSON, ctrJSON := vmPod(t, d, "two-nics", nil, 160<<20)
 	sb := c.Must(t, "runp", podJSON)
@@ -437,4 +425,33 @@ func TestVMWithTwoPodInterfaces(t *testing.T) {
 		}
 	}
 	assertNothingLeft(t, d, c)
+}
+
+// buildCNIPlugin builds a test CNI plugin (package pkg) as name into a
+// directory of the test's, which it returns.
+func buildCNIPlugin(t *testing.T, name, pkg string) string {
+	t.Helper()
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
+	build.Dir = harness.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the CNI plugin %s: %v\n%s", name, err, out)
+	}
+	return dir
+}
+
+// daemonOnCNI starts a daemon with the shipped plugins and a CNI plugin
+// reading confDir, the plugins in pluginDir before Debian's, its pod
+// namespaces named with netnsPrefix; its crictl has pulled the tiny guest.
+func daemonOnCNI(t *testing.T, confDir, pluginDir, netnsPrefix string) (*harness.Daemon, *harness.Crictl) {
+	t.Helper()
+	cni := harness.Plugin{Name: "cni", Kind: "network", Binary: filepath.Join(bins, "virtlet-plugin-cni"),
+		Config: fmt.Sprintf("{confDir: %q, binDirs: [%q, %q], netnsPrefix: %q}", confDir, pluginDir, harness.CNIBinDir, netnsPrefix)}
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), cni))
+	d.Translate("test-images.yaml", translation)
+	d.Start()
+	c := d.Crictl(crictl)
+	c.Timeout = 3 * time.Minute
+	c.Must(t, "pull", tinyRef)
+	return d, c
 }
