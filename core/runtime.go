@@ -32,6 +32,7 @@ type Deps struct {
 	Dialer       ports.Dialer                // nil: port-forward and the VNC display fail
 	Observer     ports.Observer              // nil: nothing is measured
 	Node         ports.NodeInspector         // nil: diagnostics hold nothing read from the node
+	Checkpoints  ports.CheckpointArchiver    // nil: CheckpointContainer fails
 }
 
 // Options tune the runtime.

@@ -23,6 +23,7 @@ import (
 
 	"github.com/virtlet/virtlet/adapters/admin"
 	"github.com/virtlet/virtlet/adapters/boltstore"
+	"github.com/virtlet/virtlet/adapters/checkpointarchive"
 	"github.com/virtlet/virtlet/adapters/cri"
 	"github.com/virtlet/virtlet/adapters/crirouter"
 	"github.com/virtlet/virtlet/adapters/dialer"
@@ -156,7 +157,8 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		Translations: translations(cfg, kube),
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
 		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.Host{}, Observer: observer,
-		Node: nodeinspect.New(log.WithField("component", "nodeinspect")),
+		Node:        nodeinspect.New(log.WithField("component", "nodeinspect")),
+		Checkpoints: checkpointarchive.New(cri.RuntimeName, buildinfo.Version(), log.WithField("component", "checkpoints")),
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core"),
 		Failpoint: failpointHook(log), VMUsers: vmUsers, Presets: vmPresets, AllowWatchdogDump: cfg.AllowWatchdogDump,
 		NoMemorySharing: !cfg.MemorySharing,

@@ -3176,6 +3176,242 @@ func (x *CPUNumaCell) GetUnit() string {
 	return ""
 }
 
+type CheckpointVMRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Dir           string                 `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointVMRequest) Reset() {
+	*x = CheckpointVMRequest{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointVMRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointVMRequest) ProtoMessage() {}
+
+func (x *CheckpointVMRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointVMRequest.ProtoReflect.Descriptor instead.
+func (*CheckpointVMRequest) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *CheckpointVMRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CheckpointVMRequest) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
+type CheckpointDisk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	File          string                 `protobuf:"bytes,2,opt,name=file,proto3" json:"file,omitempty"`
+	Format        string                 `protobuf:"bytes,3,opt,name=format,proto3" json:"format,omitempty"`
+	BackingFile   string                 `protobuf:"bytes,4,opt,name=backing_file,json=backingFile,proto3" json:"backing_file,omitempty"`
+	Bytes         int64                  `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Why           string                 `protobuf:"bytes,6,opt,name=why,proto3" json:"why,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointDisk) Reset() {
+	*x = CheckpointDisk{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointDisk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointDisk) ProtoMessage() {}
+
+func (x *CheckpointDisk) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointDisk.ProtoReflect.Descriptor instead.
+func (*CheckpointDisk) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *CheckpointDisk) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CheckpointDisk) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
+func (x *CheckpointDisk) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+func (x *CheckpointDisk) GetBackingFile() string {
+	if x != nil {
+		return x.BackingFile
+	}
+	return ""
+}
+
+func (x *CheckpointDisk) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *CheckpointDisk) GetWhy() string {
+	if x != nil {
+		return x.Why
+	}
+	return ""
+}
+
+type CheckpointVMResponse struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	StateFile      string                 `protobuf:"bytes,1,opt,name=state_file,json=stateFile,proto3" json:"state_file,omitempty"`
+	DefinitionFile string                 `protobuf:"bytes,2,opt,name=definition_file,json=definitionFile,proto3" json:"definition_file,omitempty"`
+	Disks          []*CheckpointDisk      `protobuf:"bytes,3,rep,name=disks,proto3" json:"disks,omitempty"`
+	Skipped        []*CheckpointDisk      `protobuf:"bytes,4,rep,name=skipped,proto3" json:"skipped,omitempty"`
+	PausedNanos    int64                  `protobuf:"varint,5,opt,name=paused_nanos,json=pausedNanos,proto3" json:"paused_nanos,omitempty"`
+	Hypervisor     string                 `protobuf:"bytes,6,opt,name=hypervisor,proto3" json:"hypervisor,omitempty"`
+	Machine        string                 `protobuf:"bytes,7,opt,name=machine,proto3" json:"machine,omitempty"`
+	Accelerator    string                 `protobuf:"bytes,8,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CheckpointVMResponse) Reset() {
+	*x = CheckpointVMResponse{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointVMResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointVMResponse) ProtoMessage() {}
+
+func (x *CheckpointVMResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointVMResponse.ProtoReflect.Descriptor instead.
+func (*CheckpointVMResponse) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *CheckpointVMResponse) GetStateFile() string {
+	if x != nil {
+		return x.StateFile
+	}
+	return ""
+}
+
+func (x *CheckpointVMResponse) GetDefinitionFile() string {
+	if x != nil {
+		return x.DefinitionFile
+	}
+	return ""
+}
+
+func (x *CheckpointVMResponse) GetDisks() []*CheckpointDisk {
+	if x != nil {
+		return x.Disks
+	}
+	return nil
+}
+
+func (x *CheckpointVMResponse) GetSkipped() []*CheckpointDisk {
+	if x != nil {
+		return x.Skipped
+	}
+	return nil
+}
+
+func (x *CheckpointVMResponse) GetPausedNanos() int64 {
+	if x != nil {
+		return x.PausedNanos
+	}
+	return 0
+}
+
+func (x *CheckpointVMResponse) GetHypervisor() string {
+	if x != nil {
+		return x.Hypervisor
+	}
+	return ""
+}
+
+func (x *CheckpointVMResponse) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
+}
+
+func (x *CheckpointVMResponse) GetAccelerator() string {
+	if x != nil {
+		return x.Accelerator
+	}
+	return ""
+}
+
 var File_hypervisor_v1_hypervisor_proto protoreflect.FileDescriptor
 
 const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
@@ -3430,7 +3666,29 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x04cpus\x18\x02 \x01(\tR\x04cpus\x12\x16\n" +
 	"\x06memory\x18\x03 \x01(\x04R\x06memory\x12\x12\n" +
 	"\x04unit\x18\x04 \x01(\tR\x04unitB\x05\n" +
-	"\x03_id2\xff\r\n" +
+	"\x03_id\"7\n" +
+	"\x13CheckpointVMRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
+	"\x03dir\x18\x02 \x01(\tR\x03dir\"\x9b\x01\n" +
+	"\x0eCheckpointDisk\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04file\x18\x02 \x01(\tR\x04file\x12\x16\n" +
+	"\x06format\x18\x03 \x01(\tR\x06format\x12!\n" +
+	"\fbacking_file\x18\x04 \x01(\tR\vbackingFile\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x03R\x05bytes\x12\x10\n" +
+	"\x03why\x18\x06 \x01(\tR\x03why\"\xdb\x02\n" +
+	"\x14CheckpointVMResponse\x12\x1d\n" +
+	"\n" +
+	"state_file\x18\x01 \x01(\tR\tstateFile\x12'\n" +
+	"\x0fdefinition_file\x18\x02 \x01(\tR\x0edefinitionFile\x12;\n" +
+	"\x05disks\x18\x03 \x03(\v2%.virtlet.hypervisor.v1.CheckpointDiskR\x05disks\x12?\n" +
+	"\askipped\x18\x04 \x03(\v2%.virtlet.hypervisor.v1.CheckpointDiskR\askipped\x12!\n" +
+	"\fpaused_nanos\x18\x05 \x01(\x03R\vpausedNanos\x12\x1e\n" +
+	"\n" +
+	"hypervisor\x18\x06 \x01(\tR\n" +
+	"hypervisor\x12\x18\n" +
+	"\amachine\x18\a \x01(\tR\amachine\x12 \n" +
+	"\vaccelerator\x18\b \x01(\tR\vaccelerator2\xe8\x0e\n" +
 	"\n" +
 	"Hypervisor\x12g\n" +
 	"\fCapabilities\x12*.virtlet.hypervisor.v1.CapabilitiesRequest\x1a+.virtlet.hypervisor.v1.CapabilitiesResponse\x12U\n" +
@@ -3453,7 +3711,8 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x05Stats\x12#.virtlet.hypervisor.v1.StatsRequest\x1a$.virtlet.hypervisor.v1.StatsResponse\x12U\n" +
 	"\bDiagnose\x12 .virtlet.hypervisor.v1.VMRequest\x1a'.virtlet.hypervisor.v1.DiagnoseResponse\x12X\n" +
 	"\aInspect\x12%.virtlet.hypervisor.v1.InspectRequest\x1a&.virtlet.hypervisor.v1.InspectResponse\x12S\n" +
-	"\aDisplay\x12 .virtlet.hypervisor.v1.VMRequest\x1a&.virtlet.hypervisor.v1.DisplayResponseB=Z;github.com/virtlet/virtlet/proto/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\aDisplay\x12 .virtlet.hypervisor.v1.VMRequest\x1a&.virtlet.hypervisor.v1.DisplayResponse\x12g\n" +
+	"\fCheckpointVM\x12*.virtlet.hypervisor.v1.CheckpointVMRequest\x1a+.virtlet.hypervisor.v1.CheckpointVMResponseB=Z;github.com/virtlet/virtlet/proto/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_hypervisor_v1_hypervisor_proto_rawDescOnce sync.Once
@@ -3467,7 +3726,7 @@ func file_hypervisor_v1_hypervisor_proto_rawDescGZIP() []byte {
 	return file_hypervisor_v1_hypervisor_proto_rawDescData
 }
 
-var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*ConsoleInput)(nil),         // 0: virtlet.hypervisor.v1.ConsoleInput
 	(*ConsoleOutput)(nil),        // 1: virtlet.hypervisor.v1.ConsoleOutput
@@ -3519,12 +3778,15 @@ var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*CPUFeature)(nil),           // 47: virtlet.hypervisor.v1.CPUFeature
 	(*CPUCache)(nil),             // 48: virtlet.hypervisor.v1.CPUCache
 	(*CPUNumaCell)(nil),          // 49: virtlet.hypervisor.v1.CPUNumaCell
-	nil,                          // 50: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	nil,                          // 51: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	(*v1.Disk)(nil),              // 52: virtlet.types.v1.Disk
-	(*v1.Filesystem)(nil),        // 53: virtlet.types.v1.Filesystem
-	(*v1.NIC)(nil),               // 54: virtlet.types.v1.NIC
-	(*v1.ProcessIdentity)(nil),   // 55: virtlet.types.v1.ProcessIdentity
+	(*CheckpointVMRequest)(nil),  // 50: virtlet.hypervisor.v1.CheckpointVMRequest
+	(*CheckpointDisk)(nil),       // 51: virtlet.hypervisor.v1.CheckpointDisk
+	(*CheckpointVMResponse)(nil), // 52: virtlet.hypervisor.v1.CheckpointVMResponse
+	nil,                          // 53: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	nil,                          // 54: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	(*v1.Disk)(nil),              // 55: virtlet.types.v1.Disk
+	(*v1.Filesystem)(nil),        // 56: virtlet.types.v1.Filesystem
+	(*v1.NIC)(nil),               // 57: virtlet.types.v1.NIC
+	(*v1.ProcessIdentity)(nil),   // 58: virtlet.types.v1.ProcessIdentity
 }
 var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	5,  // 0: virtlet.hypervisor.v1.GuestInfoResponse.interfaces:type_name -> virtlet.hypervisor.v1.GuestInterface
@@ -3532,17 +3794,17 @@ var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	9,  // 2: virtlet.hypervisor.v1.VMStats.memory:type_name -> virtlet.hypervisor.v1.MemoryStats
 	10, // 3: virtlet.hypervisor.v1.VMStats.disks:type_name -> virtlet.hypervisor.v1.DiskStats
 	11, // 4: virtlet.hypervisor.v1.VMStats.nics:type_name -> virtlet.hypervisor.v1.NICStats
-	50, // 5: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	51, // 6: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	53, // 5: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	54, // 6: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
 	39, // 7: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
 	28, // 8: virtlet.hypervisor.v1.SetCPULimitsRequest.limits:type_name -> virtlet.hypervisor.v1.CPULimits
 	32, // 9: virtlet.hypervisor.v1.WriteFilesRequest.files:type_name -> virtlet.hypervisor.v1.GuestFile
 	38, // 10: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
 	43, // 11: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
-	52, // 12: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
-	53, // 13: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
-	54, // 14: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
-	55, // 15: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
+	55, // 12: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
+	56, // 13: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
+	57, // 14: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
+	58, // 15: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
 	41, // 16: virtlet.hypervisor.v1.VMSpec.clock:type_name -> virtlet.hypervisor.v1.ClockSpec
 	40, // 17: virtlet.hypervisor.v1.VMSpec.watchdog:type_name -> virtlet.hypervisor.v1.Watchdog
 	28, // 18: virtlet.hypervisor.v1.VMSpec.cpu_limits:type_name -> virtlet.hypervisor.v1.CPULimits
@@ -3553,51 +3815,55 @@ var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	47, // 23: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
 	48, // 24: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
 	49, // 25: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
-	16, // 26: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
-	18, // 27: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
-	20, // 28: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
-	34, // 29: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
-	20, // 30: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
-	20, // 31: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
-	35, // 32: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
-	37, // 33: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
-	20, // 34: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
-	31, // 35: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
-	24, // 36: virtlet.hypervisor.v1.Hypervisor.SetMemory:input_type -> virtlet.hypervisor.v1.SetMemoryRequest
-	29, // 37: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:input_type -> virtlet.hypervisor.v1.SetVCPUsRequest
-	26, // 38: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:input_type -> virtlet.hypervisor.v1.SetCPULimitsRequest
-	0,  // 39: virtlet.hypervisor.v1.Hypervisor.Console:input_type -> virtlet.hypervisor.v1.ConsoleInput
-	2,  // 40: virtlet.hypervisor.v1.Hypervisor.GuestExec:input_type -> virtlet.hypervisor.v1.GuestExecRequest
-	20, // 41: virtlet.hypervisor.v1.Hypervisor.GuestInfo:input_type -> virtlet.hypervisor.v1.VMRequest
-	6,  // 42: virtlet.hypervisor.v1.Hypervisor.Stats:input_type -> virtlet.hypervisor.v1.StatsRequest
-	20, // 43: virtlet.hypervisor.v1.Hypervisor.Diagnose:input_type -> virtlet.hypervisor.v1.VMRequest
-	13, // 44: virtlet.hypervisor.v1.Hypervisor.Inspect:input_type -> virtlet.hypervisor.v1.InspectRequest
-	20, // 45: virtlet.hypervisor.v1.Hypervisor.Display:input_type -> virtlet.hypervisor.v1.VMRequest
-	17, // 46: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
-	19, // 47: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
-	21, // 48: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
-	38, // 49: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
-	22, // 50: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
-	38, // 51: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
-	36, // 52: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
-	38, // 53: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
-	23, // 54: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
-	33, // 55: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
-	25, // 56: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
-	30, // 57: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:output_type -> virtlet.hypervisor.v1.SetVCPUsResponse
-	27, // 58: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:output_type -> virtlet.hypervisor.v1.SetCPULimitsResponse
-	1,  // 59: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
-	3,  // 60: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
-	4,  // 61: virtlet.hypervisor.v1.Hypervisor.GuestInfo:output_type -> virtlet.hypervisor.v1.GuestInfoResponse
-	7,  // 62: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
-	12, // 63: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
-	14, // 64: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
-	15, // 65: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
-	46, // [46:66] is the sub-list for method output_type
-	26, // [26:46] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	51, // 26: virtlet.hypervisor.v1.CheckpointVMResponse.disks:type_name -> virtlet.hypervisor.v1.CheckpointDisk
+	51, // 27: virtlet.hypervisor.v1.CheckpointVMResponse.skipped:type_name -> virtlet.hypervisor.v1.CheckpointDisk
+	16, // 28: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
+	18, // 29: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
+	20, // 30: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
+	34, // 31: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
+	20, // 32: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
+	20, // 33: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
+	35, // 34: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
+	37, // 35: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
+	20, // 36: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
+	31, // 37: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
+	24, // 38: virtlet.hypervisor.v1.Hypervisor.SetMemory:input_type -> virtlet.hypervisor.v1.SetMemoryRequest
+	29, // 39: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:input_type -> virtlet.hypervisor.v1.SetVCPUsRequest
+	26, // 40: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:input_type -> virtlet.hypervisor.v1.SetCPULimitsRequest
+	0,  // 41: virtlet.hypervisor.v1.Hypervisor.Console:input_type -> virtlet.hypervisor.v1.ConsoleInput
+	2,  // 42: virtlet.hypervisor.v1.Hypervisor.GuestExec:input_type -> virtlet.hypervisor.v1.GuestExecRequest
+	20, // 43: virtlet.hypervisor.v1.Hypervisor.GuestInfo:input_type -> virtlet.hypervisor.v1.VMRequest
+	6,  // 44: virtlet.hypervisor.v1.Hypervisor.Stats:input_type -> virtlet.hypervisor.v1.StatsRequest
+	20, // 45: virtlet.hypervisor.v1.Hypervisor.Diagnose:input_type -> virtlet.hypervisor.v1.VMRequest
+	13, // 46: virtlet.hypervisor.v1.Hypervisor.Inspect:input_type -> virtlet.hypervisor.v1.InspectRequest
+	20, // 47: virtlet.hypervisor.v1.Hypervisor.Display:input_type -> virtlet.hypervisor.v1.VMRequest
+	50, // 48: virtlet.hypervisor.v1.Hypervisor.CheckpointVM:input_type -> virtlet.hypervisor.v1.CheckpointVMRequest
+	17, // 49: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
+	19, // 50: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
+	21, // 51: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
+	38, // 52: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
+	22, // 53: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
+	38, // 54: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
+	36, // 55: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
+	38, // 56: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
+	23, // 57: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
+	33, // 58: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
+	25, // 59: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
+	30, // 60: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:output_type -> virtlet.hypervisor.v1.SetVCPUsResponse
+	27, // 61: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:output_type -> virtlet.hypervisor.v1.SetCPULimitsResponse
+	1,  // 62: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
+	3,  // 63: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
+	4,  // 64: virtlet.hypervisor.v1.Hypervisor.GuestInfo:output_type -> virtlet.hypervisor.v1.GuestInfoResponse
+	7,  // 65: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
+	12, // 66: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
+	14, // 67: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
+	15, // 68: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
+	52, // 69: virtlet.hypervisor.v1.Hypervisor.CheckpointVM:output_type -> virtlet.hypervisor.v1.CheckpointVMResponse
+	49, // [49:70] is the sub-list for method output_type
+	28, // [28:49] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_hypervisor_v1_hypervisor_proto_init() }
@@ -3612,7 +3878,7 @@ func file_hypervisor_v1_hypervisor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hypervisor_v1_hypervisor_proto_rawDesc), len(file_hypervisor_v1_hypervisor_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   52,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -39,6 +39,7 @@ const (
 	Hypervisor_Diagnose_FullMethodName     = "/virtlet.hypervisor.v1.Hypervisor/Diagnose"
 	Hypervisor_Inspect_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Inspect"
 	Hypervisor_Display_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Display"
+	Hypervisor_CheckpointVM_FullMethodName = "/virtlet.hypervisor.v1.Hypervisor/CheckpointVM"
 )
 
 // HypervisorClient is the client API for Hypervisor service.
@@ -84,6 +85,9 @@ type HypervisorClient interface {
 	Diagnose(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*DiagnoseResponse, error)
 	Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*InspectResponse, error)
 	Display(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*DisplayResponse, error)
+	// CheckpointVM writes a running VM's state and disk copies into dir, the
+	// VM paused only meanwhile (ports.VMCheckpointer).
+	CheckpointVM(ctx context.Context, in *CheckpointVMRequest, opts ...grpc.CallOption) (*CheckpointVMResponse, error)
 }
 
 type hypervisorClient struct {
@@ -306,6 +310,16 @@ func (c *hypervisorClient) Display(ctx context.Context, in *VMRequest, opts ...g
 	return out, nil
 }
 
+func (c *hypervisorClient) CheckpointVM(ctx context.Context, in *CheckpointVMRequest, opts ...grpc.CallOption) (*CheckpointVMResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckpointVMResponse)
+	err := c.cc.Invoke(ctx, Hypervisor_CheckpointVM_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HypervisorServer is the server API for Hypervisor service.
 // All implementations must embed UnimplementedHypervisorServer
 // for forward compatibility.
@@ -349,6 +363,9 @@ type HypervisorServer interface {
 	Diagnose(context.Context, *VMRequest) (*DiagnoseResponse, error)
 	Inspect(context.Context, *InspectRequest) (*InspectResponse, error)
 	Display(context.Context, *VMRequest) (*DisplayResponse, error)
+	// CheckpointVM writes a running VM's state and disk copies into dir, the
+	// VM paused only meanwhile (ports.VMCheckpointer).
+	CheckpointVM(context.Context, *CheckpointVMRequest) (*CheckpointVMResponse, error)
 	mustEmbedUnimplementedHypervisorServer()
 }
 
@@ -418,6 +435,9 @@ func (UnimplementedHypervisorServer) Inspect(context.Context, *InspectRequest) (
 }
 func (UnimplementedHypervisorServer) Display(context.Context, *VMRequest) (*DisplayResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Display not implemented")
+}
+func (UnimplementedHypervisorServer) CheckpointVM(context.Context, *CheckpointVMRequest) (*CheckpointVMResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CheckpointVM not implemented")
 }
 func (UnimplementedHypervisorServer) mustEmbedUnimplementedHypervisorServer() {}
 func (UnimplementedHypervisorServer) testEmbeddedByValue()                    {}
@@ -782,6 +802,24 @@ func _Hypervisor_Display_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hypervisor_CheckpointVM_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckpointVMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).CheckpointVM(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_CheckpointVM_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).CheckpointVM(ctx, req.(*CheckpointVMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Hypervisor_ServiceDesc is the grpc.ServiceDesc for Hypervisor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -860,6 +898,10 @@ var Hypervisor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Display",
 			Handler:    _Hypervisor_Display_Handler,
+		},
+		{
+			MethodName: "CheckpointVM",
+			Handler:    _Hypervisor_CheckpointVM_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -107,8 +107,17 @@ func runAccess(t *testing.T, env Env, vmID string) {
 		})
 	}
 
+	if vc, ok := hv.(ports.VMCheckpointer); ok {
+		t.Run("a checkpoint leaves the VM running", func(t *testing.T) { checkpointRunning(t, hv, vc, vmID) })
+	}
+
 	if _, err := hv.Stop(ctx, vmID, 0); err != nil {
 		t.Fatal(err)
+	}
+	if vc, ok := hv.(ports.VMCheckpointer); ok {
+		if _, err := vc.CheckpointVM(ctx, vmID, t.TempDir()); !errors.Is(err, ports.ErrFailedPrecondition) && !errors.Is(err, ports.ErrUnimplemented) {
+			t.Errorf("checkpoint of a stopped VM: %v", err)
+		}
 	}
 	if co, ok := hv.(ports.ConsoleOpener); ok {
 		if _, err := co.OpenConsole(ctx, vmID); !errors.Is(err, ports.ErrFailedPrecondition) {

@@ -1,0 +1,163 @@
+package checkpointarchive
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
+
+	"github.com/virtlet/virtlet/ports"
+)
+
+var meta = ports.CheckpointMeta{ContainerID: "c0ffee", ContainerName: "vm", SandboxID: "5a4d", PodName: "web-0", PodNamespace: "apps", PodUID: "u1",
+	Image: "virtlet.cloud/tiny", ImageID: "sha256:ab", Annotations: map[string]string{"io.kubernetes.container.hash": "1"},
+	CreatedAt: time.Unix(100, 0).UTC(), CheckpointedAt: time.Unix(200, 0).UTC(),
+	VM: ports.VMSpec{ID: "c0ffee", Name: "virtlet-c0ffee-web-0", MemoryBytes: 128 << 20, VCPUs: 1,
+		Disks: []ports.Disk{{Name: "ceph", Source: ports.DiskSource{Type: ports.SourceNetwork, Auth: &ports.DiskAuth{Username: "admin", Secret: []byte("s3cret")}}}}}}
+
+// capture writes what a hypervisor would.
+func capture(_ context.Context, dir string) (ports.VMCheckpoint, error) {
+	for name, data := range map[string]string{"checkpoint/memory.save": "LibvirtQemudSave...", "checkpoint/domain.xml": "<domain/>", "disks/root.qcow2": "QFI\xfb..."} {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			return ports.VMCheckpoint{}, err
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			return ports.VMCheckpoint{}, err
+		}
+	}
+	return ports.VMCheckpoint{StateFile: "checkpoint/memory.save", DefinitionFile: "checkpoint/domain.xml", Paused: 150 * time.Millisecond,
+		Disks: []ports.CheckpointDisk{{Name: "root", File: "disks/root.qcow2", Format: "qcow2", BackingFile: "/images/tiny"}}}, nil
+}
+
+func TestWriteCheckpointLayout(t *testing.T) {
+	dir := t.TempDir()
+	loc := filepath.Join(dir, "checkpoint-web-0_apps-vm-2026.tar")
+	a := New("virtlet", "1.2.3", logrus.New())
+	out, err := a.WriteCheckpoint(context.Background(), loc, meta, capture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Stat(loc)
+	if err != nil || out.Bytes != info.Size() || info.Mode().Perm() != 0o600 {
+		t.Fatalf("archive %+v: %v %v", out, info, err)
+	}
+	members := readTar(t, loc)
+	var names []string
+	for n := range members {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	want := []string{"checkpoint/", "checkpoint/domain.xml", "checkpoint/memory.save", "checkpoint/virtlet.json", "config.dump", "disks/", "disks/root.qcow2", "spec.dump"}
+	if !reflect.DeepEqual(names, want) {
+		t.Fatalf("members %q, want %q", names, want)
+	}
+	var config ContainerConfig
+	if err := json.Unmarshal(members["config.dump"], &config); err != nil || config.ID != "c0ffee" || config.Name != "vm" ||
+		config.RootfsImageName != "virtlet.cloud/tiny" || config.OCIRuntime != "virtlet" || !config.CheckpointedAt.Equal(meta.CheckpointedAt) {
+		t.Errorf("config.dump %+v %v", config, err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(members["spec.dump"], &spec); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{"io.kubernetes.cri.sandbox-name": "web-0", "io.kubernetes.cri.sandbox-namespace": "apps",
+		"io.kubernetes.cri.container-name": "vm", "io.kubernetes.container.hash": "1", "org.criu.checkpoint.engine.name": "virtlet"} {
+		if spec.Annotations[k] != v {
+			t.Errorf("spec.dump annotation %s = %q, want %q", k, spec.Annotations[k], v)
+		}
+	}
+	var vm VirtletMeta
+	if err := json.Unmarshal(members["checkpoint/virtlet.json"], &vm); err != nil || vm.FormatVersion != FormatVersion || vm.StateFile != "checkpoint/memory.save" ||
+		len(vm.Disks) != 1 || vm.Disks[0].BackingFile != "/images/tiny" || vm.PausedMillis != 150 || vm.VM.Name != meta.VM.Name {
+		t.Errorf("virtlet.json %+v %v", vm, err)
+	}
+	if strings.Contains(string(members["checkpoint/virtlet.json"]), "s3cret") || strings.Contains(string(members["checkpoint/virtlet.json"]), "czNjcmV0") {
+		t.Error("a disk's secret reached the archive")
+	}
+	if string(members["disks/root.qcow2"]) != "QFI\xfb..." {
+		t.Errorf("disk copy %q", members["disks/root.qcow2"])
+	}
+	leftovers, _ := filepath.Glob(filepath.Join(dir, ".virtlet-checkpoint-*"))
+	if len(leftovers) != 0 {
+		t.Errorf("working directories left: %q", leftovers)
+	}
+}
+
+func TestWriteCheckpointFailuresLeaveNothing(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "adir"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	failed := errors.New("the VM is gone")
+	symlinked := func(ctx context.Context, d string) (ports.VMCheckpoint, error) {
+		cp, err := capture(ctx, d)
+		if err == nil {
+			err = os.Symlink("/etc/shadow", filepath.Join(d, "disks/evil"))
+		}
+		return cp, err
+	}
+	for _, tc := range []struct {
+		name, location string
+		capture        func(context.Context, string) (ports.VMCheckpoint, error)
+		want           string
+	}{
+		{"relative location", "checkpoint.tar", capture, "not a clean absolute path"},
+		{"unclean location", dir + "/../x/../checkpoint.tar", capture, "not a clean absolute path"},
+		{"missing directory", filepath.Join(dir, "none", "checkpoint.tar"), capture, "its directory does not exist"},
+		{"a directory", filepath.Join(dir, "adir"), capture, "not a regular file"},
+		{"the hypervisor fails", filepath.Join(dir, "c1.tar"), func(context.Context, string) (ports.VMCheckpoint, error) { return ports.VMCheckpoint{}, failed }, "the VM is gone"},
+		{"a symlink in the state", filepath.Join(dir, "c2.tar"), symlinked, "not a regular file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := New("virtlet", "1", logrus.New()).WriteCheckpoint(context.Background(), tc.location, meta, tc.capture)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+			if _, err := os.Lstat(tc.location); err == nil && tc.name != "a directory" {
+				t.Errorf("%s exists after a failure", tc.location)
+			}
+			left, _ := filepath.Glob(filepath.Join(dir, "*"))
+			for _, l := range left {
+				if filepath.Base(l) != "adir" {
+					t.Errorf("left behind: %s", l)
+				}
+			}
+		})
+	}
+}
+
+func readTar(t *testing.T, path string) map[string][]byte {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string][]byte{}
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[h.Name] = data
+	}
+}
