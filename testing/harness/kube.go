@@ -530,7 +530,16 @@ func (k *Kube) Kubectl(args ...string) (string, error) {
 
 // KubeletGet reads a path of the kubelet's API as the API server does
 // (its kubelet client certificate).
-func (k *Kube) KubeletGet(path string) (string, error) {
+func (k *Kube) KubeletGet(path string) (string, error) { return k.kubeletCall(http.MethodGet, path, 30*time.Second) }
+
+// KubeletPost posts to a path of the kubelet's API as the API server does
+// (the node proxy refuses a node whose address is loopback, as here),
+// waiting up to timeout.
+func (k *Kube) KubeletPost(path string, timeout time.Duration) (string, error) {
+	return k.kubeletCall(http.MethodPost, path, timeout)
+}
+
+func (k *Kube) kubeletCall(method, path string, timeout time.Duration) (string, error) {
 	pki := filepath.Join(k.Dir, "pki")
 	cert, err := tls.LoadX509KeyPair(filepath.Join(pki, "apiserver-kubelet-client.crt"), filepath.Join(pki, "apiserver-kubelet-client.key"))
 	if err != nil {
@@ -542,16 +551,20 @@ func (k *Kube) KubeletGet(path string) (string, error) {
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+	client := &http.Client{Timeout: timeout, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, ServerName: "localhost"}}}
-	resp, err := client.Get(fmt.Sprintf("https://127.0.0.1:%d%s", k.KubeletPort, path))
+	req, err := http.NewRequest(method, fmt.Sprintf("https://127.0.0.1:%d%s", k.KubeletPort, path), nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return "", err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return string(body), fmt.Errorf("kubelet %s: %s", path, resp.Status)
+		return string(body), fmt.Errorf("kubelet %s %s: %s", method, path, resp.Status)
 	}
 	return string(body), err
 }

@@ -1,0 +1,243 @@
+package e2e
+
+import (
+	"archive/tar"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// tickerScript makes the tiny guest print a numbered tick to its console
+// every 200 ms, from a process that lives as long as the guest: a gap in
+// the numbers is a guest that restarted, a gap in time one that was paused.
+const tickerScript = "#!/bin/sh\n(i=0; while true; do i=$((i+1)); echo \"@@TICK $i\"; usleep 200000; done) &\n"
+
+var tickLine = regexp.MustCompile(`^(\S+) @@TICK (\d+)$`)
+
+// TestKubeCheckpoint checkpoints a running VM pod through kubelet's
+// checkpoint API (POST /checkpoint/{namespace}/{pod}/{container}, as the
+// API server's node proxy calls it): the archive is where
+// kubelet says, checkpointctl shows it, its state file is a libvirt save
+// image of the pod's domain and its root disk a qcow2 overlay, and the
+// guest ran on: the same process, paused only while its state was written.
+func TestKubeCheckpoint(t *testing.T) {
+	parallel(t)
+	kubeBin, err := harness.KubeBinaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkpointctl := buildCheckpointctl(t)
+	tn := harness.NewTestNetwork(t, harness.NetworkOptions{Index: 93})
+	d := harness.NewDaemon(t, filepath.Join(bins, "virtlet"), append(plugins(), tn.Plugin(bins)))
+	d.Translate("test-images.yaml", translation)
+	d.Start()
+	k := harness.StartControlPlane(t, kubeBin)
+	k.StartKubelet(d)
+
+	script, _ := json.Marshal(tickerScript)
+	manifest := filepath.Join(t.TempDir(), "pod.yaml")
+	os.WriteFile(manifest, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: cp-vm
+  annotations:
+    kubernetes.io/target-runtime: virtlet.cloud
+    VirtletCloudInitUserDataScript: %s
+spec:
+  nodeName: %s
+  automountServiceAccountToken: false
+  containers:
+  - name: vm
+    image: virtlet.cloud/tiny
+    resources:
+      limits: {memory: 128Mi}
+`, script, k.Node)), 0o644)
+	if out, err := k.Kubectl("apply", "-f", manifest); err != nil {
+		t.Fatalf("kubectl apply: %v %s", err, out)
+	}
+	// kubelet removes the pod (its network namespace, its log links)
+	// before it is stopped.
+	t.Cleanup(func() { k.Kubectl("delete", "pod", "cp-vm", "--timeout=3m") })
+	waitTicks := func(n int) []tick {
+		deadline := time.Now().Add(5 * time.Minute)
+		for {
+			ts := readTicks(k)
+			if len(ts) > 0 && ts[len(ts)-1].n >= n {
+				return ts
+			}
+			if time.Now().After(deadline) {
+				describe, _ := k.Kubectl("describe", "pod", "cp-vm")
+				logs, _ := k.Kubectl("logs", "cp-vm")
+				t.Fatalf("no @@TICK %d in the console:\n%s\n%s", n, tail(logs, 3000), describe)
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	before := waitTicks(5)
+	startedAt, _ := k.Kubectl("get", "pod", "cp-vm", "-o", "jsonpath={.status.containerStatuses[0].state.running.startedAt}")
+
+	asked := time.Now()
+	out, err := k.KubeletPost("/checkpoint/default/cp-vm/vm", 5*time.Minute)
+	took := time.Since(asked)
+	if err != nil {
+		t.Fatalf("kubelet's checkpoint API: %v %s\ndaemon log:\n%s", err, out, tail(d.Log(), 3000))
+	}
+	var answer struct{ Items []string }
+	if err := json.Unmarshal([]byte(out), &answer); err != nil || len(answer.Items) != 1 {
+		t.Fatalf("kubelet's answer %q: %v", out, err)
+	}
+	archive := answer.Items[0]
+	info, err := os.Stat(archive)
+	if err != nil || info.Mode().Perm() != 0o600 || !strings.Contains(filepath.Base(archive), "checkpoint-cp-vm_default-vm-") {
+		t.Fatalf("the archive %s: %v %v", archive, info, err)
+	}
+	t.Logf("checkpoint through kubelet: %s, %d MiB", took.Round(time.Millisecond), info.Size()>>20)
+
+	t.Run("checkpointctl shows it", func(t *testing.T) {
+		out, err := exec.Command(checkpointctl, "show", archive).CombinedOutput()
+		if err != nil {
+			t.Fatalf("checkpointctl show: %v\n%s", err, out)
+		}
+		for _, want := range []string{"virtlet.cloud/tiny", "virtlet", "CHKPT SIZE"} {
+			if !strings.Contains(strings.ToUpper(string(out)), strings.ToUpper(want)) {
+				t.Errorf("checkpointctl show says no %q:\n%s", want, out)
+			}
+		}
+		t.Logf("checkpointctl show:\n%s", out)
+	})
+
+	t.Run("the state is a save image of the pod's domain, the root disk its overlay", func(t *testing.T) {
+		dir := t.TempDir()
+		untar(t, archive, dir)
+		var meta struct {
+			Pod struct{ Name, Namespace string }
+			VM  struct{ Name string }
+		}
+		data, err := os.ReadFile(filepath.Join(dir, "checkpoint/virtlet.json"))
+		if err != nil || json.Unmarshal(data, &meta) != nil || meta.Pod.Name != "cp-vm" || meta.Pod.Namespace != "default" {
+			t.Fatalf("virtlet.json %s: %v", data, err)
+		}
+		xml, err := exec.Command("virsh", "-c", "qemu:///system", "save-image-dumpxml", filepath.Join(dir, "checkpoint/memory.save")).CombinedOutput()
+		if err != nil || !strings.Contains(string(xml), "<name>"+meta.VM.Name+"</name>") {
+			t.Fatalf("virsh save-image-dumpxml: %v\n%s", err, tail(string(xml), 2000))
+		}
+		img, err := exec.Command("qemu-img", "info", "--output=json", filepath.Join(dir, "disks/root.qcow2")).CombinedOutput()
+		if err != nil || !strings.Contains(string(img), `"format": "qcow2"`) || !strings.Contains(string(img), `"backing-filename"`) {
+			t.Fatalf("qemu-img info of the root disk's copy: %v\n%s", err, img)
+		}
+	})
+
+	t.Run("the guest ran on", func(t *testing.T) {
+		last := before[len(before)-1].n
+		after := waitTicks(last + 10)
+		if st, _ := k.Kubectl("get", "pod", "cp-vm", "-o", "jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].state.running.startedAt}"); st != "0 "+startedAt {
+			t.Errorf("the container restarted: %q, was started at %s", st, startedAt)
+		}
+		// One process counted on: every tick is there, once, in order.
+		for i := 1; i < len(after); i++ {
+			if after[i].n != after[i-1].n+1 {
+				t.Fatalf("the ticks jump from %d to %d: the guest's process did not run on", after[i-1].n, after[i].n)
+			}
+		}
+		var gap time.Duration
+		for i := 1; i < len(after); i++ {
+			if after[i].n > last-5 {
+				gap = max(gap, after[i].at.Sub(after[i-1].at))
+			}
+		}
+		t.Logf("the largest gap between the guest's 200 ms ticks around the checkpoint: %s", gap.Round(time.Millisecond))
+		if gap > took+time.Second {
+			t.Errorf("the guest stood still %s, longer than the whole checkpoint (%s)", gap, took)
+		}
+	})
+}
+
+type tick struct {
+	at time.Time
+	n  int
+}
+
+// readTicks reads the guest's ticks from kubectl logs --timestamps (the
+// time each line reached the container's log).
+func readTicks(k *harness.Kube) []tick {
+	logs, err := k.Kubectl("logs", "--timestamps", "cp-vm")
+	if err != nil {
+		return nil
+	}
+	var out []tick
+	for _, line := range strings.Split(logs, "\n") {
+		m := tickLine.FindStringSubmatch(strings.TrimRight(line, "\r"))
+		if m == nil {
+			continue
+		}
+		at, err1 := time.Parse(time.RFC3339Nano, m[1])
+		n, err2 := strconv.Atoi(m[2])
+		if err1 == nil && err2 == nil {
+			out = append(out, tick{at, n})
+		}
+	}
+	return out
+}
+
+func untar(t *testing.T, archive, dir string) {
+	t.Helper()
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, filepath.FromSlash(h.Name))
+		if !strings.HasPrefix(p, dir+string(filepath.Separator)) {
+			t.Fatalf("archive member %q is outside the archive", h.Name)
+		}
+		switch h.Typeflag {
+		case tar.TypeDir:
+			os.MkdirAll(p, 0o700)
+		case tar.TypeReg:
+			os.MkdirAll(filepath.Dir(p), 0o700)
+			w, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.Copy(w, tr); err != nil {
+				t.Fatal(err)
+			}
+			w.Close()
+		default:
+			t.Fatalf("archive member %q of type %c", h.Name, h.Typeflag)
+		}
+	}
+}
+
+// buildCheckpointctl builds (or finds in the build cache) the pinned
+// checkpointctl.
+func buildCheckpointctl(t *testing.T) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(harness.RepoRoot(), "testing/checkpointctl/build.sh"))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("build checkpointctl: %v\n%s", err, stderr.String())
+	}
+	return strings.TrimSpace(string(out))
+}
