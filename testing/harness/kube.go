@@ -530,7 +530,9 @@ func (k *Kube) Kubectl(args ...string) (string, error) {
 
 // KubeletGet reads a path of the kubelet's API as the API server does
 // (its kubelet client certificate).
-func (k *Kube) KubeletGet(path string) (string, error) { return k.kubeletCall(http.MethodGet, path, 30*time.Second) }
+func (k *Kube) KubeletGet(path string) (string, error) {
+	return k.kubeletCall(http.MethodGet, path, 30*time.Second)
+}
 
 // KubeletPost posts to a path of the kubelet's API as the API server does
 // (the node proxy refuses a node whose address is loopback, as here),
