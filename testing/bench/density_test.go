@@ -162,9 +162,14 @@ type tinyPod struct {
 	sandbox, container, domain, log string
 }
 
-// runTinyPod runs a VM pod of the tiny guest without a pod network, with
-// more annotations if given.
+// runTinyPod runs a VM pod of the tiny guest (96 MiB) without a pod
+// network, with more annotations if given.
 func runTinyPod(rt runtimeapi.RuntimeServiceClient, dir, image, name string, more map[string]string) (tinyPod, error) {
+	return runTinyPodOf(rt, dir, image, name, more, 96<<20)
+}
+
+// runTinyPodOf is runTinyPod with a memory limit of its own.
+func runTinyPodOf(rt runtimeapi.RuntimeServiceClient, dir, image, name string, more map[string]string, memory int64) (tinyPod, error) {
 	ctx := context.Background()
 	logDir := filepath.Join(dir, "pods", name)
 	ann := map[string]string{"kubernetes.io/target-runtime": "virtlet.cloud", "VirtletDiskDriver": "virtio"}
@@ -180,7 +185,7 @@ func runTinyPod(rt runtimeapi.RuntimeServiceClient, dir, image, name string, mor
 	}
 	ctr, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: sb.PodSandboxId, SandboxConfig: podCfg,
 		Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: name}, Image: &runtimeapi.ImageSpec{Image: image},
-			LogPath: "vm.log", Linux: &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 96 << 20}}}})
+			LogPath: "vm.log", Linux: &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: memory}}}})
 	if err != nil {
 		return tinyPod{}, err
 	}
