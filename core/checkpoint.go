@@ -73,7 +73,10 @@ func (r *accessService) checkpointMeta(c *Container) ports.CheckpointMeta {
 	if m.Image == "" {
 		m.Image = c.Image.Spec
 	}
-	if img, ok := r.images.get(c.Image.ID); ok {
+	if c.Image.Base != "" { // a restored VM: its disk overlays the base
+		m.Image, m.ImageID = c.Image.BaseName, c.Image.Base
+	}
+	if img, ok := r.images.get(m.ImageID); ok {
 		repos := make([]string, 0, len(img.ManifestDigests))
 		for repo := range img.ManifestDigests {
 			repos = append(repos, repo)

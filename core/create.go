@@ -31,6 +31,7 @@ type creation struct {
 	rootFiles []ports.GuestFile
 	ciInput   cloudinit.Input
 	rootfs    *ports.RootfsRequest
+	restore   *restorePlan // the container's image is a checkpoint
 
 	spec ports.VMSpec
 	c    *Container
@@ -64,7 +65,8 @@ var createSteps = []step[creation]{{
 	},
 }, {
 	name: "write files", phase: fixedPhase[creation](ports.PhaseWriteFiles),
-	skip: func(cr *creation) bool { return len(cr.rootFiles) == 0 },
+	// A restored VM's root disk holds them since its first creation.
+	skip: func(cr *creation) bool { return len(cr.rootFiles) == 0 || cr.restore != nil },
 	do:   func(ctx context.Context, cr *creation) error { return cr.rt.writeRootFiles(ctx, cr) },
 	// The files are in the VM's root disk, which the define's undo removes.
 }}
@@ -97,9 +99,13 @@ func (r *vmService) createLocked(ctx context.Context, sandboxID string, cfg Cont
 			pod, annotations.SystemUUID, cr.spec.UUID, other.Spec.PodNamespace, other.Spec.PodName, ports.ErrFailedPrecondition)
 	}
 	id := cr.spec.ID
+	image := ImageRef{Spec: cfg.Image, UserSpecified: cfg.UserImage, ID: cr.img.ID}
+	if cr.restore != nil {
+		image.ID, image.Base, image.BaseName = cr.restore.image.ID, cr.img.ID, cr.restore.meta.Image
+	}
 	cr.c = &Container{
 		ID: id, SandboxID: sb.ID, Name: cfg.Name, Attempt: cfg.Attempt,
-		Image:  ImageRef{Spec: cfg.Image, UserSpecified: cfg.UserImage, ID: cr.img.ID},
+		Image:  image,
 		Labels: cfg.Labels, Annotations: cfg.Annotations, LogPath: cfg.LogPath, Mounts: cfg.Mounts, Volumes: cr.volumes.uses,
 		Spec: cr.spec, Datasource: cr.opts.CloudInitImageType, State: ContainerCreating, CreatedAt: r.opts.Now(),
 	}
@@ -171,14 +177,28 @@ func (r *vmService) planCreation(ctx context.Context, sb *Sandbox, cfg Container
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", cr.img.ID, err)
 	}
+	if cr.img.Format == ports.ImageFormatCheckpoint {
+		if err := r.planRestore(ctx, cr); err != nil {
+			return nil, err
+		}
+	}
 	if cr.spec, err = r.vmSpec(sb, cfg, cr.opts, cr.applied, cr.img, cr.imagePath); err != nil {
 		return nil, err
+	}
+	if cr.restore != nil {
+		if err := checkRestore(cfg.UserImage, cr.spec, cr.restore.meta.VM, cr.applied.Annotations); err != nil {
+			return nil, err
+		}
 	}
 	if cr.volumes, err = r.vols.planVolumes(ctx, cfg, cr.opts); err != nil {
 		return nil, err
 	}
 	if err := r.checkCreation(cr); err != nil {
 		return nil, err
+	}
+	if cr.restore != nil && cr.volumes.rootfs() != nil {
+		return nil, restoreRefusal(cfg.UserImage, "persistent root filesystem "+rootVolume(cr.volumes.rootfs()),
+			"a VM is restored over the checkpoint's root disk; a VM whose root is a volume is not checkpointed")
 	}
 	if cr.ds, err = r.ci.datasource(cr.opts); err != nil {
 		return nil, err
@@ -316,8 +336,12 @@ func (r *vmService) buildMedia(ctx context.Context, cr *creation) error {
 	return checkDiskCount(cr.spec.Disks)
 }
 
-// define has the hypervisor define the VM.
+// define has the hypervisor define the VM; a restored one over the
+// checkpoint's state and root disk, unpacked for the while.
 func (r *vmService) define(ctx context.Context, cr *creation) error {
+	if cr.restore != nil {
+		return r.defineRestored(ctx, cr)
+	}
 	if err := r.deps.Hypervisor.Define(ctx, cr.spec); err != nil {
 		return fmt.Errorf("define VM %s: %w", cr.spec.Name, err)
 	}

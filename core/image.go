@@ -292,7 +292,7 @@ func (r *imageService) RemoveImage(ctx context.Context, spec string) error {
 // imageUser returns a container whose VM's root disk the image backs
 // (nil: none).
 func (r *imageService) imageUser(id string) *Container {
-	return r.containers.find(func(c *Container) bool { return c.Image.ID == id })
+	return r.containers.find(func(c *Container) bool { return c.Image.ID == id || c.Image.Base == id })
 }
 
 // ImageFsInfo reports the space the image store uses.

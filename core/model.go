@@ -146,6 +146,10 @@ type ImageRef struct {
 	UserSpecified string `json:"userSpecified,omitempty"`
 	// ID is the image's content digest ("sha256:<hex>").
 	ID string `json:"id"`
+	// Base and BaseName, for a VM restored from a checkpoint image, are
+	// the image its root disk overlays: in use as long as the VM is.
+	Base     string `json:"base,omitempty"`
+	BaseName string `json:"baseName,omitempty"`
 }
 
 // Mount is a host path made visible to a VM.

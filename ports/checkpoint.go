@@ -101,3 +101,39 @@ type CheckpointArchive struct {
 	Bytes      int64
 	Checkpoint VMCheckpoint
 }
+
+// ImageFormatCheckpoint is the format of an image that is a VM checkpoint
+// archive (FetchResult.Format): a container created from it restores the
+// checkpointed VM instead of booting one.
+const ImageFormatCheckpoint = "checkpoint"
+
+// VMRestore is what a VM restored from a checkpoint starts from
+// (VMSpec.Restore): its state file and the copies of its disks, by disk
+// name, unpacked on the node's file system. Define takes them over (moves
+// or copies them to where it keeps the VM's files); Start resumes the
+// guest from the state instead of booting it.
+type VMRestore struct {
+	StateFile string
+	Disks     map[string]string
+}
+
+// CheckpointReader reads checkpoint archives, which are untrusted: only
+// the files a VM checkpoint has, regular, within bounds.
+type CheckpointReader interface {
+	// ReadCheckpoint reads the archive's metadata without unpacking it.
+	ReadCheckpoint(ctx context.Context, archive string) (CheckpointMeta, VMCheckpoint, error)
+	// UnpackCheckpoint unpacks the archive into a fresh directory, calls use
+	// with the state file's and the disk copies' paths in it, and removes
+	// the directory when use returns.
+	UnpackCheckpoint(ctx context.Context, archive string, use func(ctx context.Context, r VMRestore) error) error
+}
+
+// MACAdopter lets a pod's network serve its VM's NICs under MACs other
+// than the ones Setup gave them: a VM restored from a checkpoint keeps the
+// MACs it was saved with (its hypervisor will not change a running
+// guest's), and the pod's DHCP answers go to them.
+type MACAdopter interface {
+	// AdoptMACs gives the pod's interfaces, in the attachment's order, the
+	// MACs given and returns the attachment as it now is.
+	AdoptMACs(ctx context.Context, req NetworkRequest, macs []string) (NetworkAttachment, error)
+}

@@ -63,8 +63,10 @@ type CPULimits struct {
 }
 
 // WithoutSecrets returns a copy of the spec whose disks carry no
-// authentication secret: the form kept in records.
+// authentication secret, and without the restore source (files that are
+// gone once the VM is defined): the form kept in records.
 func (s VMSpec) WithoutSecrets() VMSpec {
+	s.Restore = nil
 	disks := make([]Disk, len(s.Disks))
 	for i, d := range s.Disks {
 		if d.Source.Auth != nil {
@@ -189,6 +191,12 @@ type VMSpec struct {
 	// ConsoleLogPath is the CRI log file the serial console is written to,
 	// in the CRI log format (kubectl logs reads it).
 	ConsoleLogPath string
+
+	// Restore, when set, makes the VM the one a checkpoint holds: Define
+	// takes over its disks and state, Start resumes it (its name, UUID and
+	// NIC MACs are the checkpointed VM's: the hypervisor takes them from
+	// the state).
+	Restore *VMRestore `json:"restore,omitempty"`
 
 	// RunAs, when set, is the VM's own user and group: its hypervisor
 	// process runs as them and its files belong to them while it runs, so

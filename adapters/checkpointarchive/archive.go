@@ -109,19 +109,42 @@ type ContainerMeta struct {
 	CreatedAt   time.Time         `json:"createdAt"`
 }
 
-// Archiver writes checkpoint archives (ports.CheckpointArchiver).
+// Archiver writes checkpoint archives (ports.CheckpointArchiver) and
+// reads them (ports.CheckpointReader).
 type Archiver struct {
 	runtime, version string
+	unpackDir        string
 	log              logrus.FieldLogger
 }
 
-// New returns an archiver naming runtime and version as the archives'
-// writer.
-func New(runtime, version string, log logrus.FieldLogger) *Archiver {
-	return &Archiver{runtime: runtime, version: version, log: log}
+// Options configure an archiver.
+type Options struct {
+	// Runtime and Version name the archives' writer.
+	Runtime, Version string
+	// UnpackDir is where archives are unpacked for a restore (the daemon's
+	// state directory: a VM's memory may not fit a tmpfs). What an earlier
+	// process left there is removed.
+	UnpackDir string
+	Log       logrus.FieldLogger
 }
 
-var _ ports.CheckpointArchiver = (*Archiver)(nil)
+// New returns an archiver.
+func New(o Options) *Archiver {
+	if o.UnpackDir != "" {
+		left, _ := filepath.Glob(filepath.Join(o.UnpackDir, workDirPattern))
+		for _, d := range left {
+			if err := os.RemoveAll(d); err != nil {
+				o.Log.WithError(err).WithField("dir", d).Warn("remove a checkpoint an earlier run left unpacked")
+			}
+		}
+	}
+	return &Archiver{runtime: o.Runtime, version: o.Version, unpackDir: o.UnpackDir, log: o.Log}
+}
+
+var (
+	_ ports.CheckpointArchiver = (*Archiver)(nil)
+	_ ports.CheckpointReader   = (*Archiver)(nil)
+)
 
 // WriteCheckpoint makes a working directory beside location (so that the
 // state is written once to the file system the archive goes to), has

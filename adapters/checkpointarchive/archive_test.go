@@ -44,7 +44,7 @@ func capture(_ context.Context, dir string) (ports.VMCheckpoint, error) {
 func TestWriteCheckpointLayout(t *testing.T) {
 	dir := t.TempDir()
 	loc := filepath.Join(dir, "checkpoint-web-0_apps-vm-2026.tar")
-	a := New("virtlet", "1.2.3", logrus.New())
+	a := New(Options{Runtime: "virtlet", Version: "1.2.3", Log: logrus.New()})
 	out, err := a.WriteCheckpoint(context.Background(), loc, meta, capture)
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +121,7 @@ func TestWriteCheckpointFailuresLeaveNothing(t *testing.T) {
 		{"a symlink in the state", filepath.Join(dir, "c2.tar"), symlinked, "not a regular file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := New("virtlet", "1", logrus.New()).WriteCheckpoint(context.Background(), tc.location, meta, tc.capture)
+			_, err := New(Options{Runtime: "virtlet", Version: "1", Log: logrus.New()}).WriteCheckpoint(context.Background(), tc.location, meta, tc.capture)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want %q", err, tc.want)
 			}

@@ -47,6 +47,56 @@ func Inspect(path string) (Info, error) {
 	return InspectReader(f, st.Size())
 }
 
+// InspectOverlay reads a qcow2 overlay at path: an image held to every
+// rule Inspect holds images to but one, it may name a backing file (which
+// the caller replaces: qemu-img rebase -u, which opens no backing file);
+// a raw disk or a self-contained qcow2 image is refused.
+func InspectOverlay(path string) (Info, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Info{}, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return Info{}, err
+	}
+	head, err := qcow2Head(f, st.Size())
+	if err != nil {
+		return Info{}, err
+	}
+	if len(head) < 4 || string(head[:4]) != "QFI\xfb" {
+		return Info{}, fmt.Errorf("%w: not a qcow2 overlay (first bytes %q)", ErrNotADisk, printable(head, 16))
+	}
+	virtual, reason := qcow2Check(head, st.Size(), true)
+	if reason != "" {
+		return Info{}, fmt.Errorf("%w: %s", ErrNotADisk, reason)
+	}
+	return Info{Format: QCOW2, VirtualSize: int64(virtual)}, nil
+}
+
+// qcow2Head reads the first 512 bytes of an image, or the first cluster of
+// a qcow2 image (at most 2 MiB), or as much of them as it has.
+func qcow2Head(r io.ReaderAt, size int64) ([]byte, error) {
+	head := make([]byte, 512)
+	n, err := r.ReadAt(head, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	head = head[:n]
+	if n >= 24 && string(head[:4]) == "QFI\xfb" {
+		if bits := binary.BigEndian.Uint32(head[20:24]); bits >= 9 && bits <= 21 {
+			first := make([]byte, min(int64(1)<<bits, size))
+			m, err := r.ReadAt(first, 0)
+			if err != nil && !errors.Is(err, io.EOF) {
+				return nil, err
+			}
+			head = first[:m]
+		}
+	}
+	return head, nil
+}
+
 // InspectReader reads an image of the given size.
 func InspectReader(r io.ReaderAt, size int64) (Info, error) {
 	if size == 0 {
@@ -112,6 +162,12 @@ const (
 // cluster, or its whole if smaller (the header and its extensions must lie
 // in the first cluster).
 func qcow2Refusal(h []byte, size int64) (virtual uint64, reason string) {
+	return qcow2Check(h, size, false)
+}
+
+// qcow2Check is qcow2Refusal, which allows a backing file (its name and
+// format) when backing is set.
+func qcow2Check(h []byte, size int64, backing bool) (virtual uint64, reason string) {
 	if len(h) < qcow2V2HeaderLen {
 		return 0, "truncated qcow2 header"
 	}
@@ -128,7 +184,7 @@ func qcow2Refusal(h []byte, size int64) (virtual uint64, reason string) {
 		return 0, fmt.Sprintf("corrupt qcow2 header (cluster bits %d)", clusterBits)
 	case virtual == 0 || virtual > 1<<50:
 		return 0, fmt.Sprintf("corrupt qcow2 header (virtual size %d)", virtual)
-	case backingOffset != 0:
+	case backingOffset != 0 && !backing:
 		return 0, "the qcow2 image names a backing file; only self-contained images are accepted"
 	case crypt != 0:
 		return 0, fmt.Sprintf("the qcow2 image is encrypted (method %d); only plain images are accepted", crypt)
@@ -174,7 +230,9 @@ func qcow2Refusal(h []byte, size int64) (virtual uint64, reason string) {
 		case extEnd:
 			return virtual, ""
 		case extBackingFmt:
-			return 0, "the qcow2 image names a backing file's format; only self-contained images are accepted"
+			if !backing {
+				return 0, "the qcow2 image names a backing file's format; only self-contained images are accepted"
+			}
 		case extDataFile:
 			return 0, "the qcow2 image names an external data file; only self-contained images are accepted"
 		case extEncryption:

@@ -152,3 +152,35 @@ func TestInspectRefusesImagesThatNameHostFiles(t *testing.T) {
 		}
 	}
 }
+
+// A checkpoint's root disk copy names a backing file, which is replaced
+// without being opened; nothing else an image could name is allowed.
+func TestInspectOverlay(t *testing.T) {
+	dir := t.TempDir()
+	p := func(n string) string { return filepath.Join(dir, n) }
+	secret := p("ca.key")
+	os.WriteFile(secret, []byte("secret"), 0o600)
+	qemuImg(t, "create", "-q", "-f", "qcow2", p("base.qcow2"), "1M")
+	qemuImg(t, "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", p("base.qcow2"), p("overlay.qcow2"))
+	qemuImg(t, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", secret, p("overlay-of-a-secret.qcow2"), "1M")
+	qemuImg(t, "create", "-q", "-f", "qcow2", "-o", "data_file="+p("data"), "-F", "qcow2", "-b", p("base.qcow2"), p("overlay-datafile.qcow2"))
+	raw := make([]byte, 1<<20)
+	raw[510], raw[511] = 0x55, 0xaa
+	os.WriteFile(p("disk.raw"), raw, 0o644)
+	for _, tt := range []struct{ file, reason string }{
+		{"overlay.qcow2", ""},
+		{"base.qcow2", ""},
+		// Its backing name is replaced before any tool opens it.
+		{"overlay-of-a-secret.qcow2", ""},
+		{"overlay-datafile.qcow2", "external data file"},
+		{"disk.raw", "not a qcow2 overlay"},
+	} {
+		info, err := diskimage.InspectOverlay(p(tt.file))
+		switch {
+		case tt.reason == "" && (err != nil || info.Format != diskimage.QCOW2):
+			t.Errorf("%s: %+v %v", tt.file, info, err)
+		case tt.reason != "" && (err == nil || !errors.Is(err, diskimage.ErrNotADisk) || !strings.Contains(err.Error(), tt.reason)):
+			t.Errorf("%s: %v, want %q", tt.file, err, tt.reason)
+		}
+	}
+}

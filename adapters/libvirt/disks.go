@@ -87,8 +87,8 @@ func rotatedLogs(path string) []string {
 }
 
 // removeLeftovers removes the files Define makes for VM id in vmDir
-// before it saves the record that names them (overlays, console logs, the
-// record's temporary file): a plugin killed in between leaves them
+// before it saves the record that names them (overlays, console logs, a
+// restored VM's state, the record's temporary file): a plugin killed in between leaves them
 // unnamed.
 func removeLeftovers(vmDir string, store recordStore, id string) error {
 	if err := validID(id); err != nil {
@@ -99,7 +99,7 @@ func removeLeftovers(vmDir string, store recordStore, id string) error {
 	}
 	overlays, _ := filepath.Glob(filepath.Join(vmDir, id+"-*.qcow2"))
 	console := filepath.Join(vmDir, id+".console")
-	files := append(overlays, console, store.path(id)+atomicfile.TempSuffix)
+	files := append(overlays, console, restoreStatePath(vmDir, id), store.path(id)+atomicfile.TempSuffix)
 	if err := removeFiles(append(files, rotatedLogs(console)...)...); err != nil {
 		return fmt.Errorf("remove files of VM %s: %w", id, err)
 	}

@@ -68,10 +68,20 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	if err != nil {
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
 	}
+	asked := vmIdentity{Name: spec.Name, UUID: spec.UUID, RunAs: spec.RunAs}
+	if spec.Restore != nil {
+		// The checkpointed domain's name and UUID: libvirt restores a
+		// state into no other.
+		if _, err := prepareRestore(conn, &spec); err != nil {
+			return err
+		}
+	}
 	log := h.log.WithFields(logrus.Fields{"vm": spec.Name, "pod": spec.PodNamespace + "/" + spec.PodName})
 	shape, coldWhy := poolable(spec, accel)
 	r := &record{Spec: spec.WithoutSecrets(), DiskPaths: map[string]string{}, ConsoleLog: filepath.Join(vmDir, spec.ID+".console"), State: ports.VMDefined}
-	if spec.UUID == "" {
+	if spec.Restore != nil {
+		r.Asked = &asked
+	} else if spec.UUID == "" {
 		// The pod asks for no UUID: one derived from the VM's ID, stable
 		// for its life (a VM claimed from the pool gets the pool's).
 		r.Asked = &vmIdentity{Name: spec.Name, RunAs: spec.RunAs}
@@ -80,6 +90,8 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	}
 	switch {
 	case pool == nil:
+	case spec.Restore != nil:
+		log.Info("cold start: a VM restored from a checkpoint resumes in a domain of its own")
 	case coldWhy != "":
 		log.WithField("why", coldWhy).Info("cold start: the VM cannot come from the pool")
 	default:
@@ -103,6 +115,14 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	if made, err = createOverlays(ctx, vmDir, spec, r, log); err != nil {
 		undo()
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
+	}
+	if spec.Restore != nil {
+		state := restoreStatePath(vmDir, spec.ID)
+		if err := moveFile(spec.Restore.StateFile, state); err != nil {
+			undo()
+			return fmt.Errorf("VM %s: the checkpoint's state: %w", spec.Name, err)
+		}
+		made, r.RestoreState = append(made, state), state
 	}
 	removeFiles(append(rotatedLogs(r.ConsoleLog), r.ConsoleLog)...) // a stale log of a reused ID
 	if r.Secrets, err = defineSecrets(conn, spec); err != nil {
@@ -143,6 +163,17 @@ func createOverlays(ctx context.Context, vmDir string, spec ports.VMSpec, r *rec
 			continue
 		}
 		p := filepath.Join(vmDir, spec.ID+"-"+d.Name+".qcow2")
+		if spec.Restore != nil && spec.Restore.Disks[d.Name] != "" {
+			// A restored VM's disk: the checkpoint's copy, over the same base.
+			begin := time.Now()
+			if err := adoptDisk(ctx, spec.Restore.Disks[d.Name], p, *d.Overlay, d.Name); err != nil {
+				return made, err
+			}
+			made = append(made, p)
+			r.DiskPaths[d.Name] = p
+			log.WithFields(logrus.Fields{"disk": d.Name, "base": d.Overlay.BasePath, "millis": time.Since(begin).Milliseconds()}).Info("root disk taken from the checkpoint")
+			continue
+		}
 		took, err := createOverlay(ctx, p, *d.Overlay, d.Name)
 		if err != nil {
 			return made, err
@@ -198,10 +229,14 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 	if h.tailers[id] == nil {
 		h.reconciler.startTailerLocked(r)
 	}
+	restoring := r.RestoreState != ""
 	h.mu.Unlock()
 	start := dom.Create
-	if resume {
+	switch {
+	case resume:
 		start = dom.Resume // a VM claimed from the pool: paused before its first instruction
+	case restoring:
+		start = func() error { return h.restoreDomain(dom, r) }
 	}
 	if err := start(); err != nil {
 		h.mu.Lock()
@@ -217,6 +252,10 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 	r.State = ports.VMRunning
 	r.Prelaunched = false
 	r.seq++
+	var stateFile string
+	if restoring {
+		stateFile, r.RestoreState = r.RestoreState, ""
+	}
 	if err := h.store.save(r); err != nil {
 		return err
 	}
@@ -224,7 +263,13 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 	if resume {
 		h.pool.resumed()
 	}
-	h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "resumed": resume, "millis": time.Since(begin).Milliseconds()}).Info("VM started")
+	if restoring {
+		removeFiles(stateFile)
+		if len(r.Spec.NICs) > 0 {
+			go h.flapLinks(id)
+		}
+	}
+	h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "resumed": resume, "restored": restoring, "millis": time.Since(begin).Milliseconds()}).Info("VM started")
 	return nil
 }
 
@@ -418,7 +463,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 		t.close()
 	}
 	h.consoles.close(id, allRuns)
-	files := []string{r.ConsoleLog}
+	files := []string{r.ConsoleLog, r.RestoreState}
 	files = append(files, rotatedLogs(r.ConsoleLog)...)
 	for _, p := range r.DiskPaths {
 		files = append(files, p)

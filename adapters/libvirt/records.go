@@ -56,6 +56,9 @@ type record struct {
 	// Prelaunched: the claimed domain is still paused before its first
 	// instruction; Start resumes it.
 	Prelaunched bool `json:"prelaunched,omitempty"`
+	// RestoreState, until a restored VM's first start, is the checkpoint's
+	// state Start resumes its guest from.
+	RestoreState string `json:"restoreState,omitempty"`
 
 	// runs counts the VM's ends seen by this process: a console stream
 	// opened during one run is closed when that run ends, not a later one.

@@ -152,13 +152,15 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		m = metrics.New(metrics.Options{Log: log.WithField("component", "metrics")})
 		observer = m
 	}
+	checkpoints := checkpointarchive.New(checkpointarchive.Options{Runtime: cri.RuntimeName, Version: buildinfo.Version(),
+		UnpackDir: filepath.Join(cfg.StateDir, "restore"), Log: log.WithField("component", "checkpoints")})
 	rt, err := core.New(core.Deps{
 		Hypervisor: plugins.Hypervisor(), ImageSources: plugins.ImageSources(), ImageFiles: files, Store: store,
 		Translations: translations(cfg, kube),
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
 		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.Host{}, Observer: observer,
 		Node:        nodeinspect.New(log.WithField("component", "nodeinspect")),
-		Checkpoints: checkpointarchive.New(cri.RuntimeName, buildinfo.Version(), log.WithField("component", "checkpoints")),
+		Checkpoints: checkpoints,
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core"),
 		Failpoint: failpointHook(log), VMUsers: vmUsers, Presets: vmPresets, AllowWatchdogDump: cfg.AllowWatchdogDump,
 		NoMemorySharing: !cfg.MemorySharing,

@@ -14,8 +14,22 @@ func specToProto(s ports.VMSpec) *hypervisorv1.VMSpec {
 		Cpu:   &hypervisorv1.CPUSpec{Model: s.CPU.Model, Setting: cpuSettingToProto(s.CPU.Setting)},
 		Disks: base.DisksToProto(s.Disks), Filesystems: base.FilesystemsToProto(s.Filesystems), Nics: base.NICsToProto(s.NICs),
 		ConsoleLogPath: s.ConsoleLogPath, RunAs: base.IdentityToProto(s.RunAs), Machine: s.Machine, Firmware: s.Firmware, SecureBoot: s.SecureBoot, HyperV: s.HyperV, NoMemorySharing: s.NoMemorySharing, CpuLimits: CPULimitsToProto(s.CPULimits),
-		Clock: clockToProto(s.Clock), Watchdog: watchdogToProto(s.Watchdog), CpuSet: ints32(s.CPUSet),
+		Clock: clockToProto(s.Clock), Watchdog: watchdogToProto(s.Watchdog), CpuSet: ints32(s.CPUSet), Restore: restoreToProto(s.Restore),
 	}
+}
+
+func restoreToProto(r *ports.VMRestore) *hypervisorv1.VMRestore {
+	if r == nil {
+		return nil
+	}
+	return &hypervisorv1.VMRestore{StateFile: r.StateFile, Disks: r.Disks}
+}
+
+func restoreFromProto(p *hypervisorv1.VMRestore) *ports.VMRestore {
+	if p == nil {
+		return nil
+	}
+	return &ports.VMRestore{StateFile: p.StateFile, Disks: p.Disks}
 }
 
 func specFromProto(p *hypervisorv1.VMSpec) ports.VMSpec {
@@ -26,7 +40,7 @@ func specFromProto(p *hypervisorv1.VMSpec) ports.VMSpec {
 		CPU:   ports.CPUSpec{Model: p.GetCpu().GetModel(), Setting: cpuSettingFromProto(p.GetCpu().GetSetting())},
 		Disks: base.DisksFromProto(p.Disks), Filesystems: base.FilesystemsFromProto(p.Filesystems), NICs: base.NICsFromProto(p.Nics),
 		ConsoleLogPath: p.ConsoleLogPath, RunAs: base.IdentityFromProto(p.RunAs), Machine: p.Machine, Firmware: p.Firmware, SecureBoot: p.SecureBoot, HyperV: p.HyperV, NoMemorySharing: p.NoMemorySharing, CPULimits: CPULimitsFromProto(p.GetCpuLimits()),
-		Clock: clockFromProto(p.GetClock()), Watchdog: watchdogFromProto(p.GetWatchdog()), CPUSet: ints(p.GetCpuSet()),
+		Clock: clockFromProto(p.GetClock()), Watchdog: watchdogFromProto(p.GetWatchdog()), CPUSet: ints(p.GetCpuSet()), Restore: restoreFromProto(p.GetRestore()),
 	}
 }
 

@@ -26,6 +26,7 @@ func TestSpecCrossesThePluginBoundary(t *testing.T) {
 		NICs:           []ports.NIC{{Name: "eth0", MAC: "52:54:00:a1:b2:c3"}},
 		ConsoleLogPath: "/var/log/pods/x/0.log",
 		RunAs:          &ports.ProcessIdentity{UID: 2000000000, GID: 2000000000},
+		Restore:        &ports.VMRestore{StateFile: "/var/lib/virtlet/restore/x/checkpoint/memory.save", Disks: map[string]string{"root": "/var/lib/virtlet/restore/x/disks/root.qcow2"}},
 	}
 	everyFieldSet(t, spec)
 	if got := specFromProto(specToProto(spec)); !reflect.DeepEqual(got, spec) {

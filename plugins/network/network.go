@@ -3,6 +3,7 @@ package network
 
 import (
 	"context"
+	"fmt"
 
 	"google.golang.org/grpc"
 
@@ -90,6 +91,21 @@ func (c *Client) Teardown(ctx context.Context, req ports.NetworkRequest) error {
 	return c.conn.Error(err)
 }
 
+// AdoptMACs asks the plugin to serve the pod's interfaces under macs.
+func (c *Client) AdoptMACs(ctx context.Context, req ports.NetworkRequest, macs []string) (ports.NetworkAttachment, error) {
+	conn, err := c.conn.GRPC()
+	if err != nil {
+		return ports.NetworkAttachment{}, err
+	}
+	ctx, cancel := base.WithTimeout(ctx, base.QuickCallTimeout)
+	defer cancel()
+	resp, err := networkv1.NewNetworkClient(conn).AdoptMACs(ctx, &networkv1.AdoptMACsRequest{Pod: requestToProto(req), Macs: macs})
+	if err != nil {
+		return ports.NetworkAttachment{}, c.conn.Error(err)
+	}
+	return base.AttachmentFromProto(resp), nil
+}
+
 // Server serves a ports.Network over gRPC.
 type Server struct {
 	networkv1.UnimplementedNetworkServer
@@ -116,4 +132,19 @@ func (s *Server) Teardown(ctx context.Context, p *networkv1.NetworkRequest) (*ne
 	return &networkv1.TeardownResponse{}, base.ToRPC(s.impl.Teardown(ctx, requestFromProto(p)))
 }
 
-var _ ports.Network = (*Client)(nil)
+func (s *Server) AdoptMACs(ctx context.Context, p *networkv1.AdoptMACsRequest) (*typesv1.NetworkAttachment, error) {
+	a, ok := s.impl.(ports.MACAdopter)
+	if !ok {
+		return nil, base.ToRPC(fmt.Errorf("this network plugin cannot serve a pod's interfaces under other MACs: %w", ports.ErrUnimplemented))
+	}
+	att, err := a.AdoptMACs(ctx, requestFromProto(p.GetPod()), p.Macs)
+	if err != nil {
+		return nil, base.ToRPC(err)
+	}
+	return base.AttachmentToProto(att), nil
+}
+
+var (
+	_ ports.Network    = (*Client)(nil)
+	_ ports.MACAdopter = (*Client)(nil)
+)

@@ -15,14 +15,18 @@ import (
 	"time"
 
 	"github.com/virtlet/virtlet/testing/harness"
+	"github.com/virtlet/virtlet/testing/imageserver"
 )
 
 // tickerScript makes the tiny guest print a numbered tick to its console
-// every 200 ms, from a process that lives as long as the guest: a gap in
-// the numbers is a guest that restarted, a gap in time one that was paused.
-const tickerScript = "#!/bin/sh\n(i=0; while true; do i=$((i+1)); echo \"@@TICK $i\"; usleep 200000; done) &\n"
+// every 200 ms, from a process that lives as long as the guest and that
+// holds a file open, appending each tick to it: a gap in the numbers is a
+// guest that restarted, a gap in time one that was paused, and the file's
+// line count is the tick's number as long as the same open file is
+// written to.
+const tickerScript = "#!/bin/sh\nmkdir -p /tmp\nexec 3>/tmp/ticks\n(i=0; while true; do i=$((i+1)); echo $i >&3; echo \"@@TICK $i lines=$(wc -l < /tmp/ticks)\"; usleep 200000; done) &\n"
 
-var tickLine = regexp.MustCompile(`^(\S+) @@TICK (\d+)$`)
+var tickLine = regexp.MustCompile(`^(\S+) @@TICK (\d+) lines=(\d+)$`)
 
 // TestKubeCheckpoint checkpoints a running VM pod through kubelet's
 // checkpoint API (POST /checkpoint/{namespace}/{pod}/{container}, as the
@@ -68,22 +72,22 @@ spec:
 	// kubelet removes the pod (its network namespace, its log links)
 	// before it is stopped.
 	t.Cleanup(func() { k.Kubectl("delete", "pod", "cp-vm", "--timeout=3m") })
-	waitTicks := func(n int) []tick {
+	waitTicks := func(pod string, n int) []tick {
 		deadline := time.Now().Add(5 * time.Minute)
 		for {
-			ts := readTicks(k)
+			ts := readTicks(k, pod)
 			if len(ts) > 0 && ts[len(ts)-1].n >= n {
 				return ts
 			}
 			if time.Now().After(deadline) {
-				describe, _ := k.Kubectl("describe", "pod", "cp-vm")
-				logs, _ := k.Kubectl("logs", "cp-vm")
-				t.Fatalf("no @@TICK %d in the console:\n%s\n%s", n, tail(logs, 3000), describe)
+				describe, _ := k.Kubectl("describe", "pod", pod)
+				logs, _ := k.Kubectl("logs", pod)
+				t.Fatalf("no @@TICK %d in the console of %s:\n%s\n%s", n, pod, tail(logs, 3000), describe)
 			}
 			time.Sleep(time.Second)
 		}
 	}
-	before := waitTicks(5)
+	before := waitTicks("cp-vm", 5)
 	startedAt, _ := k.Kubectl("get", "pod", "cp-vm", "-o", "jsonpath={.status.containerStatuses[0].state.running.startedAt}")
 
 	asked := time.Now()
@@ -138,20 +142,20 @@ spec:
 	})
 
 	t.Run("the guest ran on", func(t *testing.T) {
-		last := before[len(before)-1].n
-		after := waitTicks(last + 10)
+		after := waitTicks("cp-vm", last(before)+10)
 		if st, _ := k.Kubectl("get", "pod", "cp-vm", "-o", "jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].state.running.startedAt}"); st != "0 "+startedAt {
 			t.Errorf("the container restarted: %q, was started at %s", st, startedAt)
 		}
-		// One process counted on: every tick is there, once, in order.
+		// One process counted on: every tick is there, once, in order,
+		// each written to the file it holds open.
 		for i := 1; i < len(after); i++ {
-			if after[i].n != after[i-1].n+1 {
-				t.Fatalf("the ticks jump from %d to %d: the guest's process did not run on", after[i-1].n, after[i].n)
+			if after[i].n != after[i-1].n+1 || after[i].lines != after[i].n {
+				t.Fatalf("tick %d (%d lines) after tick %d: the guest's process did not run on", after[i].n, after[i].lines, after[i-1].n)
 			}
 		}
 		var gap time.Duration
 		for i := 1; i < len(after); i++ {
-			if after[i].n > last-5 {
+			if after[i].n > last(before)-5 {
 				gap = max(gap, after[i].at.Sub(after[i-1].at))
 			}
 		}
@@ -160,17 +164,149 @@ spec:
 			t.Errorf("the guest stood still %s, longer than the whole checkpoint (%s)", gap, took)
 		}
 	})
+
+	// The checkpoint, served as an image, restored in a new pod once the
+	// checkpointed VM's own pod is gone (a node runs one domain of a
+	// name): the guest goes on where it was, with the new pod's address.
+	t.Run("restored in a new pod", func(t *testing.T) {
+		srvDir := t.TempDir()
+		data, err := os.ReadFile(archive)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(srvDir, "checkpoint.tar"), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		srv, err := imageserver.Start(srvDir, "127.0.0.1:0", t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+		tr, err := srv.Translation(map[string]string{"cp-vm-checkpoint": "checkpoint.tar"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Translate("checkpoint.yaml", tr)
+		if out, err := k.Kubectl("delete", "pod", "cp-vm", "--timeout=3m"); err != nil {
+			t.Fatalf("delete the checkpointed pod: %v %s", err, out)
+		}
+		pod := func(name, memory string) string {
+			p := filepath.Join(t.TempDir(), name+".yaml")
+			os.WriteFile(p, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  annotations:
+    kubernetes.io/target-runtime: virtlet.cloud
+    VirtletCloudInitUserDataScript: %s
+spec:
+  nodeName: %s
+  automountServiceAccountToken: false
+  containers:
+  - name: vm
+    image: virtlet.cloud/cp-vm-checkpoint
+    resources:
+      limits: {memory: %s}
+`, name, script, k.Node, memory)), 0o644)
+			return p
+		}
+		// A pod whose VM differs from the checkpointed one is refused,
+		// the field named where kubectl shows it.
+		if out, err := k.Kubectl("apply", "-f", pod("cp-bad", "256Mi")); err != nil {
+			t.Fatalf("kubectl apply: %v %s", err, out)
+		}
+		t.Cleanup(func() { k.Kubectl("delete", "pod", "cp-bad", "--timeout=3m") })
+		var why string
+		for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+			why, _ = k.Kubectl("get", "pod", "cp-bad", "-o", "jsonpath={.status.containerStatuses[0].state.waiting.message}")
+			if why != "" && !strings.Contains(why, "pull") {
+				break
+			}
+		}
+		if !strings.Contains(why, "resources.limits.memory") || !strings.Contains(why, "128 MiB") {
+			describe, _ := k.Kubectl("describe", "pod", "cp-bad")
+			t.Fatalf("the pod asking for 256Mi was not refused by name: %q\n%s", why, describe)
+		}
+		t.Logf("refused: %s", why)
+		k.Kubectl("delete", "pod", "cp-bad", "--timeout=3m")
+
+		applied := time.Now()
+		if out, err := k.Kubectl("apply", "-f", pod("cp-restore", "128Mi")); err != nil {
+			t.Fatalf("kubectl apply: %v %s", err, out)
+		}
+		t.Cleanup(func() { k.Kubectl("delete", "pod", "cp-restore", "--timeout=3m") })
+		if out, err := k.Kubectl("wait", "--for=condition=Ready", "pod/cp-restore", "--timeout=3m"); err != nil {
+			describe, _ := k.Kubectl("describe", "pod", "cp-restore")
+			t.Fatalf("the restored pod is not Ready: %v %s\n%s\ndaemon log:\n%s", err, out, describe, tail(d.Log(), 4000))
+		}
+		ready := time.Since(applied)
+		if ready > 20*time.Second {
+			events, _ := k.Kubectl("get", "events", "--field-selector", "involvedObject.name=cp-restore", "-o", "custom-columns=AGE:.lastTimestamp,REASON:.reason,MESSAGE:.message")
+			t.Logf("the restored pod took %s to be Ready:\n%s", ready, events)
+		}
+		first := readTicks(k, "cp-restore")
+		if len(first) == 0 {
+			first = waitTicks("cp-restore", 1)
+		}
+		from := first[0].n
+		ticks := waitTicks("cp-restore", from+10)
+		if from <= last(before) {
+			var lines []string
+			for _, l := range strings.Split(d.Log(), "\n") {
+				if strings.Contains(l, "checkpoint") || strings.Contains(l, "restor") || strings.Contains(l, "cp-restore") {
+					lines = append(lines, l)
+				}
+			}
+			t.Fatalf("the restored guest's ticks start at %d, before the checkpoint's (after tick %d): it booted anew; the daemon's log of it:\n%s",
+				from, last(before), tail(strings.Join(lines, "\n"), 6000))
+		}
+		for i := 1; i < len(ticks); i++ {
+			if ticks[i].n != ticks[i-1].n+1 || ticks[i].lines != ticks[i].n {
+				t.Fatalf("tick %d (%d lines) after tick %d: the restored guest's process did not run on", ticks[i].n, ticks[i].lines, ticks[i-1].n)
+			}
+		}
+		logs, _ := k.Kubectl("logs", "cp-restore")
+		if strings.Contains(logs, "@@TINY-READY") {
+			t.Errorf("the restored guest booted:\n%s", tail(logs, 2000))
+		}
+		ip, _ := k.Kubectl("get", "pod", "cp-restore", "-o", "jsonpath={.status.podIP}")
+		var bound time.Duration
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+			logs, _ = k.Kubectl("logs", "cp-restore")
+			if strings.Contains(logs, "@@DHCP-BOUND iface=eth0 ip="+ip+" ") {
+				bound = time.Since(applied)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the restored guest did not take the pod's address %s:\n%s", ip, tail(logs, 3000))
+			}
+		}
+		var page string
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+			page, err = httpGet("http://" + ip + "/")
+			if err == nil && strings.HasPrefix(page, "tiny ") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the restored guest does not answer on %s: %v %q", ip, err, page)
+			}
+		}
+		t.Logf("restored from tick %d: kubectl apply → Ready %s, → the guest took %s %s; its web server answers (%s)", from, ready.Round(time.Millisecond),
+			ip, bound.Round(time.Millisecond), strings.TrimSpace(page))
+	})
 }
 
+func last(ts []tick) int { return ts[len(ts)-1].n }
+
 type tick struct {
-	at time.Time
-	n  int
+	at       time.Time
+	n, lines int
 }
 
 // readTicks reads the guest's ticks from kubectl logs --timestamps (the
 // time each line reached the container's log).
-func readTicks(k *harness.Kube) []tick {
-	logs, err := k.Kubectl("logs", "--timestamps", "cp-vm")
+func readTicks(k *harness.Kube, pod string) []tick {
+	logs, err := k.Kubectl("logs", "--timestamps", pod)
 	if err != nil {
 		return nil
 	}
@@ -182,8 +318,9 @@ func readTicks(k *harness.Kube) []tick {
 		}
 		at, err1 := time.Parse(time.RFC3339Nano, m[1])
 		n, err2 := strconv.Atoi(m[2])
-		if err1 == nil && err2 == nil {
-			out = append(out, tick{at, n})
+		lines, err3 := strconv.Atoi(m[3])
+		if err1 == nil && err2 == nil && err3 == nil {
+			out = append(out, tick{at, n, lines})
 		}
 	}
 	return out

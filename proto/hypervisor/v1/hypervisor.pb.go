@@ -2290,8 +2290,10 @@ type VMSpec struct {
 	// The host never merges the VM's memory pages with others' (KSM).
 	NoMemorySharing bool       `protobuf:"varint,27,opt,name=no_memory_sharing,json=noMemorySharing,proto3" json:"no_memory_sharing,omitempty"`
 	CpuLimits       *CPULimits `protobuf:"bytes,28,opt,name=cpu_limits,json=cpuLimits,proto3" json:"cpu_limits,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The checkpoint the VM is restored from (ports.VMRestore).
+	Restore       *VMRestore `protobuf:"bytes,29,opt,name=restore,proto3" json:"restore,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *VMSpec) Reset() {
@@ -2520,6 +2522,65 @@ func (x *VMSpec) GetCpuLimits() *CPULimits {
 	return nil
 }
 
+func (x *VMSpec) GetRestore() *VMRestore {
+	if x != nil {
+		return x.Restore
+	}
+	return nil
+}
+
+type VMRestore struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	StateFile     string                 `protobuf:"bytes,1,opt,name=state_file,json=stateFile,proto3" json:"state_file,omitempty"`
+	Disks         map[string]string      `protobuf:"bytes,2,rep,name=disks,proto3" json:"disks,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VMRestore) Reset() {
+	*x = VMRestore{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VMRestore) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VMRestore) ProtoMessage() {}
+
+func (x *VMRestore) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VMRestore.ProtoReflect.Descriptor instead.
+func (*VMRestore) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *VMRestore) GetStateFile() string {
+	if x != nil {
+		return x.StateFile
+	}
+	return ""
+}
+
+func (x *VMRestore) GetDisks() map[string]string {
+	if x != nil {
+		return x.Disks
+	}
+	return nil
+}
+
 type Watchdog struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -2530,7 +2591,7 @@ type Watchdog struct {
 
 func (x *Watchdog) Reset() {
 	*x = Watchdog{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2542,7 +2603,7 @@ func (x *Watchdog) String() string {
 func (*Watchdog) ProtoMessage() {}
 
 func (x *Watchdog) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2555,7 +2616,7 @@ func (x *Watchdog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Watchdog.ProtoReflect.Descriptor instead.
 func (*Watchdog) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{40}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Watchdog) GetModel() string {
@@ -2584,7 +2645,7 @@ type ClockSpec struct {
 
 func (x *ClockSpec) Reset() {
 	*x = ClockSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2596,7 +2657,7 @@ func (x *ClockSpec) String() string {
 func (*ClockSpec) ProtoMessage() {}
 
 func (x *ClockSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2609,7 +2670,7 @@ func (x *ClockSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockSpec.ProtoReflect.Descriptor instead.
 func (*ClockSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{41}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ClockSpec) GetOffset() string {
@@ -2651,7 +2712,7 @@ type ClockTimer struct {
 
 func (x *ClockTimer) Reset() {
 	*x = ClockTimer{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2663,7 +2724,7 @@ func (x *ClockTimer) String() string {
 func (*ClockTimer) ProtoMessage() {}
 
 func (x *ClockTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2676,7 +2737,7 @@ func (x *ClockTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockTimer.ProtoReflect.Descriptor instead.
 func (*ClockTimer) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{42}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ClockTimer) GetName() string {
@@ -2710,7 +2771,7 @@ type CPUSpec struct {
 
 func (x *CPUSpec) Reset() {
 	*x = CPUSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2722,7 +2783,7 @@ func (x *CPUSpec) String() string {
 func (*CPUSpec) ProtoMessage() {}
 
 func (x *CPUSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2735,7 +2796,7 @@ func (x *CPUSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSpec.ProtoReflect.Descriptor instead.
 func (*CPUSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{43}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CPUSpec) GetModel() string {
@@ -2771,7 +2832,7 @@ type CPUSetting struct {
 
 func (x *CPUSetting) Reset() {
 	*x = CPUSetting{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2783,7 +2844,7 @@ func (x *CPUSetting) String() string {
 func (*CPUSetting) ProtoMessage() {}
 
 func (x *CPUSetting) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2796,7 +2857,7 @@ func (x *CPUSetting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSetting.ProtoReflect.Descriptor instead.
 func (*CPUSetting) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{44}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CPUSetting) GetMode() string {
@@ -2887,7 +2948,7 @@ type CPUModel struct {
 
 func (x *CPUModel) Reset() {
 	*x = CPUModel{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2899,7 +2960,7 @@ func (x *CPUModel) String() string {
 func (*CPUModel) ProtoMessage() {}
 
 func (x *CPUModel) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2912,7 +2973,7 @@ func (x *CPUModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUModel.ProtoReflect.Descriptor instead.
 func (*CPUModel) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{45}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CPUModel) GetFallback() string {
@@ -2948,7 +3009,7 @@ type CPUTopology struct {
 
 func (x *CPUTopology) Reset() {
 	*x = CPUTopology{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2960,7 +3021,7 @@ func (x *CPUTopology) String() string {
 func (*CPUTopology) ProtoMessage() {}
 
 func (x *CPUTopology) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2973,7 +3034,7 @@ func (x *CPUTopology) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUTopology.ProtoReflect.Descriptor instead.
 func (*CPUTopology) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{46}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CPUTopology) GetSockets() int32 {
@@ -3014,7 +3075,7 @@ type CPUFeature struct {
 
 func (x *CPUFeature) Reset() {
 	*x = CPUFeature{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[47]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3026,7 +3087,7 @@ func (x *CPUFeature) String() string {
 func (*CPUFeature) ProtoMessage() {}
 
 func (x *CPUFeature) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[47]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3039,7 +3100,7 @@ func (x *CPUFeature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUFeature.ProtoReflect.Descriptor instead.
 func (*CPUFeature) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{47}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CPUFeature) GetPolicy() string {
@@ -3066,7 +3127,7 @@ type CPUCache struct {
 
 func (x *CPUCache) Reset() {
 	*x = CPUCache{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[48]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3078,7 +3139,7 @@ func (x *CPUCache) String() string {
 func (*CPUCache) ProtoMessage() {}
 
 func (x *CPUCache) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[48]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3091,7 +3152,7 @@ func (x *CPUCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUCache.ProtoReflect.Descriptor instead.
 func (*CPUCache) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{48}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CPUCache) GetLevel() int32 {
@@ -3120,7 +3181,7 @@ type CPUNumaCell struct {
 
 func (x *CPUNumaCell) Reset() {
 	*x = CPUNumaCell{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[49]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3132,7 +3193,7 @@ func (x *CPUNumaCell) String() string {
 func (*CPUNumaCell) ProtoMessage() {}
 
 func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[49]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3145,7 +3206,7 @@ func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUNumaCell.ProtoReflect.Descriptor instead.
 func (*CPUNumaCell) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{49}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CPUNumaCell) GetId() int32 {
@@ -3186,7 +3247,7 @@ type CheckpointVMRequest struct {
 
 func (x *CheckpointVMRequest) Reset() {
 	*x = CheckpointVMRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[50]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3198,7 +3259,7 @@ func (x *CheckpointVMRequest) String() string {
 func (*CheckpointVMRequest) ProtoMessage() {}
 
 func (x *CheckpointVMRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[50]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3211,7 +3272,7 @@ func (x *CheckpointVMRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointVMRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointVMRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{50}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CheckpointVMRequest) GetId() string {
@@ -3242,7 +3303,7 @@ type CheckpointDisk struct {
 
 func (x *CheckpointDisk) Reset() {
 	*x = CheckpointDisk{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[51]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3254,7 +3315,7 @@ func (x *CheckpointDisk) String() string {
 func (*CheckpointDisk) ProtoMessage() {}
 
 func (x *CheckpointDisk) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[51]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3267,7 +3328,7 @@ func (x *CheckpointDisk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointDisk.ProtoReflect.Descriptor instead.
 func (*CheckpointDisk) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{51}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CheckpointDisk) GetName() string {
@@ -3328,7 +3389,7 @@ type CheckpointVMResponse struct {
 
 func (x *CheckpointVMResponse) Reset() {
 	*x = CheckpointVMResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[52]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3340,7 +3401,7 @@ func (x *CheckpointVMResponse) String() string {
 func (*CheckpointVMResponse) ProtoMessage() {}
 
 func (x *CheckpointVMResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[52]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3353,7 +3414,7 @@ func (x *CheckpointVMResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointVMResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointVMResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{52}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CheckpointVMResponse) GetStateFile() string {
@@ -3577,7 +3638,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x04name\x18\b \x01(\tR\x04name\x12\x12\n" +
 	"\x04uuid\x18\t \x01(\tR\x04uuid\x12 \n" +
 	"\vprelaunched\x18\n" +
-	" \x01(\bR\vprelaunched\"\x9f\b\n" +
+	" \x01(\bR\vprelaunched\"\xdb\b\n" +
 	"\x06VMSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -3610,7 +3671,16 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\tmin_vcpus\x18\x1a \x01(\x05R\bminVcpus\x12*\n" +
 	"\x11no_memory_sharing\x18\x1b \x01(\bR\x0fnoMemorySharing\x12?\n" +
 	"\n" +
-	"cpu_limits\x18\x1c \x01(\v2 .virtlet.hypervisor.v1.CPULimitsR\tcpuLimits\"8\n" +
+	"cpu_limits\x18\x1c \x01(\v2 .virtlet.hypervisor.v1.CPULimitsR\tcpuLimits\x12:\n" +
+	"\arestore\x18\x1d \x01(\v2 .virtlet.hypervisor.v1.VMRestoreR\arestore\"\xa7\x01\n" +
+	"\tVMRestore\x12\x1d\n" +
+	"\n" +
+	"state_file\x18\x01 \x01(\tR\tstateFile\x12A\n" +
+	"\x05disks\x18\x02 \x03(\v2+.virtlet.hypervisor.v1.VMRestore.DisksEntryR\x05disks\x1a8\n" +
+	"\n" +
+	"DisksEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"8\n" +
 	"\bWatchdog\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\"\xa9\x01\n" +
@@ -3726,7 +3796,7 @@ func file_hypervisor_v1_hypervisor_proto_rawDescGZIP() []byte {
 	return file_hypervisor_v1_hypervisor_proto_rawDescData
 }
 
-var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*ConsoleInput)(nil),         // 0: virtlet.hypervisor.v1.ConsoleInput
 	(*ConsoleOutput)(nil),        // 1: virtlet.hypervisor.v1.ConsoleOutput
@@ -3768,25 +3838,27 @@ var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*WatchRequest)(nil),         // 37: virtlet.hypervisor.v1.WatchRequest
 	(*VMStatus)(nil),             // 38: virtlet.hypervisor.v1.VMStatus
 	(*VMSpec)(nil),               // 39: virtlet.hypervisor.v1.VMSpec
-	(*Watchdog)(nil),             // 40: virtlet.hypervisor.v1.Watchdog
-	(*ClockSpec)(nil),            // 41: virtlet.hypervisor.v1.ClockSpec
-	(*ClockTimer)(nil),           // 42: virtlet.hypervisor.v1.ClockTimer
-	(*CPUSpec)(nil),              // 43: virtlet.hypervisor.v1.CPUSpec
-	(*CPUSetting)(nil),           // 44: virtlet.hypervisor.v1.CPUSetting
-	(*CPUModel)(nil),             // 45: virtlet.hypervisor.v1.CPUModel
-	(*CPUTopology)(nil),          // 46: virtlet.hypervisor.v1.CPUTopology
-	(*CPUFeature)(nil),           // 47: virtlet.hypervisor.v1.CPUFeature
-	(*CPUCache)(nil),             // 48: virtlet.hypervisor.v1.CPUCache
-	(*CPUNumaCell)(nil),          // 49: virtlet.hypervisor.v1.CPUNumaCell
-	(*CheckpointVMRequest)(nil),  // 50: virtlet.hypervisor.v1.CheckpointVMRequest
-	(*CheckpointDisk)(nil),       // 51: virtlet.hypervisor.v1.CheckpointDisk
-	(*CheckpointVMResponse)(nil), // 52: virtlet.hypervisor.v1.CheckpointVMResponse
-	nil,                          // 53: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	nil,                          // 54: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	(*v1.Disk)(nil),              // 55: virtlet.types.v1.Disk
-	(*v1.Filesystem)(nil),        // 56: virtlet.types.v1.Filesystem
-	(*v1.NIC)(nil),               // 57: virtlet.types.v1.NIC
-	(*v1.ProcessIdentity)(nil),   // 58: virtlet.types.v1.ProcessIdentity
+	(*VMRestore)(nil),            // 40: virtlet.hypervisor.v1.VMRestore
+	(*Watchdog)(nil),             // 41: virtlet.hypervisor.v1.Watchdog
+	(*ClockSpec)(nil),            // 42: virtlet.hypervisor.v1.ClockSpec
+	(*ClockTimer)(nil),           // 43: virtlet.hypervisor.v1.ClockTimer
+	(*CPUSpec)(nil),              // 44: virtlet.hypervisor.v1.CPUSpec
+	(*CPUSetting)(nil),           // 45: virtlet.hypervisor.v1.CPUSetting
+	(*CPUModel)(nil),             // 46: virtlet.hypervisor.v1.CPUModel
+	(*CPUTopology)(nil),          // 47: virtlet.hypervisor.v1.CPUTopology
+	(*CPUFeature)(nil),           // 48: virtlet.hypervisor.v1.CPUFeature
+	(*CPUCache)(nil),             // 49: virtlet.hypervisor.v1.CPUCache
+	(*CPUNumaCell)(nil),          // 50: virtlet.hypervisor.v1.CPUNumaCell
+	(*CheckpointVMRequest)(nil),  // 51: virtlet.hypervisor.v1.CheckpointVMRequest
+	(*CheckpointDisk)(nil),       // 52: virtlet.hypervisor.v1.CheckpointDisk
+	(*CheckpointVMResponse)(nil), // 53: virtlet.hypervisor.v1.CheckpointVMResponse
+	nil,                          // 54: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	nil,                          // 55: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	nil,                          // 56: virtlet.hypervisor.v1.VMRestore.DisksEntry
+	(*v1.Disk)(nil),              // 57: virtlet.types.v1.Disk
+	(*v1.Filesystem)(nil),        // 58: virtlet.types.v1.Filesystem
+	(*v1.NIC)(nil),               // 59: virtlet.types.v1.NIC
+	(*v1.ProcessIdentity)(nil),   // 60: virtlet.types.v1.ProcessIdentity
 }
 var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	5,  // 0: virtlet.hypervisor.v1.GuestInfoResponse.interfaces:type_name -> virtlet.hypervisor.v1.GuestInterface
@@ -3794,76 +3866,78 @@ var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	9,  // 2: virtlet.hypervisor.v1.VMStats.memory:type_name -> virtlet.hypervisor.v1.MemoryStats
 	10, // 3: virtlet.hypervisor.v1.VMStats.disks:type_name -> virtlet.hypervisor.v1.DiskStats
 	11, // 4: virtlet.hypervisor.v1.VMStats.nics:type_name -> virtlet.hypervisor.v1.NICStats
-	53, // 5: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	54, // 6: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	54, // 5: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	55, // 6: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
 	39, // 7: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
 	28, // 8: virtlet.hypervisor.v1.SetCPULimitsRequest.limits:type_name -> virtlet.hypervisor.v1.CPULimits
 	32, // 9: virtlet.hypervisor.v1.WriteFilesRequest.files:type_name -> virtlet.hypervisor.v1.GuestFile
 	38, // 10: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
-	43, // 11: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
-	55, // 12: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
-	56, // 13: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
-	57, // 14: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
-	58, // 15: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
-	41, // 16: virtlet.hypervisor.v1.VMSpec.clock:type_name -> virtlet.hypervisor.v1.ClockSpec
-	40, // 17: virtlet.hypervisor.v1.VMSpec.watchdog:type_name -> virtlet.hypervisor.v1.Watchdog
+	44, // 11: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
+	57, // 12: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
+	58, // 13: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
+	59, // 14: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
+	60, // 15: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
+	42, // 16: virtlet.hypervisor.v1.VMSpec.clock:type_name -> virtlet.hypervisor.v1.ClockSpec
+	41, // 17: virtlet.hypervisor.v1.VMSpec.watchdog:type_name -> virtlet.hypervisor.v1.Watchdog
 	28, // 18: virtlet.hypervisor.v1.VMSpec.cpu_limits:type_name -> virtlet.hypervisor.v1.CPULimits
-	42, // 19: virtlet.hypervisor.v1.ClockSpec.timers:type_name -> virtlet.hypervisor.v1.ClockTimer
-	44, // 20: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
-	45, // 21: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
-	46, // 22: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
-	47, // 23: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
-	48, // 24: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
-	49, // 25: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
-	51, // 26: virtlet.hypervisor.v1.CheckpointVMResponse.disks:type_name -> virtlet.hypervisor.v1.CheckpointDisk
-	51, // 27: virtlet.hypervisor.v1.CheckpointVMResponse.skipped:type_name -> virtlet.hypervisor.v1.CheckpointDisk
-	16, // 28: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
-	18, // 29: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
-	20, // 30: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
-	34, // 31: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
-	20, // 32: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
-	20, // 33: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
-	35, // 34: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
-	37, // 35: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
-	20, // 36: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
-	31, // 37: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
-	24, // 38: virtlet.hypervisor.v1.Hypervisor.SetMemory:input_type -> virtlet.hypervisor.v1.SetMemoryRequest
-	29, // 39: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:input_type -> virtlet.hypervisor.v1.SetVCPUsRequest
-	26, // 40: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:input_type -> virtlet.hypervisor.v1.SetCPULimitsRequest
-	0,  // 41: virtlet.hypervisor.v1.Hypervisor.Console:input_type -> virtlet.hypervisor.v1.ConsoleInput
-	2,  // 42: virtlet.hypervisor.v1.Hypervisor.GuestExec:input_type -> virtlet.hypervisor.v1.GuestExecRequest
-	20, // 43: virtlet.hypervisor.v1.Hypervisor.GuestInfo:input_type -> virtlet.hypervisor.v1.VMRequest
-	6,  // 44: virtlet.hypervisor.v1.Hypervisor.Stats:input_type -> virtlet.hypervisor.v1.StatsRequest
-	20, // 45: virtlet.hypervisor.v1.Hypervisor.Diagnose:input_type -> virtlet.hypervisor.v1.VMRequest
-	13, // 46: virtlet.hypervisor.v1.Hypervisor.Inspect:input_type -> virtlet.hypervisor.v1.InspectRequest
-	20, // 47: virtlet.hypervisor.v1.Hypervisor.Display:input_type -> virtlet.hypervisor.v1.VMRequest
-	50, // 48: virtlet.hypervisor.v1.Hypervisor.CheckpointVM:input_type -> virtlet.hypervisor.v1.CheckpointVMRequest
-	17, // 49: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
-	19, // 50: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
-	21, // 51: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
-	38, // 52: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
-	22, // 53: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
-	38, // 54: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
-	36, // 55: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
-	38, // 56: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
-	23, // 57: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
-	33, // 58: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
-	25, // 59: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
-	30, // 60: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:output_type -> virtlet.hypervisor.v1.SetVCPUsResponse
-	27, // 61: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:output_type -> virtlet.hypervisor.v1.SetCPULimitsResponse
-	1,  // 62: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
-	3,  // 63: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
-	4,  // 64: virtlet.hypervisor.v1.Hypervisor.GuestInfo:output_type -> virtlet.hypervisor.v1.GuestInfoResponse
-	7,  // 65: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
-	12, // 66: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
-	14, // 67: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
-	15, // 68: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
-	52, // 69: virtlet.hypervisor.v1.Hypervisor.CheckpointVM:output_type -> virtlet.hypervisor.v1.CheckpointVMResponse
-	49, // [49:70] is the sub-list for method output_type
-	28, // [28:49] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	40, // 19: virtlet.hypervisor.v1.VMSpec.restore:type_name -> virtlet.hypervisor.v1.VMRestore
+	56, // 20: virtlet.hypervisor.v1.VMRestore.disks:type_name -> virtlet.hypervisor.v1.VMRestore.DisksEntry
+	43, // 21: virtlet.hypervisor.v1.ClockSpec.timers:type_name -> virtlet.hypervisor.v1.ClockTimer
+	45, // 22: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
+	46, // 23: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
+	47, // 24: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
+	48, // 25: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
+	49, // 26: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
+	50, // 27: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
+	52, // 28: virtlet.hypervisor.v1.CheckpointVMResponse.disks:type_name -> virtlet.hypervisor.v1.CheckpointDisk
+	52, // 29: virtlet.hypervisor.v1.CheckpointVMResponse.skipped:type_name -> virtlet.hypervisor.v1.CheckpointDisk
+	16, // 30: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
+	18, // 31: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
+	20, // 32: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
+	34, // 33: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
+	20, // 34: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
+	20, // 35: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
+	35, // 36: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
+	37, // 37: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
+	20, // 38: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
+	31, // 39: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
+	24, // 40: virtlet.hypervisor.v1.Hypervisor.SetMemory:input_type -> virtlet.hypervisor.v1.SetMemoryRequest
+	29, // 41: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:input_type -> virtlet.hypervisor.v1.SetVCPUsRequest
+	26, // 42: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:input_type -> virtlet.hypervisor.v1.SetCPULimitsRequest
+	0,  // 43: virtlet.hypervisor.v1.Hypervisor.Console:input_type -> virtlet.hypervisor.v1.ConsoleInput
+	2,  // 44: virtlet.hypervisor.v1.Hypervisor.GuestExec:input_type -> virtlet.hypervisor.v1.GuestExecRequest
+	20, // 45: virtlet.hypervisor.v1.Hypervisor.GuestInfo:input_type -> virtlet.hypervisor.v1.VMRequest
+	6,  // 46: virtlet.hypervisor.v1.Hypervisor.Stats:input_type -> virtlet.hypervisor.v1.StatsRequest
+	20, // 47: virtlet.hypervisor.v1.Hypervisor.Diagnose:input_type -> virtlet.hypervisor.v1.VMRequest
+	13, // 48: virtlet.hypervisor.v1.Hypervisor.Inspect:input_type -> virtlet.hypervisor.v1.InspectRequest
+	20, // 49: virtlet.hypervisor.v1.Hypervisor.Display:input_type -> virtlet.hypervisor.v1.VMRequest
+	51, // 50: virtlet.hypervisor.v1.Hypervisor.CheckpointVM:input_type -> virtlet.hypervisor.v1.CheckpointVMRequest
+	17, // 51: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
+	19, // 52: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
+	21, // 53: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
+	38, // 54: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
+	22, // 55: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
+	38, // 56: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
+	36, // 57: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
+	38, // 58: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
+	23, // 59: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
+	33, // 60: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
+	25, // 61: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
+	30, // 62: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:output_type -> virtlet.hypervisor.v1.SetVCPUsResponse
+	27, // 63: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:output_type -> virtlet.hypervisor.v1.SetCPULimitsResponse
+	1,  // 64: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
+	3,  // 65: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
+	4,  // 66: virtlet.hypervisor.v1.Hypervisor.GuestInfo:output_type -> virtlet.hypervisor.v1.GuestInfoResponse
+	7,  // 67: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
+	12, // 68: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
+	14, // 69: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
+	15, // 70: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
+	53, // 71: virtlet.hypervisor.v1.Hypervisor.CheckpointVM:output_type -> virtlet.hypervisor.v1.CheckpointVMResponse
+	51, // [51:72] is the sub-list for method output_type
+	30, // [30:51] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_hypervisor_v1_hypervisor_proto_init() }
@@ -3871,14 +3945,14 @@ func file_hypervisor_v1_hypervisor_proto_init() {
 	if File_hypervisor_v1_hypervisor_proto != nil {
 		return
 	}
-	file_hypervisor_v1_hypervisor_proto_msgTypes[49].OneofWrappers = []any{}
+	file_hypervisor_v1_hypervisor_proto_msgTypes[50].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hypervisor_v1_hypervisor_proto_rawDesc), len(file_hypervisor_v1_hypervisor_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   55,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -314,6 +314,58 @@ func (*TeardownResponse) Descriptor() ([]byte, []int) {
 	return file_network_v1_network_proto_rawDescGZIP(), []int{4}
 }
 
+type AdoptMACsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pod           *NetworkRequest        `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
+	Macs          []string               `protobuf:"bytes,2,rep,name=macs,proto3" json:"macs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptMACsRequest) Reset() {
+	*x = AdoptMACsRequest{}
+	mi := &file_network_v1_network_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptMACsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptMACsRequest) ProtoMessage() {}
+
+func (x *AdoptMACsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_network_v1_network_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptMACsRequest.ProtoReflect.Descriptor instead.
+func (*AdoptMACsRequest) Descriptor() ([]byte, []int) {
+	return file_network_v1_network_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *AdoptMACsRequest) GetPod() *NetworkRequest {
+	if x != nil {
+		return x.Pod
+	}
+	return nil
+}
+
+func (x *AdoptMACsRequest) GetMacs() []string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
+}
+
 var File_network_v1_network_proto protoreflect.FileDescriptor
 
 const file_network_v1_network_proto_rawDesc = "" +
@@ -341,11 +393,15 @@ const file_network_v1_network_proto_rawDesc = "" +
 	"\x0econtainer_port\x18\x02 \x01(\x05R\rcontainerPort\x12\x1b\n" +
 	"\thost_port\x18\x03 \x01(\x05R\bhostPort\x12\x17\n" +
 	"\ahost_ip\x18\x04 \x01(\tR\x06hostIp\"\x12\n" +
-	"\x10TeardownResponse2\xff\x01\n" +
+	"\x10TeardownResponse\"\\\n" +
+	"\x10AdoptMACsRequest\x124\n" +
+	"\x03pod\x18\x01 \x01(\v2\".virtlet.network.v1.NetworkRequestR\x03pod\x12\x12\n" +
+	"\x04macs\x18\x02 \x03(\tR\x04macs2\xd7\x02\n" +
 	"\aNetwork\x12L\n" +
 	"\x05Ready\x12 .virtlet.network.v1.ReadyRequest\x1a!.virtlet.network.v1.ReadyResponse\x12P\n" +
 	"\x05Setup\x12\".virtlet.network.v1.NetworkRequest\x1a#.virtlet.types.v1.NetworkAttachment\x12T\n" +
-	"\bTeardown\x12\".virtlet.network.v1.NetworkRequest\x1a$.virtlet.network.v1.TeardownResponseB7Z5github.com/virtlet/virtlet/proto/network/v1;networkv1b\x06proto3"
+	"\bTeardown\x12\".virtlet.network.v1.NetworkRequest\x1a$.virtlet.network.v1.TeardownResponse\x12V\n" +
+	"\tAdoptMACs\x12$.virtlet.network.v1.AdoptMACsRequest\x1a#.virtlet.types.v1.NetworkAttachmentB7Z5github.com/virtlet/virtlet/proto/network/v1;networkv1b\x06proto3"
 
 var (
 	file_network_v1_network_proto_rawDescOnce sync.Once
@@ -359,32 +415,36 @@ func file_network_v1_network_proto_rawDescGZIP() []byte {
 	return file_network_v1_network_proto_rawDescData
 }
 
-var file_network_v1_network_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_network_v1_network_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_network_v1_network_proto_goTypes = []any{
 	(*ReadyRequest)(nil),         // 0: virtlet.network.v1.ReadyRequest
 	(*ReadyResponse)(nil),        // 1: virtlet.network.v1.ReadyResponse
 	(*NetworkRequest)(nil),       // 2: virtlet.network.v1.NetworkRequest
 	(*PortMapping)(nil),          // 3: virtlet.network.v1.PortMapping
 	(*TeardownResponse)(nil),     // 4: virtlet.network.v1.TeardownResponse
-	nil,                          // 5: virtlet.network.v1.NetworkRequest.AnnotationsEntry
-	(*v1.DNSConfig)(nil),         // 6: virtlet.types.v1.DNSConfig
-	(*v1.NetworkAttachment)(nil), // 7: virtlet.types.v1.NetworkAttachment
+	(*AdoptMACsRequest)(nil),     // 5: virtlet.network.v1.AdoptMACsRequest
+	nil,                          // 6: virtlet.network.v1.NetworkRequest.AnnotationsEntry
+	(*v1.DNSConfig)(nil),         // 7: virtlet.types.v1.DNSConfig
+	(*v1.NetworkAttachment)(nil), // 8: virtlet.types.v1.NetworkAttachment
 }
 var file_network_v1_network_proto_depIdxs = []int32{
-	6, // 0: virtlet.network.v1.NetworkRequest.dns:type_name -> virtlet.types.v1.DNSConfig
+	7, // 0: virtlet.network.v1.NetworkRequest.dns:type_name -> virtlet.types.v1.DNSConfig
 	3, // 1: virtlet.network.v1.NetworkRequest.port_mappings:type_name -> virtlet.network.v1.PortMapping
-	5, // 2: virtlet.network.v1.NetworkRequest.annotations:type_name -> virtlet.network.v1.NetworkRequest.AnnotationsEntry
-	0, // 3: virtlet.network.v1.Network.Ready:input_type -> virtlet.network.v1.ReadyRequest
-	2, // 4: virtlet.network.v1.Network.Setup:input_type -> virtlet.network.v1.NetworkRequest
-	2, // 5: virtlet.network.v1.Network.Teardown:input_type -> virtlet.network.v1.NetworkRequest
-	1, // 6: virtlet.network.v1.Network.Ready:output_type -> virtlet.network.v1.ReadyResponse
-	7, // 7: virtlet.network.v1.Network.Setup:output_type -> virtlet.types.v1.NetworkAttachment
-	4, // 8: virtlet.network.v1.Network.Teardown:output_type -> virtlet.network.v1.TeardownResponse
-	6, // [6:9] is the sub-list for method output_type
-	3, // [3:6] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	6, // 2: virtlet.network.v1.NetworkRequest.annotations:type_name -> virtlet.network.v1.NetworkRequest.AnnotationsEntry
+	2, // 3: virtlet.network.v1.AdoptMACsRequest.pod:type_name -> virtlet.network.v1.NetworkRequest
+	0, // 4: virtlet.network.v1.Network.Ready:input_type -> virtlet.network.v1.ReadyRequest
+	2, // 5: virtlet.network.v1.Network.Setup:input_type -> virtlet.network.v1.NetworkRequest
+	2, // 6: virtlet.network.v1.Network.Teardown:input_type -> virtlet.network.v1.NetworkRequest
+	5, // 7: virtlet.network.v1.Network.AdoptMACs:input_type -> virtlet.network.v1.AdoptMACsRequest
+	1, // 8: virtlet.network.v1.Network.Ready:output_type -> virtlet.network.v1.ReadyResponse
+	8, // 9: virtlet.network.v1.Network.Setup:output_type -> virtlet.types.v1.NetworkAttachment
+	4, // 10: virtlet.network.v1.Network.Teardown:output_type -> virtlet.network.v1.TeardownResponse
+	8, // 11: virtlet.network.v1.Network.AdoptMACs:output_type -> virtlet.types.v1.NetworkAttachment
+	8, // [8:12] is the sub-list for method output_type
+	4, // [4:8] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_network_v1_network_proto_init() }
@@ -398,7 +458,7 @@ func file_network_v1_network_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_network_v1_network_proto_rawDesc), len(file_network_v1_network_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

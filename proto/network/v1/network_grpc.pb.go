@@ -20,9 +20,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Network_Ready_FullMethodName    = "/virtlet.network.v1.Network/Ready"
-	Network_Setup_FullMethodName    = "/virtlet.network.v1.Network/Setup"
-	Network_Teardown_FullMethodName = "/virtlet.network.v1.Network/Teardown"
+	Network_Ready_FullMethodName     = "/virtlet.network.v1.Network/Ready"
+	Network_Setup_FullMethodName     = "/virtlet.network.v1.Network/Setup"
+	Network_Teardown_FullMethodName  = "/virtlet.network.v1.Network/Teardown"
+	Network_AdoptMACs_FullMethodName = "/virtlet.network.v1.Network/AdoptMACs"
 )
 
 // NetworkClient is the client API for Network service.
@@ -34,6 +35,10 @@ type NetworkClient interface {
 	Ready(ctx context.Context, in *ReadyRequest, opts ...grpc.CallOption) (*ReadyResponse, error)
 	Setup(ctx context.Context, in *NetworkRequest, opts ...grpc.CallOption) (*v1.NetworkAttachment, error)
 	Teardown(ctx context.Context, in *NetworkRequest, opts ...grpc.CallOption) (*TeardownResponse, error)
+	// AdoptMACs serves the pod's interfaces under the MACs given, in the
+	// attachment's order (ports.MACAdopter: a VM restored from a checkpoint
+	// keeps its NICs' MACs). A plugin without it answers Unimplemented.
+	AdoptMACs(ctx context.Context, in *AdoptMACsRequest, opts ...grpc.CallOption) (*v1.NetworkAttachment, error)
 }
 
 type networkClient struct {
@@ -74,6 +79,16 @@ func (c *networkClient) Teardown(ctx context.Context, in *NetworkRequest, opts .
 	return out, nil
 }
 
+func (c *networkClient) AdoptMACs(ctx context.Context, in *AdoptMACsRequest, opts ...grpc.CallOption) (*v1.NetworkAttachment, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(v1.NetworkAttachment)
+	err := c.cc.Invoke(ctx, Network_AdoptMACs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NetworkServer is the server API for Network service.
 // All implementations must embed UnimplementedNetworkServer
 // for forward compatibility.
@@ -83,6 +98,10 @@ type NetworkServer interface {
 	Ready(context.Context, *ReadyRequest) (*ReadyResponse, error)
 	Setup(context.Context, *NetworkRequest) (*v1.NetworkAttachment, error)
 	Teardown(context.Context, *NetworkRequest) (*TeardownResponse, error)
+	// AdoptMACs serves the pod's interfaces under the MACs given, in the
+	// attachment's order (ports.MACAdopter: a VM restored from a checkpoint
+	// keeps its NICs' MACs). A plugin without it answers Unimplemented.
+	AdoptMACs(context.Context, *AdoptMACsRequest) (*v1.NetworkAttachment, error)
 	mustEmbedUnimplementedNetworkServer()
 }
 
@@ -101,6 +120,9 @@ func (UnimplementedNetworkServer) Setup(context.Context, *NetworkRequest) (*v1.N
 }
 func (UnimplementedNetworkServer) Teardown(context.Context, *NetworkRequest) (*TeardownResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Teardown not implemented")
+}
+func (UnimplementedNetworkServer) AdoptMACs(context.Context, *AdoptMACsRequest) (*v1.NetworkAttachment, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AdoptMACs not implemented")
 }
 func (UnimplementedNetworkServer) mustEmbedUnimplementedNetworkServer() {}
 func (UnimplementedNetworkServer) testEmbeddedByValue()                 {}
@@ -177,6 +199,24 @@ func _Network_Teardown_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Network_AdoptMACs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AdoptMACsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NetworkServer).AdoptMACs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Network_AdoptMACs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NetworkServer).AdoptMACs(ctx, req.(*AdoptMACsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Network_ServiceDesc is the grpc.ServiceDesc for Network service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -195,6 +235,10 @@ var Network_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Teardown",
 			Handler:    _Network_Teardown_Handler,
+		},
+		{
+			MethodName: "AdoptMACs",
+			Handler:    _Network_AdoptMACs_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
