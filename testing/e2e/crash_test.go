@@ -314,12 +314,16 @@ func checkStillRunning(t *testing.T, c *harness.Crictl, ctr, domain, pid string)
 	return "running"
 }
 
+// killLibvirtd kills the host's libvirtd: the one in this process's mount
+// namespace, not a test node's (testing/harness.Node), which runs in a
+// namespace of its own.
 func killLibvirtd(t *testing.T) {
 	t.Helper()
-	if out, err := exec.Command("pkill", "-KILL", "-x", "libvirtd").CombinedOutput(); err != nil {
+	self := strconv.Itoa(os.Getpid())
+	if out, err := exec.Command("pkill", "-KILL", "-x", "--ns", self, "--nslist", "mnt", "libvirtd").CombinedOutput(); err != nil {
 		t.Fatalf("kill libvirtd: %v %s", err, out)
 	}
-	for i := 0; i < 100 && exec.Command("pgrep", "-x", "libvirtd").Run() == nil; i++ {
+	for i := 0; i < 100 && exec.Command("pgrep", "-x", "--ns", self, "--nslist", "mnt", "libvirtd").Run() == nil; i++ {
 		time.Sleep(50 * time.Millisecond)
 	}
 }

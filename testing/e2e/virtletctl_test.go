@@ -252,7 +252,7 @@ spec:
 		conn.SetDeadline(time.Now().Add(30 * time.Second))
 		banner := make([]byte, 12)
 		if _, err := io.ReadFull(conn, banner); err != nil || !strings.HasPrefix(string(banner), "RFB 003.") {
-			t.Fatalf("VNC banner %q %v", banner, err)
+			t.Fatalf("VNC banner %q %v; the libvirt plugin's last words:\n%s", banner, err, pluginWords(d, "libvirt"))
 		}
 	})
 
@@ -375,6 +375,22 @@ spec:
 	if out := c.Must(t, "ps", "-a", "-q"); out != "" {
 		t.Errorf("containers left after kubectl delete: %s", out)
 	}
+}
+
+// pluginWords is what the daemon's log says a plugin's process printed
+// (its stderr, a panic) and of its exits, the last 60 lines.
+func pluginWords(d *harness.Daemon, plugin string) string {
+	var out []string
+	for _, l := range strings.Split(d.Log(), "\n") {
+		if strings.Contains(l, `"plugin":"`+plugin+`"`) && (strings.Contains(l, `"level":"error"`) || strings.Contains(l, `"level":"warning"`) ||
+			strings.Contains(l, "panic") || strings.Contains(l, "exit") || strings.Contains(l, "stderr") || strings.Contains(l, "goroutine")) {
+			out = append(out, l)
+		}
+	}
+	if len(out) > 60 {
+		out = out[len(out)-60:]
+	}
+	return strings.Join(out, "\n")
 }
 
 func tail(s string, n int) string {

@@ -163,15 +163,17 @@ func (n *NodeNet) NewNode(t testing.TB, podIndex int) *Node {
 		for _, p := range []string{"libvirtd", "virtlogd"} {
 			if b, err := os.ReadFile(filepath.Join(lv, "run", p+".pid")); err == nil {
 				if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-					syscall.Kill(pid, syscall.SIGTERM)
-					for i := 0; i < 100 && Alive(pid); i++ {
+					// A pid file outlives its process (a killed libvirtd), and
+					// pids come round fast here: only the node's own is signalled.
+					node.signal(pid, p, syscall.SIGTERM)
+					for i := 0; i < 100 && node.owns(pid, p); i++ {
 						time.Sleep(50 * time.Millisecond)
 					}
-					syscall.Kill(pid, syscall.SIGKILL)
+					node.signal(pid, p, syscall.SIGKILL)
 				}
 			}
 		}
-		syscall.Kill(node.pid, syscall.SIGKILL)
+		node.signal(node.pid, "sleep", syscall.SIGKILL)
 		holder.Process.Kill()
 	})
 	node.Must(t, "virtlogd", "-d", "-p", "/run/libvirt/virtlogd.pid")
@@ -213,8 +215,32 @@ func (node *Node) KillLibvirtd(t testing.TB) {
 	if err != nil {
 		t.Fatalf("%s's libvirtd.pid: %v", node.Name, err)
 	}
-	syscall.Kill(pid, syscall.SIGKILL)
-	Eventually(t, 30*time.Second, node.Name+"'s libvirtd gone", func() bool { return !Alive(pid) })
+	if !node.signal(pid, "libvirtd", syscall.SIGKILL) {
+		t.Fatalf("%s's libvirtd.pid names %d, which is not the node's libvirtd", node.Name, pid)
+	}
+	Eventually(t, 30*time.Second, node.Name+"'s libvirtd gone", func() bool { return !node.owns(pid, "libvirtd") })
+}
+
+// owns tells whether pid is a live process named comm in the node's mount
+// namespace: a pid read from a file may have gone, and come round to
+// another process (pid_max is 32768 here, and make check makes tens of
+// thousands).
+func (node *Node) owns(pid int, comm string) bool {
+	name, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	if err != nil || strings.TrimSpace(string(name)) != comm || !Alive(pid) {
+		return false
+	}
+	ns, err1 := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+	mine, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", node.pid))
+	return err1 == nil && err2 == nil && ns == mine
+}
+
+// signal sends sig to pid if it is the node's process named comm.
+func (node *Node) signal(pid int, comm string, sig syscall.Signal) bool {
+	if !node.owns(pid, comm) {
+		return false
+	}
+	return syscall.Kill(pid, sig) == nil
 }
 
 // Wrap is the command prefix that runs a program on the node.
