@@ -102,6 +102,10 @@ func (s *Source) registryDisk(ctx context.Context, req ports.FetchRequest, tc po
 	if err != nil {
 		return fail(fmt.Errorf("%s: manifest: %v: %w", req.Location, err, ports.ErrInvalidArgument))
 	}
+	if oci, ok := m.(*manifest.OCI1); ok && oci.Annotations[checkpointImageAnnotation] != "" {
+		return fail(fmt.Errorf("%s is a container checkpoint image (annotation %s): restoring a VM from a checkpoint image in a registry is not implemented yet; serve the checkpoint archive itself over https and name it through a translation: %w",
+			req.Location, checkpointImageAnnotation, ports.ErrUnimplemented))
+	}
 	if err := checkConfig(ctx, src, m.ConfigInfo()); err != nil {
 		return fail(fmt.Errorf("%s: config %s: %w", req.Location, m.ConfigInfo().Digest, err))
 	}
@@ -128,6 +132,10 @@ func (s *Source) registryDisk(ctx context.Context, req ports.FetchRequest, tc po
 		Reason:  fmt.Sprintf("%s has no VM disk in its %d layer(s)", req.Location, len(layers)),
 		Allowed: "a containerDisk image: a layer with disk/<name>.qcow2 or disk/<name>.img"})
 }
+
+// checkpointImageAnnotation marks an OCI image made from a container
+// checkpoint (checkpointctl build, CRI-O's restore).
+const checkpointImageAnnotation = "io.kubernetes.cri-o.annotations.checkpoint.name"
 
 // matchManifest fails unless raw has digest want (what named it).
 func matchManifest(raw []byte, want digest.Digest, what string) error {
