@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/virtlet/virtlet/testing/harness"
+	"github.com/virtlet/virtlet/testing/imageserver"
 )
 
 // A cluster of three Virtlet nodes on this one machine (issue 28): one
@@ -29,6 +32,7 @@ func TestKubeCluster(t *testing.T) {
 	nodeNet, k := harness.StartCluster(t, 210)
 	names := nodeImages(t, nodeNet)
 	nodes := map[string]*harness.Node{}
+	daemons := map[string]*harness.Daemon{}
 	k.ClusterDNS = harness.ClusterDNSIP
 	var mixed *harness.Containerd
 	for i := 0; i < 3; i++ {
@@ -43,6 +47,7 @@ func TestKubeCluster(t *testing.T) {
 		k.StartNodeKubelet(node, d)
 		k.StartNodeKubeProxy(node)
 		nodes[node.Name] = node
+		daemons[node.Name] = d
 	}
 	// The cluster's DNS and a web server, container pods of node-1.
 	mixed.ImportCoreDNS(t)
@@ -253,6 +258,10 @@ spec:
 		t.Errorf("%s (%s) → Service web-ctr (%s) by its name: %v\n%s", client.Pod, client.Node, webCtrIP, err, out)
 	}
 
+	t.Run("a VM checkpointed on its node goes on on another", func(t *testing.T) {
+		checkpointElsewhere(t, k, nodeNet, vms, nodes, daemons, pub)
+	})
+
 	if out, err := k.Kubectl("scale", "deployment", "vms", "--replicas=0"); err != nil {
 		t.Fatalf("scale to 0: %v\n%s", err, out)
 	}
@@ -333,3 +342,80 @@ spec:
   selector: {app: web-ctr}
   ports: [{port: 80, targetPort: 8080}]
 `
+
+// checkpointElsewhere checkpoints a Deployment's VM through the API
+// server's node proxy (kubelet's checkpoint API on its node), serves the
+// archive as an image, and restores it in a pod on another node: the guest
+// answers from that node's pod network under the name it had (the same
+// guest, not a new boot, which would take the new pod's name), and its
+// console shows no boot.
+func checkpointElsewhere(t *testing.T, k *harness.Kube, nodeNet *harness.NodeNet, vms []harness.ClusterVM, nodes map[string]*harness.Node, daemons map[string]*harness.Daemon, pub string) {
+	from, to := vms[2], "node-3" // vms are sorted by node: node-2's first
+	if from.Node != "node-2" {
+		t.Fatalf("%s runs on %s, not node-2", from.Pod, from.Node)
+	}
+	out, err := k.Kubectl("create", "--raw", fmt.Sprintf("/api/v1/nodes/%s/proxy/checkpoint/default/%s/vm", from.Node, from.Pod), "-f", "/dev/null")
+	var answer struct{ Items []string }
+	if err != nil || json.Unmarshal([]byte(out), &answer) != nil || len(answer.Items) != 1 {
+		t.Fatalf("checkpoint of %s through the API server: %v %s", from.Pod, err, out)
+	}
+	www := t.TempDir()
+	data, err := os.ReadFile(answer.Items[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(www, "checkpoint.tar"), data, 0o644)
+	srv, err := imageserver.Start(www, nodeNet.HostIP+":0", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	tr, err := srv.Translation(map[string]string{"moved": "checkpoint.tar"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemons[to].Translate("moved.yaml", tr)
+	pod := fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: moved
+  annotations:
+    kubernetes.io/target-runtime: virtlet.cloud
+    VirtletForceDHCPNetworkConfig: "true"
+    VirtletSSHKeys: "%s"
+spec:
+  nodeName: %s
+  containers:
+  - name: vm
+    image: virtlet.cloud/moved
+    tty: true
+    stdin: true
+    resources:
+      limits: {memory: 160Mi}
+`, strings.TrimSpace(pub), to)
+	if err := k.Apply(pod); err != nil {
+		t.Fatal(err)
+	}
+	defer k.Kubectl("delete", "pod", "moved", "--timeout=3m")
+	if out, err := k.Kubectl("wait", "--for=condition=Ready", "pod/moved", "--timeout=3m"); err != nil {
+		describe, _ := k.Kubectl("describe", "pod", "moved")
+		t.Fatalf("the restored pod is not Ready: %v %s\n%s", err, out, describe)
+	}
+	ip, _ := k.Kubectl("get", "pod", "moved", "-o", "jsonpath={.status.podIP}")
+	if _, subnet, _ := net.ParseCIDR(nodes[to].PodNet); subnet == nil || !subnet.Contains(net.ParseIP(ip)) {
+		t.Errorf("the restored VM has address %s, not one of %s's", ip, to)
+	}
+	client := vms[0] // node-1's
+	var got string
+	if !harness.EventuallyOK(time.Minute, func() bool {
+		got, _ = k.Kubectl("exec", client.Pod, "--", "sh", "-c", fmt.Sprintf(`printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 %s 80`, ip))
+		return strings.Contains(got, "tiny "+from.Pod)
+	}) {
+		logs, _ := k.Kubectl("logs", "moved")
+		t.Fatalf("%s (%s) → the restored VM at %s: %q, want the page of %s's guest\nits console:\n%s", client.Pod, client.Node, ip, got, from.Pod, tail(logs, 3000))
+	}
+	if logs, _ := k.Kubectl("logs", "moved"); strings.Contains(logs, "@@TINY-READY") || !strings.Contains(logs, "@@DHCP-BOUND iface=eth0 ip="+ip+" ") {
+		t.Errorf("the restored VM's console shows a boot, or not its new address %s:\n%s", ip, tail(logs, 3000))
+	}
+	t.Logf("%s checkpointed on %s (%d MiB), restored on %s at %s, answers as %s", from.Pod, from.Node, len(data)>>20, to, ip, from.Pod)
+}
