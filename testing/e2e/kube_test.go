@@ -180,10 +180,31 @@ func waitKube(t *testing.T, k *harness.Kube, what string, timeout time.Duration,
 		if time.Now().After(deadline) {
 			pods, _ := k.Kubectl("get", "pods", "-A", "-o", "wide")
 			events, _ := k.Kubectl("get", "events", "-A", "--sort-by=.lastTimestamp")
-			t.Fatalf("%s: not after %s\npods:\n%s\nevents:\n%s\nkubelet log tail:\n%s", what, timeout, pods, tail(events, 3000), tail(k.Log("kubelet"), 3000))
+			nodes, _ := k.Kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}: {range .status.conditions[*]}{.type}={.status} ({.reason}: {.message}) {end}{"\n"}{end}`)
+			t.Fatalf("%s: not after %s\npods:\n%s\nevents:\n%s\nnodes:\n%s\nkubelet log tail:\n%s%s", what, timeout, pods, tail(events, 3000), nodes,
+				tail(k.Log("kubelet"), 3000), nodeKubeletTrouble(k))
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+// nodeKubeletTrouble is, for each node kubelet of a cluster, its last
+// error and warning lines (klog's E and W).
+func nodeKubeletTrouble(k *harness.Kube) string {
+	logs, _ := filepath.Glob(filepath.Join(k.Dir, "kubelet-*.log"))
+	var b strings.Builder
+	for _, l := range logs {
+		data, _ := os.ReadFile(l)
+		var trouble []string
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(line, "E") || strings.HasPrefix(line, "W") {
+				trouble = append(trouble, line)
+			}
+		}
+		trouble = trouble[max(0, len(trouble)-15):]
+		fmt.Fprintf(&b, "\n%s, its last errors and warnings:\n%s\n", filepath.Base(l), strings.Join(trouble, "\n"))
+	}
+	return b.String()
 }
 
 // podLogs is kubectl logs of a pod (empty while it has none).
