@@ -51,20 +51,29 @@ func (r *vmService) planRestore(ctx context.Context, cr *creation) error {
 		return fmt.Errorf("restore from %s: the checkpoint holds no root disk: %w", cr.cfg.UserImage, ports.ErrInvalidArgument)
 	}
 	// The root disk's copy holds what the guest changed over its image:
-	// that very image (by content) must be under it.
-	base, err := r.imgs.resolveImage(meta.ImageID)
-	if err == nil && base == nil && meta.Image != "" {
-		r.log.WithFields(logrus.Fields{"image": meta.Image, "id": meta.ImageID}).Info("restore: pulling the image the checkpoint's root disk overlays")
-		if _, err = r.imgs.PullImage(ctx, meta.Image, nil); err == nil {
-			base, err = r.imgs.resolveImage(meta.ImageID)
-		}
+	// that very image (by content) must be under it. The archive names it,
+	// and the archive is anyone's: the image is pulled by its name, as any
+	// pod's without credentials, every time, and must have that digest. An
+	// image merely present on the node is never used: it may be another
+	// tenant's, pulled with credentials this pod does not have.
+	if !fullDigest.MatchString(meta.ImageID) || meta.Image == "" {
+		return fmt.Errorf("restore from %s: the checkpoint names its root disk's image as %q (%q): want a name and its sha256 digest: %w",
+			cr.cfg.UserImage, meta.Image, meta.ImageID, ports.ErrInvalidArgument)
 	}
+	if _, err := ParseImageName(meta.Image); err != nil {
+		return fmt.Errorf("restore from %s: the checkpoint's root disk image: %w", cr.cfg.UserImage, err)
+	}
+	r.log.WithFields(logrus.Fields{"image": meta.Image, "id": meta.ImageID}).Info("restore: pulling the image the checkpoint's root disk overlays")
+	pulledID, err := r.imgs.PullImage(ctx, meta.Image, nil)
+	if err != nil {
+		return fmt.Errorf("restore from %s: pull %s, the image the checkpoint's root disk overlays (without credentials: a restore cannot be over a private image yet): %w",
+			cr.cfg.UserImage, meta.Image, err)
+	}
+	base, ok := r.images.get(pulledID)
 	switch {
-	case err != nil:
-		return fmt.Errorf("restore from %s: the image the checkpoint's root disk overlays, %s (%s): %w", cr.cfg.UserImage, meta.Image, meta.ImageID, err)
-	case base == nil:
-		return fmt.Errorf("restore from %s: the checkpoint's root disk overlays image %s, which %s no longer is: the guest's disk cannot be put back over other data: %w",
-			cr.cfg.UserImage, meta.ImageID, meta.Image, ports.ErrFailedPrecondition)
+	case pulledID != meta.ImageID || !ok:
+		return fmt.Errorf("restore from %s: the checkpoint's root disk overlays image %s, and %s is now %s: the guest's disk cannot be put back over other data: %w",
+			cr.cfg.UserImage, meta.ImageID, meta.Image, pulledID, ports.ErrFailedPrecondition)
 	case base.Format == ports.ImageFormatCheckpoint:
 		return fmt.Errorf("restore from %s: its root disk names another checkpoint as its image: %w", cr.cfg.UserImage, ports.ErrInvalidArgument)
 	}
@@ -113,6 +122,8 @@ func checkRestore(image string, spec ports.VMSpec, from ports.VMSpec, ann map[st
 		return restoreRefusal(image, "resources cpuset_cpus (pinned CPUs)", "a VM on pinned CPUs is not restored: the checkpoint's pinning names another node's CPUs")
 	case len(spec.Filesystems) > 0 || len(from.Filesystems) > 0:
 		return restoreRefusal(image, "9p share", "a VM that shares a host directory (9p) is neither checkpointed nor restored")
+	case spec.Firmware == ports.FirmwareUEFI:
+		return restoreRefusal(image, "annotation "+annotations.Firmware+": uefi", "a checkpoint does not hold a VM's UEFI variable store yet")
 	}
 	return nil
 }
@@ -200,6 +211,7 @@ func (r *vmService) defineRestored(ctx context.Context, cr *creation) error {
 	if err := r.adoptMACs(ctx, cr); err != nil {
 		return err
 	}
+	before := cr.sb
 	reader := r.deps.Checkpoints.(ports.CheckpointReader) // planRestore checked
 	err := reader.UnpackCheckpoint(ctx, cr.restore.archive, func(ctx context.Context, from ports.VMRestore) error {
 		spec := cr.spec
@@ -210,9 +222,35 @@ func (r *vmService) defineRestored(ctx context.Context, cr *creation) error {
 		return nil
 	})
 	if err != nil {
+		// Nothing half-restored: the pod's network serves its own MACs again.
+		if undo := r.unadoptMACs(context.WithoutCancel(ctx), before, cr.sb); undo != nil {
+			r.log.WithError(undo).WithField("pod", before.Namespace+"/"+before.Name).Warn("restore: give the pod's interfaces their own MACs back")
+		}
+		cr.sb = before
 		return err
 	}
 	vm, err := r.definedAs(ctx, &cr.spec)
 	cr.vm = vm
 	return err
+}
+
+// unadoptMACs gives a pod's interfaces back the MACs they had before
+// adoptMACs (before), when it changed them (now).
+func (r *vmService) unadoptMACs(ctx context.Context, before, now *Sandbox) error {
+	if now == before || before.Network == nil {
+		return nil
+	}
+	adopter, ok := r.deps.Network.(ports.MACAdopter)
+	if !ok {
+		return nil
+	}
+	var macs []string
+	for _, iface := range before.Network.Interfaces {
+		macs = append(macs, iface.MAC)
+	}
+	if _, err := adopter.AdoptMACs(ctx, ports.NetworkRequest{SandboxID: before.ID, PodName: before.Name, PodNamespace: before.Namespace, PodUID: before.UID,
+		Annotations: before.Annotations}, macs); err != nil {
+		return err
+	}
+	return r.sandboxes.put(ctx, before)
 }

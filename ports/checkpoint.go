@@ -17,7 +17,8 @@ type VMCheckpointer interface {
 	// CheckpointVM writes VM id's memory and device state, and a copy of
 	// each disk the guest writes to, into dir (which exists, is empty and
 	// is on the node's file system). The VM is paused only while they are
-	// written and runs on afterwards, whatever the outcome. A VM whose
+	// written and runs on afterwards, whatever the outcome (a plugin killed
+	// meanwhile resumes it when it starts again). A VM whose
 	// state cannot be captured whole (a 9p share, a host block device, a
 	// network disk) is refused with ErrFailedPrecondition naming what,
 	// before it is paused; a VM that is not running, likewise.

@@ -113,7 +113,7 @@ type ContainerMeta struct {
 // reads them (ports.CheckpointReader).
 type Archiver struct {
 	runtime, version string
-	unpackDir        string
+	workDir          string
 	log              logrus.FieldLogger
 }
 
@@ -121,24 +121,25 @@ type Archiver struct {
 type Options struct {
 	// Runtime and Version name the archives' writer.
 	Runtime, Version string
-	// UnpackDir is where archives are unpacked for a restore (the daemon's
-	// state directory: a VM's memory may not fit a tmpfs). What an earlier
-	// process left there is removed.
-	UnpackDir string
-	Log       logrus.FieldLogger
+	// WorkDir is where checkpoints are gathered before they are packed,
+	// and archives unpacked for a restore (in the daemon's state
+	// directory: a VM's memory may not fit a tmpfs, and a crash's leftovers
+	// are found there). What an earlier process left there is removed.
+	WorkDir string
+	Log     logrus.FieldLogger
 }
 
 // New returns an archiver.
 func New(o Options) *Archiver {
-	if o.UnpackDir != "" {
-		left, _ := filepath.Glob(filepath.Join(o.UnpackDir, workDirPattern))
+	if o.WorkDir != "" {
+		left, _ := filepath.Glob(filepath.Join(o.WorkDir, workDirPattern))
 		for _, d := range left {
 			if err := os.RemoveAll(d); err != nil {
 				o.Log.WithError(err).WithField("dir", d).Warn("remove a checkpoint an earlier run left unpacked")
 			}
 		}
 	}
-	return &Archiver{runtime: o.Runtime, version: o.Version, unpackDir: o.UnpackDir, log: o.Log}
+	return &Archiver{runtime: o.Runtime, version: o.Version, workDir: o.WorkDir, log: o.Log}
 }
 
 var (
@@ -146,16 +147,15 @@ var (
 	_ ports.CheckpointReader   = (*Archiver)(nil)
 )
 
-// WriteCheckpoint makes a working directory beside location (so that the
-// state is written once to the file system the archive goes to), has
-// capture fill it, and packs it into location.
+// WriteCheckpoint makes a working directory (in the work directory, else
+// beside location), has capture fill it, and packs it into location.
 func (a *Archiver) WriteCheckpoint(ctx context.Context, location string, meta ports.CheckpointMeta,
 	capture func(ctx context.Context, dir string) (ports.VMCheckpoint, error)) (ports.CheckpointArchive, error) {
 	var out ports.CheckpointArchive
 	if err := checkLocation(location); err != nil {
 		return out, err
 	}
-	work, err := os.MkdirTemp(filepath.Dir(location), workDirPattern)
+	work, err := a.newWorkDir(filepath.Dir(location))
 	if err != nil {
 		return out, fmt.Errorf("checkpoint to %s: working directory: %w", location, err)
 	}
@@ -188,6 +188,19 @@ func (a *Archiver) WriteCheckpoint(ctx context.Context, location string, meta po
 		return out, fmt.Errorf("checkpoint to %s: %w", location, err)
 	}
 	return ports.CheckpointArchive{Path: location, Bytes: info.Size(), Checkpoint: cp}, nil
+}
+
+// newWorkDir makes a fresh working directory, 0700, in the work
+// directory, or in fallback without one.
+func (a *Archiver) newWorkDir(fallback string) (string, error) {
+	parent := fallback
+	if a.workDir != "" {
+		if err := os.MkdirAll(a.workDir, archiveDirMode); err != nil {
+			return "", err
+		}
+		parent = a.workDir
+	}
+	return os.MkdirTemp(parent, workDirPattern)
 }
 
 // checkLocation accepts an absolute path whose directory exists and which

@@ -110,21 +110,18 @@ func checkMeta(m VirtletMeta) error {
 	return nil
 }
 
-// UnpackCheckpoint unpacks the archive into a fresh directory under the
-// archiver's unpack directory and calls use with the state file and the
-// disk copies; the directory goes when use returns.
+// UnpackCheckpoint unpacks the state and the disk copies of the archive
+// into a fresh directory under the archiver's work directory and calls
+// use with them; the directory goes when use returns.
 func (a *Archiver) UnpackCheckpoint(ctx context.Context, archive string, use func(ctx context.Context, r ports.VMRestore) error) error {
 	_, cp, err := a.ReadCheckpoint(ctx, archive)
 	if err != nil {
 		return err
 	}
-	if a.unpackDir == "" {
+	if a.workDir == "" {
 		return fmt.Errorf("restore from %s: the daemon has no directory to unpack checkpoints in: %w", filepath.Base(archive), ports.ErrUnimplemented)
 	}
-	if err := os.MkdirAll(a.unpackDir, archiveDirMode); err != nil {
-		return fmt.Errorf("restore from %s: %w", filepath.Base(archive), err)
-	}
-	dir, err := os.MkdirTemp(a.unpackDir, workDirPattern)
+	dir, err := a.newWorkDir("")
 	if err != nil {
 		return fmt.Errorf("restore from %s: %w", filepath.Base(archive), err)
 	}
@@ -133,11 +130,19 @@ func (a *Archiver) UnpackCheckpoint(ctx context.Context, archive string, use fun
 			a.log.WithError(err).WithField("dir", dir).Warn("remove an unpacked checkpoint")
 		}
 	}()
+	// Only what a restore uses is unpacked: the state and the disks the
+	// metadata lists. A member's data is in the archive (no sparse member
+	// is read), so what is written is at most the archive's size, which
+	// the node bounds as an image's.
+	wanted := map[string]bool{cp.StateFile: true}
+	for _, d := range cp.Disks {
+		wanted[d.File] = true
+	}
 	err = walkArchive(ctx, archive, func(h *tar.Header, r io.Reader) error {
-		p := filepath.Join(dir, filepath.FromSlash(h.Name))
-		if h.Typeflag == tar.TypeDir {
-			return os.MkdirAll(p, archiveDirMode)
+		if !wanted[h.Name] {
+			return nil
 		}
+		p := filepath.Join(dir, filepath.FromSlash(h.Name))
 		if err := os.MkdirAll(filepath.Dir(p), archiveDirMode); err != nil {
 			return err
 		}
@@ -161,6 +166,21 @@ func (a *Archiver) UnpackCheckpoint(ctx context.Context, archive string, use fun
 		}
 	}
 	return use(ctx, restore)
+}
+
+// sparse tells whether a header describes a sparse file (GNU's type, or
+// PAX's GNU.sparse records on a regular file), whose holes would unpack
+// to data the archive does not hold.
+func sparse(h *tar.Header) bool {
+	if h.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
 }
 
 func mapValues(m map[string]string) []string {
@@ -202,6 +222,9 @@ func walkArchive(ctx context.Context, archive string, f func(h *tar.Header, r io
 			return fmt.Errorf("member %q is in the archive twice", h.Name)
 		case h.Size < 0 || h.Size > maxArchiveMember:
 			return fmt.Errorf("member %q has size %d", h.Name, h.Size)
+		case sparse(h):
+			// A sparse member unpacks to more than the archive holds.
+			return fmt.Errorf("member %q is a sparse file", h.Name)
 		}
 		seen[h.Name] = true
 		if err := f(h, tr); err != nil {

@@ -18,7 +18,7 @@ import (
 func TestReadAndUnpackWhatWasWritten(t *testing.T) {
 	dir := t.TempDir()
 	loc := filepath.Join(dir, "cp.tar")
-	a := New(Options{Runtime: "virtlet", Version: "1", UnpackDir: filepath.Join(dir, "restore"), Log: logrus.New()})
+	a := New(Options{Runtime: "virtlet", Version: "1", WorkDir: filepath.Join(dir, "restore"), Log: logrus.New()})
 	if _, err := a.WriteCheckpoint(context.Background(), loc, meta, capture); err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestHostileArchivesAreRefused(t *testing.T) {
 			dir := t.TempDir()
 			archive := filepath.Join(dir, "cp.tar")
 			os.WriteFile(archive, buf.Bytes(), 0o600)
-			a := New(Options{UnpackDir: filepath.Join(dir, "restore"), Log: logrus.New()})
+			a := New(Options{WorkDir: filepath.Join(dir, "restore"), Log: logrus.New()})
 			used := false
 			err := a.UnpackCheckpoint(context.Background(), archive, func(context.Context, ports.VMRestore) error { used = true; return nil })
 			if err == nil || !strings.Contains(err.Error(), tc.want) || used {

@@ -36,6 +36,10 @@ func (n *Network) AdoptMACs(ctx context.Context, req ports.NetworkRequest, macs 
 			Reason:  fmt.Sprintf("the pod has %d interfaces, the VM %d NICs", len(r.Attachment.Interfaces), len(macs)),
 			Allowed: "one MAC per pod interface"}
 	}
+	// One adoption at a time on the node: two pods must not both find a
+	// MAC free and take it.
+	n.adoptMu.Lock()
+	defer n.adoptMu.Unlock()
 	inUse, err := n.macsInUse(req.SandboxID)
 	if err != nil {
 		return ports.NetworkAttachment{}, err

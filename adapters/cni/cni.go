@@ -71,6 +71,7 @@ type Network struct {
 	configOK bool
 	stop     chan struct{}  // ends the teardown retries
 	pods     keyedmutex.Map // by sandbox ID: one change of a pod's network at a time
+	adoptMu  sync.Mutex     // one MAC adoption at a time (AdoptMACs)
 }
 
 // lockPod serialises the changes of one pod's network: the core's calls

@@ -47,10 +47,11 @@ func Inspect(path string) (Info, error) {
 	return InspectReader(f, st.Size())
 }
 
-// InspectOverlay reads a qcow2 overlay at path: an image held to every
-// rule Inspect holds images to but one, it may name a backing file (which
-// the caller replaces: qemu-img rebase -u, which opens no backing file);
-// a raw disk or a self-contained qcow2 image is refused.
+// InspectOverlay reads a qcow2 image at path held to every rule Inspect
+// holds images to but one: it may name a backing file (which the caller
+// replaces with qemu-img rebase -u, which opens no backing file). A
+// self-contained qcow2 image passes too; anything else, a raw disk
+// included, is refused.
 func InspectOverlay(path string) (Info, error) {
 	f, err := os.Open(path)
 	if err != nil {

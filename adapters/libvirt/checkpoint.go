@@ -48,6 +48,10 @@ func planCheckpoint(r *record, live *libvirtxml.Domain) (checkpointPlan, error) 
 		return p, fmt.Errorf("VM %s shares the host directory %s with its guest (9p, tag %q): QEMU cannot save a mounted 9p file system's state, so the VM cannot be checkpointed: %w",
 			r.Spec.Name, r.Spec.Filesystems[0].Source, r.Spec.Filesystems[0].Tag, ports.ErrFailedPrecondition)
 	}
+	if r.Spec.Firmware == ports.FirmwareUEFI {
+		return p, fmt.Errorf("VM %s boots by UEFI: its UEFI variable store is not part of a checkpoint yet, and a guest restored over another would lose or corrupt its variables: %w",
+			r.Spec.Name, ports.ErrFailedPrecondition)
+	}
 	if live.Devices != nil && len(live.Devices.Hostdevs) > 0 {
 		return p, fmt.Errorf("VM %s has a host device passed through (e.g. an SR-IOV function): its state lives in the device, so the VM cannot be checkpointed: %w",
 			r.Spec.Name, ports.ErrFailedPrecondition)
@@ -160,16 +164,32 @@ func (h *Hypervisor) CheckpointVM(ctx context.Context, id, dir string) (cp ports
 	log := h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "pod": r.Spec.PodNamespace + "/" + r.Spec.PodName})
 	// Paused, QEMU has flushed its disk caches and the guest writes
 	// nothing: the memory written and the disks copied are of one instant.
+	// The pause is recorded first: a plugin killed before the resume
+	// resumes the guest when it starts again (resumeCheckpointed).
+	if err := h.markCheckpointPaused(r, true); err != nil {
+		return cp, err
+	}
 	begin := time.Now()
 	if err := dom.Suspend(); err != nil {
+		h.markCheckpointPaused(r, false)
 		return cp, libvirtError("pause domain "+r.Spec.Name, err)
 	}
 	defer func() {
-		if err := dom.Resume(); err != nil {
+		err := dom.Resume()
+		if err != nil {
+			// The connection may have gone meanwhile: once more, on the
+			// current one.
+			if _, again, lerr := h.lookup(id); lerr == nil {
+				err = again.Resume()
+				again.Free()
+			}
+		}
+		if err != nil {
 			log.WithError(err).Error("checkpoint: resume the VM after its checkpoint")
 			retErr = errors.Join(retErr, libvirtError("resume domain "+r.Spec.Name+" after its checkpoint", err))
 			return
 		}
+		h.markCheckpointPaused(r, false)
 		cp.Paused = time.Since(begin)
 		log.WithField("pausedMillis", cp.Paused.Milliseconds()).Info("checkpoint: VM resumed")
 	}()
@@ -187,6 +207,41 @@ func (h *Hypervisor) CheckpointVM(ctx context.Context, id, dir string) (cp ports
 		cp.Disks = append(cp.Disks, ports.CheckpointDisk{Name: c.name, File: rel, Format: c.format, BackingFile: c.backing, Bytes: n})
 	}
 	return cp, nil
+}
+
+// markCheckpointPaused records that a checkpoint holds the VM paused.
+func (h *Hypervisor) markCheckpointPaused(r *record, paused bool) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.CheckpointPaused = paused
+	return h.store.save(r)
+}
+
+// resumeCheckpointed resumes the guests that a checkpoint paused and did
+// not resume (the plugin was killed, or libvirtd went, meanwhile).
+func (h *Hypervisor) resumeCheckpointed(conn *libvirt.Connect) {
+	var paused []*record
+	h.each(func(r *record) {
+		if r.CheckpointPaused {
+			paused = append(paused, r)
+		}
+	})
+	for _, r := range paused {
+		dom, err := conn.LookupDomainByUUIDString(r.Spec.UUID)
+		if err != nil {
+			continue
+		}
+		if state, _, err := dom.GetState(); err == nil && state == libvirt.DOMAIN_PAUSED {
+			if err := dom.Resume(); err != nil {
+				h.log.WithError(err).WithField("vm", r.Spec.Name).Error("resume a guest an interrupted checkpoint left paused")
+				dom.Free()
+				continue
+			}
+			h.log.WithField("vm", r.Spec.Name).Warn("resumed a guest an interrupted checkpoint left paused")
+		}
+		dom.Free()
+		h.markCheckpointPaused(r, false)
+	}
 }
 
 // copyDisk copies a disk file, stopping when ctx ends.

@@ -1,6 +1,10 @@
 package libvirt
 
 import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -32,6 +36,7 @@ func TestPlanCheckpoint(t *testing.T) {
 			want: "disk root is the network disk rbd pool/img"},
 		{name: "persistent root slice", spec: ports.VMSpec{Disks: []ports.Disk{{Name: "root", Source: ports.DiskSource{Type: ports.SourceFile, Path: "/vols/pv", Offset: 4096}}}}, live: live,
 			want: "disk root is a slice of /vols/pv"},
+		{name: "UEFI", spec: ports.VMSpec{Disks: []ports.Disk{root}, Firmware: ports.FirmwareUEFI}, live: live, want: "its UEFI variable store is not part of a checkpoint"},
 		{name: "host device", spec: ports.VMSpec{Disks: []ports.Disk{root}}, live: &libvirtxml.Domain{Devices: &libvirtxml.DomainDeviceList{Hostdevs: []libvirtxml.DomainHostdev{{}}}},
 			want: "has a host device passed through"},
 	} {
@@ -63,6 +68,46 @@ func TestPlanCheckpoint(t *testing.T) {
 			x, err := memorySnapshotXML("/cp/checkpoint/memory.save", p.targets)
 			if err != nil || !strings.Contains(x, `<memory snapshot="external" file="/cp/checkpoint/memory.save">`) || strings.Count(x, `snapshot="no"`) != 3 {
 				t.Fatalf("snapshot XML %s %v", x, err)
+			}
+		})
+	}
+}
+
+// libvirtd (root) reads a restored state's header: only a raw save image
+// of libvirt's own version, with a bounded XML, gets that far.
+func TestCheckSaveHeader(t *testing.T) {
+	header := func(magic string, version, xmlLen, format uint32) []byte {
+		h := make([]byte, saveHeaderLen+16)
+		copy(h, magic)
+		binary.LittleEndian.PutUint32(h[16:], version)
+		binary.LittleEndian.PutUint32(h[20:], xmlLen)
+		binary.LittleEndian.PutUint32(h[28:], format)
+		return h
+	}
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"a raw save image", header("LibvirtQemudSave", 2, 66891, 0), ""},
+		{"compressed", header("LibvirtQemudSave", 2, 66891, 3), "compressed (format 3)"},
+		{"partial", header("LibvirtQemudPart", 2, 66891, 0), "not a complete libvirt save image"},
+		{"another version", header("LibvirtQemudSave", 3, 66891, 0), "version 3"},
+		{"a huge XML", header("LibvirtQemudSave", 2, 1<<31, 0), "a domain XML of 2147483648 bytes"},
+		{"short", []byte("LibvirtQemudSave"), "its header"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "memory.save")
+			os.WriteFile(p, tc.data, 0o600)
+			err := checkSaveHeader(p)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ports.ErrInvalidArgument) {
+				t.Fatalf("error %v, want %q", err, tc.want)
 			}
 		})
 	}

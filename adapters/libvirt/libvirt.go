@@ -67,8 +67,12 @@ type Hypervisor struct {
 	owner    string // instanceOwner(stateDir): marks the domains this plugin instance made
 	accel    accelerator
 	records  map[string]*record
-	tailers  map[string]*tailer
-	stopped  map[string][]chan struct{} // Stop calls waiting for a VM to stop
+	// restoring holds the UUIDs of the checkpointed domains being
+	// restored, until their records are saved: two restores of one
+	// checkpoint must not both define the one domain.
+	restoring map[string]bool
+	tailers   map[string]*tailer
+	stopped   map[string][]chan struct{} // Stop calls waiting for a VM to stop
 
 	conn     connection
 	store    recordStore

@@ -75,6 +75,11 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		if _, err := prepareRestore(conn, &spec); err != nil {
 			return err
 		}
+		release, err := h.reserveRestore(spec)
+		if err != nil {
+			return err
+		}
+		defer release() // the record, once saved, holds them
 	}
 	log := h.log.WithFields(logrus.Fields{"vm": spec.Name, "pod": spec.PodNamespace + "/" + spec.PodName})
 	shape, coldWhy := poolable(spec, accel)
@@ -214,6 +219,19 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 	defer dom.Free()
 	state, _, err := dom.GetState()
 	if err == nil && state == libvirt.DOMAIN_RUNNING {
+		h.mu.Lock()
+		stale := r.RestoreState
+		if stale != "" {
+			// Restored before a crash that came before the record said so:
+			// the state must never be resumed again over the newer disk.
+			r.RestoreState = ""
+			if err := h.store.save(r); err != nil {
+				h.mu.Unlock()
+				return err
+			}
+		}
+		h.mu.Unlock()
+		removeFiles(stale)
 		return nil
 	}
 	begin := time.Now()
@@ -464,6 +482,9 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	}
 	h.consoles.close(id, allRuns)
 	files := []string{r.ConsoleLog, r.RestoreState}
+	if vmDir := h.settings().vmDir; vmDir != "" {
+		files = append(files, restoreStatePath(vmDir, id)) // a crash may have left it unnamed
+	}
 	files = append(files, rotatedLogs(r.ConsoleLog)...)
 	for _, p := range r.DiskPaths {
 		files = append(files, p)

@@ -59,6 +59,10 @@ type record struct {
 	// RestoreState, until a restored VM's first start, is the checkpoint's
 	// state Start resumes its guest from.
 	RestoreState string `json:"restoreState,omitempty"`
+	// CheckpointPaused: a checkpoint paused the guest and has not resumed
+	// it yet; a plugin that starts (or reconnects) and finds the domain
+	// paused resumes it (the checkpoint was cut short).
+	CheckpointPaused bool `json:"checkpointPaused,omitempty"`
 
 	// runs counts the VM's ends seen by this process: a console stream
 	// opened during one run is closed when that run ends, not a later one.

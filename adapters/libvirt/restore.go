@@ -7,11 +7,13 @@ package libvirt
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -32,10 +34,53 @@ type restoredIdentity struct {
 	macs       []string
 }
 
+// libvirt's save image header (src/qemu/qemu_saveimage.h): the magic,
+// then uint32s in the writer's byte order: version, the XML's length,
+// was_running, the compression format, the cookie's offset.
+const (
+	saveMagic      = "LibvirtQemudSave"
+	saveHeaderLen  = 16 + 4*19
+	saveVersion    = 2
+	saveFormatRaw  = 0
+	maxSaveXMLSize = 1 << 20
+)
+
+// checkSaveHeader refuses a state file whose header would have libvirtd
+// (root) do more than read it: a compressed image makes it run a
+// decompressor on the data, a huge XML length allocate that much.
+func checkSaveHeader(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := make([]byte, saveHeaderLen)
+	if _, err := io.ReadFull(f, h); err != nil {
+		return fmt.Errorf("the checkpoint's state: its header: %v: %w", err, ports.ErrInvalidArgument)
+	}
+	le := binary.LittleEndian
+	version, xmlLen, format := le.Uint32(h[16:20]), le.Uint32(h[20:24]), le.Uint32(h[28:32])
+	switch {
+	case string(h[:16]) != saveMagic:
+		return fmt.Errorf("the checkpoint's state is not a complete libvirt save image (magic %q): %w", h[:16], ports.ErrInvalidArgument)
+	case version != saveVersion:
+		return fmt.Errorf("the checkpoint's state is a libvirt save image of version %d (want %d): %w", version, saveVersion, ports.ErrInvalidArgument)
+	case format != saveFormatRaw:
+		return fmt.Errorf("the checkpoint's state is compressed (format %d): only raw save images are restored (libvirtd would run a decompressor on it): %w", format, ports.ErrInvalidArgument)
+	case xmlLen == 0 || xmlLen > maxSaveXMLSize:
+		return fmt.Errorf("the checkpoint's state has a domain XML of %d bytes: %w", xmlLen, ports.ErrInvalidArgument)
+	}
+	return nil
+}
+
 // readRestoredIdentity reads the identity from the state file's header
-// (libvirtd parses it; the file is not otherwise trusted).
+// (libvirtd parses it, once checkSaveHeader has passed; the file is not
+// otherwise trusted).
 func readRestoredIdentity(conn *libvirt.Connect, stateFile string) (restoredIdentity, error) {
 	var id restoredIdentity
+	if err := checkSaveHeader(stateFile); err != nil {
+		return id, err
+	}
 	x, err := conn.DomainSaveImageGetXMLDesc(stateFile, 0)
 	if err != nil {
 		return id, libvirtError("read the checkpoint's state", err)
@@ -84,6 +129,42 @@ func prepareRestore(conn *libvirt.Connect, spec *ports.VMSpec) (restoredIdentity
 	}
 	spec.Name, spec.UUID = id.name, id.uuid
 	return id, nil
+}
+
+// restoredName is the shape of a domain name a restore accepts from a
+// save image: one of Virtlet's (a VM's or a pool domain's).
+var restoredName = regexp.MustCompile(`^` + NamePrefix + `[a-z0-9][a-z0-9.-]{0,55}$`)
+
+// reserveRestore holds a restored domain's name and UUID for this Define,
+// refusing them while another VM of this plugin has them, or shares the
+// name's first 20 bytes (libvirt's short name, which names a domain's
+// dumps); release gives them back.
+func (h *Hypervisor) reserveRestore(spec ports.VMSpec) (release func(), err error) {
+	if !restoredName.MatchString(spec.Name) {
+		return nil, fmt.Errorf("VM %s: the checkpoint names its domain %q, not a Virtlet domain name: %w", spec.ID, spec.Name, ports.ErrInvalidArgument)
+	}
+	short := spec.Name[:min(len(spec.Name), shortNameMax)]
+	uuid := strings.ToLower(spec.UUID)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.restoring[uuid] {
+		return nil, fmt.Errorf("VM %s: the checkpointed domain %s is being restored for another pod on this node: %w", spec.ID, spec.Name, ports.ErrAlreadyExists)
+	}
+	for _, r := range h.records {
+		if strings.EqualFold(r.Spec.UUID, uuid) || r.Spec.Name[:min(len(r.Spec.Name), shortNameMax)] == short {
+			return nil, fmt.Errorf("VM %s: the checkpointed domain %s (UUID %s) is, or is named like, the domain of this node's VM %s: %w",
+				spec.ID, spec.Name, spec.UUID, r.Spec.Name, ports.ErrAlreadyExists)
+		}
+	}
+	if h.restoring == nil {
+		h.restoring = map[string]bool{}
+	}
+	h.restoring[uuid] = true
+	return func() {
+		h.mu.Lock()
+		delete(h.restoring, uuid)
+		h.mu.Unlock()
+	}, nil
 }
 
 // adoptDisk makes a checkpoint's copy of an overlay disk the VM's disk at

@@ -38,6 +38,7 @@ func (rc *reconciler) resync() {
 	if err != nil {
 		return // the reconnection resumes
 	}
+	rc.h.resumeCheckpointed(conn)
 	type check struct {
 		r     *record
 		seq   uint64

@@ -153,7 +153,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 		observer = m
 	}
 	checkpoints := checkpointarchive.New(checkpointarchive.Options{Runtime: cri.RuntimeName, Version: buildinfo.Version(),
-		UnpackDir: filepath.Join(cfg.StateDir, "restore"), Log: log.WithField("component", "checkpoints")})
+		WorkDir: filepath.Join(cfg.StateDir, "checkpoints"), Log: log.WithField("component", "checkpoints")})
 	rt, err := core.New(core.Deps{
 		Hypervisor: plugins.Hypervisor(), ImageSources: plugins.ImageSources(), ImageFiles: files, Store: store,
 		Translations: translations(cfg, kube),
