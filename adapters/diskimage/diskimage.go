@@ -34,7 +34,10 @@ type Info struct {
 var ErrNotADisk = errors.New("not a VM disk image")
 
 // Inspect reads the image at path.
-func Inspect(path string) (Info, error) {
+func Inspect(path string) (Info, error) { return inspectFile(path, InspectReader) }
+
+// inspectFile opens path and has inspect read it.
+func inspectFile(path string, inspect func(r io.ReaderAt, size int64) (Info, error)) (Info, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return Info{}, err
@@ -44,7 +47,7 @@ func Inspect(path string) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	return InspectReader(f, st.Size())
+	return inspect(f, st.Size())
 }
 
 // InspectOverlay reads a qcow2 image at path held to every rule Inspect
@@ -53,31 +56,25 @@ func Inspect(path string) (Info, error) {
 // self-contained qcow2 image passes too; anything else, a raw disk
 // included, is refused.
 func InspectOverlay(path string) (Info, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return Info{}, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return Info{}, err
-	}
-	head, err := qcow2Head(f, st.Size())
-	if err != nil {
-		return Info{}, err
-	}
-	if len(head) < 4 || string(head[:4]) != "QFI\xfb" {
-		return Info{}, fmt.Errorf("%w: not a qcow2 overlay (first bytes %q)", ErrNotADisk, printable(head, 16))
-	}
-	virtual, reason := qcow2Check(head, st.Size(), true)
-	if reason != "" {
-		return Info{}, fmt.Errorf("%w: %s", ErrNotADisk, reason)
-	}
-	return Info{Format: QCOW2, VirtualSize: int64(virtual)}, nil
+	return inspectFile(path, func(r io.ReaderAt, size int64) (Info, error) {
+		head, err := qcow2Head(r, size)
+		if err != nil {
+			return Info{}, err
+		}
+		if len(head) < 4 || string(head[:4]) != "QFI\xfb" {
+			return Info{}, fmt.Errorf("%w: not a qcow2 overlay (first bytes %q)", ErrNotADisk, printable(head, 16))
+		}
+		virtual, reason := qcow2Check(head, size, true)
+		if reason != "" {
+			return Info{}, fmt.Errorf("%w: %s", ErrNotADisk, reason)
+		}
+		return Info{Format: QCOW2, VirtualSize: int64(virtual)}, nil
+	})
 }
 
-// qcow2Head reads the first 512 bytes of an image, or the first cluster of
-// a qcow2 image (at most 2 MiB), or as much of them as it has.
+// qcow2Head reads the first 512 bytes of an image, or of a qcow2 image
+// its header and extensions, the first cluster (at most 2 MiB); or as
+// much of them as the file has.
 func qcow2Head(r io.ReaderAt, size int64) ([]byte, error) {
 	head := make([]byte, 512)
 	n, err := r.ReadAt(head, 0)
@@ -103,28 +100,14 @@ func InspectReader(r io.ReaderAt, size int64) (Info, error) {
 	if size == 0 {
 		return Info{}, fmt.Errorf("%w: the file is empty", ErrNotADisk)
 	}
-	head := make([]byte, 512)
-	n, err := r.ReadAt(head, 0)
-	if err != nil && !errors.Is(err, io.EOF) {
+	head, err := qcow2Head(r, size)
+	if err != nil {
 		return Info{}, err
 	}
-	head = head[:n]
-	if n >= 4 && string(head[:4]) == "QFI\xfb" {
-		// The header and its extensions: the first cluster (at most
-		// 2 MiB), or as much of it as the file has.
-		if n >= 24 {
-			if bits := binary.BigEndian.Uint32(head[20:24]); bits >= 9 && bits <= 21 {
-				first := make([]byte, min(int64(1)<<bits, size))
-				m, err := r.ReadAt(first, 0)
-				if err != nil && !errors.Is(err, io.EOF) {
-					return Info{}, err
-				}
-				head = first[:m]
-			}
-		}
+	if len(head) >= 4 && string(head[:4]) == "QFI\xfb" {
 		return qcow2(head, size)
 	}
-	if n < 512 || head[510] != 0x55 || head[511] != 0xaa {
+	if len(head) < 512 || head[510] != 0x55 || head[511] != 0xaa {
 		return Info{}, fmt.Errorf("%w: neither a qcow2 header nor a partition table (first bytes %q)", ErrNotADisk, printable(head, 16))
 	}
 	return Info{Format: Raw, VirtualSize: size}, nil

@@ -48,12 +48,14 @@ func TestKubeCheckpoint(t *testing.T) {
 	k := harness.StartControlPlane(t, kubeBin)
 	k.StartKubelet(d)
 
-	script, _ := json.Marshal(tickerScript)
-	manifest := filepath.Join(t.TempDir(), "pod.yaml")
-	os.WriteFile(manifest, []byte(fmt.Sprintf(`apiVersion: v1
+	// The ticking VM pod, of an image or of its checkpoint.
+	pod := func(name, image, memory string) string {
+		script, _ := json.Marshal(tickerScript)
+		p := filepath.Join(t.TempDir(), name+".yaml")
+		os.WriteFile(p, []byte(fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata:
-  name: cp-vm
+  name: %s
   annotations:
     kubernetes.io/target-runtime: virtlet.cloud
     VirtletCloudInitUserDataScript: %s
@@ -62,10 +64,13 @@ spec:
   automountServiceAccountToken: false
   containers:
   - name: vm
-    image: virtlet.cloud/tiny
+    image: %s
     resources:
-      limits: {memory: 128Mi}
-`, script, k.Node)), 0o644)
+      limits: {memory: %s}
+`, name, script, k.Node, image, memory)), 0o644)
+		return p
+	}
+	manifest := pod("cp-vm", "virtlet.cloud/tiny", "128Mi")
 	if out, err := k.Kubectl("apply", "-f", manifest); err != nil {
 		t.Fatalf("kubectl apply: %v %s", err, out)
 	}
@@ -169,50 +174,13 @@ spec:
 	// checkpointed VM's own pod is gone (a node runs one domain of a
 	// name): the guest goes on where it was, with the new pod's address.
 	t.Run("restored in a new pod", func(t *testing.T) {
-		srvDir := t.TempDir()
-		data, err := os.ReadFile(archive)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(srvDir, "checkpoint.tar"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		srv, err := imageserver.Start(srvDir, "127.0.0.1:0", t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer srv.Close()
-		tr, err := srv.Translation(map[string]string{"cp-vm-checkpoint": "checkpoint.tar"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		d.Translate("checkpoint.yaml", tr)
+		d.Translate("checkpoint.yaml", serveCheckpoint(t, archive, "cp-vm-checkpoint", "127.0.0.1"))
 		if out, err := k.Kubectl("delete", "pod", "cp-vm", "--timeout=3m"); err != nil {
 			t.Fatalf("delete the checkpointed pod: %v %s", err, out)
 		}
-		pod := func(name, memory string) string {
-			p := filepath.Join(t.TempDir(), name+".yaml")
-			os.WriteFile(p, []byte(fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata:
-  name: %s
-  annotations:
-    kubernetes.io/target-runtime: virtlet.cloud
-    VirtletCloudInitUserDataScript: %s
-spec:
-  nodeName: %s
-  automountServiceAccountToken: false
-  containers:
-  - name: vm
-    image: virtlet.cloud/cp-vm-checkpoint
-    resources:
-      limits: {memory: %s}
-`, name, script, k.Node, memory)), 0o644)
-			return p
-		}
 		// A pod whose VM differs from the checkpointed one is refused,
 		// the field named where kubectl shows it.
-		if out, err := k.Kubectl("apply", "-f", pod("cp-bad", "256Mi")); err != nil {
+		if out, err := k.Kubectl("apply", "-f", pod("cp-bad", "virtlet.cloud/cp-vm-checkpoint", "256Mi")); err != nil {
 			t.Fatalf("kubectl apply: %v %s", err, out)
 		}
 		t.Cleanup(func() { k.Kubectl("delete", "pod", "cp-bad", "--timeout=3m") })
@@ -231,7 +199,7 @@ spec:
 		k.Kubectl("delete", "pod", "cp-bad", "--timeout=3m")
 
 		applied := time.Now()
-		if out, err := k.Kubectl("apply", "-f", pod("cp-restore", "128Mi")); err != nil {
+		if out, err := k.Kubectl("apply", "-f", pod("cp-restore", "virtlet.cloud/cp-vm-checkpoint", "128Mi")); err != nil {
 			t.Fatalf("kubectl apply: %v %s", err, out)
 		}
 		t.Cleanup(func() { k.Kubectl("delete", "pod", "cp-restore", "--timeout=3m") })
@@ -297,6 +265,31 @@ spec:
 }
 
 func last(ts []tick) int { return ts[len(ts)-1].n }
+
+// serveCheckpoint serves a checkpoint archive as the image name on addr
+// (https, the test CA) until the test ends, and returns the translation
+// that names it.
+func serveCheckpoint(t *testing.T, archive, name, addr string) string {
+	t.Helper()
+	www := t.TempDir()
+	data, err := os.ReadFile(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(www, "checkpoint.tar"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := imageserver.Start(www, addr+":0", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	tr, err := srv.Translation(map[string]string{name: "checkpoint.tar"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
 
 type tick struct {
 	at       time.Time

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/virtlet/virtlet/testing/harness"
-	"github.com/virtlet/virtlet/testing/imageserver"
 )
 
 // A cluster of three Virtlet nodes on this one machine (issue 28): one
@@ -359,22 +358,11 @@ func checkpointElsewhere(t *testing.T, k *harness.Kube, nodeNet *harness.NodeNet
 	if err != nil || json.Unmarshal([]byte(out), &answer) != nil || len(answer.Items) != 1 {
 		t.Fatalf("checkpoint of %s through the API server: %v %s", from.Pod, err, out)
 	}
-	www := t.TempDir()
-	data, err := os.ReadFile(answer.Items[0])
+	daemons[to].Translate("moved.yaml", serveCheckpoint(t, answer.Items[0], "moved", nodeNet.HostIP))
+	info, err := os.Stat(answer.Items[0])
 	if err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(filepath.Join(www, "checkpoint.tar"), data, 0o644)
-	srv, err := imageserver.Start(www, nodeNet.HostIP+":0", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	tr, err := srv.Translation(map[string]string{"moved": "checkpoint.tar"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	daemons[to].Translate("moved.yaml", tr)
 	pod := fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata:
@@ -417,5 +405,5 @@ spec:
 	if logs, _ := k.Kubectl("logs", "moved"); strings.Contains(logs, "@@TINY-READY") || !strings.Contains(logs, "@@DHCP-BOUND iface=eth0 ip="+ip+" ") {
 		t.Errorf("the restored VM's console shows a boot, or not its new address %s:\n%s", ip, tail(logs, 3000))
 	}
-	t.Logf("%s checkpointed on %s (%d MiB), restored on %s at %s, answers as %s", from.Pod, from.Node, len(data)>>20, to, ip, from.Pod)
+	t.Logf("%s checkpointed on %s (%d MiB), restored on %s at %s, answers as %s", from.Pod, from.Node, info.Size()>>20, to, ip, from.Pod)
 }
