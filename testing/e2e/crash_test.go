@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -319,11 +320,14 @@ func checkStillRunning(t *testing.T, c *harness.Crictl, ctr, domain, pid string)
 // namespace of its own.
 func killLibvirtd(t *testing.T) {
 	t.Helper()
-	self := strconv.Itoa(os.Getpid())
-	if out, err := exec.Command("pkill", "-KILL", "-x", "--ns", self, "--nslist", "mnt", "libvirtd").CombinedOutput(); err != nil {
-		t.Fatalf("kill libvirtd: %v %s", err, out)
+	pids := harness.Running("libvirtd")
+	if len(pids) == 0 {
+		t.Fatal("kill libvirtd: none runs")
 	}
-	for i := 0; i < 100 && exec.Command("pgrep", "-x", "--ns", self, "--nslist", "mnt", "libvirtd").Run() == nil; i++ {
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for i := 0; i < 100 && len(harness.Running("libvirtd")) > 0; i++ {
 		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -49,8 +49,35 @@ func EnsureLibvirt() error {
 	return fmt.Errorf("libvirtd does not answer at %s", LibvirtURI)
 }
 
-func running(name string) bool {
-	return exec.Command("pgrep", "-x", name).Run() == nil
+// running tells whether a live process named name runs in this process's
+// mount namespace: the host's daemon, not a test node's (which runs in a
+// namespace of its own), nor a killed one not yet reaped (a zombie has no
+// namespace to compare, and pgrep would still list it).
+func running(name string) bool { return len(Running(name)) > 0 }
+
+// Running lists the live processes named name in this process's mount
+// namespace.
+func Running(name string) []int {
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return nil
+	}
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil || strings.TrimSpace(string(comm)) != name || !Alive(pid) {
+			continue
+		}
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err == nil && ns == self {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // GuestImage builds (or finds in the cache) a test guest image: "tiny" or
