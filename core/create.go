@@ -186,7 +186,7 @@ func (r *vmService) planCreation(ctx context.Context, sb *Sandbox, cfg Container
 		return nil, err
 	}
 	if cr.restore != nil {
-		if err := checkRestore(cfg.UserImage, cr.spec, cr.restore.meta.VM, cr.applied.Annotations); err != nil {
+		if err := checkRestore(cfg.UserImage, cr.spec, cr.restore.meta.VM); err != nil {
 			return nil, err
 		}
 	}

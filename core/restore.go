@@ -26,7 +26,6 @@ type restorePlan struct {
 	archive string // its file
 	meta    ports.CheckpointMeta
 	cp      ports.VMCheckpoint
-	base    *Image // the image the checkpoint's root disk overlays
 }
 
 // planRestore reads the checkpoint the container's image is, and makes the
@@ -82,14 +81,13 @@ func (r *vmService) planRestore(ctx context.Context, cr *creation) error {
 		return fmt.Errorf("restore from %s: image %s: %w", cr.cfg.UserImage, base.ID, err)
 	}
 	cr.restore, cr.img, cr.imagePath = plan, base, basePath
-	plan.base = base
 	return nil
 }
 
 // checkRestore refuses a restore whose new VM differs from the
 // checkpointed one where a running guest cannot follow, naming the field
 // and both values.
-func checkRestore(image string, spec ports.VMSpec, from ports.VMSpec, ann map[string]string) error {
+func checkRestore(image string, spec ports.VMSpec, from ports.VMSpec) error {
 	type field struct {
 		name      string
 		pod, cp   any

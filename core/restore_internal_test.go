@@ -35,7 +35,7 @@ func TestCheckRestoreRefusesByName(t *testing.T) {
 			if tc.from != nil {
 				tc.from(&cp)
 			}
-			err := checkRestore("virtlet.cloud/cp", spec, cp, nil)
+			err := checkRestore("virtlet.cloud/cp", spec, cp)
 			if tc.want == "" {
 				if err != nil {
 					t.Fatal(err)
