@@ -102,7 +102,14 @@ crictl version
 # The runtime is ready once its records are reconciled with the
 # hypervisor (a loaded machine takes a few seconds): its info names the
 # hypervisor from then on.
-for i in $(seq 1 600); do crictl info 2>/dev/null | python3 -c 'import json,sys; sys.exit(json.load(sys.stdin).get("hypervisor") is None)' && break; sleep 0.2; done
+ready=
+for i in $(seq 1 600); do crictl info 2>/dev/null | python3 -c 'import json,sys; sys.exit(json.load(sys.stdin).get("hypervisor") is None)' && { ready=1; break; }; sleep 0.2; done
+if [ -z "$ready" ]; then
+  echo "virtlet did not report its hypervisor within 2 minutes; crictl info and its log say:" >&2
+  crictl info >&2 || true
+  tail -n 40 "$work/virtlet.log" >&2
+  exit 1
+fi
 crictl info | python3 -c 'import json,sys; d=json.load(sys.stdin); h=d["hypervisor"]; print("hypervisor:", h["Version"], "accelerator:", h["Accelerator"], "-", h["Details"]["accelerator"])'
 
 cat > "$work/pod.json" <<JSON
