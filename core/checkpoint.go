@@ -22,15 +22,15 @@ import (
 // checkpoint.
 func (r *accessService) CheckpointContainer(ctx context.Context, id, location string, timeout time.Duration) (ports.CheckpointArchive, error) {
 	var out ports.CheckpointArchive
-	if location == "" {
-		return out, &ports.InvalidError{Field: "location", Reason: "it is empty", Allowed: "the absolute path of the archive to write"}
-	}
 	checkpointer, ok := r.deps.Hypervisor.(ports.VMCheckpointer)
 	if !ok {
 		return out, fmt.Errorf("checkpoint: the hypervisor plugin cannot checkpoint VMs: %w", ports.ErrUnimplemented)
 	}
 	if r.deps.Checkpoints == nil {
 		return out, fmt.Errorf("checkpoint: the daemon has no checkpoint archiver: %w", ports.ErrUnimplemented)
+	}
+	if location == "" {
+		return out, &ports.InvalidError{Field: "location", Reason: "it is empty", Allowed: "the absolute path of the archive to write"}
 	}
 	if timeout <= 0 {
 		timeout = r.opts.OperationTimeout
@@ -70,13 +70,16 @@ func (r *accessService) checkpointMeta(c *Container) ports.CheckpointMeta {
 		PodName: c.Spec.PodName, PodNamespace: c.Spec.PodNamespace, PodUID: c.Spec.PodUID,
 		Image: c.Image.UserSpecified, ImageID: c.Image.ID, Labels: c.Labels, Annotations: c.Annotations,
 		CreatedAt: c.CreatedAt, CheckpointedAt: r.opts.Now().UTC(), VM: c.Spec.WithoutSecrets()}
-	if m.Image == "" {
-		m.Image = c.Image.Spec
-	}
 	if c.Image.Base != "" { // a restored VM: its disk overlays the base
 		m.Image, m.ImageID = c.Image.BaseName, c.Image.Base
 	}
 	if img, ok := r.images.get(m.ImageID); ok {
+		// A restore pulls the image by this name: the one the container
+		// was created by unless that was the ID (a CRI client may create
+		// by ID), else the first the image was pulled as.
+		if _, err := ParseImageName(m.Image); err != nil && len(img.Names) > 0 {
+			m.Image = img.Names[0]
+		}
 		repos := make([]string, 0, len(img.ManifestDigests))
 		for repo := range img.ManifestDigests {
 			repos = append(repos, repo)

@@ -166,12 +166,12 @@ func (h *Hypervisor) CheckpointVM(ctx context.Context, id, dir string) (cp ports
 	// nothing: the memory written and the disks copied are of one instant.
 	// The pause is recorded first: a plugin killed before the resume
 	// resumes the guest when it starts again (resumeCheckpointed).
-	if err := h.markCheckpointPaused(r, true); err != nil {
+	if err := markCheckpointPaused(h, r, true); err != nil {
 		return cp, err
 	}
 	begin := time.Now()
 	if err := dom.Suspend(); err != nil {
-		h.markCheckpointPaused(r, false)
+		markCheckpointPaused(h, r, false)
 		return cp, libvirtError("pause domain "+r.Spec.Name, err)
 	}
 	defer func() {
@@ -189,7 +189,7 @@ func (h *Hypervisor) CheckpointVM(ctx context.Context, id, dir string) (cp ports
 			retErr = errors.Join(retErr, libvirtError("resume domain "+r.Spec.Name+" after its checkpoint", err))
 			return
 		}
-		h.markCheckpointPaused(r, false)
+		markCheckpointPaused(h, r, false)
 		cp.Paused = time.Since(begin)
 		log.WithField("pausedMillis", cp.Paused.Milliseconds()).Info("checkpoint: VM resumed")
 	}()
@@ -210,7 +210,7 @@ func (h *Hypervisor) CheckpointVM(ctx context.Context, id, dir string) (cp ports
 }
 
 // markCheckpointPaused records that a checkpoint holds the VM paused.
-func (h *Hypervisor) markCheckpointPaused(r *record, paused bool) error {
+func markCheckpointPaused(h *Hypervisor, r *record, paused bool) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	r.CheckpointPaused = paused
@@ -219,7 +219,7 @@ func (h *Hypervisor) markCheckpointPaused(r *record, paused bool) error {
 
 // resumeCheckpointed resumes the guests that a checkpoint paused and did
 // not resume (the plugin was killed, or libvirtd went, meanwhile).
-func (h *Hypervisor) resumeCheckpointed(conn *libvirt.Connect) {
+func resumeCheckpointed(h *Hypervisor, conn *libvirt.Connect) {
 	var paused []*record
 	h.each(func(r *record) {
 		if r.CheckpointPaused {
@@ -240,7 +240,7 @@ func (h *Hypervisor) resumeCheckpointed(conn *libvirt.Connect) {
 			h.log.WithField("vm", r.Spec.Name).Warn("resumed a guest an interrupted checkpoint left paused")
 		}
 		dom.Free()
-		h.markCheckpointPaused(r, false)
+		markCheckpointPaused(h, r, false)
 	}
 }
 

@@ -75,7 +75,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		if _, err := prepareRestore(conn, &spec); err != nil {
 			return err
 		}
-		release, err := h.reserveRestore(spec)
+		release, err := reserveRestore(h, spec)
 		if err != nil {
 			return err
 		}
@@ -254,7 +254,7 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 	case resume:
 		start = dom.Resume // a VM claimed from the pool: paused before its first instruction
 	case restoring:
-		start = func() error { return h.restoreDomain(dom, r) }
+		start = func() error { return restoreDomain(h, dom, r) }
 	}
 	if err := start(); err != nil {
 		h.mu.Lock()
@@ -284,7 +284,7 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 	if restoring {
 		removeFiles(stateFile)
 		if len(r.Spec.NICs) > 0 {
-			go h.flapLinks(id)
+			go flapLinks(h, id)
 		}
 	}
 	h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "resumed": resume, "restored": restoring, "millis": time.Since(begin).Milliseconds()}).Info("VM started")

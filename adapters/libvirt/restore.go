@@ -139,7 +139,7 @@ var restoredName = regexp.MustCompile(`^` + NamePrefix + `[a-z0-9][a-z0-9.-]{0,5
 // refusing them while another VM of this plugin has them, or shares the
 // name's first 20 bytes (libvirt's short name, which names a domain's
 // dumps); release gives them back.
-func (h *Hypervisor) reserveRestore(spec ports.VMSpec) (release func(), err error) {
+func reserveRestore(h *Hypervisor, spec ports.VMSpec) (release func(), err error) {
 	if !restoredName.MatchString(spec.Name) {
 		return nil, fmt.Errorf("VM %s: the checkpoint names its domain %q, not a Virtlet domain name: %w", spec.ID, spec.Name, ports.ErrInvalidArgument)
 	}
@@ -227,7 +227,7 @@ func restoreStatePath(vmDir, id string) string { return filepath.Join(vmDir, id+
 
 // restoreDomain resumes a restored VM's guest from its state, into the
 // domain as it is defined on this node, running.
-func (h *Hypervisor) restoreDomain(dom *libvirt.Domain, r *record) error {
+func restoreDomain(h *Hypervisor, dom *libvirt.Domain, r *record) error {
 	conn, err := h.conn.current()
 	if err != nil {
 		return err
@@ -246,7 +246,7 @@ func (h *Hypervisor) restoreDomain(dom *libvirt.Domain, r *record) error {
 // whose DHCP client starts over when its link comes back (systemd-networkd,
 // NetworkManager, the tests' tiny guest) asks for the new pod's address;
 // its old one is refused (NAK).
-func (h *Hypervisor) flapLinks(id string) {
+func flapLinks(h *Hypervisor, id string) {
 	_, dom, err := h.lookup(id)
 	if err != nil {
 		return

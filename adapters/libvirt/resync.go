@@ -38,7 +38,7 @@ func (rc *reconciler) resync() {
 	if err != nil {
 		return // the reconnection resumes
 	}
-	rc.h.resumeCheckpointed(conn)
+	resumeCheckpointed(rc.h, conn)
 	type check struct {
 		r     *record
 		seq   uint64

@@ -45,6 +45,10 @@ var daemonMayImport = []string{
 	// The node's own state for diag dump (netlink, /proc, libvirt's log
 	// files): the daemon's view of its host, as kubefiles is.
 	"github.com/virtlet/virtlet/adapters/nodeinspect",
+	// Checkpoint archives: tar files of what the hypervisor plugin wrote,
+	// packed and unpacked by the daemon, written whole (atomicfile).
+	"github.com/virtlet/virtlet/adapters/checkpointarchive",
+	"github.com/virtlet/virtlet/adapters/internal/atomicfile",
 }
 
 // daemonMustNotLink are the outbound adapters' libraries.
