@@ -182,7 +182,7 @@ func (r *vmService) adoptMACs(ctx context.Context, cr *creation) error {
 		macs[i] = n.MAC
 	}
 	sb := cr.sb
-	att, err := adopter.AdoptMACs(ctx, ports.NetworkRequest{SandboxID: sb.ID, PodName: sb.Name, PodNamespace: sb.Namespace, PodUID: sb.UID, Annotations: sb.Annotations}, macs)
+	att, err := adopter.AdoptMACs(ctx, networkRequest(sb), macs)
 	if err != nil {
 		return fmt.Errorf("restore from %s: give the pod's interfaces the checkpointed VM's MACs: %w", cr.cfg.UserImage, err)
 	}
@@ -246,8 +246,7 @@ func (r *vmService) unadoptMACs(ctx context.Context, before, now *Sandbox) error
 	for _, iface := range before.Network.Interfaces {
 		macs = append(macs, iface.MAC)
 	}
-	if _, err := adopter.AdoptMACs(ctx, ports.NetworkRequest{SandboxID: before.ID, PodName: before.Name, PodNamespace: before.Namespace, PodUID: before.UID,
-		Annotations: before.Annotations}, macs); err != nil {
+	if _, err := adopter.AdoptMACs(ctx, networkRequest(before), macs); err != nil {
 		return err
 	}
 	return r.sandboxes.put(ctx, before)

@@ -201,21 +201,7 @@ func moveFile(from, to string) error {
 	if err == nil || !errors.Is(err, syscall.EXDEV) {
 		return err
 	}
-	in, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(out, in)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(to)
+	if _, err := copyDisk(context.Background(), from, to); err != nil {
 		return err
 	}
 	return os.Remove(from)
