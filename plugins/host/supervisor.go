@@ -64,8 +64,7 @@ type Supervisor struct {
 	log  logrus.FieldLogger
 
 	mu          sync.Mutex
-	client      *plugin.Client
-	sockDir     string // the process's socket directory
+	proc        *process
 	conn        *grpc.ClientConn
 	info        ports.PluginInfo
 	handles     []string
@@ -167,11 +166,11 @@ func (s *Supervisor) launch(ctx context.Context) error {
 			}),
 		},
 	})
+	rpc, proc, err := startPinned(client, sockDir)
 	fail := func(err error) error {
-		release(client, sockDir)
+		proc.release()
 		return err
 	}
-	rpc, err := client.Client()
 	if err != nil {
 		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
 			return fail(fmt.Errorf("binary %s no longer matches the manifest's sha256", s.m.Command))
@@ -213,7 +212,7 @@ func (s *Supervisor) launch(ctx context.Context) error {
 		pid = rc.Pid
 	}
 	s.mu.Lock()
-	s.client, s.sockDir, s.conn, s.info, s.handles, s.pid = client, sockDir, conn, info, handles, pid
+	s.proc, s.conn, s.info, s.handles, s.pid = proc, conn, info, handles, pid
 	if s.state == Restarting {
 		// Counted with the state change, so no one sees the new
 		// process running and the restart not yet counted.
@@ -275,20 +274,19 @@ func (s *Supervisor) watch() {
 		case <-s.kick:
 		}
 		s.mu.Lock()
-		client, running, ranFor := s.client, s.state == Running, time.Since(s.startedAt)
+		proc, running, ranFor := s.proc, s.state == Running, time.Since(s.startedAt)
 		s.mu.Unlock()
-		if !running || !client.Exited() {
+		if !running || !proc.client.Exited() {
 			continue
 		}
 		if ranFor > time.Minute {
 			backoff = s.opts.InitialBackoff
 		}
 		s.mu.Lock()
-		sockDir := s.sockDir
-		s.state, s.client, s.sockDir, s.conn, s.lastErr = Restarting, nil, "", nil, "the plugin process exited"
+		s.state, s.proc, s.conn, s.lastErr = Restarting, nil, nil, "the plugin process exited"
 		s.mu.Unlock()
 		s.log.WithField("ranFor", ranFor.Round(time.Millisecond)).Error("plugin process exited; restarting it")
-		release(client, sockDir)
+		proc.release()
 		for {
 			s.mu.Lock()
 			s.nextAttempt = time.Now().Add(backoff)
@@ -343,7 +341,7 @@ func (s *Supervisor) Error(err error) error {
 		default:
 		}
 		s.mu.Lock()
-		exited := s.state == Restarting || s.client != nil && s.client.Exited()
+		exited := s.state == Restarting || s.proc != nil && s.proc.client.Exited()
 		s.mu.Unlock()
 		if exited {
 			return &ports.UnavailableError{Plugin: s.m.Name, Kind: s.m.Kind, Reason: "its process exited during the call; it is being restarted"}
@@ -366,20 +364,12 @@ func (s *Supervisor) Stop() {
 		<-s.done // a launch in progress is bounded by its start timeout
 	}
 	s.mu.Lock()
-	client, sockDir := s.client, s.sockDir
-	s.state, s.client, s.sockDir, s.conn = Stopped, nil, "", nil
+	proc := s.proc
+	s.state, s.proc, s.conn = Stopped, nil, nil
 	s.mu.Unlock()
-	if client != nil {
-		release(client, sockDir)
+	if proc != nil {
+		proc.release()
 	}
-}
-
-// release ends a plugin client completely: the process if it still runs,
-// the gRPC connection (which would otherwise go on redialling a dead
-// socket), go-plugin's goroutines, and the socket directory.
-func release(client *plugin.Client, sockDir string) {
-	client.Kill()
-	os.RemoveAll(sockDir)
 }
 
 // Status reports the plugin's state.
