@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -213,7 +214,11 @@ func agentWithin(ctx context.Context, limit time.Duration, dom *libvirt.Domain, 
 		wait = min(wait, time.Until(dl))
 	}
 	if wait <= 0 {
-		return fmt.Errorf("guest agent: %w", context.DeadlineExceeded)
+		// The deadline has passed and ctx is about to say so (its timer
+		// runs apart): wait for it, so that callers asking ctx.Err()
+		// whether they timed out are not told no.
+		<-ctx.Done()
+		return fmt.Errorf("guest agent: %w", ctx.Err())
 	}
 	raw, err := json.Marshal(cmd)
 	if err != nil {
@@ -305,19 +310,26 @@ func (a *guestAgent) GuestExec(ctx context.Context, id string, req ports.GuestEx
 	if state, _, err := dom.GetState(); err != nil || state != libvirt.DOMAIN_RUNNING {
 		return ports.GuestExecResult{}, fmt.Errorf("exec in VM %s: the VM is not running: %w", name, ports.ErrFailedPrecondition)
 	}
-	runCtx := ctx
-	if req.Timeout > 0 {
-		var cancel context.CancelFunc
-		runCtx, cancel = context.WithTimeout(ctx, req.Timeout)
-		defer cancel()
+	// The timeout bounds the wait for a booting guest's agent, and then,
+	// counted afresh from the command's start, its run. The start itself
+	// is bounded by the caller and the agent call's own limit only: one
+	// that ended at the timeout would leave a command running whose pid
+	// no one knows.
+	within := func(ctx context.Context) (context.Context, context.CancelFunc) {
+		if req.Timeout > 0 {
+			return context.WithTimeout(ctx, req.Timeout)
+		}
+		return context.WithCancel(ctx)
 	}
 	var startedAt time.Time
 	a.vms.locked(func() { startedAt = r.StartedAt })
 	wait := a.vms.settings().cfg.agentWait
-	channel, err := waitAgent(runCtx, dom, startedAt, wait)
+	waitCtx, cancelWait := within(ctx)
+	defer cancelWait()
+	channel, err := waitAgent(waitCtx, dom, startedAt, wait)
 	if err != nil {
-		if runCtx.Err() != nil {
-			return ports.GuestExecResult{}, agentNotYet(name, startedAt, wait, runCtx.Err())
+		if expired(waitCtx) {
+			return ports.GuestExecResult{}, agentNotYet(name, startedAt, wait, cmp.Or(waitCtx.Err(), context.DeadlineExceeded))
 		}
 		return ports.GuestExecResult{}, libvirtError("read the agent channel of "+name, err)
 	}
@@ -329,16 +341,18 @@ func (a *guestAgent) GuestExec(ctx context.Context, id string, req ports.GuestEx
 		return ports.GuestExecResult{}, err
 	}
 	defer adom.Free()
-	pid, err := startExec(runCtx, adom, name, req.Argv, req.Stdin)
+	pid, err := startExec(ctx, adom, name, req.Argv, req.Stdin)
 	if err != nil {
 		// An agent that holds its channel but does not answer ends here,
-		// at the caller's deadline.
+		// at the caller's deadline or the call's limit.
 		return ports.GuestExecResult{}, fmt.Errorf("start %q: %w", req.Argv[0], err)
 	}
 	res := ports.GuestExecResult{PID: pid}
+	runCtx, cancelRun := within(ctx)
+	defer cancelRun()
 	st, err := waitExec(runCtx, adom, name, pid)
 	if err != nil {
-		if runCtx.Err() == nil {
+		if !expired(runCtx) {
 			return ports.GuestExecResult{}, err
 		}
 		// Timed out (or the caller left): kill the guest process, with a
@@ -373,6 +387,14 @@ func (a *guestAgent) GuestExec(ctx context.Context, id string, req ports.GuestEx
 	res.StdoutTruncated = res.StdoutTruncated || st.OutTruncated
 	res.StderrTruncated = res.StderrTruncated || st.ErrTruncated
 	return res, nil
+}
+
+// expired tells whether ctx has ended or its deadline has passed: its
+// timer runs apart, so a call that failed at the deadline (libvirt's own
+// wait ends there too) may see ctx.Err() still nil.
+func expired(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	return ctx.Err() != nil || ok && !time.Now().Before(dl)
 }
 
 // waitExec polls the command's status until it ends.
