@@ -4,7 +4,8 @@
 #   testing/cluster.sh up     start it (or show the one running) and print
 #                             its KUBECONFIG
 #   testing/cluster.sh down   stop it and remove everything it made
-# Its state (run id, pid, log) is in $CLUSTER_STATE (/tmp/virtlet-cluster).
+# Its state (run id, pid, log) is in $CLUSTER_STATE (/tmp/virtlet-cluster);
+# $CLUSTER_NODES (3) Virtlet nodes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 state=${CLUSTER_STATE:-/tmp/virtlet-cluster}
@@ -30,7 +31,7 @@ up)
   mkdir -p -m 0711 "$TMPDIR"
   echo "$VIRTLET_RUN" >"$state/run"
   go build -o "$TMPDIR/virtlet-cluster-up" ./testing/clusterup
-  setsid nohup "$TMPDIR/virtlet-cluster-up" -ready "$state/kubeconfig.path" >"$state/log" 2>&1 </dev/null &
+  setsid nohup "$TMPDIR/virtlet-cluster-up" -nodes "${CLUSTER_NODES:-3}" -ready "$state/kubeconfig.path" >"$state/log" 2>&1 </dev/null &
   echo $! >"$state/pid"
   echo "starting the cluster (run $VIRTLET_RUN; log $state/log)…"
   for _ in $(seq 1200); do

@@ -24,6 +24,8 @@
 //	hostcheck end ID FILE     fail naming whatever run ID left on the host
 //	                          (its directory aside: check.sh removes it
 //	                          last), or a mode that is not as FILE recorded
+//	hostcheck left ID         print what run ID left on the host, its
+//	                          directory included, and fail if anything
 package main
 
 import (
@@ -49,8 +51,16 @@ import (
 )
 
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == "left" {
+		// What run ID left on the host (make cluster-down's test).
+		if left := leftBy(os.Args[2], true); len(left) > 0 {
+			fmt.Println(strings.Join(left, "\n"))
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) != 4 || (os.Args[1] != "begin" && os.Args[1] != "end") {
-		fmt.Fprintln(os.Stderr, "usage: hostcheck begin|end ID FILE")
+		fmt.Fprintln(os.Stderr, "usage: hostcheck begin|end ID FILE, or hostcheck left ID")
 		os.Exit(2)
 	}
 	id, file := os.Args[2], os.Args[3]
