@@ -122,11 +122,12 @@ e2e-k8s: deps
 # Nodes on this one machine, each in its own network and mount namespaces
 # with its own libvirtd, daemon and kubelet (testing/harness/node.go), and
 # a cluster of three, a node of it failing, and a StatefulSet's VM drained
-# from node to node on its Ceph root (issue 28). make check runs them in
+# from node to node on its Ceph root, and make cluster-up and cluster-down
+# themselves (issue 28). make check runs them in
 # e2e-all.
 e2e-cluster: deps
 	testing/k8s/build.sh >/dev/null
-	$(E2E_GOTEST) -timeout 20m -run '^TestNodesAreIsolated$$|^TestKubeCluster$$|^TestKubeNodeFailure$$|^TestKubeStatefulVMDrain$$' ./testing/e2e/...
+	$(E2E_GOTEST) -timeout 20m -run '^TestNodesAreIsolated$$|^TestKubeCluster$$|^TestMakeClusterUpAndDown$$|^TestKubeNodeFailure$$|^TestKubeStatefulVMDrain$$' ./testing/e2e/...
 
 # The test cluster of e2e-cluster (three Virtlet nodes, each with its own
 # kube-proxy, and a control plane), left running for a person to try:
