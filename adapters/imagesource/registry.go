@@ -22,6 +22,7 @@ import (
 	"github.com/containers/image/v5/types"
 	"github.com/opencontainers/go-digest"
 
+	"github.com/virtlet/virtlet/adapters/checkpointarchive"
 	"github.com/virtlet/virtlet/ports"
 )
 
@@ -102,10 +103,6 @@ func (s *Source) registryDisk(ctx context.Context, req ports.FetchRequest, tc po
 	if err != nil {
 		return fail(fmt.Errorf("%s: manifest: %v: %w", req.Location, err, ports.ErrInvalidArgument))
 	}
-	if oci, ok := m.(*manifest.OCI1); ok && oci.Annotations[checkpointImageAnnotation] != "" {
-		return fail(fmt.Errorf("%s is a container checkpoint image (annotation %s): restoring a VM from a checkpoint image in a registry is not implemented yet; serve the checkpoint archive itself over https and name it through a translation: %w",
-			req.Location, checkpointImageAnnotation, ports.ErrUnimplemented))
-	}
 	if err := checkConfig(ctx, src, m.ConfigInfo()); err != nil {
 		return fail(fmt.Errorf("%s: config %s: %w", req.Location, m.ConfigInfo().Digest, err))
 	}
@@ -117,6 +114,21 @@ func (s *Source) registryDisk(ctx context.Context, req ports.FetchRequest, tc po
 			return fail(fmt.Errorf("%s: layer %s is %d bytes, more than the %d the node allows an image (maxImageSize): %w",
 				req.Location, l.Digest, l.Size, req.MaxBytes, ports.ErrInvalidArgument))
 		}
+	}
+	if oci, ok := m.(*manifest.OCI1); ok && oci.Annotations[checkpointarchive.ImageAnnotation] != "" {
+		// A checkpoint image: its one layer holds the checkpoint
+		// archive's files, stored as the archive they were.
+		if len(layers) != 1 {
+			return fail(&ports.InvalidError{Field: "image", Value: req.Name,
+				Reason:  fmt.Sprintf("%s is a checkpoint image (annotation %s) of %d layers", req.Location, checkpointarchive.ImageAnnotation, len(layers)),
+				Allowed: "one layer, holding the checkpoint archive's files"})
+		}
+		rc, err := checkpointInLayer(ctx, src, layers[0].BlobInfo)
+		if err != nil {
+			return fail(fmt.Errorf("%s: layer %s: %w", req.Location, layers[0].Digest, err))
+		}
+		s.log.WithField("image", req.Name).Info("checkpoint image: its layer is stored as the checkpoint archive")
+		return &closers{ReadCloser: rc, after: func() { src.Close(); cleanup() }}, -1, resolved.String(), nil
 	}
 	for i := len(layers) - 1; i >= 0; i-- {
 		rc, size, name, err := diskInLayer(ctx, src, layers[i].BlobInfo)
@@ -132,10 +144,6 @@ func (s *Source) registryDisk(ctx context.Context, req ports.FetchRequest, tc po
 		Reason:  fmt.Sprintf("%s has no VM disk in its %d layer(s)", req.Location, len(layers)),
 		Allowed: "a containerDisk image: a layer with disk/<name>.qcow2 or disk/<name>.img"})
 }
-
-// checkpointImageAnnotation marks an OCI image made from a container
-// checkpoint (checkpointctl build, CRI-O's restore).
-const checkpointImageAnnotation = "io.kubernetes.cri-o.annotations.checkpoint.name"
 
 // matchManifest fails unless raw has digest want (what named it).
 func matchManifest(raw []byte, want digest.Digest, what string) error {
@@ -295,6 +303,42 @@ func diskInLayer(ctx context.Context, src types.ImageSource, blob types.BlobInfo
 			return &closers{ReadCloser: io.NopCloser(disk), after: func() { v.closePlain(); v.Close() }}, h.Size, name, nil
 		}
 	}
+}
+
+// checkpointInLayer streams the checkpoint archive that the checkpoint
+// image's layer holds (checkpointarchive.FromLayer), checking the layer
+// against its descriptor as it goes: the stream ends in an error, not
+// io.EOF, when the layer is not a checkpoint's or not what the
+// descriptor gives.
+func checkpointInLayer(ctx context.Context, src types.ImageSource, blob types.BlobInfo) (io.ReadCloser, error) {
+	v, err := openVerified(ctx, src, blob)
+	if err != nil {
+		return nil, err
+	}
+	plain, _, err := compression.AutoDecompress(v)
+	if err != nil {
+		v.Close()
+		return nil, err
+	}
+	v.closePlain = sync.OnceFunc(func() { plain.Close() })
+	pr, pw := io.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := checkpointarchive.FromLayer(plain, pw)
+		if err != nil {
+			err = v.explain(fmt.Errorf("%v: %w", err, ports.ErrInvalidArgument))
+		} else {
+			err = v.drain(plain)
+		}
+		pw.CloseWithError(err)
+	}()
+	return &closers{ReadCloser: pr, after: func() {
+		pr.CloseWithError(errors.New("closed"))
+		<-done
+		v.closePlain()
+		v.Close()
+	}}, nil
 }
 
 // checkedEnd is a stream whose end is io.EOF only once end() passes;

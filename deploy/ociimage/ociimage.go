@@ -23,8 +23,9 @@ import (
 // Image is an image's config and its layers (gzip-compressed tars, lowest
 // first), as Write stores it and Read returns it.
 type Image struct {
-	Config []byte
-	Layers [][]byte
+	Config      []byte
+	Layers      [][]byte
+	Annotations map[string]string // the manifest's
 }
 
 // Manifest is img's OCI manifest.
@@ -32,7 +33,7 @@ func (img Image) Manifest() []byte {
 	m := imgspecv1.Manifest{
 		Versioned: imgspec.Versioned{SchemaVersion: 2}, MediaType: imgspecv1.MediaTypeImageManifest,
 		Config: imgspecv1.Descriptor{MediaType: imgspecv1.MediaTypeImageConfig, Digest: digest.FromBytes(img.Config), Size: int64(len(img.Config))},
-		Layers: []imgspecv1.Descriptor{},
+		Layers: []imgspecv1.Descriptor{}, Annotations: img.Annotations,
 	}
 	for _, l := range img.Layers {
 		m.Layers = append(m.Layers, imgspecv1.Descriptor{MediaType: imgspecv1.MediaTypeImageLayerGzip, Digest: digest.FromBytes(l), Size: int64(len(l))})

@@ -57,6 +57,43 @@ func optionalBool(b bool) types.OptionalBool {
 
 // PushAs is Push with a full system context (credentials, CA directory).
 func PushAs(ctx context.Context, dest string, files Files, sys *types.SystemContext) error {
+	return pushLayer(ctx, dest, files, nil, sys)
+}
+
+// CheckpointAnnotation marks a container checkpoint image (CRI-O's).
+const CheckpointAnnotation = "io.kubernetes.cri-o.annotations.checkpoint.name"
+
+// PushCheckpoint writes the checkpoint archive's files as a checkpoint
+// image: one layer holding them, the manifest annotated with the
+// container's name, as `buildah add` of the archive and `buildah commit`
+// with the annotation make it for CRI-O.
+func PushCheckpoint(ctx context.Context, dest, archive, container string, sys *types.SystemContext) error {
+	f, err := os.Open(archive)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	files := Files{}
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", archive, err)
+		}
+		if h.Typeflag != tar.TypeReg {
+			continue // directories come with their files
+		}
+		if files[h.Name], err = io.ReadAll(tr); err != nil {
+			return fmt.Errorf("%s: %w", archive, err)
+		}
+	}
+	return pushLayer(ctx, dest, files, map[string]string{CheckpointAnnotation: container}, sys)
+}
+
+func pushLayer(ctx context.Context, dest string, files Files, annotations map[string]string, sys *types.SystemContext) error {
 	var plain bytes.Buffer
 	tw := tar.NewWriter(&plain)
 	for name, data := range files {
@@ -78,7 +115,7 @@ func PushAs(ctx context.Context, dest string, files Files, sys *types.SystemCont
 		Platform: imgspecv1.Platform{Architecture: "amd64", OS: "linux"},
 		RootFS:   imgspecv1.RootFS{Type: "layers", DiffIDs: []digest.Digest{digest.FromBytes(plain.Bytes())}},
 	})
-	_, err := Write(ctx, dest, Image{Config: config, Layers: [][]byte{gz.Bytes()}}, sys)
+	_, err := Write(ctx, dest, Image{Config: config, Layers: [][]byte{gz.Bytes()}, Annotations: annotations}, sys)
 	return err
 }
 

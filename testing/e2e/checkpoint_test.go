@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"archive/tar"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containers/image/v5/types"
+
+	"github.com/virtlet/virtlet/testing/containerdisk"
 	"github.com/virtlet/virtlet/testing/harness"
 	"github.com/virtlet/virtlet/testing/imageserver"
 )
@@ -261,6 +265,53 @@ spec:
 		}
 		t.Logf("restored from tick %d: kubectl apply → Ready %s, → the guest took %s %s; its web server answers (%s)", from, ready.Round(time.Millisecond),
 			ip, bound.Round(time.Millisecond), strings.TrimSpace(page))
+	})
+
+	// The same checkpoint pushed to a registry as CRI-O's checkpoint
+	// image (one layer of the archive's files, the manifest annotated
+	// io.kubernetes.cri-o.annotations.checkpoint.name), restored once
+	// the previous restore's pod is gone.
+	t.Run("restored from a checkpoint image in a registry", func(t *testing.T) {
+		reg, err := containerdisk.StartRegistry()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(reg.Close)
+		sys := &types.SystemContext{DockerInsecureSkipTLSVerify: types.OptionalBoolTrue}
+		if err := containerdisk.PushCheckpoint(context.Background(), "docker://"+reg.Addr+"/checkpoints/cp-vm:1", archive, "vm", sys); err != nil {
+			t.Fatal(err)
+		}
+		d.Translate("checkpoint-image.yaml", fmt.Sprintf("translations:\n- name: cp-vm-image\n  url: docker://%s/checkpoints/cp-vm:1\n  transport: plain\n"+
+			"transports:\n  plain: {tls: {insecure: true}}\n", reg.Addr))
+		// The previous restore's pod went with its subtest.
+		if out, err := k.Kubectl("delete", "pod", "cp-restore", "--ignore-not-found", "--timeout=3m"); err != nil {
+			t.Fatalf("delete the restored pod: %v %s", err, out)
+		}
+		if out, err := k.Kubectl("apply", "-f", pod("cp-image", "virtlet.cloud/cp-vm-image", "128Mi")); err != nil {
+			t.Fatalf("kubectl apply: %v %s", err, out)
+		}
+		t.Cleanup(func() { k.Kubectl("delete", "pod", "cp-image", "--timeout=3m") })
+		if out, err := k.Kubectl("wait", "--for=condition=Ready", "pod/cp-image", "--timeout=3m"); err != nil {
+			describe, _ := k.Kubectl("describe", "pod", "cp-image")
+			t.Fatalf("the pod of the checkpoint image is not Ready: %v %s\n%s\ndaemon log:\n%s", err, out, describe, tail(d.Log(), 4000))
+		}
+		first := readTicks(k, "cp-image")
+		if len(first) == 0 {
+			first = waitTicks("cp-image", 1)
+		}
+		ticks := waitTicks("cp-image", first[0].n+5)
+		if first[0].n <= last(before) {
+			t.Fatalf("the guest of the checkpoint image ticks from %d, before the checkpoint's tick %d: it booted anew", first[0].n, last(before))
+		}
+		for i := 1; i < len(ticks); i++ {
+			if ticks[i].n != ticks[i-1].n+1 || ticks[i].lines != ticks[i].n {
+				t.Fatalf("tick %d (%d lines) after tick %d: the guest's process did not run on", ticks[i].n, ticks[i].lines, ticks[i-1].n)
+			}
+		}
+		if logs, _ := k.Kubectl("logs", "cp-image"); strings.Contains(logs, "@@TINY-READY") {
+			t.Errorf("the guest of the checkpoint image booted:\n%s", tail(logs, 2000))
+		}
+		t.Logf("restored from the checkpoint image at tick %d", first[0].n)
 	})
 }
 
