@@ -29,6 +29,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -132,6 +133,16 @@ type Options struct {
 // New returns an archiver.
 func New(o Options) *Archiver {
 	if o.WorkDir != "" {
+		// An archive being written when the daemon died left its
+		// temporary file beside its location (kubelet's directory): the
+		// file named in the working directory's note goes with it.
+		notes, _ := filepath.Glob(filepath.Join(o.WorkDir, workDirPattern+destinationNote))
+		for _, n := range notes {
+			if tmp, err := os.ReadFile(n); err == nil && removeInterruptedArchive(string(tmp)) {
+				o.Log.WithField("file", string(tmp)).Warn("removed an archive an earlier run left half written")
+			}
+			os.Remove(n)
+		}
 		left, _ := filepath.Glob(filepath.Join(o.WorkDir, workDirPattern))
 		for _, d := range left {
 			if err := os.RemoveAll(d); err != nil {
@@ -180,6 +191,16 @@ func (a *Archiver) WriteCheckpoint(ctx context.Context, location string, meta po
 			return out, fmt.Errorf("checkpoint to %s: %w", location, err)
 		}
 	}
+	// The archive goes through a temporary file beside its location: a
+	// note beside the working directory names it, so that the next
+	// daemon removes it should this one die meanwhile.
+	if a.workDir != "" {
+		note := work + destinationNote
+		if err := os.WriteFile(note, []byte(location+atomicfile.TempSuffix), 0o600); err != nil {
+			return out, fmt.Errorf("checkpoint to %s: %w", location, err)
+		}
+		defer os.Remove(note)
+	}
 	if err := atomicfile.WriteFunc(location, archiveFileMode, func(w io.Writer) error { return packDir(ctx, w, work) }); err != nil {
 		return out, fmt.Errorf("checkpoint to %s: %w", location, err)
 	}
@@ -201,6 +222,23 @@ func (a *Archiver) newWorkDir(fallback string) (string, error) {
 		parent = a.workDir
 	}
 	return os.MkdirTemp(parent, workDirPattern)
+}
+
+// destinationNote is the suffix of the file beside a working directory
+// that names the temporary file its archive is written through.
+const destinationNote = ".destination"
+
+// removeInterruptedArchive removes tmp, the temporary file an archive was
+// being written through, if it is one: an absolute path ending in
+// atomicfile.TempSuffix, a regular file.
+func removeInterruptedArchive(tmp string) bool {
+	if !filepath.IsAbs(tmp) || filepath.Clean(tmp) != tmp || !strings.HasSuffix(tmp, atomicfile.TempSuffix) {
+		return false
+	}
+	if info, err := os.Lstat(tmp); err != nil || !info.Mode().IsRegular() {
+		return false
+	}
+	return os.Remove(tmp) == nil
 }
 
 // checkLocation accepts an absolute path whose directory exists and which

@@ -161,3 +161,57 @@ func readTar(t *testing.T, path string) map[string][]byte {
 		out[h.Name] = data
 	}
 }
+
+// A daemon killed while it packed an archive left the archive's temporary
+// file beside its location (kubelet's directory) and the note naming it:
+// the next daemon's archiver removes both, and the working directory. A
+// note naming anything but such a temporary file removes nothing else.
+func TestAnArchiveHalfWrittenByADeadDaemonIsRemoved(t *testing.T) {
+	work, kubelet := t.TempDir(), t.TempDir()
+	a := New(Options{Runtime: "virtlet", Version: "1", WorkDir: work, Log: logrus.New()})
+	// A write that ends normally leaves no note.
+	if _, err := a.WriteCheckpoint(context.Background(), filepath.Join(kubelet, "done.tar"), meta, capture); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(work, "*")); len(left) != 0 {
+		t.Fatalf("a finished checkpoint left %v in the work directory", left)
+	}
+	// What SIGKILL during the pack leaves.
+	tmp := filepath.Join(kubelet, "cp.tar.tmp")
+	kept := filepath.Join(kubelet, "keep.tar")
+	for _, f := range []string{tmp, kept} {
+		if err := os.WriteFile(f, []byte("half"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, content := range map[string]string{
+		".virtlet-checkpoint-1":             "",
+		".virtlet-checkpoint-1.destination": tmp,
+		".virtlet-checkpoint-2.destination": kept,
+		".virtlet-checkpoint-3.destination": "relative.tmp",
+	} {
+		p := filepath.Join(work, name)
+		if content == "" {
+			if err := os.Mkdir(p, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	New(Options{WorkDir: work, Log: logrus.New()})
+	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
+		t.Errorf("the half-written archive %s stays: %v", tmp, err)
+	}
+	if _, err := os.Stat(kept); err != nil {
+		t.Errorf("a file a note names that is no temporary file was removed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(kubelet, "done.tar")); err != nil {
+		t.Errorf("the finished archive went: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(work, "*")); len(left) != 0 {
+		t.Errorf("left in the work directory: %v", left)
+	}
+}
