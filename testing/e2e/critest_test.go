@@ -157,7 +157,8 @@ func TestCritest(t *testing.T) {
 				t.Errorf("%s: %s failed: %s", side, spec, r.Message)
 			case r.State == "passed" && r.Attempts > 1:
 				n.retried = true
-				t.Logf("%s: %s passed on attempt %d; the first failed (critest's log: %s)", side, spec, r.Attempts, filepath.Join(n.dir, side+".log"))
+				t.Logf("%s: %s passed on attempt %d; the first failed (critest's log: %s):\n%s", side, spec, r.Attempts, filepath.Join(n.dir, side+".log"),
+					failureLines(filepath.Join(n.dir, side+".log"), 3000))
 			}
 		}
 	}
@@ -466,4 +467,27 @@ func resultCell(r specResult) string {
 
 func mdCell(s string) string {
 	return strings.NewReplacer("|", "\\|", "\n", " ").Replace(s)
+}
+
+// failureLines is what a critest log says of its failures (ginkgo's
+// [FAILED] lines and the few after each), at most limit bytes: the log
+// itself goes with the run's directory.
+func failureLines(log string, limit int) string {
+	data, err := os.ReadFile(log)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(string(data), "\n")
+	var out []string
+	for i, l := range lines {
+		if strings.Contains(l, "[FAILED]") || strings.Contains(l, "[TIMEDOUT]") {
+			out = append(out, lines[max(i-2, 0):min(i+6, len(lines))]...)
+			out = append(out, "…")
+		}
+	}
+	s := strings.Join(out, "\n")
+	if len(s) > limit {
+		s = s[:limit] + "…"
+	}
+	return s
 }
