@@ -25,7 +25,10 @@ type ConsoleOpener interface {
 // GuestExecer runs commands in a VM's guest through its guest agent.
 type GuestExecer interface {
 	// GuestExec runs req.Argv in the guest and waits for it to end, at
-	// most req.Timeout (0: until ctx ends). A guest without a working
+	// most req.Timeout from its start (0: until ctx ends); a booting
+	// guest's agent is waited for up to req.Timeout too, and the start
+	// itself is bounded by ctx and the adapter's agent call limit. A
+	// guest without a working
 	// agent fails quickly with ErrFailedPrecondition. On timeout the result
 	// says so (TimedOut) and whether the process was killed; the error is
 	// nil: the command ran and the caller decides what a timeout means.

@@ -196,7 +196,7 @@ func (a *Archiver) WriteCheckpoint(ctx context.Context, location string, meta po
 	// daemon removes it should this one die meanwhile.
 	if a.workDir != "" {
 		note := work + destinationNote
-		if err := os.WriteFile(note, []byte(location+atomicfile.TempSuffix), 0o600); err != nil {
+		if err := atomicfile.Write(note, []byte(location+atomicfile.TempSuffix), 0o600); err != nil {
 			return out, fmt.Errorf("checkpoint to %s: %w", location, err)
 		}
 		defer os.Remove(note)
@@ -230,12 +230,15 @@ const destinationNote = ".destination"
 
 // removeInterruptedArchive removes tmp, the temporary file an archive was
 // being written through, if it is one: an absolute path ending in
-// atomicfile.TempSuffix, a regular file.
+// atomicfile.TempSuffix, a regular file, empty or a checkpoint archive's
+// beginning (the note may outlive its file, whose path another file may
+// have taken since).
 func removeInterruptedArchive(tmp string) bool {
 	if !filepath.IsAbs(tmp) || filepath.Clean(tmp) != tmp || !strings.HasSuffix(tmp, atomicfile.TempSuffix) {
 		return false
 	}
-	if info, err := os.Lstat(tmp); err != nil || !info.Mode().IsRegular() {
+	info, err := os.Lstat(tmp)
+	if err != nil || !info.Mode().IsRegular() || info.Size() > 0 && !Recognise(tmp) {
 		return false
 	}
 	return os.Remove(tmp) == nil

@@ -176,11 +176,16 @@ func TestAnArchiveHalfWrittenByADeadDaemonIsRemoved(t *testing.T) {
 	if left, _ := filepath.Glob(filepath.Join(work, "*")); len(left) != 0 {
 		t.Fatalf("a finished checkpoint left %v in the work directory", left)
 	}
-	// What SIGKILL during the pack leaves.
+	// What SIGKILL during the pack leaves: the beginning of an archive.
+	done, err := os.ReadFile(filepath.Join(kubelet, "done.tar"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	tmp := filepath.Join(kubelet, "cp.tar.tmp")
 	kept := filepath.Join(kubelet, "keep.tar")
-	for _, f := range []string{tmp, kept} {
-		if err := os.WriteFile(f, []byte("half"), 0o600); err != nil {
+	other := filepath.Join(kubelet, "other.tar.tmp") // a file that took a noted path since
+	for f, data := range map[string][]byte{tmp: done[:4096], kept: done[:4096], other: []byte("not an archive")} {
+		if err := os.WriteFile(f, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -189,6 +194,7 @@ func TestAnArchiveHalfWrittenByADeadDaemonIsRemoved(t *testing.T) {
 		".virtlet-checkpoint-1.destination": tmp,
 		".virtlet-checkpoint-2.destination": kept,
 		".virtlet-checkpoint-3.destination": "relative.tmp",
+		".virtlet-checkpoint-4.destination": other,
 	} {
 		p := filepath.Join(work, name)
 		if content == "" {
@@ -207,6 +213,9 @@ func TestAnArchiveHalfWrittenByADeadDaemonIsRemoved(t *testing.T) {
 	}
 	if _, err := os.Stat(kept); err != nil {
 		t.Errorf("a file a note names that is no temporary file was removed: %v", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("a temporary file a note names that is no archive was removed: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(kubelet, "done.tar")); err != nil {
 		t.Errorf("the finished archive went: %v", err)

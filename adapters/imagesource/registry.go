@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/containers/image/v5/docker"
 	"github.com/containers/image/v5/docker/reference"
@@ -323,18 +324,26 @@ func checkpointInLayer(ctx context.Context, src types.ImageSource, blob types.Bl
 	v.closePlain = sync.OnceFunc(func() { plain.Close() })
 	pr, pw := io.Pipe()
 	done := make(chan struct{})
+	var closed atomic.Bool // the reader left before the end
 	go func() {
 		defer close(done)
 		err := checkpointarchive.FromLayer(plain, pw)
-		if err != nil {
+		switch {
+		case closed.Load():
+			// No one reads on: neither the rest of the blob is read
+			// nor its mismatch looked for.
+		case err != nil:
 			err = v.explain(fmt.Errorf("%v: %w", err, ports.ErrInvalidArgument))
-		} else {
+		default:
 			err = v.drain(plain)
 		}
 		pw.CloseWithError(err)
 	}()
 	return &closers{ReadCloser: pr, after: func() {
+		closed.Store(true)
 		pr.CloseWithError(errors.New("closed"))
+		// A read from the registry under way ends with its stream.
+		v.rc.Close()
 		<-done
 		v.closePlain()
 		v.Close()

@@ -355,9 +355,9 @@ func (a *guestAgent) GuestExec(ctx context.Context, id string, req ports.GuestEx
 		if !expired(runCtx) {
 			return ports.GuestExecResult{}, err
 		}
-		// Timed out (or the caller left): kill the guest process, with a
-		// context of its own.
-		res.TimedOut = ctx.Err() == nil
+		// Timed out (or the caller left, or its deadline passed): kill
+		// the guest process, with a context of its own.
+		res.TimedOut = !expired(ctx)
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), agentCallTimeout)
 		defer cancel()
 		if kerr := killGuestProcess(kctx, adom, name, pid); kerr != nil {
@@ -366,8 +366,8 @@ func (a *guestAgent) GuestExec(ctx context.Context, id string, req ports.GuestEx
 			res.Killed = true
 		}
 		a.log.WithField("vm", name).WithField("pid", pid).WithField("killed", res.Killed).Info("guest command killed after its timeout")
-		if ctx.Err() != nil {
-			return res, ctx.Err()
+		if !res.TimedOut {
+			return res, cmp.Or(ctx.Err(), context.DeadlineExceeded)
 		}
 		return res, nil
 	}

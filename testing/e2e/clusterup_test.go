@@ -83,7 +83,12 @@ func TestMakeClusterUpAndDown(t *testing.T) {
 	podsReady := `{range .items[*]}{.spec.nodeName}:{.status.containerStatuses[0].ready}{"\n"}{end}`
 	waitFor("the example's three VM pods ready on both nodes", 5*time.Minute, []string{"get", "pods", "-l", "app=vms", "-o", "jsonpath=" + podsReady}, func(s string) bool {
 		lines := strings.Fields(s)
-		return len(lines) == 3 && !strings.Contains(s, "false") && strings.Contains(s, "node-1:") && strings.Contains(s, "node-2:")
+		for _, l := range lines {
+			if l != "node-1:true" && l != "node-2:true" {
+				return false
+			}
+		}
+		return len(lines) == 3 && strings.Contains(s, "node-1:") && strings.Contains(s, "node-2:")
 	})
 	waitFor("kubectl logs deploy/vms shows the VM's console", time.Minute, []string{"logs", "deploy/vms"}, func(s string) bool {
 		return strings.Contains(s, "@@TINY-READY")
