@@ -77,6 +77,14 @@ func (w *Writer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// Pending is how many bytes of an incomplete line wait for more data:
+// written to the Writer, not yet to the file.
+func (w *Writer) Pending() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.buf)
+}
+
 // Flush writes a pending incomplete line as a partial record, so that a
 // prompt without a newline (a login prompt) shows up in the log.
 func (w *Writer) Flush() error {

@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"encoding/binary"
 	"errors"
 	"io"
 	"io/fs"
@@ -17,9 +18,17 @@ import (
 // (so no output is lost while the plugin or the daemon restarts), into the
 // container's CRI log for kubectl logs. It resumes at a saved offset, and
 // follows virtlogd's rotation of the raw file.
+//
+// What reached the CRI log is noted in a position file beside the raw
+// log after every write (positionFile: not synced, so that it costs a
+// write of 16 bytes; a killed plugin's writes stay in the page cache): a
+// restarted plugin resumes exactly there, writing no line twice and
+// losing none. The record's position, saved once a second and synced, is
+// the fallback after a power loss.
 type tailer struct {
 	raw    string
 	out    *crilog.Writer // nil when the pod has no log path
+	pos    *os.File       // the position file; nil without out
 	log    logrus.FieldLogger
 	save   func(offset int64, inode uint64) // persists the position
 	stop   chan struct{}
@@ -52,6 +61,16 @@ func startTailer(raw, criPath string, offset int64, inode uint64, save func(int6
 			return nil, err
 		}
 		t.out = w
+		pos, err := os.OpenFile(positionFile(raw), os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			w.Close()
+			return nil, err
+		}
+		t.pos = pos
+		var b [16]byte
+		if n, _ := pos.ReadAt(b[:], 0); n == len(b) {
+			t.offset, t.inode = int64(binary.LittleEndian.Uint64(b[:8])), binary.LittleEndian.Uint64(b[8:])
+		}
 	}
 	if n := sharedNotifier(); n != nil {
 		wake := make(chan struct{}, 1)
@@ -83,7 +102,9 @@ func (t *tailer) run() {
 			f.Close()
 		}
 		if t.out != nil {
-			t.out.Close()
+			t.out.Close() // flushes a pending partial line
+			t.mark()
+			t.pos.Close()
 		}
 		t.saveIfMoved()
 	}()
@@ -114,6 +135,7 @@ func (t *tailer) run() {
 				if _, werr := t.out.Write(buf[:n]); werr != nil {
 					t.log.WithError(werr).Warn("write CRI log")
 				}
+				t.mark()
 			}
 			lastData, pending = time.Now(), buf[n-1] != '\n'
 			continue
@@ -129,6 +151,7 @@ func (t *tailer) run() {
 		}
 		if pending && time.Since(lastData) >= partialAfter && t.out != nil {
 			t.out.Flush()
+			t.mark()
 			pending = false
 		}
 		if time.Since(lastSave) >= saveEvery {
@@ -153,6 +176,22 @@ func (t *tailer) run() {
 		if t.wait(within) {
 			stopping = true // one more pass to drain what is left
 		}
+	}
+}
+
+// positionFile is where a console's tailer notes what reached the CRI
+// log; it goes with the console log (consoleSideFiles).
+func positionFile(raw string) string { return raw + ".pos" }
+
+// mark notes in the position file the raw log's offset up to which the
+// CRI log holds the console's output (not the incomplete line the writer
+// still holds).
+func (t *tailer) mark() {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], uint64(t.offset-int64(t.out.Pending())))
+	binary.LittleEndian.PutUint64(b[8:], t.inode)
+	if _, err := t.pos.WriteAt(b[:], 0); err != nil {
+		t.log.WithError(err).Warn("note the console's position")
 	}
 }
 

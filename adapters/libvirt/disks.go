@@ -80,9 +80,13 @@ func removeFiles(paths ...string) error {
 	return errors.Join(errs...)
 }
 
-// rotatedLogs lists virtlogd's rotated copies of a console log.
-func rotatedLogs(path string) []string {
+// consoleSideFiles lists the files that go with a console log:
+// virtlogd's rotated copies of it and its tailer's position file.
+func consoleSideFiles(path string) []string {
 	matches, _ := filepath.Glob(path + ".[0-9]*")
+	if _, err := os.Lstat(positionFile(path)); err == nil {
+		matches = append(matches, positionFile(path))
+	}
 	return matches
 }
 
@@ -100,7 +104,7 @@ func removeLeftovers(vmDir string, store recordStore, id string) error {
 	overlays, _ := filepath.Glob(filepath.Join(vmDir, id+"-*.qcow2"))
 	console := filepath.Join(vmDir, id+".console")
 	files := append(overlays, console, restoreStatePath(vmDir, id), store.path(id)+atomicfile.TempSuffix)
-	if err := removeFiles(append(files, rotatedLogs(console)...)...); err != nil {
+	if err := removeFiles(append(files, consoleSideFiles(console)...)...); err != nil {
 		return fmt.Errorf("remove files of VM %s: %w", id, err)
 	}
 	return nil

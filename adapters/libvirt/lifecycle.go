@@ -129,7 +129,7 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		}
 		made, r.RestoreState = append(made, state), state
 	}
-	removeFiles(append(rotatedLogs(r.ConsoleLog), r.ConsoleLog)...) // a stale log of a reused ID
+	removeFiles(append(consoleSideFiles(r.ConsoleLog), r.ConsoleLog)...) // a stale log of a reused ID
 	if r.Secrets, err = defineSecrets(conn, spec); err != nil {
 		undo()
 		return fmt.Errorf("VM %s: %w", spec.Name, err)
@@ -485,7 +485,7 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 	if vmDir := h.settings().vmDir; vmDir != "" {
 		files = append(files, restoreStatePath(vmDir, id)) // a crash may have left it unnamed
 	}
-	files = append(files, rotatedLogs(r.ConsoleLog)...)
+	files = append(files, consoleSideFiles(r.ConsoleLog)...)
 	for _, p := range r.DiskPaths {
 		files = append(files, p)
 	}

@@ -90,8 +90,13 @@ func (n *consoleNotifier) run() {
 			}
 			n.mu.Lock()
 			dir := n.dirs[ev.Wd]
-			// virtlogd rotates <id>.console to <id>.console.N.
+			// virtlogd rotates <id>.console to <id>.console.N; the
+			// tailer's own position file changes nothing to follow.
 			path := filepath.Join(dir, name)
+			if strings.HasSuffix(name, ".console.pos") {
+				n.mu.Unlock()
+				continue
+			}
 			if i := strings.LastIndex(name, ".console."); i >= 0 {
 				path = filepath.Join(dir, name[:i+len(".console")])
 			}

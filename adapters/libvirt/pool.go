@@ -61,9 +61,10 @@ const (
 	poolPrefix     = NamePrefix + "pool-"
 )
 
-// Failpoint, set by a test build of the plugin, is called at the steps of
-// a claim where a crash leaves the most to recover (claim-recorded,
-// claim-plugged, claim-defined).
+// Failpoint, set by a test build of the plugin, is called at the steps
+// where a crash leaves the most to recover: of a claim (claim-recorded,
+// claim-plugged, claim-defined) and of a checkpoint (checkpoint-written:
+// the guest paused, its memory written).
 var Failpoint func(name string)
 
 func failpoint(name string) {
@@ -410,7 +411,7 @@ func (p *pool) shutdown(ctx context.Context) {
 	p.env.grants.sync()
 	var wg sync.WaitGroup
 	for _, d := range ready {
-		removeFiles(append(rotatedLogs(d.console), d.console, d.root)...)
+		removeFiles(append(consoleSideFiles(d.console), d.console, d.root)...)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

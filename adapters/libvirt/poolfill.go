@@ -199,7 +199,7 @@ func (p *pool) destroy(conn *libvirt.Connect, domUUID, why string, files ...stri
 		p.env.log.WithFields(logrus.Fields{"domain": name, "why": why}).Info("pool: domain destroyed")
 	}
 	for _, f := range files {
-		removeFiles(append(rotatedLogs(f), f)...)
+		removeFiles(append(consoleSideFiles(f), f)...)
 	}
 	p.env.grants.syncSoon() // its user's entries go
 }
