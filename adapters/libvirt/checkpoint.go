@@ -198,6 +198,7 @@ func (h *Hypervisor) CheckpointVM(ctx context.Context, id, dir string) (cp ports
 		return cp, libvirtError("write the memory of "+r.Spec.Name, err)
 	}
 	snap.Free()
+	failpoint("checkpoint-written") // paused, its memory written
 	for _, c := range plan.copies {
 		rel := path.Join(checkpointDisksDir, c.name+"."+c.format)
 		n, err := copyDisk(ctx, c.source, filepath.Join(dir, filepath.FromSlash(rel)))

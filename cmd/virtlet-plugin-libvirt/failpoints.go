@@ -12,9 +12,10 @@ import (
 )
 
 // A test build (the failpoints tag) kills the plugin with SIGKILL at the
-// claim step named by its manifest's argument --failpoint=NAME, once: the
-// file named by --failpoint-once=PATH records that it fired, so that the
-// plugin the daemon restarts goes on. A release build has no hook.
+// step (of a pool claim, of a checkpoint) named by its manifest's argument
+// --failpoint=NAME, once: the file named by --failpoint-once=PATH records
+// that it fired, so that the plugin the daemon restarts goes on. A release
+// build has no hook.
 func init() {
 	var want, once string
 	for _, a := range os.Args[1:] {
