@@ -50,7 +50,16 @@ import (
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
+// runID is a run's id: six hex digits (testing/check.sh makes them).
+// Everything is found by it; an empty one would name every link, process
+// and rule of the host.
+var runID = regexp.MustCompile(`^[0-9a-f]{6}$`)
+
 func main() {
+	if len(os.Args) >= 3 && !runID.MatchString(os.Args[2]) {
+		fmt.Fprintf(os.Stderr, "hostcheck: the run id %q is not six hex digits (VIRTLET_RUN, as testing/check.sh makes it)\n", os.Args[2])
+		os.Exit(2)
+	}
 	if len(os.Args) == 3 && os.Args[1] == "left" {
 		// What run ID left on the host (make cluster-down's test).
 		if left := leftBy(os.Args[2], true); len(left) > 0 {
