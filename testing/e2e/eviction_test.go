@@ -56,7 +56,16 @@ spec:
 	if out, err := k.Kubectl("apply", "-f", manifest); err != nil {
 		t.Fatalf("kubectl apply: %v %s", err, out)
 	}
-	t.Cleanup(func() { k.Kubectl("delete", "-f", manifest, "--grace-period=0", "--force", "--wait=false") })
+	t.Cleanup(func() {
+		// Even after a failure, kubelet removes the pods' sandboxes (their
+		// networks) before it is stopped.
+		k.Kubectl("delete", "-f", manifest, "--grace-period=0", "--force", "--wait=false")
+		c := d.Crictl(crictl)
+		harness.EventuallyOK(2*time.Minute, func() bool {
+			out, _, err := c.Run("pods", "-q")
+			return err == nil && strings.TrimSpace(out) == ""
+		})
+	})
 	if out, err := k.Kubectl("wait", "--for=condition=Ready", "pod/hog", "pod/quiet", "--timeout=5m"); err != nil {
 		describe, _ := k.Kubectl("describe", "pods")
 		t.Fatalf("the VM pods are not Ready: %v %s\n%s", err, out, describe)
@@ -117,7 +126,16 @@ spec:
 					evictions = append(evictions, l)
 				}
 			}
-			t.Fatalf("no pod was evicted under memory pressure; kubelet's eviction log:\n%s", tail(strings.Join(evictions, "\n"), 4000))
+			// kubelet ranks pods by the daemon's stats: when it did not
+			// rank at all, how the daemon answered them tells why.
+			var stats []string
+			for _, l := range strings.Split(d.Log(), "\n") {
+				if strings.Contains(l, "Stats") || strings.Contains(l, "stats") {
+					stats = append(stats, l)
+				}
+			}
+			t.Fatalf("no pod was evicted under memory pressure; kubelet's eviction log:\n%s\nthe daemon's stats calls:\n%s",
+				tail(strings.Join(evictions, "\n"), 4000), tail(strings.Join(stats, "\n"), 3000))
 		}
 		time.Sleep(2 * time.Second)
 	}
