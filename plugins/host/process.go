@@ -36,9 +36,12 @@ func startPinned(client *plugin.Client, sockDir string) (plugin.ClientProtocol, 
 	}
 	started := make(chan result, 1)
 	go func() {
-		// Never unlocked: once the process is gone, the thread may end
-		// with this goroutine.
+		// Unlocked once the process is gone, never ended: the thread may
+		// have forked another child before this goroutine locked it, and
+		// ending it would kill that child as surely (a test process of
+		// the harness forks its kube components so).
 		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
 		rpc, err := client.Client()
 		started <- result{rpc, err}
 		<-p.forked

@@ -1,10 +1,15 @@
 package host_test
 
 import (
+	"context"
+	"os/exec"
 	"runtime"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/virtlet/virtlet/plugins/host"
 )
 
 // A plugin dies with the daemon (PR_SET_PDEATHSIG), and Linux ties that
@@ -40,6 +45,50 @@ func TestPluginsOutliveTheThreadsThatStartedThem(t *testing.T) {
 		now := status(h, st.Name)
 		if !alive(st.PID) || now.PID != st.PID || now.Restarts != 0 {
 			t.Errorf("plugin %s (pid %d) did not outlive the threads: now %+v", st.Name, st.PID, now)
+		}
+	}
+}
+
+// The thread a plugin was forked on is not ended when the plugin goes:
+// it may have forked another child before (a test process forks its
+// kube components so), which would die with it.
+func TestReleasedPluginsEndNoThread(t *testing.T) {
+	// Children with PR_SET_PDEATHSIG, forked on every thread of the
+	// pool before the host locks some of them.
+	var canaries []*exec.Cmd
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := 0; i < 40; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd := exec.Command("sleep", "600")
+			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+			if err := cmd.Start(); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			canaries = append(canaries, cmd)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, c := range canaries {
+			c.Process.Kill()
+			c.Wait()
+		}
+	})
+	h, err := host.Start(context.Background(), manifests(t, nil), host.Options{StateDir: t.TempDir(), Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Shutdown()
+	time.Sleep(300 * time.Millisecond)
+	for _, c := range canaries {
+		if !alive(c.Process.Pid) {
+			t.Fatalf("a child forked before the plugins (pid %d) died when they went", c.Process.Pid)
 		}
 	}
 }
