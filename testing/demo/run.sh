@@ -110,7 +110,7 @@ if [ -z "$ready" ]; then
   tail -n 40 "$work/virtlet.log" >&2
   exit 1
 fi
-crictl info | python3 -c 'import json,sys; d=json.load(sys.stdin); h=d["hypervisor"]; print("hypervisor:", h["Version"], "accelerator:", h["Accelerator"], "-", h["Details"]["accelerator"])'
+crictl info | python3 -c 'import json,sys; h=json.load(sys.stdin).get("hypervisor") or {}; print("hypervisor:", h.get("Version"), "accelerator:", h.get("Accelerator"), "-", (h.get("Details") or {}).get("accelerator", "(no details)"))'
 
 cat > "$work/pod.json" <<JSON
 {
