@@ -340,6 +340,13 @@ var (
 func tinyDaemon(b *testing.B) (image string, d *harness.Daemon, rt runtimeapi.RuntimeServiceClient, pulled *runtimeapi.PullImageResponse) {
 	image, translation := serveGuest(b, "tiny", "tiny")
 	d = realDaemon(b)
+	rt, pulled = startPullingTiny(b, d, translation)
+	return image, d, rt, pulled
+}
+
+// startPullingTiny starts d translating virtlet.cloud/tiny by translation
+// and pulls it.
+func startPullingTiny(b *testing.B, d *harness.Daemon, translation string) (runtimeapi.RuntimeServiceClient, *runtimeapi.PullImageResponse) {
 	d.Translate("bench.yaml", translation)
 	d.Start()
 	rt, img := d.CRI(b)
@@ -347,7 +354,7 @@ func tinyDaemon(b *testing.B) (image string, d *harness.Daemon, rt runtimeapi.Ru
 	if err != nil {
 		b.Fatal(err)
 	}
-	return image, d, rt, pulled
+	return rt, pulled
 }
 
 // realDaemon prepares a daemon with the shipped plugins (built once per run).

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -144,13 +142,7 @@ func BenchmarkVMOverhead(b *testing.B) {
 			config = fmt.Sprintf("{tcgTranslationCacheMiB: %d}", c.tbMiB)
 		}
 		d := harness.NewDaemon(b, filepath.Join(dir, "virtlet"), harness.WithConfig(harness.Shipped(dir), "libvirt", config))
-		d.Translate("bench.yaml", translation)
-		d.Start()
-		rt, img := d.CRI(b)
-		pulled, err := img.PullImage(context.Background(), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: "virtlet.cloud/tiny"}})
-		if err != nil {
-			b.Fatal(err)
-		}
+		rt, pulled := startPullingTiny(b, d, translation)
 		name := fmt.Sprintf("overhead-%d", len(rows))
 		p, err := runTinyPodOf(rt, d.Dir, pulled.ImageRef, name, nil, c.memory)
 		if err != nil {
@@ -196,7 +188,7 @@ func BenchmarkVMOverhead(b *testing.B) {
 		rows = append(rows, row)
 	}
 	b.StopTimer()
-	fmt.Println("\nPer-VM overhead (TCG; measured 10 s after the guest's ready marker)")
+	fmt.Printf("\nPer-VM overhead (TCG; measured %s after the guest's ready marker)\n", settle)
 	WriteTable(os.Stdout, rows)
 	record(rows...)
 }

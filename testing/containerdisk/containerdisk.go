@@ -24,6 +24,7 @@ import (
 	"github.com/containers/image/v5/types"
 	digest "github.com/opencontainers/go-digest"
 	imgspecv1 "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/virtlet/virtlet/adapters/checkpointarchive"
 	"github.com/virtlet/virtlet/deploy/ociimage"
 	"github.com/virtlet/virtlet/testing/testca"
 	"golang.org/x/crypto/bcrypt"
@@ -60,9 +61,6 @@ func PushAs(ctx context.Context, dest string, files Files, sys *types.SystemCont
 	return pushLayer(ctx, dest, files, nil, sys)
 }
 
-// CheckpointAnnotation marks a container checkpoint image (CRI-O's).
-const CheckpointAnnotation = "io.kubernetes.cri-o.annotations.checkpoint.name"
-
 // PushCheckpoint writes the checkpoint archive's files as a checkpoint
 // image: one layer holding them, the manifest annotated with the
 // container's name, as `buildah add` of the archive and `buildah commit`
@@ -90,7 +88,7 @@ func PushCheckpoint(ctx context.Context, dest, archive, container string, sys *t
 			return fmt.Errorf("%s: %w", archive, err)
 		}
 	}
-	return pushLayer(ctx, dest, files, map[string]string{CheckpointAnnotation: container}, sys)
+	return pushLayer(ctx, dest, files, map[string]string{checkpointarchive.ImageAnnotation: container}, sys)
 }
 
 func pushLayer(ctx context.Context, dest string, files Files, annotations map[string]string, sys *types.SystemContext) error {
