@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -120,5 +121,8 @@ func FromRPC(err error, plugin string, kind ports.PluginKind) error {
 	default:
 		return fmt.Errorf("plugin %s (%s): %s", plugin, kind, st.Message())
 	}
-	return fmt.Errorf("plugin %s (%s): %s: %w", plugin, kind, st.Message(), sentinel)
+	// The plugin's message ends with the sentinel's text when it wrapped
+	// it (the usual case): it is said once.
+	msg := strings.TrimSuffix(st.Message(), ": "+sentinel.Error())
+	return fmt.Errorf("plugin %s (%s): %s: %w", plugin, kind, msg, sentinel)
 }

@@ -36,6 +36,10 @@ func TestErrorsCrossTheBoundaryWithTheirKind(t *testing.T) {
 			t.Errorf("message %q lost the plugin name or the original message %q", got, tt.err)
 		}
 	}
+	// The kind is said once, not once by the plugin and again here.
+	if got := base.FromRPC(base.ToRPC(fmt.Errorf("busy: %w", ports.ErrFailedPrecondition)), "p", ports.KindVolume); got.Error() != "plugin p (volume): busy: failed precondition" {
+		t.Errorf("a wrapped kind: %q", got)
+	}
 	plain := base.FromRPC(base.ToRPC(errors.New("disk on fire")), "p", ports.KindVolume)
 	if plain.Error() != "plugin p (volume): disk on fire" {
 		t.Errorf("plain error: %q", plain)
