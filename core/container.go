@@ -24,6 +24,8 @@ type vmService struct {
 	// undos are the containers whose failed creation could not be undone;
 	// the reconciler retries them (retryUndos).
 	undos chan string
+	// incoming are the receiving VMs' live migrations (migration.go).
+	incoming incomingWaits
 }
 
 // ContainerConfig is what kubelet asks for in CreateContainer.
@@ -238,6 +240,14 @@ func formatOr(format, def string) string {
 
 // StartContainer boots a created VM. Starting a running VM succeeds.
 func (r *vmService) StartContainer(ctx context.Context, id string) error {
+	if full, ok, _ := r.resolveContainer(id); ok {
+		if c, found := r.containers.get(full); found && c.Spec.Incoming != nil && c.State == ContainerCreated {
+			// A receiving VM: its guest comes from a live migration.
+			if err := r.awaitIncoming(ctx, c); err != nil {
+				return err
+			}
+		}
+	}
 	c, unlock, err := r.lockContainer(ctx, id)
 	if err != nil {
 		return err
@@ -356,6 +366,7 @@ func (r *vmService) RemoveContainer(ctx context.Context, id string) error {
 }
 
 func (r *vmService) removeLocked(ctx context.Context, c *Container) error {
+	r.incoming.cancel(c.ID, errors.New("the receiving container was removed"))
 	if c.State == ContainerRunning {
 		if err := r.stopLocked(ctx, c, 0); err != nil {
 			return err

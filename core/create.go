@@ -66,7 +66,8 @@ var createSteps = []step[creation]{{
 }, {
 	name: "write files", phase: fixedPhase[creation](ports.PhaseWriteFiles),
 	// A restored VM's root disk holds them since its first creation.
-	skip: func(cr *creation) bool { return len(cr.rootFiles) == 0 || cr.restore != nil },
+	// So does a migrating one's, whose disk the migration copies.
+	skip: func(cr *creation) bool { return len(cr.rootFiles) == 0 || cr.restore != nil || cr.spec.Incoming != nil },
 	do:   func(ctx context.Context, cr *creation) error { return cr.rt.writeRootFiles(ctx, cr) },
 	// The files are in the VM's root disk, which the define's undo removes.
 }}
@@ -138,6 +139,9 @@ func (r *vmService) createLocked(ctx context.Context, sandboxID string, cfg Cont
 // container, or a new attempt while the VM still exists, is refused.
 func (r *vmService) existingContainer(sb *Sandbox, cfg ContainerConfig) (string, error) {
 	pod := sb.Namespace + "/" + sb.Name
+	if r.migratedAway(sb) {
+		return "", fmt.Errorf("pod %s: its VM moved to another node by live migration: the pod is done (virtletctl migrate deletes it): %w", pod, ports.ErrFailedPrecondition)
+	}
 	for _, c := range r.containersOf(sb.ID) {
 		switch {
 		case c.Name == cfg.Name && c.Attempt == cfg.Attempt && c.State != ContainerCreating:
@@ -192,6 +196,11 @@ func (r *vmService) planCreation(ctx context.Context, sb *Sandbox, cfg Container
 	}
 	if cr.volumes, err = r.vols.planVolumes(ctx, cfg, cr.opts); err != nil {
 		return nil, err
+	}
+	if cr.opts.MigrateFrom != nil {
+		if err := planIncoming(cr); err != nil {
+			return nil, err
+		}
 	}
 	if err := r.checkCreation(cr); err != nil {
 		return nil, err
@@ -341,6 +350,9 @@ func (r *vmService) buildMedia(ctx context.Context, cr *creation) error {
 func (r *vmService) define(ctx context.Context, cr *creation) error {
 	if cr.restore != nil {
 		return r.defineRestored(ctx, cr)
+	}
+	if cr.spec.Incoming != nil {
+		return r.defineIncoming(ctx, cr)
 	}
 	if err := r.deps.Hypervisor.Define(ctx, cr.spec); err != nil {
 		return fmt.Errorf("define VM %s: %w", cr.spec.Name, err)

@@ -168,23 +168,18 @@ func checkRestoredDisks(image string, spec ports.VMSpec, cp ports.VMCheckpoint) 
 
 // adoptMACs has the pod's network serve the checkpointed VM's NIC MACs,
 // and gives them to the spec's NICs.
-func (r *vmService) adoptMACs(ctx context.Context, cr *creation) error {
-	from := cr.restore.meta.VM.NICs
-	if len(from) == 0 {
+func (r *vmService) adoptMACs(ctx context.Context, cr *creation, macs []string, what string) error {
+	if len(macs) == 0 {
 		return nil
 	}
 	adopter, ok := r.deps.Network.(ports.MACAdopter)
 	if !ok {
-		return fmt.Errorf("restore from %s: the network plugin cannot give the pod's interfaces the checkpointed VM's MACs: %w", cr.cfg.UserImage, ports.ErrUnimplemented)
-	}
-	macs := make([]string, len(from))
-	for i, n := range from {
-		macs[i] = n.MAC
+		return fmt.Errorf("%s: the network plugin cannot give the pod's interfaces the VM's MACs: %w", what, ports.ErrUnimplemented)
 	}
 	sb := cr.sb
 	att, err := adopter.AdoptMACs(ctx, networkRequest(sb), macs)
 	if err != nil {
-		return fmt.Errorf("restore from %s: give the pod's interfaces the checkpointed VM's MACs: %w", cr.cfg.UserImage, err)
+		return fmt.Errorf("%s: give the pod's interfaces the VM's MACs: %w", what, err)
 	}
 	updated := *sb
 	updated.Network = &att
@@ -206,7 +201,11 @@ func (r *vmService) defineRestored(ctx context.Context, cr *creation) error {
 	if err := checkRestoredDisks(image, cr.spec, cr.restore.cp); err != nil {
 		return err
 	}
-	if err := r.adoptMACs(ctx, cr); err != nil {
+	var macs []string
+	for _, n := range cr.restore.meta.VM.NICs {
+		macs = append(macs, n.MAC)
+	}
+	if err := r.adoptMACs(ctx, cr, macs, "restore from "+image); err != nil {
 		return err
 	}
 	before := cr.sb

@@ -33,6 +33,7 @@ type Deps struct {
 	Observer     ports.Observer              // nil: nothing is measured
 	Node         ports.NodeInspector         // nil: diagnostics hold nothing read from the node
 	Checkpoints  ports.CheckpointArchiver    // nil: CheckpointContainer fails
+	Migration    ports.MigrationPeers        // nil: VMs are not live-migrated away
 }
 
 // Options tune the runtime.

@@ -37,6 +37,7 @@ type env struct {
 	vdirs   fakes.VolumeDirs
 	dialer  ports.Dialer
 	node    ports.NodeInspector
+	peers   ports.MigrationPeers
 	obs     *observed
 	users   *core.VMUsers
 	presets *presets.Set
@@ -83,7 +84,7 @@ func (e *env) start(t *testing.T) {
 		Hypervisor: e.hv, ImageSources: map[string]ports.ImageSource{"https": e.images},
 		ImageFiles: e.files, Store: e.store, Network: e.net,
 		Datasources: map[string]ports.Datasource{"nocloud": e.nc, "configdrive": e.cd},
-		Kube:        e.kube, Files: e.vfiles, VolumeDirs: e.vdirs, Dialer: e.dialer, Observer: e.obs, Node: e.node,
+		Kube:        e.kube, Files: e.vfiles, VolumeDirs: e.vdirs, Dialer: e.dialer, Observer: e.obs, Node: e.node, Migration: e.peers,
 		Volumes: map[string]ports.Volumes{ports.VolumeShare: e.vols, ports.VolumeBlock: e.vols, "qcow2": e.vols, "ceph": e.vols, "sized": e.vols},
 	}, core.Options{Log: quietLog(), OperationTimeout: 10 * time.Second, VMUsers: e.users, Presets: e.presets,
 		MaxImageBytes: e.limits.MaxImageBytes, MaxVirtualBytes: e.limits.MaxVirtualBytes, KeepFreeBytes: e.limits.KeepFreeBytes,

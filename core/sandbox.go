@@ -212,6 +212,7 @@ func (r *sandboxService) StopSandbox(ctx context.Context, id string) error {
 	}
 	log := r.log.WithFields(logrus.Fields{"sandbox": short(full), "pod": sb.Namespace + "/" + sb.Name})
 	for _, c := range r.containersOf(full) {
+		r.vms.incoming.cancel(c.ID, errors.New("the receiving pod was stopped"))
 		if c.State == ContainerRunning {
 			if err := r.vms.stopLocked(ctx, c, 0); err != nil {
 				return fmt.Errorf("stop VM of sandbox %s: %w", short(full), err)

@@ -198,6 +198,11 @@ type VMSpec struct {
 	// the state).
 	Restore *VMRestore `json:"restore,omitempty"`
 
+	// Incoming, when set, makes the VM the receiving end of a live
+	// migration (ports.VMMigrator): Define prepares it with the migrating
+	// domain's identity, Start waits until the guest has arrived.
+	Incoming *VMIncoming `json:"incoming,omitempty"`
+
 	// RunAs, when set, is the VM's own user and group: its hypervisor
 	// process runs as them and its files belong to them while it runs, so
 	// that one VM's process cannot reach another's disks. Nil: the

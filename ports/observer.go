@@ -15,6 +15,12 @@ type Observer interface {
 	ImagePull(p ImagePull)
 }
 
+// MigrationObserver, when an Observer implements it, is told of each
+// live migration that moved a VM away from this node.
+type MigrationObserver interface {
+	Migration(st MigrationStats)
+}
+
 // VMPhase names a step of a VM pod's creation or start.
 type VMPhase string
 

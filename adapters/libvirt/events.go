@@ -204,6 +204,16 @@ func (rc *reconciler) apply(e event) {
 		if wd := r.Spec.Watchdog; wd != nil && wd.Action == "dump" && e.kind == libvirt.DOMAIN_EVENT_RESUMED {
 			rc.h.dumps.prune(r.Spec.Name, r.Spec.Name, 1)
 		}
+		if r.Incoming {
+			// A live migration's guest arriving: its console streams from
+			// now, not from when the pod's StartContainer hears of it; it
+			// is the VM's guest once Start takes it (a migration may still
+			// fail), so its state stays.
+			if rc.h.tailers[r.Spec.ID] == nil {
+				rc.startTailerLocked(r)
+			}
+			return
+		}
 		if r.State == ports.VMRunning {
 			return
 		}
@@ -249,6 +259,8 @@ func exitFromEvent(detail libvirt.DomainEventStoppedDetailType, r *record) exit 
 		return exit{1, "Crashed", "the guest crashed"}
 	case libvirt.DOMAIN_EVENT_STOPPED_FAILED:
 		return exit{1, "Failed", "the QEMU process ended unexpectedly"}
+	case libvirt.DOMAIN_EVENT_STOPPED_MIGRATED:
+		return migratedExit
 	default:
 		return exit{255, "Stopped", fmt.Sprintf("stopped by libvirt (event detail %d)", detail)}
 	}
@@ -261,6 +273,7 @@ var shutoffEvents = map[libvirt.DomainShutoffReason]libvirt.DomainEventStoppedDe
 	libvirt.DOMAIN_SHUTOFF_DESTROYED: libvirt.DOMAIN_EVENT_STOPPED_DESTROYED,
 	libvirt.DOMAIN_SHUTOFF_CRASHED:   libvirt.DOMAIN_EVENT_STOPPED_CRASHED,
 	libvirt.DOMAIN_SHUTOFF_FAILED:    libvirt.DOMAIN_EVENT_STOPPED_FAILED,
+	libvirt.DOMAIN_SHUTOFF_MIGRATED:  libvirt.DOMAIN_EVENT_STOPPED_MIGRATED,
 }
 
 func exitFromShutoff(reason libvirt.DomainShutoffReason, r *record) exit {

@@ -84,6 +84,7 @@ type Hypervisor struct {
 	guestAgent
 	consoles
 	inspector
+	migrations
 
 	// defineMu makes one validated define at a time: libvirtd validates
 	// against its RNG schema with libxml2, whose first concurrent
@@ -127,6 +128,7 @@ func New(log logrus.FieldLogger) *Hypervisor {
 	h.onliner = onliner{vms: h, domain: h.guestAgent.domain}
 	h.consoles = consoles{log: log, vms: h, live: h.conn.current, hubs: map[string]*consoleHub{}}
 	h.inspector = inspector{vms: h, consoles: &h.consoles}
+	h.migrations = migrations{h: h}
 	return h
 }
 

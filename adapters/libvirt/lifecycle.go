@@ -81,11 +81,26 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		}
 		defer release() // the record, once saved, holds them
 	}
+	if spec.Incoming != nil {
+		// The migrating domain's name and UUID: the guest keeps them.
+		if spec.Restore != nil {
+			return fmt.Errorf("VM %s: both restored from a checkpoint and receiving a live migration: %w", spec.Name, ports.ErrInvalidArgument)
+		}
+		if err := prepareIncoming(conn, &spec); err != nil {
+			return err
+		}
+		release, err := reserveRestore(h, spec)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	log := h.log.WithFields(logrus.Fields{"vm": spec.Name, "pod": spec.PodNamespace + "/" + spec.PodName})
 	shape, coldWhy := poolable(spec, accel)
 	r := &record{Spec: spec.WithoutSecrets(), DiskPaths: map[string]string{}, ConsoleLog: filepath.Join(vmDir, spec.ID+".console"), State: ports.VMDefined}
-	if spec.Restore != nil {
+	if spec.Restore != nil || spec.Incoming != nil {
 		r.Asked = &asked
+		r.Incoming = spec.Incoming != nil
 	} else if spec.UUID == "" {
 		// The pod asks for no UUID: one derived from the VM's ID, stable
 		// for its life (a VM claimed from the pool gets the pool's).
@@ -97,6 +112,8 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 	case pool == nil:
 	case spec.Restore != nil:
 		log.Info("cold start: a VM restored from a checkpoint resumes in a domain of its own")
+	case spec.Incoming != nil:
+		log.Info("cold start: a VM receiving a live migration waits in a domain of its own")
 	case coldWhy != "":
 		log.WithField("why", coldWhy).Info("cold start: the VM cannot come from the pool")
 	default:
@@ -218,6 +235,26 @@ func (h *Hypervisor) Start(ctx context.Context, id string) error {
 	}
 	defer dom.Free()
 	state, _, err := dom.GetState()
+	h.mu.Lock()
+	incoming := r.Incoming
+	h.mu.Unlock()
+	if incoming {
+		// The guest comes from the migration, not from a boot.
+		if err != nil || state != libvirt.DOMAIN_RUNNING {
+			return fmt.Errorf("VM %s waits for a live migration, and its guest has not arrived (domain state %d): %w", r.Spec.Name, state, ports.ErrFailedPrecondition)
+		}
+		h.mu.Lock()
+		err := h.migrations.arrivedLocked(r)
+		h.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if len(r.Spec.NICs) > 0 {
+			go flapLinks(h, id) // the guest asks for this pod's address
+		}
+		h.log.WithField("vm", r.Spec.Name).Info("VM started: its guest arrived by live migration")
+		return nil
+	}
 	if err == nil && state == libvirt.DOMAIN_RUNNING {
 		h.mu.Lock()
 		stale := r.RestoreState
@@ -486,6 +523,9 @@ func (h *Hypervisor) Undefine(ctx context.Context, id string) error {
 		files = append(files, restoreStatePath(vmDir, id)) // a crash may have left it unnamed
 	}
 	files = append(files, consoleSideFiles(r.ConsoleLog)...)
+	if r.IncomingDir != "" {
+		os.RemoveAll(r.IncomingDir) // a migration that never arrived
+	}
 	for _, p := range r.DiskPaths {
 		files = append(files, p)
 	}

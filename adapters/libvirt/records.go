@@ -63,6 +63,10 @@ type record struct {
 	// it yet; a plugin that starts (or reconnects) and finds the domain
 	// paused resumes it (the checkpoint was cut short).
 	CheckpointPaused bool `json:"checkpointPaused,omitempty"`
+	// Incoming: the VM waits for a live migration to bring its guest;
+	// IncomingDir holds the sockets the migration's streams arrive on.
+	Incoming    bool   `json:"incoming,omitempty"`
+	IncomingDir string `json:"incomingDir,omitempty"`
 
 	// runs counts the VM's ends seen by this process: a console stream
 	// opened during one run is closed when that run ends, not a later one.

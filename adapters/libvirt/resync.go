@@ -100,6 +100,9 @@ func (rc *reconciler) resync() {
 // resumeLocked applies a domain's state found by resync; callers hold
 // h.mu.
 func (rc *reconciler) resumeLocked(r *record, state libvirt.DomainState, reason int) {
+	if r.Incoming {
+		return // a migration's guest is the VM's once Start takes it
+	}
 	switch {
 	case state == libvirt.DOMAIN_RUNNING || state == libvirt.DOMAIN_PAUSED || state == libvirt.DOMAIN_BLOCKED:
 		if r.State != ports.VMRunning {

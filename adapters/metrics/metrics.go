@@ -54,6 +54,10 @@ type Metrics struct {
 	pullSeconds    *prometheus.HistogramVec
 	pullBytes      *prometheus.CounterVec
 	pullFailures   *prometheus.CounterVec
+	// Live migrations away from this node: how long each took and how
+	// long its guest was paused (KubeVirt exports no downtime).
+	migrationSeconds  prometheus.Histogram
+	migrationDowntime prometheus.Histogram
 }
 
 const namespace = "virtlet"
@@ -101,6 +105,16 @@ func New(opts Options) *Metrics {
 			Namespace: namespace, Subsystem: "image", Name: "pull_bytes_total",
 			Help: "Bytes of the images pulled, by location scheme.",
 		}, []string{"scheme"}),
+		migrationSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Subsystem: "migration", Name: "duration_seconds",
+			Help:    "Live migrations of VMs away from this node that succeeded: from the offer's acceptance to the guest running on the receiving node.",
+			Buckets: []float64{.5, 1, 2, 5, 10, 30, 60, 120, 300, 600},
+		}),
+		migrationDowntime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Subsystem: "migration", Name: "downtime_seconds",
+			Help:    "How long the guest of each live migration away from this node was paused (libvirt's figure).",
+			Buckets: []float64{.01, .025, .05, .1, .2, .3, .5, 1, 2, 5},
+		}),
 		pullFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Subsystem: "image", Name: "pull_failures_total",
 			Help: "Image pulls that failed, by reason: " + reasons() + ".",
@@ -113,6 +127,7 @@ func New(opts Options) *Metrics {
 		m.pullFailures.WithLabelValues(string(f))
 	}
 	m.reg.MustRegister(m.criCalls, m.sessions, m.activeSessions, m.phases, m.pullSeconds, m.pullBytes, m.pullFailures,
+		m.migrationSeconds, m.migrationDowntime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -184,4 +199,13 @@ func (m *Metrics) ImagePull(p ports.ImagePull) {
 	m.pullBytes.WithLabelValues(p.Scheme).Add(float64(p.Bytes))
 }
 
-var _ ports.Observer = (*Metrics)(nil)
+// Migration counts a live migration that moved a VM away from this node.
+func (m *Metrics) Migration(st ports.MigrationStats) {
+	m.migrationSeconds.Observe(st.Total.Seconds())
+	m.migrationDowntime.Observe(st.Downtime.Seconds())
+}
+
+var (
+	_ ports.Observer          = (*Metrics)(nil)
+	_ ports.MigrationObserver = (*Metrics)(nil)
+)

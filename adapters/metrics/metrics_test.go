@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/sirupsen/logrus"
@@ -222,6 +223,22 @@ func TestScrapeWithoutStats(t *testing.T) {
 		t.Error("CPU figures without stats")
 	}
 	find(t, fams, "virtlet_sandboxes", map[string]string{"state": "ready"})
+}
+
+func TestMigrationsAreCountedWithTheirDowntime(t *testing.T) {
+	m := metrics.New(metrics.Options{Log: quietLog()})
+	m.Migration(ports.MigrationStats{Total: 3 * time.Second, Downtime: 80 * time.Millisecond})
+	m.Migration(ports.MigrationStats{Total: 4 * time.Second, Downtime: 120 * time.Millisecond})
+	web := httptest.NewServer(m.Handler())
+	defer web.Close()
+	fams := promtest.Scrape(t, web.URL)
+	down := find(t, fams, "virtlet_migration_downtime_seconds", nil).Histogram
+	if down.GetSampleCount() != 2 || down.GetSampleSum() < 0.199 || down.GetSampleSum() > 0.201 {
+		t.Errorf("downtime: %d samples summing to %v s, want 2 and 0.2", down.GetSampleCount(), down.GetSampleSum())
+	}
+	if took := find(t, fams, "virtlet_migration_duration_seconds", nil).Histogram; took.GetSampleCount() != 2 || took.GetSampleSum() != 7 {
+		t.Errorf("duration: %d samples summing to %v s, want 2 and 7", took.GetSampleCount(), took.GetSampleSum())
+	}
 }
 
 // The endpoint serves /metrics and /healthz to GET, nothing else.

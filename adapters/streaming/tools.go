@@ -118,6 +118,22 @@ func (t *Tools) Run(ctx context.Context, containerID string, cmd []string, in io
 			return 0, err
 		}
 		return 0, t.powerDone(ctx, containerID, "started", out, log)
+	case vmtools.MigrationSource:
+		src, err := t.RT.MigrationSource(ctx, containerID)
+		if err != nil {
+			return 0, err
+		}
+		return 0, json.NewEncoder(out).Encode(src)
+	case vmtools.Migrate:
+		if len(cmd) != 4 {
+			return 0, fmt.Errorf("%s takes the receiving pod's UID, its node and the node's address", vmtools.Migrate)
+		}
+		log.WithFields(logrus.Fields{"receivingPod": cmd[1], "node": cmd[2], "address": cmd[3]}).Info("live migration asked for")
+		st, err := t.RT.MigrateVM(ctx, containerID, ports.MigrationPeer{Node: cmd[2], Address: cmd[3]}, cmd[1])
+		if err != nil {
+			return 0, err
+		}
+		return 0, json.NewEncoder(out).Encode(st)
 	default:
 		return 0, fmt.Errorf("unknown Virtlet command %q (known: %s); is virtletctl newer than the daemon?", cmd[0], strings.Join(vmtools.Commands, ", "))
 	}

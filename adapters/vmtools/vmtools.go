@@ -50,6 +50,14 @@ const (
 	Start = Prefix + "start"
 	// Restart power-cycles the VM: a stop (same argument) and a start.
 	Restart = Prefix + "restart"
+	// MigrationSource prints what a receiving pod's VirtletMigrateFrom
+	// says of the pod's VM (JSON annotations.MigrationSource, without the
+	// node, which virtletctl adds), once the VM is one a migration moves.
+	MigrationSource = Prefix + "migration-source"
+	// Migrate live-migrates the pod's VM into the receiving pod: its
+	// arguments are that pod's UID, its node's name and the node's address;
+	// it prints the migration's figures (JSON ports.MigrationStats).
+	Migrate = Prefix + "migrate"
 )
 
 // DefaultGracePeriod is how long Stop and Restart wait for the guest to
@@ -58,7 +66,7 @@ const (
 const DefaultGracePeriod = 30 * time.Second
 
 // Commands lists the commands, for help and errors.
-var Commands = []string{Version, Diag, DiagNode, Virsh, VNC, Status, Stop, Start, Restart}
+var Commands = []string{Version, Diag, DiagNode, Virsh, VNC, Status, Stop, Start, Restart, MigrationSource, Migrate}
 
 // IsCommand reports whether cmd is one of Virtlet's own commands.
 func IsCommand(cmd []string) bool {

@@ -45,6 +45,9 @@ func (c config) validate() error {
 	_, err = c.vmUsers()
 	check(err)
 	check(c.checkMetrics())
+	if c.MigrationAddress != "" && (c.MigrationCert == "" || c.MigrationKey == "" || c.MigrationCA == "") {
+		check(fmt.Errorf("%s is set without %s, %s and %s: the endpoint is mutual TLS with node certificates", named("migrationAddress"), named("migrationCert"), named("migrationKey"), named("migrationCA")))
+	}
 	if c.ForwardRuntime != "" && !strings.HasPrefix(c.ForwardRuntime, "unix:///") {
 		check(fmt.Errorf("%s %q: want unix:///absolute/path/to/the/cri.sock", named("forwardRuntime"), c.ForwardRuntime))
 	} else if c.ForwardRuntime != "" && strings.TrimPrefix(c.ForwardRuntime, "unix://") == strings.TrimPrefix(c.Listen, "unix://") {

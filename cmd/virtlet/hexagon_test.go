@@ -49,6 +49,9 @@ var daemonMayImport = []string{
 	// packed and unpacked by the daemon, written whole (atomicfile).
 	"github.com/virtlet/virtlet/adapters/checkpointarchive",
 	"github.com/virtlet/virtlet/adapters/internal/atomicfile",
+	// The daemons' live migration link: mutual TLS between nodes, joining
+	// unix sockets of libvirtd and QEMU; it links no libvirt library.
+	"github.com/virtlet/virtlet/adapters/migrationpeer",
 }
 
 // daemonMustNotLink are the outbound adapters' libraries.

@@ -33,6 +33,7 @@ import (
 	"github.com/virtlet/virtlet/adapters/kubedir"
 	"github.com/virtlet/virtlet/adapters/kubefiles"
 	"github.com/virtlet/virtlet/adapters/metrics"
+	"github.com/virtlet/virtlet/adapters/migrationpeer"
 	"github.com/virtlet/virtlet/adapters/nodeinspect"
 	"github.com/virtlet/virtlet/adapters/streaming"
 	"github.com/virtlet/virtlet/adapters/vmtools"
@@ -154,13 +155,25 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	}
 	checkpoints := checkpointarchive.New(checkpointarchive.Options{Runtime: cri.RuntimeName, Version: buildinfo.Version(),
 		WorkDir: filepath.Join(cfg.StateDir, "checkpoints"), Log: log.WithField("component", "checkpoints")})
+	// The migration endpoint answers the runtime, which offers through it.
+	var migration ports.MigrationPeers
+	receiver := &lateReceiver{}
+	if cfg.MigrationAddress != "" {
+		peers, err := migrationpeer.Listen(migrationpeer.Config{Address: cfg.MigrationAddress, CertFile: cfg.MigrationCert, KeyFile: cfg.MigrationKey, CAFile: cfg.MigrationCA},
+			receiver, log.WithField("component", "migration"))
+		if err != nil {
+			return err
+		}
+		defer peers.Close()
+		migration = peers
+	}
 	rt, err := core.New(core.Deps{
 		Hypervisor: plugins.Hypervisor(), ImageSources: plugins.ImageSources(), ImageFiles: files, Store: store,
 		Translations: translations(cfg, kube),
 		Network:      plugins.Network(), Volumes: plugins.Volumes(), Datasources: plugins.Datasources(),
 		Kube: kube, Files: kubefiles.Reader{}, VolumeDirs: kubefiles.Reader{}, Dialer: dialer.Host{}, Observer: observer,
 		Node:        nodeinspect.New(log.WithField("component", "nodeinspect")),
-		Checkpoints: checkpoints,
+		Checkpoints: checkpoints, Migration: migration,
 	}, core.Options{DefaultMemoryBytes: memory, OperationTimeout: opTimeout, Log: log.WithField("component", "core"),
 		Failpoint: failpointHook(log), VMUsers: vmUsers, Presets: vmPresets, AllowWatchdogDump: cfg.AllowWatchdogDump,
 		NoMemorySharing: !cfg.MemorySharing,
@@ -171,6 +184,7 @@ func run(ctx context.Context, cfg config, log *logrus.Logger) error {
 	if err := rt.Load(ctx); err != nil {
 		return err
 	}
+	receiver.set(rt)
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()
 	go rt.Run(runCtx)

@@ -66,7 +66,7 @@ with your kubeconfig, as kubectl does. It needs the rights kubectl port-forward
 	}
 	root.SetVersionTemplate("{{.DisplayName}} {{.Version}}\n")
 	k.addFlags(root)
-	root.AddCommand(newSSH(k, name), newVNC(k, name), newVirsh(k, name), newStatus(k, name), newDiag(k, name), newGen(name), newValidate(k, name), newVersion(k, name), newInstall(name))
+	root.AddCommand(newSSH(k, name), newVNC(k, name), newVirsh(k, name), newStatus(k, name), newDiag(k, name), newGen(name), newValidate(k, name), newVersion(k, name), newInstall(name), newMigrate(k, name))
 	root.AddCommand(newPower(k, name)...)
 	return root
 }

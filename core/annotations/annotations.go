@@ -87,6 +87,10 @@ const (
 	// MemorySharing, "false", keeps the host from merging the VM's memory
 	// pages with other VMs' (KSM).
 	MemorySharing = "VirtletMemorySharing"
+	// MigrateFrom makes the pod the receiving end of a live migration
+	// (virtletctl migrate writes it): JSON naming the migrating VM, its
+	// pod and node (MigrationSource).
+	MigrateFrom = "VirtletMigrateFrom"
 )
 
 // MaxVCPUs is the largest VirtletVCPUCount accepted.
@@ -181,6 +185,19 @@ type VMOptions struct {
 	RootfsReinit bool `json:"persistentRootfsReinit,omitempty"`
 	// NoMemorySharing: VirtletMemorySharing "false".
 	NoMemorySharing bool `json:"noMemorySharing,omitempty"`
+	// MigrateFrom: VirtletMigrateFrom (nil: the VM boots).
+	MigrateFrom *MigrationSource `json:"migrateFrom,omitempty"`
+}
+
+// MigrationSource is the VM a receiving pod's VM comes from, as
+// VirtletMigrateFrom names it.
+type MigrationSource struct {
+	Pod    string   `json:"pod"`    // namespace/name
+	UID    string   `json:"uid"`    // the pod's UID
+	Node   string   `json:"node"`   // the node it runs on
+	Domain string   `json:"domain"` // its domain's name
+	UUID   string   `json:"uuid"`   // its domain's UUID
+	MACs   []string `json:"macs"`   // its NICs' MACs, in order
 }
 
 // Defaults returns the options of a VM pod without Virtlet annotations.
@@ -214,6 +231,7 @@ func Parse(annotations map[string]string) (VMOptions, error) {
 	p.rootVolume()
 	p.maxMemory()
 	p.misc()
+	p.migrateFrom()
 	if len(p.errs) == 0 {
 		return p.opts, nil
 	}
@@ -865,5 +883,37 @@ func yamlKind(v interface{}) string {
 		return "number"
 	default:
 		return fmt.Sprintf("%T", v)
+	}
+}
+
+var macRE = regexp.MustCompile(`^[0-9a-f]{2}(:[0-9a-f]{2}){5}$`)
+
+func (p *parser) migrateFrom() {
+	v, ok := p.values[MigrateFrom]
+	if !ok {
+		return
+	}
+	const allowed = `{"pod": "NAMESPACE/NAME", "uid": "...", "node": "...", "domain": "...", "uuid": "...", "macs": ["..."]} (virtletctl migrate writes it)`
+	var m MigrationSource
+	dec := json.NewDecoder(strings.NewReader(v))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		p.fail(MigrateFrom, v, allowed, "it is not that JSON: "+err.Error())
+		return
+	}
+	ns, name, _ := strings.Cut(m.Pod, "/")
+	switch {
+	case ns == "" || name == "":
+		p.fail(MigrateFrom, v, allowed, "pod is not NAMESPACE/NAME")
+	case m.UID == "" || m.Node == "" || m.Domain == "" || m.UUID == "":
+		p.fail(MigrateFrom, v, allowed, "uid, node, domain and uuid must all be given")
+	default:
+		for _, mac := range m.MACs {
+			if !macRE.MatchString(mac) {
+				p.fail(MigrateFrom, v, "lowercase MACs such as 52:54:00:12:34:56", fmt.Sprintf("%q is not a MAC", mac))
+				return
+			}
+		}
+		p.opts.MigrateFrom = &m
 	}
 }

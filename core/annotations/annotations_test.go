@@ -49,6 +49,11 @@ func TestValid(t *testing.T) {
 		{"scsi", map[string]string{DiskDriver: "scsi"}, func(o *VMOptions) { o.DiskDriver = ports.BusSCSI }},
 		{"host-model", map[string]string{CPUModel: "host-model"}, func(o *VMOptions) { o.CPUModel = "host-model" }},
 		{"q35", map[string]string{MachineType: "q35"}, func(o *VMOptions) { o.MachineType = "q35" }},
+		{"migrate from", map[string]string{MigrateFrom: `{"pod":"ns/vm","uid":"u-1","node":"node-1","domain":"virtlet-0123456789ab-vm","uuid":"9b1f4a52-5a6e-4c3e-9d55-3a4f0c2b1e7d","macs":["52:54:00:12:34:56"]}`},
+			func(o *VMOptions) {
+				o.MigrateFrom = &MigrationSource{Pod: "ns/vm", UID: "u-1", Node: "node-1", Domain: "virtlet-0123456789ab-vm",
+					UUID: "9b1f4a52-5a6e-4c3e-9d55-3a4f0c2b1e7d", MACs: []string{"52:54:00:12:34:56"}}
+			}},
 		{"cpu topology", map[string]string{VCPUCount: "4", CPUTopology: "sockets=2, cores=2"}, func(o *VMOptions) {
 			o.VCPUCount, o.CPUSetting = 4, &ports.CPUSetting{Topology: &ports.CPUTopology{Sockets: 2, Cores: 2, Threads: 1}}
 		}},
@@ -172,6 +177,11 @@ func TestInvalid(t *testing.T) {
 		{"cpu topology twice", map[string]string{CPUTopology: "cores=1", LibvirtCPUSetting: "Topology: {Sockets: 1, Cores: 1, Threads: 1}\n"}, []string{"annotation VirtletCPUTopology", "both are set"}},
 		{"watchdog unknown", map[string]string{Watchdog: "ib700"}, []string{"annotation VirtletWatchdog", `"ib700"`, "i6300esb or itco"}},
 		{"firmware unknown", map[string]string{Firmware: "coreboot"}, []string{"annotation VirtletFirmware", `"coreboot"`, "bios or uefi"}},
+		{"migrate from not JSON", map[string]string{MigrateFrom: "node-1/vm"}, []string{"annotation VirtletMigrateFrom", "it is not that JSON", "virtletctl migrate writes it"}},
+		{"migrate from an unknown key", map[string]string{MigrateFrom: `{"pod":"ns/vm","xml":"<domain/>"}`}, []string{"annotation VirtletMigrateFrom", `unknown field "xml"`}},
+		{"migrate from no pod", map[string]string{MigrateFrom: `{"pod":"vm","uid":"u","node":"n","domain":"d","uuid":"x"}`}, []string{"annotation VirtletMigrateFrom", "pod is not NAMESPACE/NAME"}},
+		{"migrate from no uuid", map[string]string{MigrateFrom: `{"pod":"ns/vm","uid":"u","node":"n","domain":"d"}`}, []string{"annotation VirtletMigrateFrom", "must all be given"}},
+		{"migrate from a bad MAC", map[string]string{MigrateFrom: `{"pod":"ns/vm","uid":"u","node":"n","domain":"d","uuid":"x","macs":["52:54:00:12:34"]}`}, []string{"annotation VirtletMigrateFrom", `"52:54:00:12:34" is not a MAC`}},
 		{"hyper-v not a boolean", map[string]string{HyperV: "on"}, []string{"annotation VirtletHyperV", `"on"`, "true or false"}},
 		{"secure boot not a boolean", map[string]string{Firmware: "uefi", MachineType: "q35", SecureBoot: "yes"}, []string{"annotation VirtletSecureBoot", `"yes"`, "true or false"}},
 		{"secure boot with bios", map[string]string{SecureBoot: "true", MachineType: "q35"}, []string{"annotation VirtletSecureBoot", "a UEFI feature", "VirtletFirmware uefi"}},

@@ -62,6 +62,8 @@ var Reference = []Doc{
 		"overwrite a persistent root filesystem that holds another image (or data that is not one) with the pod's image"},
 	{MemorySharing, "true or false", "true",
 		"false keeps the host from merging the VM's memory pages with other VMs' (KSM, where the node runs it): identical pages shared across tenants are a known side channel"},
+	{MigrateFrom, "JSON naming the migrating VM: its pod, pod UID, node, domain, UUID and MACs", "",
+		"the pod receives that VM by live migration instead of booting one (virtletctl migrate creates such pods; docs/migration.md)"},
 	{Preset, "the name of one of the node's VM presets", "", "the operator's preset the pod starts from; the pod's own annotations win over it"},
 }
 

@@ -15,6 +15,7 @@ func specToProto(s ports.VMSpec) *hypervisorv1.VMSpec {
 		Disks: base.DisksToProto(s.Disks), Filesystems: base.FilesystemsToProto(s.Filesystems), Nics: base.NICsToProto(s.NICs),
 		ConsoleLogPath: s.ConsoleLogPath, RunAs: base.IdentityToProto(s.RunAs), Machine: s.Machine, Firmware: s.Firmware, SecureBoot: s.SecureBoot, HyperV: s.HyperV, NoMemorySharing: s.NoMemorySharing, CpuLimits: CPULimitsToProto(s.CPULimits),
 		Clock: clockToProto(s.Clock), Watchdog: watchdogToProto(s.Watchdog), CpuSet: ints32(s.CPUSet), Restore: restoreToProto(s.Restore),
+		Incoming: incomingToProto(s.Incoming),
 	}
 }
 
@@ -41,6 +42,7 @@ func specFromProto(p *hypervisorv1.VMSpec) ports.VMSpec {
 		Disks: base.DisksFromProto(p.Disks), Filesystems: base.FilesystemsFromProto(p.Filesystems), NICs: base.NICsFromProto(p.Nics),
 		ConsoleLogPath: p.ConsoleLogPath, RunAs: base.IdentityFromProto(p.RunAs), Machine: p.Machine, Firmware: p.Firmware, SecureBoot: p.SecureBoot, HyperV: p.HyperV, NoMemorySharing: p.NoMemorySharing, CPULimits: CPULimitsFromProto(p.GetCpuLimits()),
 		Clock: clockFromProto(p.GetClock()), Watchdog: watchdogFromProto(p.GetWatchdog()), CPUSet: ints(p.GetCpuSet()), Restore: restoreFromProto(p.GetRestore()),
+		Incoming: incomingFromProto(p.GetIncoming()),
 	}
 }
 

@@ -26,6 +26,7 @@ func TestSpecCrossesThePluginBoundary(t *testing.T) {
 		NICs:           []ports.NIC{{Name: "eth0", MAC: "52:54:00:a1:b2:c3"}},
 		ConsoleLogPath: "/var/log/pods/x/0.log",
 		RunAs:          &ports.ProcessIdentity{UID: 2000000000, GID: 2000000000},
+		Incoming:       &ports.VMIncoming{Name: "virtlet-0123456789ab-vm", UUID: "9b1f4a52-5a6e-4c3e-9d55-3a4f0c2b1e7d"},
 		Restore:        &ports.VMRestore{StateFile: "/var/lib/virtlet/restore/x/checkpoint/memory.save", Disks: map[string]string{"root": "/var/lib/virtlet/restore/x/disks/root.qcow2"}},
 	}
 	everyFieldSet(t, spec)

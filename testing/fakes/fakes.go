@@ -304,6 +304,26 @@ func (n *Network) Setup(ctx context.Context, req ports.NetworkRequest) (ports.Ne
 	return att, nil
 }
 
+// AdoptMACs gives the sandbox's interfaces the MACs, in order.
+func (n *Network) AdoptMACs(ctx context.Context, req ports.NetworkRequest, macs []string) (ports.NetworkAttachment, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	att, ok := n.Active[req.SandboxID]
+	if !ok {
+		return att, fmt.Errorf("fake network: sandbox %s has no network: %w", req.SandboxID, ports.ErrNotFound)
+	}
+	if len(macs) != len(att.Interfaces) {
+		return att, fmt.Errorf("fake network: %d MACs for %d interfaces: %w", len(macs), len(att.Interfaces), ports.ErrInvalidArgument)
+	}
+	ifaces := append([]ports.NetworkInterface(nil), att.Interfaces...)
+	for i := range ifaces {
+		ifaces[i].MAC = macs[i]
+	}
+	att.Interfaces = ifaces
+	n.Active[req.SandboxID] = att
+	return att, nil
+}
+
 func (n *Network) Teardown(ctx context.Context, req ports.NetworkRequest) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()

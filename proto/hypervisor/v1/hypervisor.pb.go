@@ -2291,7 +2291,9 @@ type VMSpec struct {
 	NoMemorySharing bool       `protobuf:"varint,27,opt,name=no_memory_sharing,json=noMemorySharing,proto3" json:"no_memory_sharing,omitempty"`
 	CpuLimits       *CPULimits `protobuf:"bytes,28,opt,name=cpu_limits,json=cpuLimits,proto3" json:"cpu_limits,omitempty"`
 	// The checkpoint the VM is restored from (ports.VMRestore).
-	Restore       *VMRestore `protobuf:"bytes,29,opt,name=restore,proto3" json:"restore,omitempty"`
+	Restore *VMRestore `protobuf:"bytes,29,opt,name=restore,proto3" json:"restore,omitempty"`
+	// The live migration the VM receives (ports.VMIncoming).
+	Incoming      *VMIncoming `protobuf:"bytes,30,opt,name=incoming,proto3" json:"incoming,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2529,6 +2531,65 @@ func (x *VMSpec) GetRestore() *VMRestore {
 	return nil
 }
 
+func (x *VMSpec) GetIncoming() *VMIncoming {
+	if x != nil {
+		return x.Incoming
+	}
+	return nil
+}
+
+type VMIncoming struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Uuid          string                 `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VMIncoming) Reset() {
+	*x = VMIncoming{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VMIncoming) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VMIncoming) ProtoMessage() {}
+
+func (x *VMIncoming) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VMIncoming.ProtoReflect.Descriptor instead.
+func (*VMIncoming) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *VMIncoming) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *VMIncoming) GetUuid() string {
+	if x != nil {
+		return x.Uuid
+	}
+	return ""
+}
+
 type VMRestore struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	StateFile     string                 `protobuf:"bytes,1,opt,name=state_file,json=stateFile,proto3" json:"state_file,omitempty"`
@@ -2539,7 +2600,7 @@ type VMRestore struct {
 
 func (x *VMRestore) Reset() {
 	*x = VMRestore{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2551,7 +2612,7 @@ func (x *VMRestore) String() string {
 func (*VMRestore) ProtoMessage() {}
 
 func (x *VMRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[40]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2564,7 +2625,7 @@ func (x *VMRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMRestore.ProtoReflect.Descriptor instead.
 func (*VMRestore) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{40}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *VMRestore) GetStateFile() string {
@@ -2591,7 +2652,7 @@ type Watchdog struct {
 
 func (x *Watchdog) Reset() {
 	*x = Watchdog{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2603,7 +2664,7 @@ func (x *Watchdog) String() string {
 func (*Watchdog) ProtoMessage() {}
 
 func (x *Watchdog) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[41]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2616,7 +2677,7 @@ func (x *Watchdog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Watchdog.ProtoReflect.Descriptor instead.
 func (*Watchdog) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{41}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Watchdog) GetModel() string {
@@ -2645,7 +2706,7 @@ type ClockSpec struct {
 
 func (x *ClockSpec) Reset() {
 	*x = ClockSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2657,7 +2718,7 @@ func (x *ClockSpec) String() string {
 func (*ClockSpec) ProtoMessage() {}
 
 func (x *ClockSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[42]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2670,7 +2731,7 @@ func (x *ClockSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockSpec.ProtoReflect.Descriptor instead.
 func (*ClockSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{42}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ClockSpec) GetOffset() string {
@@ -2712,7 +2773,7 @@ type ClockTimer struct {
 
 func (x *ClockTimer) Reset() {
 	*x = ClockTimer{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2724,7 +2785,7 @@ func (x *ClockTimer) String() string {
 func (*ClockTimer) ProtoMessage() {}
 
 func (x *ClockTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[43]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2737,7 +2798,7 @@ func (x *ClockTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockTimer.ProtoReflect.Descriptor instead.
 func (*ClockTimer) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{43}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ClockTimer) GetName() string {
@@ -2771,7 +2832,7 @@ type CPUSpec struct {
 
 func (x *CPUSpec) Reset() {
 	*x = CPUSpec{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2783,7 +2844,7 @@ func (x *CPUSpec) String() string {
 func (*CPUSpec) ProtoMessage() {}
 
 func (x *CPUSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[44]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2796,7 +2857,7 @@ func (x *CPUSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSpec.ProtoReflect.Descriptor instead.
 func (*CPUSpec) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{44}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CPUSpec) GetModel() string {
@@ -2832,7 +2893,7 @@ type CPUSetting struct {
 
 func (x *CPUSetting) Reset() {
 	*x = CPUSetting{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2844,7 +2905,7 @@ func (x *CPUSetting) String() string {
 func (*CPUSetting) ProtoMessage() {}
 
 func (x *CPUSetting) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[45]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2857,7 +2918,7 @@ func (x *CPUSetting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUSetting.ProtoReflect.Descriptor instead.
 func (*CPUSetting) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{45}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CPUSetting) GetMode() string {
@@ -2948,7 +3009,7 @@ type CPUModel struct {
 
 func (x *CPUModel) Reset() {
 	*x = CPUModel{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2960,7 +3021,7 @@ func (x *CPUModel) String() string {
 func (*CPUModel) ProtoMessage() {}
 
 func (x *CPUModel) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[46]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2973,7 +3034,7 @@ func (x *CPUModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUModel.ProtoReflect.Descriptor instead.
 func (*CPUModel) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{46}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CPUModel) GetFallback() string {
@@ -3009,7 +3070,7 @@ type CPUTopology struct {
 
 func (x *CPUTopology) Reset() {
 	*x = CPUTopology{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[47]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3021,7 +3082,7 @@ func (x *CPUTopology) String() string {
 func (*CPUTopology) ProtoMessage() {}
 
 func (x *CPUTopology) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[47]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3034,7 +3095,7 @@ func (x *CPUTopology) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUTopology.ProtoReflect.Descriptor instead.
 func (*CPUTopology) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{47}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CPUTopology) GetSockets() int32 {
@@ -3075,7 +3136,7 @@ type CPUFeature struct {
 
 func (x *CPUFeature) Reset() {
 	*x = CPUFeature{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[48]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3087,7 +3148,7 @@ func (x *CPUFeature) String() string {
 func (*CPUFeature) ProtoMessage() {}
 
 func (x *CPUFeature) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[48]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3100,7 +3161,7 @@ func (x *CPUFeature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUFeature.ProtoReflect.Descriptor instead.
 func (*CPUFeature) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{48}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CPUFeature) GetPolicy() string {
@@ -3127,7 +3188,7 @@ type CPUCache struct {
 
 func (x *CPUCache) Reset() {
 	*x = CPUCache{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[49]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3139,7 +3200,7 @@ func (x *CPUCache) String() string {
 func (*CPUCache) ProtoMessage() {}
 
 func (x *CPUCache) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[49]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3152,7 +3213,7 @@ func (x *CPUCache) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUCache.ProtoReflect.Descriptor instead.
 func (*CPUCache) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{49}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CPUCache) GetLevel() int32 {
@@ -3181,7 +3242,7 @@ type CPUNumaCell struct {
 
 func (x *CPUNumaCell) Reset() {
 	*x = CPUNumaCell{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[50]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3193,7 +3254,7 @@ func (x *CPUNumaCell) String() string {
 func (*CPUNumaCell) ProtoMessage() {}
 
 func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[50]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3206,7 +3267,7 @@ func (x *CPUNumaCell) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPUNumaCell.ProtoReflect.Descriptor instead.
 func (*CPUNumaCell) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{50}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CPUNumaCell) GetId() int32 {
@@ -3247,7 +3308,7 @@ type CheckpointVMRequest struct {
 
 func (x *CheckpointVMRequest) Reset() {
 	*x = CheckpointVMRequest{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[51]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3259,7 +3320,7 @@ func (x *CheckpointVMRequest) String() string {
 func (*CheckpointVMRequest) ProtoMessage() {}
 
 func (x *CheckpointVMRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[51]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3272,7 +3333,7 @@ func (x *CheckpointVMRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointVMRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointVMRequest) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{51}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CheckpointVMRequest) GetId() string {
@@ -3303,7 +3364,7 @@ type CheckpointDisk struct {
 
 func (x *CheckpointDisk) Reset() {
 	*x = CheckpointDisk{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[52]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3315,7 +3376,7 @@ func (x *CheckpointDisk) String() string {
 func (*CheckpointDisk) ProtoMessage() {}
 
 func (x *CheckpointDisk) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[52]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3328,7 +3389,7 @@ func (x *CheckpointDisk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointDisk.ProtoReflect.Descriptor instead.
 func (*CheckpointDisk) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{52}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CheckpointDisk) GetName() string {
@@ -3389,7 +3450,7 @@ type CheckpointVMResponse struct {
 
 func (x *CheckpointVMResponse) Reset() {
 	*x = CheckpointVMResponse{}
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[53]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3401,7 +3462,7 @@ func (x *CheckpointVMResponse) String() string {
 func (*CheckpointVMResponse) ProtoMessage() {}
 
 func (x *CheckpointVMResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[53]
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3414,7 +3475,7 @@ func (x *CheckpointVMResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointVMResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointVMResponse) Descriptor() ([]byte, []int) {
-	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{53}
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CheckpointVMResponse) GetStateFile() string {
@@ -3471,6 +3532,194 @@ func (x *CheckpointVMResponse) GetAccelerator() string {
 		return x.Accelerator
 	}
 	return ""
+}
+
+type MigrationEndpoint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DomainXml     string                 `protobuf:"bytes,1,opt,name=domain_xml,json=domainXml,proto3" json:"domain_xml,omitempty"`
+	ControlSocket string                 `protobuf:"bytes,2,opt,name=control_socket,json=controlSocket,proto3" json:"control_socket,omitempty"`
+	MemorySocket  string                 `protobuf:"bytes,3,opt,name=memory_socket,json=memorySocket,proto3" json:"memory_socket,omitempty"`
+	DisksSocket   string                 `protobuf:"bytes,4,opt,name=disks_socket,json=disksSocket,proto3" json:"disks_socket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrationEndpoint) Reset() {
+	*x = MigrationEndpoint{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrationEndpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrationEndpoint) ProtoMessage() {}
+
+func (x *MigrationEndpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrationEndpoint.ProtoReflect.Descriptor instead.
+func (*MigrationEndpoint) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *MigrationEndpoint) GetDomainXml() string {
+	if x != nil {
+		return x.DomainXml
+	}
+	return ""
+}
+
+func (x *MigrationEndpoint) GetControlSocket() string {
+	if x != nil {
+		return x.ControlSocket
+	}
+	return ""
+}
+
+func (x *MigrationEndpoint) GetMemorySocket() string {
+	if x != nil {
+		return x.MemorySocket
+	}
+	return ""
+}
+
+func (x *MigrationEndpoint) GetDisksSocket() string {
+	if x != nil {
+		return x.DisksSocket
+	}
+	return ""
+}
+
+type MigrateVMRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	To            *MigrationEndpoint     `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrateVMRequest) Reset() {
+	*x = MigrateVMRequest{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrateVMRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrateVMRequest) ProtoMessage() {}
+
+func (x *MigrateVMRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrateVMRequest.ProtoReflect.Descriptor instead.
+func (*MigrateVMRequest) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *MigrateVMRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *MigrateVMRequest) GetTo() *MigrationEndpoint {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+type MigrationStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TotalNanos    int64                  `protobuf:"varint,1,opt,name=total_nanos,json=totalNanos,proto3" json:"total_nanos,omitempty"`
+	DowntimeNanos int64                  `protobuf:"varint,2,opt,name=downtime_nanos,json=downtimeNanos,proto3" json:"downtime_nanos,omitempty"`
+	MemoryBytes   uint64                 `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	DiskBytes     uint64                 `protobuf:"varint,4,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrationStats) Reset() {
+	*x = MigrationStats{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrationStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrationStats) ProtoMessage() {}
+
+func (x *MigrationStats) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrationStats.ProtoReflect.Descriptor instead.
+func (*MigrationStats) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *MigrationStats) GetTotalNanos() int64 {
+	if x != nil {
+		return x.TotalNanos
+	}
+	return 0
+}
+
+func (x *MigrationStats) GetDowntimeNanos() int64 {
+	if x != nil {
+		return x.DowntimeNanos
+	}
+	return 0
+}
+
+func (x *MigrationStats) GetMemoryBytes() uint64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *MigrationStats) GetDiskBytes() uint64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
 }
 
 var File_hypervisor_v1_hypervisor_proto protoreflect.FileDescriptor
@@ -3638,7 +3887,7 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x04name\x18\b \x01(\tR\x04name\x12\x12\n" +
 	"\x04uuid\x18\t \x01(\tR\x04uuid\x12 \n" +
 	"\vprelaunched\x18\n" +
-	" \x01(\bR\vprelaunched\"\xdb\b\n" +
+	" \x01(\bR\vprelaunched\"\x9a\t\n" +
 	"\x06VMSpec\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -3672,7 +3921,12 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x11no_memory_sharing\x18\x1b \x01(\bR\x0fnoMemorySharing\x12?\n" +
 	"\n" +
 	"cpu_limits\x18\x1c \x01(\v2 .virtlet.hypervisor.v1.CPULimitsR\tcpuLimits\x12:\n" +
-	"\arestore\x18\x1d \x01(\v2 .virtlet.hypervisor.v1.VMRestoreR\arestore\"\xa7\x01\n" +
+	"\arestore\x18\x1d \x01(\v2 .virtlet.hypervisor.v1.VMRestoreR\arestore\x12=\n" +
+	"\bincoming\x18\x1e \x01(\v2!.virtlet.hypervisor.v1.VMIncomingR\bincoming\"4\n" +
+	"\n" +
+	"VMIncoming\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04uuid\x18\x02 \x01(\tR\x04uuid\"\xa7\x01\n" +
 	"\tVMRestore\x12\x1d\n" +
 	"\n" +
 	"state_file\x18\x01 \x01(\tR\tstateFile\x12A\n" +
@@ -3758,7 +4012,23 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"hypervisor\x18\x06 \x01(\tR\n" +
 	"hypervisor\x12\x18\n" +
 	"\amachine\x18\a \x01(\tR\amachine\x12 \n" +
-	"\vaccelerator\x18\b \x01(\tR\vaccelerator2\xe8\x0e\n" +
+	"\vaccelerator\x18\b \x01(\tR\vaccelerator\"\xa1\x01\n" +
+	"\x11MigrationEndpoint\x12\x1d\n" +
+	"\n" +
+	"domain_xml\x18\x01 \x01(\tR\tdomainXml\x12%\n" +
+	"\x0econtrol_socket\x18\x02 \x01(\tR\rcontrolSocket\x12#\n" +
+	"\rmemory_socket\x18\x03 \x01(\tR\fmemorySocket\x12!\n" +
+	"\fdisks_socket\x18\x04 \x01(\tR\vdisksSocket\"\\\n" +
+	"\x10MigrateVMRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x128\n" +
+	"\x02to\x18\x02 \x01(\v2(.virtlet.hypervisor.v1.MigrationEndpointR\x02to\"\x9a\x01\n" +
+	"\x0eMigrationStats\x12\x1f\n" +
+	"\vtotal_nanos\x18\x01 \x01(\x03R\n" +
+	"totalNanos\x12%\n" +
+	"\x0edowntime_nanos\x18\x02 \x01(\x03R\rdowntimeNanos\x12!\n" +
+	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\x04 \x01(\x04R\tdiskBytes2\xff\x10\n" +
 	"\n" +
 	"Hypervisor\x12g\n" +
 	"\fCapabilities\x12*.virtlet.hypervisor.v1.CapabilitiesRequest\x1a+.virtlet.hypervisor.v1.CapabilitiesResponse\x12U\n" +
@@ -3782,7 +4052,10 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\bDiagnose\x12 .virtlet.hypervisor.v1.VMRequest\x1a'.virtlet.hypervisor.v1.DiagnoseResponse\x12X\n" +
 	"\aInspect\x12%.virtlet.hypervisor.v1.InspectRequest\x1a&.virtlet.hypervisor.v1.InspectResponse\x12S\n" +
 	"\aDisplay\x12 .virtlet.hypervisor.v1.VMRequest\x1a&.virtlet.hypervisor.v1.DisplayResponse\x12g\n" +
-	"\fCheckpointVM\x12*.virtlet.hypervisor.v1.CheckpointVMRequest\x1a+.virtlet.hypervisor.v1.CheckpointVMResponseB=Z;github.com/virtlet/virtlet/proto/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\fCheckpointVM\x12*.virtlet.hypervisor.v1.CheckpointVMRequest\x1a+.virtlet.hypervisor.v1.CheckpointVMResponse\x12X\n" +
+	"\x11MigrationIdentity\x12 .virtlet.hypervisor.v1.VMRequest\x1a!.virtlet.hypervisor.v1.VMIncoming\x12^\n" +
+	"\x10IncomingEndpoint\x12 .virtlet.hypervisor.v1.VMRequest\x1a(.virtlet.hypervisor.v1.MigrationEndpoint\x12[\n" +
+	"\tMigrateVM\x12'.virtlet.hypervisor.v1.MigrateVMRequest\x1a%.virtlet.hypervisor.v1.MigrationStatsB=Z;github.com/virtlet/virtlet/proto/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_hypervisor_v1_hypervisor_proto_rawDescOnce sync.Once
@@ -3796,7 +4069,7 @@ func file_hypervisor_v1_hypervisor_proto_rawDescGZIP() []byte {
 	return file_hypervisor_v1_hypervisor_proto_rawDescData
 }
 
-var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*ConsoleInput)(nil),         // 0: virtlet.hypervisor.v1.ConsoleInput
 	(*ConsoleOutput)(nil),        // 1: virtlet.hypervisor.v1.ConsoleOutput
@@ -3838,27 +4111,31 @@ var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*WatchRequest)(nil),         // 37: virtlet.hypervisor.v1.WatchRequest
 	(*VMStatus)(nil),             // 38: virtlet.hypervisor.v1.VMStatus
 	(*VMSpec)(nil),               // 39: virtlet.hypervisor.v1.VMSpec
-	(*VMRestore)(nil),            // 40: virtlet.hypervisor.v1.VMRestore
-	(*Watchdog)(nil),             // 41: virtlet.hypervisor.v1.Watchdog
-	(*ClockSpec)(nil),            // 42: virtlet.hypervisor.v1.ClockSpec
-	(*ClockTimer)(nil),           // 43: virtlet.hypervisor.v1.ClockTimer
-	(*CPUSpec)(nil),              // 44: virtlet.hypervisor.v1.CPUSpec
-	(*CPUSetting)(nil),           // 45: virtlet.hypervisor.v1.CPUSetting
-	(*CPUModel)(nil),             // 46: virtlet.hypervisor.v1.CPUModel
-	(*CPUTopology)(nil),          // 47: virtlet.hypervisor.v1.CPUTopology
-	(*CPUFeature)(nil),           // 48: virtlet.hypervisor.v1.CPUFeature
-	(*CPUCache)(nil),             // 49: virtlet.hypervisor.v1.CPUCache
-	(*CPUNumaCell)(nil),          // 50: virtlet.hypervisor.v1.CPUNumaCell
-	(*CheckpointVMRequest)(nil),  // 51: virtlet.hypervisor.v1.CheckpointVMRequest
-	(*CheckpointDisk)(nil),       // 52: virtlet.hypervisor.v1.CheckpointDisk
-	(*CheckpointVMResponse)(nil), // 53: virtlet.hypervisor.v1.CheckpointVMResponse
-	nil,                          // 54: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	nil,                          // 55: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	nil,                          // 56: virtlet.hypervisor.v1.VMRestore.DisksEntry
-	(*v1.Disk)(nil),              // 57: virtlet.types.v1.Disk
-	(*v1.Filesystem)(nil),        // 58: virtlet.types.v1.Filesystem
-	(*v1.NIC)(nil),               // 59: virtlet.types.v1.NIC
-	(*v1.ProcessIdentity)(nil),   // 60: virtlet.types.v1.ProcessIdentity
+	(*VMIncoming)(nil),           // 40: virtlet.hypervisor.v1.VMIncoming
+	(*VMRestore)(nil),            // 41: virtlet.hypervisor.v1.VMRestore
+	(*Watchdog)(nil),             // 42: virtlet.hypervisor.v1.Watchdog
+	(*ClockSpec)(nil),            // 43: virtlet.hypervisor.v1.ClockSpec
+	(*ClockTimer)(nil),           // 44: virtlet.hypervisor.v1.ClockTimer
+	(*CPUSpec)(nil),              // 45: virtlet.hypervisor.v1.CPUSpec
+	(*CPUSetting)(nil),           // 46: virtlet.hypervisor.v1.CPUSetting
+	(*CPUModel)(nil),             // 47: virtlet.hypervisor.v1.CPUModel
+	(*CPUTopology)(nil),          // 48: virtlet.hypervisor.v1.CPUTopology
+	(*CPUFeature)(nil),           // 49: virtlet.hypervisor.v1.CPUFeature
+	(*CPUCache)(nil),             // 50: virtlet.hypervisor.v1.CPUCache
+	(*CPUNumaCell)(nil),          // 51: virtlet.hypervisor.v1.CPUNumaCell
+	(*CheckpointVMRequest)(nil),  // 52: virtlet.hypervisor.v1.CheckpointVMRequest
+	(*CheckpointDisk)(nil),       // 53: virtlet.hypervisor.v1.CheckpointDisk
+	(*CheckpointVMResponse)(nil), // 54: virtlet.hypervisor.v1.CheckpointVMResponse
+	(*MigrationEndpoint)(nil),    // 55: virtlet.hypervisor.v1.MigrationEndpoint
+	(*MigrateVMRequest)(nil),     // 56: virtlet.hypervisor.v1.MigrateVMRequest
+	(*MigrationStats)(nil),       // 57: virtlet.hypervisor.v1.MigrationStats
+	nil,                          // 58: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	nil,                          // 59: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	nil,                          // 60: virtlet.hypervisor.v1.VMRestore.DisksEntry
+	(*v1.Disk)(nil),              // 61: virtlet.types.v1.Disk
+	(*v1.Filesystem)(nil),        // 62: virtlet.types.v1.Filesystem
+	(*v1.NIC)(nil),               // 63: virtlet.types.v1.NIC
+	(*v1.ProcessIdentity)(nil),   // 64: virtlet.types.v1.ProcessIdentity
 }
 var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	5,  // 0: virtlet.hypervisor.v1.GuestInfoResponse.interfaces:type_name -> virtlet.hypervisor.v1.GuestInterface
@@ -3866,78 +4143,86 @@ var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	9,  // 2: virtlet.hypervisor.v1.VMStats.memory:type_name -> virtlet.hypervisor.v1.MemoryStats
 	10, // 3: virtlet.hypervisor.v1.VMStats.disks:type_name -> virtlet.hypervisor.v1.DiskStats
 	11, // 4: virtlet.hypervisor.v1.VMStats.nics:type_name -> virtlet.hypervisor.v1.NICStats
-	54, // 5: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	55, // 6: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	58, // 5: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	59, // 6: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
 	39, // 7: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
 	28, // 8: virtlet.hypervisor.v1.SetCPULimitsRequest.limits:type_name -> virtlet.hypervisor.v1.CPULimits
 	32, // 9: virtlet.hypervisor.v1.WriteFilesRequest.files:type_name -> virtlet.hypervisor.v1.GuestFile
 	38, // 10: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
-	44, // 11: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
-	57, // 12: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
-	58, // 13: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
-	59, // 14: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
-	60, // 15: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
-	42, // 16: virtlet.hypervisor.v1.VMSpec.clock:type_name -> virtlet.hypervisor.v1.ClockSpec
-	41, // 17: virtlet.hypervisor.v1.VMSpec.watchdog:type_name -> virtlet.hypervisor.v1.Watchdog
+	45, // 11: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
+	61, // 12: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
+	62, // 13: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
+	63, // 14: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
+	64, // 15: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
+	43, // 16: virtlet.hypervisor.v1.VMSpec.clock:type_name -> virtlet.hypervisor.v1.ClockSpec
+	42, // 17: virtlet.hypervisor.v1.VMSpec.watchdog:type_name -> virtlet.hypervisor.v1.Watchdog
 	28, // 18: virtlet.hypervisor.v1.VMSpec.cpu_limits:type_name -> virtlet.hypervisor.v1.CPULimits
-	40, // 19: virtlet.hypervisor.v1.VMSpec.restore:type_name -> virtlet.hypervisor.v1.VMRestore
-	56, // 20: virtlet.hypervisor.v1.VMRestore.disks:type_name -> virtlet.hypervisor.v1.VMRestore.DisksEntry
-	43, // 21: virtlet.hypervisor.v1.ClockSpec.timers:type_name -> virtlet.hypervisor.v1.ClockTimer
-	45, // 22: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
-	46, // 23: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
-	47, // 24: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
-	48, // 25: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
-	49, // 26: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
-	50, // 27: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
-	52, // 28: virtlet.hypervisor.v1.CheckpointVMResponse.disks:type_name -> virtlet.hypervisor.v1.CheckpointDisk
-	52, // 29: virtlet.hypervisor.v1.CheckpointVMResponse.skipped:type_name -> virtlet.hypervisor.v1.CheckpointDisk
-	16, // 30: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
-	18, // 31: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
-	20, // 32: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
-	34, // 33: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
-	20, // 34: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
-	20, // 35: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
-	35, // 36: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
-	37, // 37: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
-	20, // 38: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
-	31, // 39: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
-	24, // 40: virtlet.hypervisor.v1.Hypervisor.SetMemory:input_type -> virtlet.hypervisor.v1.SetMemoryRequest
-	29, // 41: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:input_type -> virtlet.hypervisor.v1.SetVCPUsRequest
-	26, // 42: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:input_type -> virtlet.hypervisor.v1.SetCPULimitsRequest
-	0,  // 43: virtlet.hypervisor.v1.Hypervisor.Console:input_type -> virtlet.hypervisor.v1.ConsoleInput
-	2,  // 44: virtlet.hypervisor.v1.Hypervisor.GuestExec:input_type -> virtlet.hypervisor.v1.GuestExecRequest
-	20, // 45: virtlet.hypervisor.v1.Hypervisor.GuestInfo:input_type -> virtlet.hypervisor.v1.VMRequest
-	6,  // 46: virtlet.hypervisor.v1.Hypervisor.Stats:input_type -> virtlet.hypervisor.v1.StatsRequest
-	20, // 47: virtlet.hypervisor.v1.Hypervisor.Diagnose:input_type -> virtlet.hypervisor.v1.VMRequest
-	13, // 48: virtlet.hypervisor.v1.Hypervisor.Inspect:input_type -> virtlet.hypervisor.v1.InspectRequest
-	20, // 49: virtlet.hypervisor.v1.Hypervisor.Display:input_type -> virtlet.hypervisor.v1.VMRequest
-	51, // 50: virtlet.hypervisor.v1.Hypervisor.CheckpointVM:input_type -> virtlet.hypervisor.v1.CheckpointVMRequest
-	17, // 51: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
-	19, // 52: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
-	21, // 53: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
-	38, // 54: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
-	22, // 55: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
-	38, // 56: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
-	36, // 57: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
-	38, // 58: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
-	23, // 59: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
-	33, // 60: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
-	25, // 61: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
-	30, // 62: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:output_type -> virtlet.hypervisor.v1.SetVCPUsResponse
-	27, // 63: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:output_type -> virtlet.hypervisor.v1.SetCPULimitsResponse
-	1,  // 64: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
-	3,  // 65: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
-	4,  // 66: virtlet.hypervisor.v1.Hypervisor.GuestInfo:output_type -> virtlet.hypervisor.v1.GuestInfoResponse
-	7,  // 67: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
-	12, // 68: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
-	14, // 69: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
-	15, // 70: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
-	53, // 71: virtlet.hypervisor.v1.Hypervisor.CheckpointVM:output_type -> virtlet.hypervisor.v1.CheckpointVMResponse
-	51, // [51:72] is the sub-list for method output_type
-	30, // [30:51] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	41, // 19: virtlet.hypervisor.v1.VMSpec.restore:type_name -> virtlet.hypervisor.v1.VMRestore
+	40, // 20: virtlet.hypervisor.v1.VMSpec.incoming:type_name -> virtlet.hypervisor.v1.VMIncoming
+	60, // 21: virtlet.hypervisor.v1.VMRestore.disks:type_name -> virtlet.hypervisor.v1.VMRestore.DisksEntry
+	44, // 22: virtlet.hypervisor.v1.ClockSpec.timers:type_name -> virtlet.hypervisor.v1.ClockTimer
+	46, // 23: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
+	47, // 24: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
+	48, // 25: virtlet.hypervisor.v1.CPUSetting.topology:type_name -> virtlet.hypervisor.v1.CPUTopology
+	49, // 26: virtlet.hypervisor.v1.CPUSetting.features:type_name -> virtlet.hypervisor.v1.CPUFeature
+	50, // 27: virtlet.hypervisor.v1.CPUSetting.cache:type_name -> virtlet.hypervisor.v1.CPUCache
+	51, // 28: virtlet.hypervisor.v1.CPUSetting.numa_cells:type_name -> virtlet.hypervisor.v1.CPUNumaCell
+	53, // 29: virtlet.hypervisor.v1.CheckpointVMResponse.disks:type_name -> virtlet.hypervisor.v1.CheckpointDisk
+	53, // 30: virtlet.hypervisor.v1.CheckpointVMResponse.skipped:type_name -> virtlet.hypervisor.v1.CheckpointDisk
+	55, // 31: virtlet.hypervisor.v1.MigrateVMRequest.to:type_name -> virtlet.hypervisor.v1.MigrationEndpoint
+	16, // 32: virtlet.hypervisor.v1.Hypervisor.Capabilities:input_type -> virtlet.hypervisor.v1.CapabilitiesRequest
+	18, // 33: virtlet.hypervisor.v1.Hypervisor.Define:input_type -> virtlet.hypervisor.v1.DefineRequest
+	20, // 34: virtlet.hypervisor.v1.Hypervisor.Start:input_type -> virtlet.hypervisor.v1.VMRequest
+	34, // 35: virtlet.hypervisor.v1.Hypervisor.Stop:input_type -> virtlet.hypervisor.v1.StopRequest
+	20, // 36: virtlet.hypervisor.v1.Hypervisor.Undefine:input_type -> virtlet.hypervisor.v1.VMRequest
+	20, // 37: virtlet.hypervisor.v1.Hypervisor.Status:input_type -> virtlet.hypervisor.v1.VMRequest
+	35, // 38: virtlet.hypervisor.v1.Hypervisor.List:input_type -> virtlet.hypervisor.v1.ListRequest
+	37, // 39: virtlet.hypervisor.v1.Hypervisor.Watch:input_type -> virtlet.hypervisor.v1.WatchRequest
+	20, // 40: virtlet.hypervisor.v1.Hypervisor.ReopenLog:input_type -> virtlet.hypervisor.v1.VMRequest
+	31, // 41: virtlet.hypervisor.v1.Hypervisor.WriteFiles:input_type -> virtlet.hypervisor.v1.WriteFilesRequest
+	24, // 42: virtlet.hypervisor.v1.Hypervisor.SetMemory:input_type -> virtlet.hypervisor.v1.SetMemoryRequest
+	29, // 43: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:input_type -> virtlet.hypervisor.v1.SetVCPUsRequest
+	26, // 44: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:input_type -> virtlet.hypervisor.v1.SetCPULimitsRequest
+	0,  // 45: virtlet.hypervisor.v1.Hypervisor.Console:input_type -> virtlet.hypervisor.v1.ConsoleInput
+	2,  // 46: virtlet.hypervisor.v1.Hypervisor.GuestExec:input_type -> virtlet.hypervisor.v1.GuestExecRequest
+	20, // 47: virtlet.hypervisor.v1.Hypervisor.GuestInfo:input_type -> virtlet.hypervisor.v1.VMRequest
+	6,  // 48: virtlet.hypervisor.v1.Hypervisor.Stats:input_type -> virtlet.hypervisor.v1.StatsRequest
+	20, // 49: virtlet.hypervisor.v1.Hypervisor.Diagnose:input_type -> virtlet.hypervisor.v1.VMRequest
+	13, // 50: virtlet.hypervisor.v1.Hypervisor.Inspect:input_type -> virtlet.hypervisor.v1.InspectRequest
+	20, // 51: virtlet.hypervisor.v1.Hypervisor.Display:input_type -> virtlet.hypervisor.v1.VMRequest
+	52, // 52: virtlet.hypervisor.v1.Hypervisor.CheckpointVM:input_type -> virtlet.hypervisor.v1.CheckpointVMRequest
+	20, // 53: virtlet.hypervisor.v1.Hypervisor.MigrationIdentity:input_type -> virtlet.hypervisor.v1.VMRequest
+	20, // 54: virtlet.hypervisor.v1.Hypervisor.IncomingEndpoint:input_type -> virtlet.hypervisor.v1.VMRequest
+	56, // 55: virtlet.hypervisor.v1.Hypervisor.MigrateVM:input_type -> virtlet.hypervisor.v1.MigrateVMRequest
+	17, // 56: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
+	19, // 57: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
+	21, // 58: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
+	38, // 59: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
+	22, // 60: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
+	38, // 61: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
+	36, // 62: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
+	38, // 63: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
+	23, // 64: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
+	33, // 65: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
+	25, // 66: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
+	30, // 67: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:output_type -> virtlet.hypervisor.v1.SetVCPUsResponse
+	27, // 68: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:output_type -> virtlet.hypervisor.v1.SetCPULimitsResponse
+	1,  // 69: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
+	3,  // 70: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
+	4,  // 71: virtlet.hypervisor.v1.Hypervisor.GuestInfo:output_type -> virtlet.hypervisor.v1.GuestInfoResponse
+	7,  // 72: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
+	12, // 73: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
+	14, // 74: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
+	15, // 75: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
+	54, // 76: virtlet.hypervisor.v1.Hypervisor.CheckpointVM:output_type -> virtlet.hypervisor.v1.CheckpointVMResponse
+	40, // 77: virtlet.hypervisor.v1.Hypervisor.MigrationIdentity:output_type -> virtlet.hypervisor.v1.VMIncoming
+	55, // 78: virtlet.hypervisor.v1.Hypervisor.IncomingEndpoint:output_type -> virtlet.hypervisor.v1.MigrationEndpoint
+	57, // 79: virtlet.hypervisor.v1.Hypervisor.MigrateVM:output_type -> virtlet.hypervisor.v1.MigrationStats
+	56, // [56:80] is the sub-list for method output_type
+	32, // [32:56] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_hypervisor_v1_hypervisor_proto_init() }
@@ -3945,14 +4230,14 @@ func file_hypervisor_v1_hypervisor_proto_init() {
 	if File_hypervisor_v1_hypervisor_proto != nil {
 		return
 	}
-	file_hypervisor_v1_hypervisor_proto_msgTypes[50].OneofWrappers = []any{}
+	file_hypervisor_v1_hypervisor_proto_msgTypes[51].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hypervisor_v1_hypervisor_proto_rawDesc), len(file_hypervisor_v1_hypervisor_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   57,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,27 +19,30 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Hypervisor_Capabilities_FullMethodName = "/virtlet.hypervisor.v1.Hypervisor/Capabilities"
-	Hypervisor_Define_FullMethodName       = "/virtlet.hypervisor.v1.Hypervisor/Define"
-	Hypervisor_Start_FullMethodName        = "/virtlet.hypervisor.v1.Hypervisor/Start"
-	Hypervisor_Stop_FullMethodName         = "/virtlet.hypervisor.v1.Hypervisor/Stop"
-	Hypervisor_Undefine_FullMethodName     = "/virtlet.hypervisor.v1.Hypervisor/Undefine"
-	Hypervisor_Status_FullMethodName       = "/virtlet.hypervisor.v1.Hypervisor/Status"
-	Hypervisor_List_FullMethodName         = "/virtlet.hypervisor.v1.Hypervisor/List"
-	Hypervisor_Watch_FullMethodName        = "/virtlet.hypervisor.v1.Hypervisor/Watch"
-	Hypervisor_ReopenLog_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/ReopenLog"
-	Hypervisor_WriteFiles_FullMethodName   = "/virtlet.hypervisor.v1.Hypervisor/WriteFiles"
-	Hypervisor_SetMemory_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/SetMemory"
-	Hypervisor_SetVCPUs_FullMethodName     = "/virtlet.hypervisor.v1.Hypervisor/SetVCPUs"
-	Hypervisor_SetCPULimits_FullMethodName = "/virtlet.hypervisor.v1.Hypervisor/SetCPULimits"
-	Hypervisor_Console_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Console"
-	Hypervisor_GuestExec_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/GuestExec"
-	Hypervisor_GuestInfo_FullMethodName    = "/virtlet.hypervisor.v1.Hypervisor/GuestInfo"
-	Hypervisor_Stats_FullMethodName        = "/virtlet.hypervisor.v1.Hypervisor/Stats"
-	Hypervisor_Diagnose_FullMethodName     = "/virtlet.hypervisor.v1.Hypervisor/Diagnose"
-	Hypervisor_Inspect_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Inspect"
-	Hypervisor_Display_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Display"
-	Hypervisor_CheckpointVM_FullMethodName = "/virtlet.hypervisor.v1.Hypervisor/CheckpointVM"
+	Hypervisor_Capabilities_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/Capabilities"
+	Hypervisor_Define_FullMethodName            = "/virtlet.hypervisor.v1.Hypervisor/Define"
+	Hypervisor_Start_FullMethodName             = "/virtlet.hypervisor.v1.Hypervisor/Start"
+	Hypervisor_Stop_FullMethodName              = "/virtlet.hypervisor.v1.Hypervisor/Stop"
+	Hypervisor_Undefine_FullMethodName          = "/virtlet.hypervisor.v1.Hypervisor/Undefine"
+	Hypervisor_Status_FullMethodName            = "/virtlet.hypervisor.v1.Hypervisor/Status"
+	Hypervisor_List_FullMethodName              = "/virtlet.hypervisor.v1.Hypervisor/List"
+	Hypervisor_Watch_FullMethodName             = "/virtlet.hypervisor.v1.Hypervisor/Watch"
+	Hypervisor_ReopenLog_FullMethodName         = "/virtlet.hypervisor.v1.Hypervisor/ReopenLog"
+	Hypervisor_WriteFiles_FullMethodName        = "/virtlet.hypervisor.v1.Hypervisor/WriteFiles"
+	Hypervisor_SetMemory_FullMethodName         = "/virtlet.hypervisor.v1.Hypervisor/SetMemory"
+	Hypervisor_SetVCPUs_FullMethodName          = "/virtlet.hypervisor.v1.Hypervisor/SetVCPUs"
+	Hypervisor_SetCPULimits_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/SetCPULimits"
+	Hypervisor_Console_FullMethodName           = "/virtlet.hypervisor.v1.Hypervisor/Console"
+	Hypervisor_GuestExec_FullMethodName         = "/virtlet.hypervisor.v1.Hypervisor/GuestExec"
+	Hypervisor_GuestInfo_FullMethodName         = "/virtlet.hypervisor.v1.Hypervisor/GuestInfo"
+	Hypervisor_Stats_FullMethodName             = "/virtlet.hypervisor.v1.Hypervisor/Stats"
+	Hypervisor_Diagnose_FullMethodName          = "/virtlet.hypervisor.v1.Hypervisor/Diagnose"
+	Hypervisor_Inspect_FullMethodName           = "/virtlet.hypervisor.v1.Hypervisor/Inspect"
+	Hypervisor_Display_FullMethodName           = "/virtlet.hypervisor.v1.Hypervisor/Display"
+	Hypervisor_CheckpointVM_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/CheckpointVM"
+	Hypervisor_MigrationIdentity_FullMethodName = "/virtlet.hypervisor.v1.Hypervisor/MigrationIdentity"
+	Hypervisor_IncomingEndpoint_FullMethodName  = "/virtlet.hypervisor.v1.Hypervisor/IncomingEndpoint"
+	Hypervisor_MigrateVM_FullMethodName         = "/virtlet.hypervisor.v1.Hypervisor/MigrateVM"
 )
 
 // HypervisorClient is the client API for Hypervisor service.
@@ -88,6 +91,10 @@ type HypervisorClient interface {
 	// CheckpointVM writes a running VM's state and disk copies into dir, the
 	// VM paused only meanwhile (ports.VMCheckpointer).
 	CheckpointVM(ctx context.Context, in *CheckpointVMRequest, opts ...grpc.CallOption) (*CheckpointVMResponse, error)
+	// Live migration (ports.VMMigrator).
+	MigrationIdentity(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*VMIncoming, error)
+	IncomingEndpoint(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*MigrationEndpoint, error)
+	MigrateVM(ctx context.Context, in *MigrateVMRequest, opts ...grpc.CallOption) (*MigrationStats, error)
 }
 
 type hypervisorClient struct {
@@ -320,6 +327,36 @@ func (c *hypervisorClient) CheckpointVM(ctx context.Context, in *CheckpointVMReq
 	return out, nil
 }
 
+func (c *hypervisorClient) MigrationIdentity(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*VMIncoming, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VMIncoming)
+	err := c.cc.Invoke(ctx, Hypervisor_MigrationIdentity_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hypervisorClient) IncomingEndpoint(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*MigrationEndpoint, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MigrationEndpoint)
+	err := c.cc.Invoke(ctx, Hypervisor_IncomingEndpoint_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hypervisorClient) MigrateVM(ctx context.Context, in *MigrateVMRequest, opts ...grpc.CallOption) (*MigrationStats, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MigrationStats)
+	err := c.cc.Invoke(ctx, Hypervisor_MigrateVM_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HypervisorServer is the server API for Hypervisor service.
 // All implementations must embed UnimplementedHypervisorServer
 // for forward compatibility.
@@ -366,6 +403,10 @@ type HypervisorServer interface {
 	// CheckpointVM writes a running VM's state and disk copies into dir, the
 	// VM paused only meanwhile (ports.VMCheckpointer).
 	CheckpointVM(context.Context, *CheckpointVMRequest) (*CheckpointVMResponse, error)
+	// Live migration (ports.VMMigrator).
+	MigrationIdentity(context.Context, *VMRequest) (*VMIncoming, error)
+	IncomingEndpoint(context.Context, *VMRequest) (*MigrationEndpoint, error)
+	MigrateVM(context.Context, *MigrateVMRequest) (*MigrationStats, error)
 	mustEmbedUnimplementedHypervisorServer()
 }
 
@@ -438,6 +479,15 @@ func (UnimplementedHypervisorServer) Display(context.Context, *VMRequest) (*Disp
 }
 func (UnimplementedHypervisorServer) CheckpointVM(context.Context, *CheckpointVMRequest) (*CheckpointVMResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CheckpointVM not implemented")
+}
+func (UnimplementedHypervisorServer) MigrationIdentity(context.Context, *VMRequest) (*VMIncoming, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MigrationIdentity not implemented")
+}
+func (UnimplementedHypervisorServer) IncomingEndpoint(context.Context, *VMRequest) (*MigrationEndpoint, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method IncomingEndpoint not implemented")
+}
+func (UnimplementedHypervisorServer) MigrateVM(context.Context, *MigrateVMRequest) (*MigrationStats, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MigrateVM not implemented")
 }
 func (UnimplementedHypervisorServer) mustEmbedUnimplementedHypervisorServer() {}
 func (UnimplementedHypervisorServer) testEmbeddedByValue()                    {}
@@ -820,6 +870,60 @@ func _Hypervisor_CheckpointVM_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hypervisor_MigrationIdentity_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).MigrationIdentity(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_MigrationIdentity_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).MigrationIdentity(ctx, req.(*VMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Hypervisor_IncomingEndpoint_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).IncomingEndpoint(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_IncomingEndpoint_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).IncomingEndpoint(ctx, req.(*VMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Hypervisor_MigrateVM_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MigrateVMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).MigrateVM(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_MigrateVM_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).MigrateVM(ctx, req.(*MigrateVMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Hypervisor_ServiceDesc is the grpc.ServiceDesc for Hypervisor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -902,6 +1006,18 @@ var Hypervisor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckpointVM",
 			Handler:    _Hypervisor_CheckpointVM_Handler,
+		},
+		{
+			MethodName: "MigrationIdentity",
+			Handler:    _Hypervisor_MigrationIdentity_Handler,
+		},
+		{
+			MethodName: "IncomingEndpoint",
+			Handler:    _Hypervisor_IncomingEndpoint_Handler,
+		},
+		{
+			MethodName: "MigrateVM",
+			Handler:    _Hypervisor_MigrateVM_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
