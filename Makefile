@@ -127,7 +127,7 @@ e2e-k8s: deps
 # e2e-all.
 e2e-cluster: deps
 	testing/k8s/build.sh >/dev/null
-	$(E2E_GOTEST) -timeout 20m -run '^TestNodesAreIsolated$$|^TestKubeCluster$$|^TestMakeClusterUpAndDown$$|^TestKubeNodeFailure$$|^TestKubeStatefulVMDrain$$' ./testing/e2e/...
+	$(E2E_GOTEST) -timeout 20m -run '^TestNodesAreIsolated$$|^TestKubeCluster$$|^TestMakeClusterUpAndDown$$|^TestKubeNodeFailure$$|^TestKubeStatefulVMDrain$$|^TestKubeMigration$$' ./testing/e2e/...
 
 # The test cluster of e2e-cluster (three Virtlet nodes, each with its own
 # kube-proxy, and a control plane), left running for a person to try:
@@ -163,7 +163,7 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'PluginRoundTrip|List|CloudInitISO' -benchtime 3000x ./testing/bench/
 	$(GO) test -run '^$$' -bench 'P1BootOverhead|P1PoolPrimitives|P6PullVsCurl|P2SecondRootDisk|FilesFromDataSource|PodNetwork20|ReachTheVM|P5Density|Checkpoint|VMOverhead|TCGTranslationCache' -benchtime 1x -timeout 40m ./testing/bench/
 	testing/k8s/build.sh >/dev/null
-	$(GO) test -run '^$$' -bench 'KubeApply|Cluster' -benchtime 1x -timeout 30m ./testing/bench/
+	$(GO) test -run '^$$' -bench 'KubeApply|Cluster|Migration' -benchtime 1x -timeout 30m ./testing/bench/
 	@echo "targets: PluginRoundTrip p50 overhead above bare gRPC on the same connection (grpc-floor-*, no Virtlet code) <= 10 %;"
 	@echo "         List*500 server p99 <= 2000 µs (e2e-* adds the client's own decoding);"
 	@echo "         P1 (its table): RunPodSandbox -> first console line through the daemon, claimed from the libvirt plugin's pool, <= 1.5 x bare QEMU; StartContainer <= 50 ms;"

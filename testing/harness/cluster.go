@@ -24,6 +24,23 @@ func (n *NodeNet) StartVirtletNode(t testing.TB, bins string, podIndex int, tran
 	return node, d
 }
 
+// StartMigratingNode starts a node on n like StartVirtletNode, whose
+// daemon also serves live migrations (on the node's address, port 10259,
+// mutual TLS with a node certificate of k's CA), and the node's kubelet.
+// args are the daemon's migration flags, for a restart.
+func (n *NodeNet) StartMigratingNode(t testing.TB, k *Kube, bins string, podIndex int, translations string) (node *Node, d *Daemon, args []string) {
+	t.Helper()
+	node = n.NewNode(t, podIndex)
+	d = NewDaemon(t, filepath.Join(bins, "virtlet"), append(Shipped(bins), node.CNIPlugin(bins)))
+	d.Wrap = node.Wrap()
+	d.Translate("test-images.yaml", translations)
+	cert, key, ca := k.MigrationCredentials(node.Name)
+	args = []string{"--migration-address", node.IP + ":10259", "--migration-cert", cert, "--migration-key", key, "--migration-ca", ca}
+	d.Start(args...)
+	k.StartNodeKubelet(node, d)
+	return node, d, args
+}
+
 // SpreadVMs is a Deployment of replicas tiny-guest VM pods labelled
 // app=name, spread over the Virtlet nodes that are up (a tainted node is
 // left out of the spread), which tolerate a failed node for

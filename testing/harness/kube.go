@@ -495,6 +495,16 @@ func (k *Kube) KubeletKubeconfig() string {
 	return p
 }
 
+// MigrationCredentials issues node's certificate for its daemon's live
+// migration endpoint (system:node:<node>, as kubelet's client
+// certificate), and returns it, its key and the cluster CA.
+func (k *Kube) MigrationCredentials(node string) (cert, key, ca string) {
+	name := "migration-" + node
+	k.issue(name, "system:node:"+node, []string{"system:nodes"}, false, nil)
+	pki := filepath.Join(k.Dir, "pki")
+	return filepath.Join(pki, name+".crt"), filepath.Join(pki, name+".key"), filepath.Join(pki, "ca.crt")
+}
+
 // ClientKubeconfig writes a kubeconfig for a new client certificate of
 // user in groups (what a node daemon would be given).
 func (k *Kube) ClientKubeconfig(user string, groups ...string) string {

@@ -1,0 +1,247 @@
+package bench
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// kubeBeat is a heartbeat in `kubectl logs --timestamps`.
+var kubeBeat = regexp.MustCompile(`^(\S+) @@BEAT (\d+)\r?$`)
+
+// BenchmarkMigration: two Virtlet nodes (harness.StartMigratingNode) and
+// an idle tiny guest of 128 MiB and of 1 GiB printing a heartbeat every
+// 10 ms, each moved by `virtletctl migrate` three times (node-1 → node-2
+// → node-1 → node-2), beside a cold start of the same pod (kubectl apply →
+// its first heartbeat). Figures, medians of the three: the migration's
+// whole time (virtletctl's: the receiving pod created, the disks and
+// memory copied, the source pod deleted), the guest's pause as libvirt
+// counts it, the largest gap between heartbeats as the two pods' logs
+// saw them (the guest's own view of its downtime), and the network
+// blackout a client on node-2 sees (its pings, every 20 ms, from the
+// last answer at the old address to the first at the new one). Targets
+// (issue: idle 1 GiB guest): downtime ≤ 100 ms p50, total ≤ 5 s. Run
+// with -benchtime 1x.
+func BenchmarkMigration(b *testing.B) {
+	dir := builtBinaries(b)
+	nodeNet, k := harness.StartCluster(b, 175)
+	_, translation := serveGuestOn(b, "tiny", "tiny", nodeNet.HostIP)
+	var nodes []*harness.Node
+	var daemons []*harness.Daemon
+	for i := 0; i < 2; i++ {
+		node, d, _ := nodeNet.StartMigratingNode(b, k, dir, 176+i, translation)
+		nodes, daemons = append(nodes, node), append(daemons, d)
+	}
+	ctl := filepath.Join(b.TempDir(), "virtletctl")
+	build := exec.Command("go", "build", "-o", ctl, "./cmd/virtletctl")
+	build.Dir = harness.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("build virtletctl: %v\n%s", err, out)
+	}
+	script, _ := json.Marshal(heartbeat)
+	var rows []Row
+	b.ResetTimer()
+	sizes := []int64{128 << 20, 1 << 30}
+	if smoke {
+		sizes = sizes[:1]
+	}
+	for _, mem := range sizes {
+		name := fmt.Sprintf("mig-%d", mem>>20)
+		manifest := fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  labels: {app: %s}
+  annotations:
+    kubernetes.io/target-runtime: virtlet.cloud
+    VirtletCloudInitUserDataScript: %s
+spec:
+  nodeName: node-1
+  automountServiceAccountToken: false
+  containers:
+  - name: vm
+    image: virtlet.cloud/tiny
+    resources:
+      limits: {memory: %dMi}
+`, name, name, script, mem>>20)
+		applied := time.Now()
+		if err := k.Apply(manifest); err != nil {
+			b.Fatal(err)
+		}
+		pod := name
+		boot := waitBeat(b, k, pod, applied)
+		var totals, downtimes, gaps, blackouts []time.Duration
+		for i, to := range []string{"node-2", "node-1", "node-2"}[:size(3, 1)] {
+			client := nodes[1]
+			m := migrateOnce(b, k, daemons, ctl, client, pod, to)
+			totals, downtimes, gaps, blackouts = append(totals, m.total), append(downtimes, m.downtime), append(gaps, m.gap), append(blackouts, m.blackout)
+			fmt.Printf("migration %d of the %d MiB guest to %s: %s, paused %s, heartbeat gap %s, blackout %s\n", i+1, mem>>20, to, ms(m.total), ms(m.downtime), ms(m.gap), ms(m.blackout))
+			pod = m.to
+		}
+		k.Kubectl("delete", "pod", "-l", "app="+name, "--timeout=3m")
+		label := fmt.Sprintf("%d MiB", mem>>20)
+		total, down, gap, blackout := median(totals), median(downtimes), median(gaps), median(blackouts)
+		whole := Row{Figure: fmt.Sprintf("live migration of an idle tiny guest, %s (virtletctl migrate, p50 of %d): whole time", label, len(totals)),
+			Ours: ms(total), Floor: "cold start to first heartbeat " + ms(boot), Ratio: ratioOf(float64(total), float64(boot))}
+		paused := Row{Figure: "  its guest downtime: libvirt's pause (largest gap in a 10 ms heartbeat; network blackout a client sees)",
+			Ours:  fmt.Sprintf("%s (gap %s; blackout %s)", ms(down), ms(gap), ms(blackout)),
+			Floor: "plain virsh migrate here: 201 ms (recipes.md); KubeVirt ≈ 244 ms idle"}
+		if mem == 1<<30 && !smoke {
+			whole.Target, whole.Met = "≤ 5 s", met(total <= 5*time.Second)
+			paused.Target, paused.Met = "≤ 100 ms p50", met(down <= 100*time.Millisecond)
+		}
+		rows = append(rows, whole, paused)
+		b.ReportMetric(float64(total.Milliseconds()), fmt.Sprintf("migrate-%dm-ms", mem>>20))
+		b.ReportMetric(float64(down.Milliseconds()), fmt.Sprintf("downtime-%dm-ms", mem>>20))
+	}
+	b.StopTimer()
+	fmt.Printf("\nLive migration (tiny guest, idle, TCG; two nodes on one machine)\n")
+	WriteTable(os.Stdout, rows)
+	record(rows...)
+}
+
+// waitBeat waits for pod's first heartbeat and returns the time since
+// from.
+func waitBeat(b *testing.B, k *harness.Kube, pod string, from time.Time) time.Duration {
+	b.Helper()
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		if logs, err := k.Kubectl("logs", pod); err == nil && strings.Contains(logs, "@@BEAT ") {
+			return time.Since(from)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	describe, _ := k.Kubectl("describe", "pod", pod)
+	b.Fatalf("no heartbeat from %s in 5 min:\n%s", pod, describe)
+	return 0
+}
+
+type migration struct {
+	to                             string
+	total, downtime, gap, blackout time.Duration
+}
+
+var migrated = regexp.MustCompile(`VM runs in pod (\S+) on node \S+: took (\S+), guest paused (\S+),`)
+
+// migrateOnce moves pod's VM to node to with virtletctl, following the
+// source pod's log to its end meanwhile and pinging the VM from client.
+func migrateOnce(b *testing.B, k *harness.Kube, daemons []*harness.Daemon, ctl string, client *harness.Node, pod, to string) migration {
+	b.Helper()
+	oldIP, _ := k.Kubectl("get", "pod", pod, "-o", "jsonpath={.status.podIP}")
+	// The source's heartbeats, to the container's end.
+	follow := exec.Command(filepath.Join(k.Bin, "kubectl"), "--kubeconfig", k.Kubeconfig, "logs", "-f", "--timestamps", pod)
+	out, err := follow.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := follow.Start(); err != nil {
+		b.Fatal(err)
+	}
+	var lastBeat time.Time
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if m := kubeBeat.FindStringSubmatch(sc.Text()); m != nil {
+				if at, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
+					lastBeat = at
+				}
+			}
+		}
+	}()
+	var mu sync.Mutex
+	var lastOld time.Time
+	stop := make(chan struct{})
+	pinged := make(chan struct{})
+	go func() {
+		defer close(pinged)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := client.Run("ping", "-n", "-c1", "-W0.2", oldIP); err == nil {
+				mu.Lock()
+				lastOld = time.Now()
+				mu.Unlock()
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	began := time.Now()
+	res, err := exec.Command(ctl, "--kubeconfig", k.Kubeconfig, "migrate", pod, "--to", to).CombinedOutput()
+	total := time.Since(began)
+	close(stop)
+	<-pinged
+	if err != nil {
+		b.Fatalf("virtletctl migrate %s --to %s: %v\n%s", pod, to, err, res)
+	}
+	m := migrated.FindStringSubmatch(string(res))
+	if m == nil {
+		b.Fatalf("virtletctl migrate said %q", res)
+	}
+	downtime, _ := time.ParseDuration(m[3])
+	select {
+	case <-followed:
+	case <-time.After(time.Minute):
+		follow.Process.Kill()
+		<-followed
+	}
+	follow.Wait()
+	// The receiving pod's first heartbeat after the source's last.
+	var firstBeat time.Time
+	if !harness.EventuallyOK(time.Minute, func() bool {
+		logs, _ := k.Kubectl("logs", "--timestamps", m[1])
+		for _, line := range strings.Split(logs, "\n") {
+			if bm := kubeBeat.FindStringSubmatch(line); bm != nil {
+				if at, err := time.Parse(time.RFC3339Nano, bm[1]); err == nil && at.After(lastBeat) {
+					firstBeat = at
+					return true
+				}
+			}
+		}
+		return false
+	}) {
+		b.Fatalf("no heartbeat from the receiving pod %s", m[1])
+	}
+	newIP, _ := k.Kubectl("get", "pod", m[1], "-o", "jsonpath={.status.podIP}")
+	var answered time.Time
+	if !harness.EventuallyOK(time.Minute, func() bool {
+		_, err := client.Run("ping", "-n", "-c1", "-W0.2", newIP)
+		answered = time.Now()
+		return err == nil
+	}) {
+		logs, _ := k.Kubectl("logs", m[1])
+		var said []string
+		for _, l := range strings.Split(logs, "\n") {
+			if !strings.Contains(l, "@@BEAT") {
+				said = append(said, l)
+			}
+		}
+		var daemon []string
+		for _, d := range daemons {
+			for _, l := range strings.Split(d.Log(), "\n") {
+				if strings.Contains(l, "link") || strings.Contains(l, "migration") || strings.Contains(l, "VM started") {
+					daemon = append(daemon, l)
+				}
+			}
+		}
+		b.Fatalf("the migrated guest does not answer at %s; its console but the heartbeats:\n%s\ndaemons:\n%s", newIP, lastLines(strings.Join(said, "\n"), 40), lastLines(strings.Join(daemon, "\n"), 40))
+	}
+	mu.Lock()
+	blackout := answered.Sub(lastOld)
+	mu.Unlock()
+	return migration{to: m[1], total: total, downtime: downtime, gap: firstBeat.Sub(lastBeat), blackout: blackout}
+}

@@ -1,0 +1,270 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtlet/virtlet/testing/harness"
+)
+
+// TestKubeMigration moves a running VM pod's VM between two nodes with
+// virtletctl migrate, as a user does: the guest's ticking process runs on
+// without a restart or a lost tick, the receiving pod on the other node
+// is the VM's pod (its console, its new address), and the source pod is
+// gone. Then a migration whose receiving daemon is killed half way fails
+// and leaves the VM running where it was and nothing on the other node.
+// diskNoise writes 4 MiB of noise to the tiny guest's root disk past
+// its image's data and prints their checksum.
+const diskNoise = "#!/bin/sh\ndd if=/dev/urandom of=/dev/sda bs=1M seek=24 count=4 conv=fsync 2>/dev/null\necho \"@@DISKSUM $(dd if=/dev/sda bs=1M skip=24 count=4 2>/dev/null | md5sum)\"\n"
+
+func TestKubeMigration(t *testing.T) {
+	parallel(t)
+	nodeNet, k := harness.StartCluster(t, 170)
+	names := nodeImages(t, nodeNet)
+	var nodes []*harness.Node
+	var daemons []*harness.Daemon
+	var migrationArgs [][]string
+	for i := 0; i < 2; i++ {
+		node, d, args := nodeNet.StartMigratingNode(t, k, bins, 171+i, names)
+		k.StartNodeKubeProxy(node)
+		nodes, daemons, migrationArgs = append(nodes, node), append(daemons, d), append(migrationArgs, args)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("%s's daemon log:\n%s", node.Name, tail(d.Log(), 6000))
+			}
+		})
+	}
+	ctl := filepath.Join(t.TempDir(), "virtletctl")
+	build := exec.Command("go", "build", "-o", ctl, "./cmd/virtletctl")
+	build.Dir = harness.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build virtletctl: %v\n%s", err, out)
+	}
+	// The guest writes 4 MiB of noise to its root disk, past the image's
+	// data, and prints its checksum: the migration must copy the disk.
+	script, _ := json.Marshal(diskNoise + strings.TrimPrefix(tickerScript, "#!/bin/sh\n"))
+	manifest := filepath.Join(t.TempDir(), "vm.yaml")
+	os.WriteFile(manifest, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: mig-vm
+  labels: {app: mig}
+  annotations:
+    kubernetes.io/target-runtime: virtlet.cloud
+    VirtletCloudInitUserDataScript: %s
+spec:
+  nodeName: node-1
+  automountServiceAccountToken: false
+  containers:
+  - name: vm
+    image: virtlet.cloud/tiny
+    resources:
+      limits: {memory: 128Mi}
+`, script)), 0o644)
+	if out, err := k.Kubectl("apply", "-f", manifest); err != nil {
+		t.Fatalf("kubectl apply: %v %s", err, out)
+	}
+	t.Cleanup(func() { k.Kubectl("delete", "pod", "-l", "app=mig", "--timeout=3m") })
+	waitTicks := func(pod string, n int) []tick {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Minute)
+		for {
+			ts := readTicks(k, pod)
+			if len(ts) > 0 && ts[len(ts)-1].n >= n {
+				return ts
+			}
+			if time.Now().After(deadline) {
+				describe, _ := k.Kubectl("describe", "pod", pod)
+				logs, _ := k.Kubectl("logs", pod)
+				t.Fatalf("no @@TICK %d in the console of %s:\n%s\n%s", n, pod, tail(logs, 3000), describe)
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	before := waitTicks("mig-vm", 5)
+	// A Service in front of the VM's web server (the tiny guest's httpd),
+	// reached from node-2 through its kube-proxy.
+	if err := k.Apply("apiVersion: v1\nkind: Service\nmetadata: {name: mig-web}\nspec:\n  selector: {app: mig}\n  ports: [{port: 80}]\n"); err != nil {
+		t.Fatal(err)
+	}
+	clusterIP, err := k.Kubectl("get", "service", "mig-web", "-o", "jsonpath={.spec.clusterIP}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	throughService := func() bool {
+		page, err := nodes[1].Run("curl", "-s", "-m", "2", "http://"+clusterIP+"/")
+		return err == nil && strings.HasPrefix(page, "tiny ")
+	}
+	if !harness.EventuallyOK(2*time.Minute, throughService) {
+		t.Fatalf("the VM's web server is not reached through its Service %s", clusterIP)
+	}
+	oldIP, _ := k.Kubectl("get", "pod", "mig-vm", "-o", "jsonpath={.status.podIP}")
+	logs, _ := k.Kubectl("logs", "mig-vm")
+	sum := regexp.MustCompile(`@@DISKSUM ([0-9a-f]{32})`).FindStringSubmatch(logs)
+	if sum == nil {
+		t.Fatalf("no @@DISKSUM in the guest's console:\n%s", tail(logs, 2000))
+	}
+	// A client on node-2 pings the VM's address, then its new one once
+	// the receiving pod has it: the blackout is from the last answer at
+	// the old address to the first at the new.
+	var lastOld time.Time
+	probing := make(chan struct{})
+	probed := make(chan struct{})
+	go func() {
+		defer close(probed)
+		for {
+			select {
+			case <-probing:
+				return
+			default:
+			}
+			if _, err := nodes[1].Run("ping", "-n", "-c1", "-W0.2", oldIP); err == nil {
+				lastOld = time.Now()
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+
+	migrate := func(pod, to string) (string, error) {
+		out, err := exec.Command(ctl, "--kubeconfig", k.Kubeconfig, "migrate", pod, "--to", to).CombinedOutput()
+		return string(out), err
+	}
+	out, err := migrate("mig-vm", "node-2")
+	if err != nil {
+		t.Fatalf("virtletctl migrate mig-vm --to node-2: %v\n%s", err, out)
+	}
+	t.Logf("virtletctl migrate: %s", strings.TrimSpace(out))
+	m := regexp.MustCompile(`VM runs in pod (\S+) on node node-2: took (\S+), guest paused (\S+),`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("virtletctl migrate said %q", out)
+	}
+	recv := m[1]
+	close(probing)
+	<-probed
+	// The receiving pod is the VM's pod now, on node-2.
+	var phase, node, ip string
+	if !harness.EventuallyOK(2*time.Minute, func() bool {
+		status, _ := k.Kubectl("get", "pod", recv, "-o", "jsonpath={.status.phase} {.spec.nodeName} {.status.podIP}")
+		f := strings.Fields(status)
+		if len(f) == 3 {
+			phase, node, ip = f[0], f[1], f[2]
+		}
+		return phase == "Running"
+	}) {
+		describe, _ := k.Kubectl("describe", "pod", recv)
+		t.Fatalf("receiving pod %s is %q:\n%s", recv, phase, describe)
+	}
+	if node != "node-2" || ip == "" || ip == oldIP || !strings.HasPrefix(ip, "198.18.172.") {
+		t.Fatalf("receiving pod %s: node %q, IP %q (the source's was %q; node-2's pods are 198.18.172.0/24)", recv, node, ip, oldIP)
+	}
+	var firstNew time.Time
+	if !harness.EventuallyOK(time.Minute, func() bool {
+		_, err := nodes[1].Run("ping", "-n", "-c1", "-W0.2", ip)
+		firstNew = time.Now()
+		return err == nil
+	}) {
+		t.Fatalf("the migrated guest does not answer at its new address %s", ip)
+	}
+	t.Logf("network blackout, as a client on node-2 sees it: %s (last answer at %s, first at %s)", firstNew.Sub(lastOld).Round(time.Millisecond), oldIP, ip)
+	// A client of the Service reaches the VM again, at its new address.
+	if !harness.EventuallyOK(2*time.Minute, throughService) {
+		endpoints, _ := k.Kubectl("get", "endpointslices", "-l", "kubernetes.io/service-name=mig-web", "-o", "wide")
+		t.Errorf("the migrated VM's web server is not reached through its Service %s:\n%s", clusterIP, endpoints)
+	} else {
+		t.Logf("the Service %s reaches the migrated VM %s after the migration", clusterIP, time.Since(lastOld).Round(time.Millisecond))
+	}
+	// Its disk came along: the noise it wrote reads back the same, from
+	// the disk (the guest's page cache dropped).
+	var got string
+	if !harness.EventuallyOK(time.Minute, func() bool {
+		got, _ = k.Kubectl("exec", recv, "--", "sh", "-c", "echo 3 > /proc/sys/vm/drop_caches; dd if=/dev/sda bs=1M skip=24 count=4 2>/dev/null | md5sum")
+		return strings.HasPrefix(got, sum[1])
+	}) {
+		t.Errorf("the migrated guest's root disk holds %q at 24 MiB, not the %s it wrote before", got, sum[1])
+	}
+	// The guest ran on: its ticks continue in the receiving pod's
+	// console, one after another, from the same open file.
+	first := waitTicks(recv, 1)
+	ticks := waitTicks(recv, first[0].n+10)
+	if first[0].n <= last(before) {
+		t.Fatalf("the migrated guest ticks from %d, before the source's tick %d: it booted anew", first[0].n, last(before))
+	}
+	for i := 1; i < len(ticks); i++ {
+		if ticks[i].n != ticks[i-1].n+1 || ticks[i].lines != ticks[i].n {
+			t.Fatalf("tick %d (%d lines) after tick %d: the guest's process did not run on", ticks[i].n, ticks[i].lines, ticks[i-1].n)
+		}
+	}
+	if logs, _ := k.Kubectl("logs", recv); strings.Contains(logs, "@@TINY-READY") {
+		t.Errorf("the migrated guest booted:\n%s", tail(logs, 2000))
+	}
+	// The source pod is gone, and its domain with it.
+	if !harness.EventuallyOK(2*time.Minute, func() bool {
+		_, err := k.Kubectl("get", "pod", "mig-vm")
+		return err != nil
+	}) {
+		t.Errorf("the source pod mig-vm is still there")
+	}
+	if !harness.EventuallyOK(time.Minute, func() bool {
+		doms, err := nodes[0].Domains()
+		return err == nil && len(doms) == 0
+	}) {
+		doms, _ := nodes[0].Domains()
+		t.Errorf("node-1 has domains after the migration: %v", doms)
+	}
+
+	// A migration whose receiving daemon dies half way: the VM runs on
+	// where it was, and the receiving node keeps nothing of it.
+	t.Run("receiving daemon killed", func(t *testing.T) {
+		target := daemons[0]
+		killed := make(chan struct{})
+		go func() {
+			defer close(killed)
+			deadline := time.Now().Add(5 * time.Minute)
+			for time.Now().Before(deadline) {
+				if strings.Contains(target.Log(), "live migration offered and accepted") {
+					time.Sleep(300 * time.Millisecond)
+					target.Kill()
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}()
+		out, err := migrate(recv, "node-1")
+		<-killed
+		if err == nil {
+			t.Fatalf("virtletctl migrate %s --to node-1 succeeded though node-1's daemon was killed:\n%s", recv, out)
+		}
+		t.Logf("virtletctl migrate, node-1's daemon killed: %v: %s", err, strings.TrimSpace(out))
+		target.Start(migrationArgs[0]...)
+		before := readTicks(k, recv)
+		after := waitTicks(recv, last(before)+5)
+		for i := 1; i < len(after); i++ {
+			if after[i].n != after[i-1].n+1 {
+				t.Fatalf("tick %d after tick %d: the guest did not run on at its source", after[i].n, after[i-1].n)
+			}
+		}
+		if !harness.EventuallyOK(2*time.Minute, func() bool {
+			doms, err := nodes[0].Domains()
+			return err == nil && len(doms) == 0
+		}) {
+			doms, _ := nodes[0].Domains()
+			t.Errorf("node-1 keeps domains of the failed migration: %v", doms)
+		}
+		// virtletctl deleted the receiving pod; its node's restarted
+		// daemon removes it.
+		var pods string
+		if !harness.EventuallyOK(2*time.Minute, func() bool {
+			pods, _ = k.Kubectl("get", "pods", "-l", "app=mig", "-o", "name")
+			return strings.TrimSpace(pods) == "pod/"+recv
+		}) {
+			t.Errorf("pods after the failed migration: %q (want only %s)", pods, recv)
+		}
+	})
+}
