@@ -131,7 +131,10 @@ func checkMigratable(c *Container) error {
 }
 
 // checkIncomingSpec refuses, by name, what a live migration does not
-// move: only the root overlay and the cloud-init medium go with the VM.
+// move: the root overlay is copied, the cloud-init medium comes with the
+// receiving pod, and network disks (Ceph RBD, a Ceph root among them) are
+// shared storage the receiving pod attaches itself; any other disk is
+// the node's alone.
 func checkIncomingSpec(what string, spec ports.VMSpec) error {
 	refuse := func(field, why string) error {
 		return fmt.Errorf("%s: %s: %s: %w", what, field, why, ports.ErrFailedPrecondition)
@@ -147,11 +150,12 @@ func checkIncomingSpec(what string, spec ports.VMSpec) error {
 		return refuse("annotation "+annotations.Firmware+": uefi", "a VM's UEFI variable store is not moved yet")
 	}
 	for _, d := range spec.Disks {
-		if d.Name != "root" && d.Serial != CIDataSerial {
-			return refuse("volume disk "+d.Name, "live migration moves the root disk only yet, not volumes")
-		}
-		if d.Name == "root" && d.Overlay == nil {
-			return refuse("the root disk", "a root disk that is not an overlay over the image (a persistent root volume) is not live-migrated yet")
+		switch {
+		case d.Serial == CIDataSerial, d.Source.Type == ports.SourceNetwork:
+		case d.Name == "root" && d.Overlay == nil:
+			return refuse("the persistent root volume", "its disk is this node's (a host block device): only a root overlay is copied, or a root on shared storage (Ceph) attached")
+		case d.Name != "root":
+			return refuse("volume disk "+d.Name, "a volume on this node's disks is not live-migrated (Ceph RBD volumes are)")
 		}
 	}
 	return nil
@@ -172,9 +176,6 @@ func planIncoming(cr *creation) error {
 	if err := checkIncomingSpec("pod "+cr.sb.Namespace+"/"+cr.sb.Name+" receiving the VM of "+m.Pod, cr.spec); err != nil {
 		return err
 	}
-	if cr.volumes.rootfs() != nil {
-		return fmt.Errorf("pod %s/%s: a persistent root volume: the VM of %s is live-migrated over its root overlay: %w", cr.sb.Namespace, cr.sb.Name, m.Pod, ports.ErrFailedPrecondition)
-	}
 	cr.spec.Incoming = &ports.VMIncoming{Name: m.Domain, UUID: m.UUID}
 	return nil
 }
@@ -184,6 +185,10 @@ func planIncoming(cr *creation) error {
 // over the same image under the migrating domain's name.
 func (r *vmService) defineIncoming(ctx context.Context, cr *creation) error {
 	m := cr.opts.MigrateFrom
+	// The volumes' disks are in the spec now.
+	if err := checkIncomingSpec("pod "+cr.sb.Namespace+"/"+cr.sb.Name+" receiving the VM of "+m.Pod, cr.spec); err != nil {
+		return err
+	}
 	before := cr.sb
 	if err := r.adoptMACs(ctx, cr, m.MACs, "live migration from "+m.Pod); err != nil {
 		return err
@@ -215,18 +220,20 @@ func (r *vmService) awaitIncoming(ctx context.Context, c *Container) error {
 		}
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("VM %s waits for a live migration that has not come: %w", c.Spec.Name, ports.ErrUnavailable)
+		// The migration goes on: its outcome starts the container
+		// (takeArrived) or leaves it created.
+		return fmt.Errorf("VM %s waits for a live migration that has not ended yet: %w", c.Spec.Name, ports.ErrUnavailable)
 	}
 }
 
 // ReceiveMigration answers an offer from fromNode's daemon: the receiving
 // pod's VM must be defined and waiting, and its VirtletMigrateFrom must
 // name that node, the offered VM and its pod. done reports the outcome.
-func (r *vmService) ReceiveMigration(ctx context.Context, fromNode string, offer ports.MigrationOffer) (ports.MigrationEndpoint, func(error), error) {
-	var ep ports.MigrationEndpoint
+func (r *vmService) ReceiveMigration(ctx context.Context, fromNode string, offer ports.MigrationOffer) (ports.IncomingMigration, error) {
+	var in ports.IncomingMigration
 	migrator, ok := r.deps.Hypervisor.(ports.VMMigrator)
 	if !ok {
-		return ep, nil, fmt.Errorf("live migration: the hypervisor plugin cannot receive VMs: %w", ports.ErrUnimplemented)
+		return in, fmt.Errorf("live migration: the hypervisor plugin cannot receive VMs: %w", ports.ErrUnimplemented)
 	}
 	var c *Container
 	for _, sb := range r.sandboxes.list(func(s *Sandbox) bool { return s.UID == offer.ReceivingPodUID && s.State == SandboxReady }) {
@@ -242,22 +249,22 @@ func (r *vmService) ReceiveMigration(ctx context.Context, fromNode string, offer
 		m := opts.MigrateFrom
 		switch {
 		case err != nil || m == nil:
-			return ep, nil, fmt.Errorf("pod %s/%s names no VM to receive: %w", sb.Namespace, sb.Name, ports.ErrFailedPrecondition)
+			return in, fmt.Errorf("pod %s/%s names no VM to receive: %w", sb.Namespace, sb.Name, ports.ErrFailedPrecondition)
 		case m.Node != fromNode || m.Pod != offer.SourcePod || m.UID != offer.SourcePodUID ||
 			m.Domain != offer.VM.Name || !strings.EqualFold(m.UUID, offer.VM.UUID):
-			return ep, nil, fmt.Errorf("pod %s/%s receives the VM %s of pod %s on node %s, not the VM %s of pod %s on node %s: %w",
+			return in, fmt.Errorf("pod %s/%s receives the VM %s of pod %s on node %s, not the VM %s of pod %s on node %s: %w",
 				sb.Namespace, sb.Name, m.Domain, m.Pod, m.Node, offer.VM.Name, offer.SourcePod, fromNode, ports.ErrFailedPrecondition)
 		}
 		break
 	}
 	if c == nil {
-		return ep, nil, fmt.Errorf("no VM of pod UID %s waits for a live migration on this node (yet): %w", offer.ReceivingPodUID, ports.ErrNotFound)
+		return in, fmt.Errorf("no VM of pod UID %s waits for a live migration on this node (yet): %w", offer.ReceivingPodUID, ports.ErrNotFound)
 	}
 	iw := r.incoming.get(c.ID)
 	r.incoming.mu.Lock()
 	if iw.offered {
 		r.incoming.mu.Unlock()
-		return ep, nil, fmt.Errorf("VM %s receives a live migration already: %w", c.Spec.Name, ports.ErrAlreadyExists)
+		return in, fmt.Errorf("VM %s receives a live migration already: %w", c.Spec.Name, ports.ErrAlreadyExists)
 	}
 	iw.offered = true
 	r.incoming.mu.Unlock()
@@ -266,17 +273,50 @@ func (r *vmService) ReceiveMigration(ctx context.Context, fromNode string, offer
 		r.incoming.mu.Lock()
 		iw.offered = false
 		r.incoming.mu.Unlock()
-		return ep, nil, fmt.Errorf("prepare VM %s for its live migration: %w", c.Spec.Name, err)
+		return in, fmt.Errorf("prepare VM %s for its live migration: %w", c.Spec.Name, err)
 	}
 	log := r.log.WithFields(logrus.Fields{"container": short(c.ID), "vm": c.Spec.Name, "from": offer.SourcePod, "node": fromNode})
 	log.Info("live migration offered and accepted")
-	done := func(err error) {
-		if err != nil {
-			log.WithError(err).Warn("live migration failed")
-		}
-		iw.end(err)
+	id := c.ID
+	return ports.IncomingMigration{
+		Endpoint: ep, Domain: c.Spec.Incoming.Name,
+		Check: func(ctx context.Context, domainXML string) (string, error) {
+			return migrator.CheckArrival(ctx, id, domainXML)
+		},
+		Done: func(err error) {
+			if err != nil {
+				log.WithError(err).Warn("live migration failed")
+				iw.end(err)
+				return
+			}
+			iw.end(nil)
+			// The guest is here: the container takes it even if its
+			// StartContainer gave up waiting (kubelet's request timeout),
+			// so that it is never left without a pod.
+			go r.takeArrived(id, log)
+		},
+	}, nil
+}
+
+// takeArrived starts receiving container id with the guest that arrived,
+// unless its StartContainer did already.
+func (r *vmService) takeArrived(id string, log logrus.FieldLogger) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, unlock, err := r.lockContainer(ctx, id)
+	if err != nil {
+		log.WithError(err).Warn("live migration: take the arrived guest")
+		return
 	}
-	return ep, done, nil
+	defer unlock()
+	if c.State != ContainerCreated {
+		return
+	}
+	if err := r.startLocked(ctx, c); err != nil {
+		log.WithError(err).Warn("live migration: take the arrived guest")
+		return
+	}
+	log.Info("live migration: the arrived guest is the container's")
 }
 
 // MigrateVM live-migrates container id's VM to the pod receivingPodUID on
@@ -324,6 +364,14 @@ func (r *accessService) MigrateVM(ctx context.Context, id string, to ports.Migra
 		return st, fmt.Errorf("live migration of pod %s: node %s: %w", pod, to.Node, err)
 	}
 	st, err = migrator.MigrateVM(ctx, c.ID, session.Endpoint())
+	if err != nil {
+		// An answer lost after the switchover (a timeout, an abort that
+		// came too late) is no failure: libvirt says where the guest is.
+		if s, serr := r.deps.Hypervisor.Status(context.WithoutCancel(ctx), c.ID); serr == nil && s.State == ports.VMStopped && s.Reason == ports.ReasonMigrated {
+			log.WithError(err).Warn("live migration: the call failed after the guest had moved")
+			err = nil
+		}
+	}
 	session.Finish(err)
 	if err != nil {
 		return st, fmt.Errorf("live migration of pod %s to node %s: %w", pod, to.Node, err)

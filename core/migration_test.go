@@ -64,7 +64,7 @@ func TestAReceivingPodTakesOnlyTheVMItsAnnotationNames(t *testing.T) {
 	} {
 		o := offerOf(source, "uid-recv")
 		tc.offer(&o)
-		if _, _, err := e.rt.ReceiveMigration(ctx, tc.from, o); err == nil {
+		if _, err := e.rt.ReceiveMigration(ctx, tc.from, o); err == nil {
 			t.Errorf("%s: an offer from %s of %+v was accepted", name, tc.from, o)
 		} else if name == "another pod's" && !errors.Is(err, ports.ErrNotFound) {
 			t.Errorf("an offer for a pod that is not here: %v, want ErrNotFound (the sender retries)", err)
@@ -73,11 +73,18 @@ func TestAReceivingPodTakesOnlyTheVMItsAnnotationNames(t *testing.T) {
 		}
 	}
 
-	ep, done, err := e.rt.ReceiveMigration(ctx, "node-1", offerOf(source, "uid-recv"))
-	if err != nil || ep.DomainXML == "" {
-		t.Fatalf("the named VM's offer: %v (%+v)", err, ep)
+	in, err := e.rt.ReceiveMigration(ctx, "node-1", offerOf(source, "uid-recv"))
+	if err != nil || in.Endpoint.DomainXML == "" || in.Domain != source.Domain {
+		t.Fatalf("the named VM's offer: %v (%+v)", err, in)
 	}
-	if _, _, err := e.rt.ReceiveMigration(ctx, "node-1", offerOf(source, "uid-recv")); !errors.Is(err, ports.ErrAlreadyExists) {
+	if _, err := in.Check(ctx, "<domain><name>virtlet-ffffffffffff-other</name></domain>"); err == nil {
+		t.Error("the definition of another domain passed the receiving VM's check")
+	}
+	if x, err := in.Check(ctx, in.Endpoint.DomainXML); err != nil || x == "" {
+		t.Errorf("the receiving VM's own definition: %q, %v", x, err)
+	}
+	done := in.Done
+	if _, err := e.rt.ReceiveMigration(ctx, "node-1", offerOf(source, "uid-recv")); !errors.Is(err, ports.ErrAlreadyExists) {
 		t.Errorf("a second offer while the first runs: %v, want ErrAlreadyExists", err)
 	}
 	started := make(chan error, 1)
@@ -101,11 +108,11 @@ func TestAFailedMigrationFailsTheReceivingStart(t *testing.T) {
 	ctx := context.Background()
 	sb := e.runPod(t, "recv", migrateFrom(t, source))
 	id := e.createVM(t, sb)
-	_, done, err := e.rt.ReceiveMigration(ctx, "node-1", offerOf(source, "uid-recv"))
+	in, err := e.rt.ReceiveMigration(ctx, "node-1", offerOf(source, "uid-recv"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	done(errors.New("node node-1's daemon went away during the migration"))
+	in.Done(errors.New("node node-1's daemon went away during the migration"))
 	err = e.rt.StartContainer(ctx, id)
 	if err == nil || !strings.Contains(err.Error(), "went away") || !strings.Contains(err.Error(), "runs on at its source") {
 		t.Errorf("StartContainer after a failed migration: %v", err)
@@ -199,7 +206,32 @@ func TestStoppingAReceivingPodEndsItsWait(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("StartContainer still waits after its pod stopped")
 	}
-	if _, _, err := e.rt.ReceiveMigration(ctx, "node-1", offerOf(source, "uid-recv")); err == nil {
+	if _, err := e.rt.ReceiveMigration(ctx, "node-1", offerOf(source, "uid-recv")); err == nil {
 		t.Error("a stopped receiving pod accepted an offer")
+	}
+}
+
+func TestAMigrationThatOutlivesStartContainerStillEndsInTheContainer(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.runPod(t, "recv", migrateFrom(t, source))
+	id := e.createVM(t, sb)
+	in, err := e.rt.ReceiveMigration(ctx, "node-1", offerOf(source, "uid-recv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// kubelet gives up on StartContainer before the migration ends.
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := e.rt.StartContainer(short, id); err == nil {
+		t.Fatal("StartContainer returned before the migration ended")
+	}
+	in.Done(nil)
+	eventually(t, "the receiving container running with the arrived guest", func() bool {
+		c, err := e.rt.ContainerStatus(ctx, id)
+		return err == nil && c.State == core.ContainerRunning
+	})
+	if err := e.rt.StartContainer(ctx, id); err != nil {
+		t.Errorf("kubelet's next StartContainer: %v", err)
 	}
 }

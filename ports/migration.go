@@ -59,6 +59,15 @@ type VMMigrator interface {
 	// IncomingEndpoint (receiving side) makes the sockets incoming VM id's
 	// migration arrives through and returns them with its definition.
 	IncomingEndpoint(ctx context.Context, id string) (MigrationEndpoint, error)
+	// CheckArrival (receiving side) checks the definition the sending
+	// hypervisor asks this node's to run incoming VM id's guest in: its
+	// identity and everything of this node in it (files, devices, the
+	// emulator, labels) must be the VM's own definition's, so that the
+	// sending node decides nothing of this one's; refused with
+	// ErrFailedPrecondition naming what differs. It returns the
+	// definition to hand this node's hypervisor: the one it checked, as
+	// it understood it (what it does not know of is left out).
+	CheckArrival(ctx context.Context, id, domainXML string) (string, error)
 	// MigrateVM (sending side) moves running VM id's guest, live, into the
 	// VM at to: its disks are copied as the guest runs, then its memory,
 	// and it pauses only for the last of it. On success VM id has exited
@@ -106,8 +115,21 @@ type MigrationPeers interface {
 }
 
 // MigrationReceiver is the receiving daemon's side (the core): it checks
-// an offer from a node and prepares the endpoint; done is called once
-// with the outcome the sender reports (or the connection's loss).
+// an offer from a node and prepares the incoming migration.
 type MigrationReceiver interface {
-	ReceiveMigration(ctx context.Context, fromNode string, offer MigrationOffer) (ep MigrationEndpoint, done func(error), err error)
+	ReceiveMigration(ctx context.Context, fromNode string, offer MigrationOffer) (IncomingMigration, error)
+}
+
+// IncomingMigration is an accepted offer on the receiving side.
+type IncomingMigration struct {
+	Endpoint MigrationEndpoint
+	// Domain is the name the migrating VM keeps.
+	Domain string
+	// Check vets the definition the sending hypervisor asks this node's
+	// to run the guest in, and returns the one to pass on
+	// (VMMigrator.CheckArrival).
+	Check func(ctx context.Context, domainXML string) (string, error)
+	// Done is called once with the outcome the sender reports (or the
+	// connection's loss).
+	Done func(error)
 }

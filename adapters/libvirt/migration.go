@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/xml"
 	"errors"
 	"fmt"
 	"net/url"
@@ -50,50 +51,72 @@ func (m migrations) MigrationIdentity(ctx context.Context, id string) (ports.VMI
 		return ports.VMIncoming{}, err
 	}
 	defer dom.Free()
-	if err := m.checkMigratable(r, dom); err != nil {
+	if _, err := m.checkMigratable(r, dom); err != nil {
 		return ports.VMIncoming{}, err
 	}
 	return ports.VMIncoming{Name: r.Spec.Name, UUID: strings.ToLower(r.Spec.UUID)}, nil
 }
 
-// checkMigratable refuses, by name, what a live migration cannot move:
-// what a checkpoint cannot capture, and (for now) any disk but the root
-// overlay and read-only media.
-func (m migrations) checkMigratable(r *record, dom *libvirt.Domain) error {
+// checkMigratable refuses, by name, what a live migration cannot move,
+// and returns the target devices of the disks it copies: the root
+// overlay's. Read-only media come with the receiving pod; network disks
+// (Ceph RBD, a Ceph root among them) are shared storage, which the
+// receiving VM attaches itself and nothing copies; a disk of this node's
+// alone (a host block device, a persistent root on one, a volume's file)
+// is refused.
+func (m migrations) checkMigratable(r *record, dom *libvirt.Domain) ([]string, error) {
 	h := m.h
 	h.mu.Lock()
 	state := r.State
 	h.mu.Unlock()
 	if state != ports.VMRunning {
-		return fmt.Errorf("VM %s is %s, not running: only a running VM is live-migrated: %w", r.Spec.Name, state, ports.ErrFailedPrecondition)
+		return nil, fmt.Errorf("VM %s is %s, not running: only a running VM is live-migrated: %w", r.Spec.Name, state, ports.ErrFailedPrecondition)
+	}
+	refuse := func(format string, args ...any) ([]string, error) {
+		return nil, fmt.Errorf("VM %s "+format+": %w", append(append([]any{r.Spec.Name}, args...), ports.ErrFailedPrecondition)...)
 	}
 	x, err := dom.GetXMLDesc(0)
 	if err != nil {
-		return libvirtError("domain XML of "+r.Spec.Name, err)
+		return nil, libvirtError("domain XML of "+r.Spec.Name, err)
 	}
 	var live libvirtxml.Domain
 	if err := live.Unmarshal(x); err != nil {
-		return fmt.Errorf("domain XML of %s: %w", r.Spec.Name, err)
-	}
-	plan, err := planCheckpoint(r, &live)
-	if err != nil {
-		// The same refusals, in a migration's words.
-		msg := strings.TrimSuffix(err.Error(), ": "+ports.ErrFailedPrecondition.Error())
-		msg = strings.NewReplacer("cannot be checkpointed", "cannot be live-migrated", "part of a checkpoint", "migrated").Replace(msg)
-		return fmt.Errorf("%s: %w", msg, ports.ErrFailedPrecondition)
-	}
-	for _, c := range plan.copies {
-		if c.name != "root" || c.backing == "" {
-			return fmt.Errorf("VM %s has the writable disk %s: live migration copies only the root disk's overlay yet, not volumes: %w", r.Spec.Name, c.name, ports.ErrFailedPrecondition)
-		}
+		return nil, fmt.Errorf("domain XML of %s: %w", r.Spec.Name, err)
 	}
 	switch {
+	case len(r.Spec.Filesystems) > 0:
+		return refuse("shares the host directory %s with its guest (9p, tag %q): QEMU cannot move a mounted 9p file system, so the VM cannot be live-migrated",
+			r.Spec.Filesystems[0].Source, r.Spec.Filesystems[0].Tag)
+	case r.Spec.Firmware == ports.FirmwareUEFI:
+		return refuse("boots by UEFI: its UEFI variable store is not moved yet, so the VM cannot be live-migrated")
+	case live.Devices != nil && len(live.Devices.Hostdevs) > 0:
+		return refuse("has a host device passed through: its state lives in the device, so the VM cannot be live-migrated")
 	case r.Spec.HugepageSizeBytes > 0:
-		return fmt.Errorf("VM %s is backed by hugepages: the receiving node's are reserved per pod, so the VM is not live-migrated: %w", r.Spec.Name, ports.ErrFailedPrecondition)
+		return refuse("is backed by hugepages: the receiving node's are reserved per pod, so the VM is not live-migrated")
 	case len(r.Spec.CPUSet) > 0:
-		return fmt.Errorf("VM %s runs on pinned CPUs of this node: it is not live-migrated: %w", r.Spec.Name, ports.ErrFailedPrecondition)
+		return refuse("runs on pinned CPUs of this node: it is not live-migrated")
 	}
-	return nil
+	for _, d := range r.Spec.Disks {
+		switch {
+		case d.ReadOnly || d.Device == ports.DeviceCDROM:
+		case d.Source.Type == ports.SourceNetwork:
+			// Shared: the receiving VM attaches the same image.
+		case d.Source.Type == ports.SourceBlock:
+			return refuse("has the host block device %s as its disk %s: its data stays on this node, so the VM cannot be live-migrated", d.Source.Path, d.Name)
+		case d.Name != "root" || d.Overlay == nil:
+			return refuse("has the disk %s on this node's file system: live migration copies only the root disk's overlay yet, not volumes", d.Name)
+		}
+	}
+	// What is copied: the root overlay, found in the live domain by its file.
+	var copies []string
+	if live.Devices != nil {
+		for _, d := range live.Devices.Disks {
+			if d.Source != nil && d.Source.File != nil && d.Source.File.File == r.DiskPaths["root"] && d.Target != nil && d.ReadOnly == nil {
+				copies = append(copies, d.Target.Dev)
+			}
+		}
+	}
+	return copies, nil
 }
 
 // prepareIncoming checks an incoming VM's identity against the node and
@@ -225,7 +248,8 @@ func (m migrations) MigrateVM(ctx context.Context, id string, to ports.Migration
 		return st, err
 	}
 	defer dom.Free()
-	if err := m.checkMigratable(r, dom); err != nil {
+	copies, err := m.checkMigratable(r, dom)
+	if err != nil {
 		return st, err
 	}
 	own, err := dom.GetXMLDesc(libvirt.DOMAIN_XML_MIGRATABLE)
@@ -243,14 +267,22 @@ func (m migrations) MigrateVM(ctx context.Context, id string, to ports.Migration
 	}
 	params := &libvirt.DomainMigrateParameters{
 		URISet: true, URI: "unix://" + to.MemorySocket,
-		DisksURISet: true, DisksURI: "unix://" + to.DisksSocket,
 		DestXMLSet: true, DestXML: destXML,
-		PersistXMLSet: true, PersistXML: destXML,
 	}
 	// Peer to peer: this node's libvirtd drives it, over the control
-	// socket. The source domain stays defined (shut off) so that its
-	// completed job's figures can be read; Undefine removes it.
-	flags := libvirt.MIGRATE_LIVE | libvirt.MIGRATE_PEER2PEER | libvirt.MIGRATE_PERSIST_DEST | libvirt.MIGRATE_NON_SHARED_INC | libvirt.MIGRATE_ABORT_ON_ERROR
+	// socket. The receiving domain keeps the definition its node gave it
+	// (no PERSIST_DEST: the receiving daemon refuses one from here). The
+	// source domain stays defined (shut off) so that its completed job's
+	// figures can be read; Undefine removes it.
+	flags := libvirt.MIGRATE_LIVE | libvirt.MIGRATE_PEER2PEER | libvirt.MIGRATE_ABORT_ON_ERROR
+	if len(copies) > 0 {
+		// Only the root overlay is copied (what it holds over the image
+		// both nodes have): shared (network) disks are the receiving VM's
+		// too, and read-only media its own.
+		flags |= libvirt.MIGRATE_NON_SHARED_INC
+		params.MigrateDisksSet, params.MigrateDisks = true, copies
+		params.DisksURISet, params.DisksURI = true, "unix://"+to.DisksSocket
+	}
 	log := h.log.WithFields(logrus.Fields{"vm": r.Spec.Name, "pod": r.Spec.PodNamespace + "/" + r.Spec.PodName})
 	// QEMU switches over once what is left to copy fits in this pause
 	// (its default is 300 ms).
@@ -351,6 +383,7 @@ func destinationXML(own, theirs string) (string, error) {
 		}
 		src.Devices.Disks[i].Source = theirs.Source
 		src.Devices.Disks[i].BackingStore = theirs.BackingStore
+		src.Devices.Disks[i].Auth = theirs.Auth // a network disk's: the receiving node's secret
 	}
 	nics := map[string]libvirtxml.DomainInterface{}
 	for _, n := range dst.Devices.Interfaces {
@@ -369,10 +402,18 @@ func destinationXML(own, theirs string) (string, error) {
 		src.Devices.Interfaces[i].Target = theirs.Target
 		src.Devices.Interfaces[i].Source = theirs.Source
 	}
-	src.Devices.Emulator = dst.Devices.Emulator
-	src.Devices.Serials, src.Devices.Consoles = dst.Devices.Serials, dst.Devices.Consoles
-	src.Devices.Channels, src.Devices.Graphics = dst.Devices.Channels, dst.Devices.Graphics
-	src.SecLabel, src.Resource, src.Metadata = dst.SecLabel, dst.Resource, dst.Metadata
+	// Everything else that reaches the host is the receiving node's, as
+	// checkArrivingXML wants it there.
+	sd, dd := src.Devices, dst.Devices
+	sd.Emulator = dd.Emulator
+	sd.Serials, sd.Consoles, sd.Channels, sd.Parallels, sd.Graphics = dd.Serials, dd.Consoles, dd.Channels, dd.Parallels, dd.Graphics
+	sd.Filesystems, sd.Hostdevs, sd.Smartcards, sd.RedirDevs, sd.Shmems = dd.Filesystems, dd.Hostdevs, dd.Smartcards, dd.RedirDevs, dd.Shmems
+	sd.TPMs, sd.RNGs, sd.Inputs, sd.Audios, sd.Watchdogs = dd.TPMs, dd.RNGs, dd.Inputs, dd.Audios, dd.Watchdogs
+	sd.Memorydevs, sd.Leases, sd.Crypto, sd.PStore, sd.VSock, sd.NVRAM = dd.Memorydevs, dd.Leases, dd.Crypto, dd.PStore, dd.VSock, dd.NVRAM
+	src.SecLabel, src.Resource, src.Metadata, src.MemoryBacking = dst.SecLabel, dst.Resource, dst.Metadata, dst.MemoryBacking
+	if src.OS != nil && dst.OS != nil {
+		src.OS.Loader, src.OS.NVRam, src.OS.Kernel, src.OS.Initrd, src.OS.DTB = dst.OS.Loader, dst.OS.NVRam, dst.OS.Kernel, dst.OS.Initrd, dst.OS.DTB
+	}
 	return src.Marshal()
 }
 
@@ -395,5 +436,160 @@ func (m migrations) arrivedLocked(r *record) error {
 		return err
 	}
 	h.watchers.notify(r.status())
+	return nil
+}
+
+// CheckArrival vets the definition the sending node's libvirtd asks this
+// node's to run incoming VM id's guest in (checkArrivingXML).
+func (m migrations) CheckArrival(ctx context.Context, id, domainXML string) (string, error) {
+	h := m.h
+	r, dom, err := h.lookup(id)
+	if err != nil {
+		return "", err
+	}
+	defer dom.Free()
+	h.mu.Lock()
+	incoming := r.Incoming
+	h.mu.Unlock()
+	if !incoming {
+		return "", fmt.Errorf("VM %s is not waiting for a live migration: %w", r.Spec.Name, ports.ErrFailedPrecondition)
+	}
+	ours, err := dom.GetXMLDesc(libvirt.DOMAIN_XML_MIGRATABLE)
+	if err != nil {
+		return "", libvirtError("domain XML of "+r.Spec.Name, err)
+	}
+	checked, err := checkArrivingXML(ours, domainXML)
+	if err != nil {
+		h.log.WithError(err).WithField("vm", r.Spec.Name).Warn("live migration: the sending node's definition refused")
+		return "", fmt.Errorf("VM %s: the sending node's definition: %w", r.Spec.Name, err)
+	}
+	return checked, nil
+}
+
+// deviceNoise is what a device's XML may differ in between the running
+// guest's definition and this node's: its guest address and alias.
+var deviceNoise = regexp.MustCompile(`\s*<(address|alias)\b[^>]*(/>|>\s*</(address|alias)>)`)
+
+// checkArrivingXML refuses an arriving definition that differs from ours
+// in anything of this node: the identity, QEMU pass-through, the
+// emulator, firmware and kernel files, memory backing, security labels,
+// resource partition, the disks' and NICs' host sides, and every device
+// that reaches the host (files, sockets, host devices, shares, random
+// sources, TPMs, audio, watchdogs...), which must be ours exactly. The
+// virtual hardware a running guest keeps (device addresses, models, CPU,
+// memory) is the sending node's to give. It returns the definition as
+// checked: what libvirtxml does not know of is not passed on, so that
+// libvirtd reads nothing this check did not.
+func checkArrivingXML(ours, arriving string) (string, error) {
+	var o, a libvirtxml.Domain
+	if err := o.Unmarshal(ours); err != nil {
+		return "", err
+	}
+	if err := a.Unmarshal(arriving); err != nil {
+		return "", fmt.Errorf("it is not a domain definition: %v: %w", err, ports.ErrFailedPrecondition)
+	}
+	if err := checkArriving(&o, &a); err != nil {
+		return "", err
+	}
+	return a.Marshal()
+}
+
+func checkArriving(o, a *libvirtxml.Domain) error {
+	refuse := func(format string, args ...any) error {
+		return fmt.Errorf(format+": %w", append(args, ports.ErrFailedPrecondition)...)
+	}
+	same := func(x, y any) bool {
+		bx, ex := xml.Marshal(x)
+		by, ey := xml.Marshal(y)
+		return ex == nil && ey == nil && deviceNoise.ReplaceAllString(string(bx), "") == deviceNoise.ReplaceAllString(string(by), "")
+	}
+	switch {
+	case a.Name != o.Name || !strings.EqualFold(a.UUID, o.UUID):
+		return refuse("it is domain %s (UUID %s), not %s (%s)", a.Name, a.UUID, o.Name, o.UUID)
+	case a.QEMUCommandline != nil || a.QEMUCapabilities != nil || a.QEMUOverride != nil || a.QEMUDeprecation != nil:
+		return refuse("it passes options to QEMU itself")
+	case a.Devices == nil || o.Devices == nil:
+		return refuse("it has no devices")
+	case a.Devices.Emulator != o.Devices.Emulator:
+		return refuse("its emulator is %q, not %q", a.Devices.Emulator, o.Devices.Emulator)
+	case !same(a.MemoryBacking, o.MemoryBacking):
+		return refuse("its memory backing differs")
+	case !same(a.SecLabel, o.SecLabel):
+		return refuse("its security labels differ")
+	case !same(a.Resource, o.Resource):
+		return refuse("its resource partition differs")
+	}
+	if (a.OS == nil) != (o.OS == nil) || a.OS != nil && (!same(a.OS.Loader, o.OS.Loader) || !same(a.OS.NVRam, o.OS.NVRam) ||
+		a.OS.Kernel != o.OS.Kernel || a.OS.Initrd != o.OS.Initrd || a.OS.DTB != o.OS.DTB) {
+		return refuse("its firmware or kernel files differ")
+	}
+	disks := map[string]libvirtxml.DomainDisk{}
+	for _, d := range o.Devices.Disks {
+		if d.Target != nil {
+			disks[d.Target.Dev] = d
+		}
+	}
+	if len(a.Devices.Disks) != len(o.Devices.Disks) {
+		return refuse("it has %d disks, this node's definition %d", len(a.Devices.Disks), len(o.Devices.Disks))
+	}
+	for _, d := range a.Devices.Disks {
+		if d.Target == nil {
+			return refuse("a disk without a target")
+		}
+		ourDisk, ok := disks[d.Target.Dev]
+		if !ok || d.Device != ourDisk.Device || !same(d.Source, ourDisk.Source) || !same(d.BackingStore, ourDisk.BackingStore) || !same(d.Auth, ourDisk.Auth) {
+			return refuse("its disk %s is not this node's", d.Target.Dev)
+		}
+	}
+	nics := map[string]libvirtxml.DomainInterface{}
+	for _, n := range o.Devices.Interfaces {
+		if n.MAC != nil {
+			nics[strings.ToLower(n.MAC.Address)] = n
+		}
+	}
+	if len(a.Devices.Interfaces) != len(o.Devices.Interfaces) {
+		return refuse("it has %d network interfaces, this node's definition %d", len(a.Devices.Interfaces), len(o.Devices.Interfaces))
+	}
+	for _, n := range a.Devices.Interfaces {
+		if n.MAC == nil {
+			return refuse("a network interface without a MAC")
+		}
+		ourNIC, ok := nics[strings.ToLower(n.MAC.Address)]
+		if !ok || !same(n.Source, ourNIC.Source) || !same(n.Target, ourNIC.Target) || !same(n.Script, ourNIC.Script) ||
+			!same(n.DownScript, ourNIC.DownScript) || !same(n.Backend, ourNIC.Backend) || !same(n.ROM, ourNIC.ROM) {
+			return refuse("its network interface %s is not this node's", n.MAC.Address)
+		}
+	}
+	// Every other device that reaches the host: ours exactly.
+	for _, kind := range []struct {
+		name      string
+		mine, its any
+	}{
+		{"filesystem", o.Devices.Filesystems, a.Devices.Filesystems},
+		{"host device", o.Devices.Hostdevs, a.Devices.Hostdevs},
+		{"serial port", o.Devices.Serials, a.Devices.Serials},
+		{"console", o.Devices.Consoles, a.Devices.Consoles},
+		{"channel", o.Devices.Channels, a.Devices.Channels},
+		{"parallel port", o.Devices.Parallels, a.Devices.Parallels},
+		{"display", o.Devices.Graphics, a.Devices.Graphics},
+		{"smartcard", o.Devices.Smartcards, a.Devices.Smartcards},
+		{"USB redirection", o.Devices.RedirDevs, a.Devices.RedirDevs},
+		{"shared memory", o.Devices.Shmems, a.Devices.Shmems},
+		{"TPM", o.Devices.TPMs, a.Devices.TPMs},
+		{"random source", o.Devices.RNGs, a.Devices.RNGs},
+		{"input", o.Devices.Inputs, a.Devices.Inputs},
+		{"audio", o.Devices.Audios, a.Devices.Audios},
+		{"watchdog", o.Devices.Watchdogs, a.Devices.Watchdogs},
+		{"memory device", o.Devices.Memorydevs, a.Devices.Memorydevs},
+		{"lease", o.Devices.Leases, a.Devices.Leases},
+		{"crypto device", o.Devices.Crypto, a.Devices.Crypto},
+		{"pstore", o.Devices.PStore, a.Devices.PStore},
+		{"vsock", o.Devices.VSock, a.Devices.VSock},
+		{"NVRAM", o.Devices.NVRAM, a.Devices.NVRAM},
+	} {
+		if !same(kind.mine, kind.its) {
+			return refuse("its %s devices are not this node's", kind.name)
+		}
+	}
 	return nil
 }

@@ -123,3 +123,55 @@ func TestLibvirtdsSocketIsItsURIs(t *testing.T) {
 		}
 	}
 }
+
+func TestAnArrivingDefinitionMustBeThisNodesInWhatReachesTheHost(t *testing.T) {
+	// What the sending node sends for an honest migration passes.
+	dest, err := destinationXML(sendingXML, receivingXML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked, err := checkArrivingXML(receivingXML, dest)
+	if err != nil {
+		t.Fatalf("an honest destination refused: %v", err)
+	}
+	if !strings.Contains(checked, "/node-2/vms/bbbb-root.qcow2") {
+		t.Errorf("the checked definition passed on:\n%s", checked)
+	}
+	// An element the check does not know of is not passed on to libvirtd.
+	odd, err := checkArrivingXML(receivingXML, strings.Replace(dest, "</devices>", "</devices><unheardof path='/etc/shadow'/>", 1))
+	if err != nil || strings.Contains(odd, "unheardof") {
+		t.Errorf("an unknown element: %v, passed on as\n%s", err, odd)
+	}
+	for name, tc := range map[string]struct {
+		edit func(string) string
+		want string
+	}{
+		"another disk file": {func(x string) string {
+			return strings.Replace(x, "/node-2/vms/bbbb-root.qcow2", "/etc/shadow", 1)
+		}, "its disk sda is not this node's"},
+		"a disk more": {func(x string) string {
+			return strings.Replace(x, "<interface", `<disk type="file" device="disk"><source file="/etc/shadow"/><target dev="sdz" bus="scsi"/></disk><interface`, 1)
+		}, "it has 3 disks"},
+		"a host directory shared": {func(x string) string {
+			return strings.Replace(x, "<interface", `<filesystem type="mount"><source dir="/"/><target dir="root"/></filesystem><interface`, 1)
+		}, "filesystem"},
+		"a QEMU option": {func(x string) string {
+			return strings.Replace(x, "</devices>", "</devices><commandline xmlns='http://libvirt.org/schemas/domain/qemu/1.0'><arg value='-chardev'/></commandline>", 1)
+		}, "passes options to QEMU"},
+		"another emulator": {func(x string) string {
+			return strings.Replace(x, "/usr/bin/qemu-system-x86_64", "/tmp/evil", 1)
+		}, "emulator"},
+		"another console file": {func(x string) string { return strings.Replace(x, "/node-2/vms/bbbb.console", "/etc/passwd", 1) }, "serial port"},
+		"another user":         {func(x string) string { return strings.Replace(x, "+2000000007:+2000000007", "+0:+0", 1) }, "security labels"},
+		"another tap":          {func(x string) string { return strings.Replace(x, "tap-node2", "eth0", 1) }, "network interface"},
+		"another guest":        {func(x string) string { return strings.Replace(x, "9b1f4a52", "00000000", 1) }, "not virtlet-0123456789ab-vm"},
+		"a script to run": {func(x string) string {
+			return strings.Replace(x, `<model type="virtio">`, `<script path="/tmp/evil.sh"></script><model type="virtio">`, 1)
+		}, "network interface"},
+	} {
+		_, err := checkArrivingXML(receivingXML, tc.edit(dest))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want a refusal saying %q", name, err, tc.want)
+		}
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -41,9 +42,12 @@ const nodePrefix = "system:node:"
 // Config is a daemon's migration endpoint.
 type Config struct {
 	Address  string // host:port to listen on (":10259": every address)
-	CertFile string // the node's certificate (subject system:node:<node>)
+	CertFile string // the node's certificate (subject system:node:<node>), read at each handshake (it may rotate)
 	KeyFile  string
 	CAFile   string // the cluster's CA, which signed every node's
+	// RunDir is where migrations' sockets are (default
+	// ports.MigrationRunDir); what a crashed daemon left there goes.
+	RunDir string
 }
 
 // Peers is both ends: it serves the receiving side and dials the sending
@@ -51,7 +55,7 @@ type Config struct {
 type Peers struct {
 	log      logrus.FieldLogger
 	port     string
-	cert     tls.Certificate
+	cert     func() (*tls.Certificate, error)
 	roots    *x509.CertPool
 	receiver ports.MigrationReceiver
 	ln       net.Listener
@@ -71,9 +75,15 @@ type Peers struct {
 
 // session is an accepted offer, on the receiving side.
 type session struct {
-	node string
-	ep   ports.MigrationEndpoint
+	node    string
+	in      ports.IncomingMigration
+	expires time.Time
+	streams map[string]int // opened, by kind
 }
+
+// maxStreams is how many streams of each kind a migration opens: one
+// libvirtd connection, one memory stream, an NBD connection per disk.
+var maxStreams = map[string]int{"control": 1, "memory": 1, "disks": 4}
 
 // header opens every connection.
 type header struct {
@@ -96,9 +106,16 @@ type result struct {
 
 // Listen loads the node's credentials and serves migrations to receiver.
 func Listen(cfg Config, receiver ports.MigrationReceiver, log logrus.FieldLogger) (*Peers, error) {
-	cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("migration endpoint: the node's certificate: %w", err)
+	// Read at each handshake: kubelet's client certificate rotates.
+	cert := func() (*tls.Certificate, error) {
+		c, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("migration endpoint: the node's certificate: %w", err)
+		}
+		return &c, nil
+	}
+	if _, err := cert(); err != nil {
+		return nil, err
 	}
 	caPEM, err := os.ReadFile(cfg.CAFile)
 	if err != nil {
@@ -113,11 +130,19 @@ func Listen(cfg Config, receiver ports.MigrationReceiver, log logrus.FieldLogger
 		return nil, fmt.Errorf("migration endpoint address %q: %w", cfg.Address, err)
 	}
 	p := &Peers{log: log, port: port, cert: cert, roots: roots, receiver: receiver, sessions: map[string]*session{}}
-	p.setRunDir(ports.MigrationRunDir)
+	if cfg.RunDir == "" {
+		cfg.RunDir = ports.MigrationRunDir
+	}
+	p.setRunDir(cfg.RunDir)
+	// No migration outlives its daemon: a crashed one's sockets go.
+	if err := os.RemoveAll(cfg.RunDir); err != nil {
+		return nil, fmt.Errorf("migration endpoint: %w", err)
+	}
 	p.localPath = func(path string) string { return path }
 	ln, err := tls.Listen("tcp", cfg.Address, &tls.Config{
-		MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert},
-		ClientAuth: tls.RequireAnyClientCert, VerifyConnection: p.verify(""),
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert() },
+		ClientAuth:     tls.RequireAnyClientCert, VerifyConnection: p.verify(""),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("migration endpoint: %w", err)
@@ -149,8 +174,8 @@ func (p *Peers) verify(node string) func(tls.ConnectionState) error {
 		}
 		cn := leaf.Subject.CommonName
 		switch {
-		case !strings.HasPrefix(cn, nodePrefix) || len(cn) == len(nodePrefix):
-			return fmt.Errorf("the peer's certificate is %q's, not a node's (%s<node>)", cn, nodePrefix)
+		case !strings.HasPrefix(cn, nodePrefix) || len(cn) == len(nodePrefix) || !slices.Contains(leaf.Subject.Organization, "system:nodes"):
+			return fmt.Errorf("the peer's certificate is %q's (organisations %v), not a node's (%s<node> of system:nodes)", cn, leaf.Subject.Organization, nodePrefix)
 		case node != "" && cn != nodePrefix+node:
 			return fmt.Errorf("the peer's certificate is %q's, not node %s's", cn, node)
 		}
@@ -206,27 +231,31 @@ func (p *Peers) handle(c *tls.Conn) {
 func (p *Peers) offered(c *tls.Conn, r *bufio.Reader, node string, offer ports.MigrationOffer) {
 	log := p.log.WithFields(logrus.Fields{"from": node, "pod": offer.SourcePod})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	ep, done, err := p.receiver.ReceiveMigration(ctx, node, offer)
+	in, err := p.receiver.ReceiveMigration(ctx, node, offer)
 	cancel()
 	enc := json.NewEncoder(c)
 	if err != nil {
 		enc.Encode(reply{Error: err.Error(), NotFound: errors.Is(err, ports.ErrNotFound)})
 		return
 	}
+	ep, done := in.Endpoint, in.Done
 	id := randomID()
 	p.mu.Lock()
-	p.sessions[id] = &session{node: node, ep: ep}
+	p.sessions[id] = &session{node: node, in: in, expires: time.Now().Add(sessionLife), streams: map[string]int{}}
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
 		delete(p.sessions, id)
 		p.mu.Unlock()
 	}()
-	if err := enc.Encode(reply{Session: id, Endpoint: &ep}); err != nil {
+	// The sender needs the definition, not the local libvirtd socket.
+	theirs := ep
+	theirs.ControlSocket = ""
+	if err := enc.Encode(reply{Session: id, Endpoint: &theirs}); err != nil {
 		done(fmt.Errorf("answer node %s's offer: %w", node, err))
 		return
 	}
-	c.SetDeadline(time.Time{})
+	c.SetDeadline(time.Now().Add(sessionLife))
 	line, err := r.ReadBytes('\n')
 	var res result
 	switch {
@@ -244,31 +273,42 @@ func (p *Peers) offered(c *tls.Conn, r *bufio.Reader, node string, offer ports.M
 
 // stream joins one of an accepted migration's streams to its socket here.
 func (p *Peers) stream(c *tls.Conn, node string, h header) {
+	log := p.log.WithFields(logrus.Fields{"from": node, "stream": h.Stream})
 	p.mu.Lock()
 	s := p.sessions[h.Session]
+	ok := s != nil && s.node == node && s.streams[h.Stream] < maxStreams[h.Stream] && time.Now().Before(s.expires)
+	if ok {
+		s.streams[h.Stream]++
+	}
 	p.mu.Unlock()
-	if s == nil || s.node != node {
-		p.log.WithFields(logrus.Fields{"from": node, "stream": h.Stream}).Warn("migration endpoint: a stream of no migration of that node's")
+	if !ok {
+		log.Warn("migration endpoint: refused a stream (no migration of that node's, or more streams than a migration opens)")
 		return
 	}
 	var path string
 	switch h.Stream {
 	case "control":
-		path = s.ep.ControlSocket
+		path = s.in.Endpoint.ControlSocket
 	case "memory":
-		path = s.ep.MemorySocket
+		path = s.in.Endpoint.MemorySocket
 	case "disks":
-		path = s.ep.DisksSocket
-	default:
-		return
+		path = s.in.Endpoint.DisksSocket
 	}
 	local, err := net.DialTimeout("unix", p.localPath(path), 10*time.Second)
 	if err != nil {
-		p.log.WithError(err).WithField("stream", h.Stream).Warn("migration endpoint: reach the local end")
+		log.WithError(err).Warn("migration endpoint: reach the local end")
 		return
 	}
-	c.SetDeadline(time.Time{})
-	pipe(c, local)
+	// No stream outlives its migration's session.
+	c.SetDeadline(s.expires)
+	local.SetDeadline(s.expires)
+	if h.Stream != "control" {
+		pipe(c, local)
+		return
+	}
+	if err := p.filterControl(c, local, s); err != nil {
+		log.WithError(err).Warn("migration endpoint: the sending node's libvirtd asked for more than a migration: cut off")
+	}
 }
 
 // pipe copies both ways until either side ends, then closes both.
@@ -304,9 +344,10 @@ func (p *Peers) dial(ctx context.Context, to ports.MigrationPeer) (*tls.Conn, er
 		addr = net.JoinHostPort(addr, p.port) // every node's daemon listens on the same port
 	}
 	d := tls.Dialer{Config: &tls.Config{
-		MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{p.cert},
-		InsecureSkipVerify: true, // verified below: node certificates name no address
-		VerifyConnection:   p.verify(to.Node),
+		MinVersion:           tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return p.cert() },
+		InsecureSkipVerify:   true, // verified below: node certificates name no address
+		VerifyConnection:     p.verify(to.Node),
 	}}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -383,6 +424,7 @@ type outgoing struct {
 	id     string
 	offer  *tls.Conn
 	dir    string
+	made   bool // dir is this session's
 	vmUser *ports.ProcessIdentity
 	ep     ports.MigrationEndpoint
 	lns    []net.Listener
@@ -401,6 +443,7 @@ func (s *outgoing) listen(theirs ports.MigrationEndpoint) error {
 	if err := os.Mkdir(s.dir, 0o711); err != nil {
 		return fmt.Errorf("the migration's sockets: %w", err)
 	}
+	s.made = true
 	s.ep = ports.MigrationEndpoint{DomainXML: theirs.DomainXML, ControlSocket: filepath.Join(s.dir, "control.sock"),
 		MemorySocket: theirs.MemorySocket, DisksSocket: theirs.DisksSocket}
 	for _, l := range []struct {
@@ -473,7 +516,9 @@ func (s *outgoing) close() {
 	for _, ln := range s.lns {
 		ln.Close()
 	}
-	os.RemoveAll(s.dir)
+	if s.made {
+		os.RemoveAll(s.dir)
+	}
 }
 
 var _ ports.MigrationPeers = (*Peers)(nil)

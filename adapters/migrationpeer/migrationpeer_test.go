@@ -1,12 +1,14 @@
 package migrationpeer
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/binary"
 	"encoding/pem"
 	"errors"
 	"io"
@@ -88,12 +90,12 @@ type receiver struct {
 	outcome chan error
 }
 
-func (r *receiver) ReceiveMigration(ctx context.Context, fromNode string, offer ports.MigrationOffer) (ports.MigrationEndpoint, func(error), error) {
+func (r *receiver) ReceiveMigration(ctx context.Context, fromNode string, offer ports.MigrationOffer) (ports.IncomingMigration, error) {
 	r.mu.Lock()
 	r.from = append(r.from, fromNode)
 	r.mu.Unlock()
 	if r.refuse != nil {
-		return ports.MigrationEndpoint{}, nil, r.refuse
+		return ports.IncomingMigration{}, r.refuse
 	}
 	sub := filepath.Join(r.dir, "0123456789abcdef0123456789abcdef")
 	os.MkdirAll(real(sub), 0o700)
@@ -101,10 +103,16 @@ func (r *receiver) ReceiveMigration(ctx context.Context, fromNode string, offer 
 		MemorySocket: filepath.Join(sub, "memory.sock"), DisksSocket: filepath.Join(sub, "disks.sock")}
 	for name, path := range map[string]string{"control": ep.ControlSocket, "memory": ep.MemorySocket, "disks": ep.DisksSocket} {
 		if err := echo(r.t, real(path), name); err != nil {
-			return ports.MigrationEndpoint{}, nil, err
+			return ports.IncomingMigration{}, err
 		}
 	}
-	return ep, func(err error) { r.outcome <- err }, nil
+	check := func(ctx context.Context, x string) (string, error) {
+		if strings.Contains(x, "/etc/shadow") {
+			return "", errors.New("its disk is not this node's")
+		}
+		return "<checked>" + x + "</checked>", nil
+	}
+	return ports.IncomingMigration{Endpoint: ep, Domain: offer.VM.Name, Check: check, Done: func(err error) { r.outcome <- err }}, nil
 }
 
 // real is where a socket the receiving side names is (the sending side
@@ -145,21 +153,22 @@ func pair(t *testing.T, cluster *ca, sender, receiverCfg Config) (*Peers, *Peers
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	recv := &receiver{t: t, dir: filepath.Join(dir, "target"), outcome: make(chan error, 1)}
-	os.MkdirAll(recv.dir, 0o700)
 	log := logrus.New()
-	log.SetOutput(io.Discard)
+	log.SetOutput(testWriter{t})
+	// Never the node's own run directory, which Listen clears.
+	receiverCfg.RunDir = filepath.Join(dir, "unused")
 	target, err := Listen(receiverCfg, recv, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { target.Close() })
 	target.localPath = real
+	sender.RunDir = recv.dir // the same names on the sending side
 	source, err := Listen(sender, &receiver{t: t, refuse: errors.New("not a receiver")}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { source.Close() })
-	source.setRunDir(recv.dir) // the same names on the sending side
 	return source, target, recv
 }
 
@@ -195,10 +204,14 @@ func TestAnAcceptedOfferCarriesEveryStreamAndTheOutcome(t *testing.T) {
 	if ep.DomainXML != "<domain/>" || filepath.Dir(ep.ControlSocket) != filepath.Dir(ep.MemorySocket) {
 		t.Errorf("the sending side's endpoint %+v", ep)
 	}
-	for _, c := range []struct{ path, name string }{{ep.ControlSocket, "control"}, {ep.MemorySocket, "memory"}, {ep.DisksSocket, "disks"}} {
+	for _, c := range []struct{ path, name string }{{ep.MemorySocket, "memory"}, {ep.DisksSocket, "disks"}} {
 		if got := roundTrip(t, c.path, "hello "+c.name); got != c.name+":hello "+c.name {
 			t.Errorf("stream %s: got %q", c.name, got)
 		}
+	}
+	// A migration has one memory stream: a second is refused.
+	if got := roundTrip(t, ep.MemorySocket, "again"); got != "" {
+		t.Errorf("a second memory stream got %q", got)
 	}
 	// The VM's QEMU, and no one else, reaches the memory and disk
 	// sockets; libvirtd (root) the control socket.
@@ -300,4 +313,120 @@ func TestSocketsOutsideTheRunDirectoryAreRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "names the migration sockets") {
 		t.Errorf("Offer with sockets elsewhere: %v", err)
 	}
+}
+
+// call is a libvirt RPC call of the remote program.
+func call(proc int32, args []byte) []byte {
+	var w xdrWriter
+	for _, v := range []uint32{0, remoteProgram, 1, uint32(proc), messageCall, 7, 0} {
+		w.uint32(v)
+	}
+	b := append(w.Bytes(), args...)
+	binary.BigEndian.PutUint32(b, uint32(len(b)))
+	return b
+}
+
+// migrationArgs are a Prepare3Params call's arguments.
+func migrationArgs(params [][2]string, flags uint32) []byte {
+	var w xdrWriter
+	w.uint32(uint32(len(params)))
+	for _, p := range params {
+		w.string(p[0])
+		w.uint32(paramString)
+		w.string(p[1])
+	}
+	w.opaque([]byte("<qemu-migration/>"))
+	w.uint32(flags)
+	return w.Bytes()
+}
+
+// controlStream opens the sending side's control socket, sends msgs, and
+// returns what reached this node's "libvirtd" (the echo, after its
+// "control:" prefix) once the stream ends.
+func controlStream(t *testing.T, path string, msgs ...[]byte) []byte {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	for _, m := range msgs {
+		c.Write(m)
+	}
+	c.(*net.UnixConn).CloseWrite()
+	got, _ := io.ReadAll(c)
+	return bytes.TrimPrefix(got, []byte("control:"))
+}
+
+func TestTheSendingLibvirtdIsHeardOnlyForAMigration(t *testing.T) {
+	var open xdrWriter
+	open.uint32(1)
+	open.string("qemu:///system")
+	open.uint32(0)
+	fixed := func(m []byte) func(ports.MigrationEndpoint) []byte {
+		return func(ports.MigrationEndpoint) []byte { return m }
+	}
+	prepare := func(flags uint32, params ...[2]string) func(ports.MigrationEndpoint) []byte {
+		return func(ep ports.MigrationEndpoint) []byte {
+			var ps [][2]string
+			for _, p := range params {
+				p[1] = strings.NewReplacer("MEM", ep.MemorySocket, "DISKS", ep.DisksSocket).Replace(p[1])
+				ps = append(ps, p)
+			}
+			return call(procMigratePrepare3Params, migrationArgs(ps, flags))
+		}
+	}
+	for name, tc := range map[string]struct {
+		msg    func(ports.MigrationEndpoint) []byte
+		passed string // what reaches libvirtd; "" for nothing
+	}{
+		"connect open":     {fixed(call(procConnectOpen, open.Bytes())), "qemu:///system"},
+		"supports feature": {fixed(call(procConnectSupportsFeature, []byte{0, 0, 0, 4, 0, 0, 0, 0})), "\x00\x00\x00\x04"},
+		"another driver": {fixed(func() []byte {
+			var w xdrWriter
+			w.uint32(1)
+			w.string("lxc:///system")
+			w.uint32(0)
+			return call(procConnectOpen, w.Bytes())
+		}()), ""},
+		"define a domain": {fixed(call(10, []byte("<domain/>"))), ""}, // no migration's
+		"a reply from the sender": {fixed(func() []byte {
+			m := call(procConnectOpen, open.Bytes())
+			binary.BigEndian.PutUint32(m[16:], 1)
+			return m
+		}()), ""},
+		"prepare, checked": {prepare(1|2|128, [2]string{"destination_xml", "<domain/>"},
+			[2]string{"migrate_uri", "unix://MEM"}, [2]string{"disks_uri", "unix://DISKS"}, [2]string{"migrate_disks", "vda"}), "<checked><domain/></checked>"},
+		"prepare, another disk":   {prepare(1|2, [2]string{"destination_xml", "<domain><disk>/etc/shadow</disk></domain>"}), ""},
+		"prepare, elsewhere":      {prepare(1|2, [2]string{"migrate_uri", "unix:///etc/x.sock"}), ""},
+		"prepare, persisted":      {prepare(1|2|8, [2]string{"migrate_disks", "vda"}), ""},
+		"prepare, another name":   {prepare(1|2, [2]string{"destination_name", "virtlet-ffffffffffff-other"}), ""},
+		"prepare, persistent XML": {prepare(1|2, [2]string{"persistent_xml", "<domain/>"}), ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cluster := newCA(t, t.TempDir(), "cluster")
+			source, target, _ := pair(t, cluster, cluster.issue(t, "system:node:node-1"), cluster.issue(t, "system:node:node-2"))
+			s, err := source.Offer(context.Background(), ports.MigrationPeer{Node: "node-2", Address: target.ln.Addr().String()}, offer, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Finish(nil)
+			got := controlStream(t, s.Endpoint().ControlSocket, tc.msg(s.Endpoint()))
+			switch {
+			case tc.passed == "" && len(got) != 0:
+				t.Errorf("passed on to libvirtd: %q", got)
+			case tc.passed != "" && !bytes.Contains(got, []byte(tc.passed)):
+				t.Errorf("libvirtd got %q, want it to hold %q", got, tc.passed)
+			}
+		})
+	}
+}
+
+// testWriter logs the peers' lines in the test's output.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
 }

@@ -21,12 +21,12 @@ func (l *lateReceiver) set(r ports.MigrationReceiver) {
 	l.mu.Unlock()
 }
 
-func (l *lateReceiver) ReceiveMigration(ctx context.Context, fromNode string, offer ports.MigrationOffer) (ports.MigrationEndpoint, func(error), error) {
+func (l *lateReceiver) ReceiveMigration(ctx context.Context, fromNode string, offer ports.MigrationOffer) (ports.IncomingMigration, error) {
 	l.mu.Lock()
 	r := l.r
 	l.mu.Unlock()
 	if r == nil {
-		return ports.MigrationEndpoint{}, nil, fmt.Errorf("the daemon is starting: %w", ports.ErrNotFound)
+		return ports.IncomingMigration{}, fmt.Errorf("the daemon is starting: %w", ports.ErrNotFound)
 	}
 	return r.ReceiveMigration(ctx, fromNode, offer)
 }

@@ -61,7 +61,33 @@ func (c *Client) MigrateVM(ctx context.Context, id string, to ports.MigrationEnd
 		MemoryBytes: resp.MemoryBytes, DiskBytes: resp.DiskBytes}, nil
 }
 
+func (c *Client) CheckArrival(ctx context.Context, id, domainXML string) (string, error) {
+	rpc, err := c.rpc()
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := base.WithTimeout(ctx, base.QuickCallTimeout)
+	defer cancel()
+	resp, err := rpc.CheckArrival(ctx, &hypervisorv1.CheckArrivalRequest{Id: id, DomainXml: domainXML})
+	if err != nil {
+		return "", c.conn.Error(err)
+	}
+	return resp.DomainXml, nil
+}
+
 var _ ports.VMMigrator = (*Client)(nil)
+
+func (s *Server) CheckArrival(ctx context.Context, req *hypervisorv1.CheckArrivalRequest) (*hypervisorv1.CheckArrivalResponse, error) {
+	m, ok := s.impl.(ports.VMMigrator)
+	if !ok {
+		return nil, unimplemented("live migration")
+	}
+	x, err := m.CheckArrival(ctx, req.Id, req.DomainXml)
+	if err != nil {
+		return nil, base.ToRPC(err)
+	}
+	return &hypervisorv1.CheckArrivalResponse{DomainXml: x}, nil
+}
 
 func (s *Server) MigrationIdentity(ctx context.Context, req *hypervisorv1.VMRequest) (*hypervisorv1.VMIncoming, error) {
 	m, ok := s.impl.(ports.VMMigrator)

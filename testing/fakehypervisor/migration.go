@@ -3,6 +3,7 @@ package fakehypervisor
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/virtlet/virtlet/ports"
@@ -53,6 +54,20 @@ func (h *Hypervisor) MigrateVM(ctx context.Context, id string, to ports.Migratio
 		return ports.MigrationStats{}, err
 	}
 	return ports.MigrationStats{Total: time.Second, Downtime: 50 * time.Millisecond, MemoryBytes: 64 << 20}, nil
+}
+
+// CheckArrival refuses a definition naming another domain.
+func (h *Hypervisor) CheckArrival(ctx context.Context, id, domainXML string) (string, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	v, ok := h.vms[id]
+	if !ok || v.Spec.Incoming == nil {
+		return "", fmt.Errorf("fake check arrival %s: no VM waits for a migration: %w", id, ports.ErrFailedPrecondition)
+	}
+	if !strings.Contains(domainXML, "<name>"+v.Spec.Incoming.Name+"</name>") {
+		return "", fmt.Errorf("fake check arrival %s: another domain: %w", id, ports.ErrFailedPrecondition)
+	}
+	return domainXML, nil
 }
 
 var _ ports.VMMigrator = (*Hypervisor)(nil)

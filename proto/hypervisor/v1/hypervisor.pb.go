@@ -3722,6 +3722,102 @@ func (x *MigrationStats) GetDiskBytes() uint64 {
 	return 0
 }
 
+type CheckArrivalRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	DomainXml     string                 `protobuf:"bytes,2,opt,name=domain_xml,json=domainXml,proto3" json:"domain_xml,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckArrivalRequest) Reset() {
+	*x = CheckArrivalRequest{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckArrivalRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckArrivalRequest) ProtoMessage() {}
+
+func (x *CheckArrivalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckArrivalRequest.ProtoReflect.Descriptor instead.
+func (*CheckArrivalRequest) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *CheckArrivalRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CheckArrivalRequest) GetDomainXml() string {
+	if x != nil {
+		return x.DomainXml
+	}
+	return ""
+}
+
+type CheckArrivalResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DomainXml     string                 `protobuf:"bytes,1,opt,name=domain_xml,json=domainXml,proto3" json:"domain_xml,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckArrivalResponse) Reset() {
+	*x = CheckArrivalResponse{}
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckArrivalResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckArrivalResponse) ProtoMessage() {}
+
+func (x *CheckArrivalResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_v1_hypervisor_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckArrivalResponse.ProtoReflect.Descriptor instead.
+func (*CheckArrivalResponse) Descriptor() ([]byte, []int) {
+	return file_hypervisor_v1_hypervisor_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *CheckArrivalResponse) GetDomainXml() string {
+	if x != nil {
+		return x.DomainXml
+	}
+	return ""
+}
+
 var File_hypervisor_v1_hypervisor_proto protoreflect.FileDescriptor
 
 const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
@@ -4028,7 +4124,14 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\x0edowntime_nanos\x18\x02 \x01(\x03R\rdowntimeNanos\x12!\n" +
 	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x04R\tdiskBytes2\xff\x10\n" +
+	"disk_bytes\x18\x04 \x01(\x04R\tdiskBytes\"D\n" +
+	"\x13CheckArrivalRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"domain_xml\x18\x02 \x01(\tR\tdomainXml\"5\n" +
+	"\x14CheckArrivalResponse\x12\x1d\n" +
+	"\n" +
+	"domain_xml\x18\x01 \x01(\tR\tdomainXml2\xe8\x11\n" +
 	"\n" +
 	"Hypervisor\x12g\n" +
 	"\fCapabilities\x12*.virtlet.hypervisor.v1.CapabilitiesRequest\x1a+.virtlet.hypervisor.v1.CapabilitiesResponse\x12U\n" +
@@ -4055,7 +4158,8 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\fCheckpointVM\x12*.virtlet.hypervisor.v1.CheckpointVMRequest\x1a+.virtlet.hypervisor.v1.CheckpointVMResponse\x12X\n" +
 	"\x11MigrationIdentity\x12 .virtlet.hypervisor.v1.VMRequest\x1a!.virtlet.hypervisor.v1.VMIncoming\x12^\n" +
 	"\x10IncomingEndpoint\x12 .virtlet.hypervisor.v1.VMRequest\x1a(.virtlet.hypervisor.v1.MigrationEndpoint\x12[\n" +
-	"\tMigrateVM\x12'.virtlet.hypervisor.v1.MigrateVMRequest\x1a%.virtlet.hypervisor.v1.MigrationStatsB=Z;github.com/virtlet/virtlet/proto/hypervisor/v1;hypervisorv1b\x06proto3"
+	"\tMigrateVM\x12'.virtlet.hypervisor.v1.MigrateVMRequest\x1a%.virtlet.hypervisor.v1.MigrationStats\x12g\n" +
+	"\fCheckArrival\x12*.virtlet.hypervisor.v1.CheckArrivalRequest\x1a+.virtlet.hypervisor.v1.CheckArrivalResponseB=Z;github.com/virtlet/virtlet/proto/hypervisor/v1;hypervisorv1b\x06proto3"
 
 var (
 	file_hypervisor_v1_hypervisor_proto_rawDescOnce sync.Once
@@ -4069,7 +4173,7 @@ func file_hypervisor_v1_hypervisor_proto_rawDescGZIP() []byte {
 	return file_hypervisor_v1_hypervisor_proto_rawDescData
 }
 
-var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_hypervisor_v1_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
 var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*ConsoleInput)(nil),         // 0: virtlet.hypervisor.v1.ConsoleInput
 	(*ConsoleOutput)(nil),        // 1: virtlet.hypervisor.v1.ConsoleOutput
@@ -4129,13 +4233,15 @@ var file_hypervisor_v1_hypervisor_proto_goTypes = []any{
 	(*MigrationEndpoint)(nil),    // 55: virtlet.hypervisor.v1.MigrationEndpoint
 	(*MigrateVMRequest)(nil),     // 56: virtlet.hypervisor.v1.MigrateVMRequest
 	(*MigrationStats)(nil),       // 57: virtlet.hypervisor.v1.MigrationStats
-	nil,                          // 58: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	nil,                          // 59: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
-	nil,                          // 60: virtlet.hypervisor.v1.VMRestore.DisksEntry
-	(*v1.Disk)(nil),              // 61: virtlet.types.v1.Disk
-	(*v1.Filesystem)(nil),        // 62: virtlet.types.v1.Filesystem
-	(*v1.NIC)(nil),               // 63: virtlet.types.v1.NIC
-	(*v1.ProcessIdentity)(nil),   // 64: virtlet.types.v1.ProcessIdentity
+	(*CheckArrivalRequest)(nil),  // 58: virtlet.hypervisor.v1.CheckArrivalRequest
+	(*CheckArrivalResponse)(nil), // 59: virtlet.hypervisor.v1.CheckArrivalResponse
+	nil,                          // 60: virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	nil,                          // 61: virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	nil,                          // 62: virtlet.hypervisor.v1.VMRestore.DisksEntry
+	(*v1.Disk)(nil),              // 63: virtlet.types.v1.Disk
+	(*v1.Filesystem)(nil),        // 64: virtlet.types.v1.Filesystem
+	(*v1.NIC)(nil),               // 65: virtlet.types.v1.NIC
+	(*v1.ProcessIdentity)(nil),   // 66: virtlet.types.v1.ProcessIdentity
 }
 var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	5,  // 0: virtlet.hypervisor.v1.GuestInfoResponse.interfaces:type_name -> virtlet.hypervisor.v1.GuestInterface
@@ -4143,23 +4249,23 @@ var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	9,  // 2: virtlet.hypervisor.v1.VMStats.memory:type_name -> virtlet.hypervisor.v1.MemoryStats
 	10, // 3: virtlet.hypervisor.v1.VMStats.disks:type_name -> virtlet.hypervisor.v1.DiskStats
 	11, // 4: virtlet.hypervisor.v1.VMStats.nics:type_name -> virtlet.hypervisor.v1.NICStats
-	58, // 5: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
-	59, // 6: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
+	60, // 5: virtlet.hypervisor.v1.DiagnoseResponse.details:type_name -> virtlet.hypervisor.v1.DiagnoseResponse.DetailsEntry
+	61, // 6: virtlet.hypervisor.v1.CapabilitiesResponse.details:type_name -> virtlet.hypervisor.v1.CapabilitiesResponse.DetailsEntry
 	39, // 7: virtlet.hypervisor.v1.DefineRequest.spec:type_name -> virtlet.hypervisor.v1.VMSpec
 	28, // 8: virtlet.hypervisor.v1.SetCPULimitsRequest.limits:type_name -> virtlet.hypervisor.v1.CPULimits
 	32, // 9: virtlet.hypervisor.v1.WriteFilesRequest.files:type_name -> virtlet.hypervisor.v1.GuestFile
 	38, // 10: virtlet.hypervisor.v1.ListResponse.vms:type_name -> virtlet.hypervisor.v1.VMStatus
 	45, // 11: virtlet.hypervisor.v1.VMSpec.cpu:type_name -> virtlet.hypervisor.v1.CPUSpec
-	61, // 12: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
-	62, // 13: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
-	63, // 14: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
-	64, // 15: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
+	63, // 12: virtlet.hypervisor.v1.VMSpec.disks:type_name -> virtlet.types.v1.Disk
+	64, // 13: virtlet.hypervisor.v1.VMSpec.filesystems:type_name -> virtlet.types.v1.Filesystem
+	65, // 14: virtlet.hypervisor.v1.VMSpec.nics:type_name -> virtlet.types.v1.NIC
+	66, // 15: virtlet.hypervisor.v1.VMSpec.run_as:type_name -> virtlet.types.v1.ProcessIdentity
 	43, // 16: virtlet.hypervisor.v1.VMSpec.clock:type_name -> virtlet.hypervisor.v1.ClockSpec
 	42, // 17: virtlet.hypervisor.v1.VMSpec.watchdog:type_name -> virtlet.hypervisor.v1.Watchdog
 	28, // 18: virtlet.hypervisor.v1.VMSpec.cpu_limits:type_name -> virtlet.hypervisor.v1.CPULimits
 	41, // 19: virtlet.hypervisor.v1.VMSpec.restore:type_name -> virtlet.hypervisor.v1.VMRestore
 	40, // 20: virtlet.hypervisor.v1.VMSpec.incoming:type_name -> virtlet.hypervisor.v1.VMIncoming
-	60, // 21: virtlet.hypervisor.v1.VMRestore.disks:type_name -> virtlet.hypervisor.v1.VMRestore.DisksEntry
+	62, // 21: virtlet.hypervisor.v1.VMRestore.disks:type_name -> virtlet.hypervisor.v1.VMRestore.DisksEntry
 	44, // 22: virtlet.hypervisor.v1.ClockSpec.timers:type_name -> virtlet.hypervisor.v1.ClockTimer
 	46, // 23: virtlet.hypervisor.v1.CPUSpec.setting:type_name -> virtlet.hypervisor.v1.CPUSetting
 	47, // 24: virtlet.hypervisor.v1.CPUSetting.model:type_name -> virtlet.hypervisor.v1.CPUModel
@@ -4194,32 +4300,34 @@ var file_hypervisor_v1_hypervisor_proto_depIdxs = []int32{
 	20, // 53: virtlet.hypervisor.v1.Hypervisor.MigrationIdentity:input_type -> virtlet.hypervisor.v1.VMRequest
 	20, // 54: virtlet.hypervisor.v1.Hypervisor.IncomingEndpoint:input_type -> virtlet.hypervisor.v1.VMRequest
 	56, // 55: virtlet.hypervisor.v1.Hypervisor.MigrateVM:input_type -> virtlet.hypervisor.v1.MigrateVMRequest
-	17, // 56: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
-	19, // 57: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
-	21, // 58: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
-	38, // 59: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
-	22, // 60: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
-	38, // 61: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
-	36, // 62: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
-	38, // 63: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
-	23, // 64: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
-	33, // 65: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
-	25, // 66: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
-	30, // 67: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:output_type -> virtlet.hypervisor.v1.SetVCPUsResponse
-	27, // 68: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:output_type -> virtlet.hypervisor.v1.SetCPULimitsResponse
-	1,  // 69: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
-	3,  // 70: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
-	4,  // 71: virtlet.hypervisor.v1.Hypervisor.GuestInfo:output_type -> virtlet.hypervisor.v1.GuestInfoResponse
-	7,  // 72: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
-	12, // 73: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
-	14, // 74: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
-	15, // 75: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
-	54, // 76: virtlet.hypervisor.v1.Hypervisor.CheckpointVM:output_type -> virtlet.hypervisor.v1.CheckpointVMResponse
-	40, // 77: virtlet.hypervisor.v1.Hypervisor.MigrationIdentity:output_type -> virtlet.hypervisor.v1.VMIncoming
-	55, // 78: virtlet.hypervisor.v1.Hypervisor.IncomingEndpoint:output_type -> virtlet.hypervisor.v1.MigrationEndpoint
-	57, // 79: virtlet.hypervisor.v1.Hypervisor.MigrateVM:output_type -> virtlet.hypervisor.v1.MigrationStats
-	56, // [56:80] is the sub-list for method output_type
-	32, // [32:56] is the sub-list for method input_type
+	58, // 56: virtlet.hypervisor.v1.Hypervisor.CheckArrival:input_type -> virtlet.hypervisor.v1.CheckArrivalRequest
+	17, // 57: virtlet.hypervisor.v1.Hypervisor.Capabilities:output_type -> virtlet.hypervisor.v1.CapabilitiesResponse
+	19, // 58: virtlet.hypervisor.v1.Hypervisor.Define:output_type -> virtlet.hypervisor.v1.DefineResponse
+	21, // 59: virtlet.hypervisor.v1.Hypervisor.Start:output_type -> virtlet.hypervisor.v1.StartResponse
+	38, // 60: virtlet.hypervisor.v1.Hypervisor.Stop:output_type -> virtlet.hypervisor.v1.VMStatus
+	22, // 61: virtlet.hypervisor.v1.Hypervisor.Undefine:output_type -> virtlet.hypervisor.v1.UndefineResponse
+	38, // 62: virtlet.hypervisor.v1.Hypervisor.Status:output_type -> virtlet.hypervisor.v1.VMStatus
+	36, // 63: virtlet.hypervisor.v1.Hypervisor.List:output_type -> virtlet.hypervisor.v1.ListResponse
+	38, // 64: virtlet.hypervisor.v1.Hypervisor.Watch:output_type -> virtlet.hypervisor.v1.VMStatus
+	23, // 65: virtlet.hypervisor.v1.Hypervisor.ReopenLog:output_type -> virtlet.hypervisor.v1.ReopenLogResponse
+	33, // 66: virtlet.hypervisor.v1.Hypervisor.WriteFiles:output_type -> virtlet.hypervisor.v1.WriteFilesResponse
+	25, // 67: virtlet.hypervisor.v1.Hypervisor.SetMemory:output_type -> virtlet.hypervisor.v1.SetMemoryResponse
+	30, // 68: virtlet.hypervisor.v1.Hypervisor.SetVCPUs:output_type -> virtlet.hypervisor.v1.SetVCPUsResponse
+	27, // 69: virtlet.hypervisor.v1.Hypervisor.SetCPULimits:output_type -> virtlet.hypervisor.v1.SetCPULimitsResponse
+	1,  // 70: virtlet.hypervisor.v1.Hypervisor.Console:output_type -> virtlet.hypervisor.v1.ConsoleOutput
+	3,  // 71: virtlet.hypervisor.v1.Hypervisor.GuestExec:output_type -> virtlet.hypervisor.v1.GuestExecResponse
+	4,  // 72: virtlet.hypervisor.v1.Hypervisor.GuestInfo:output_type -> virtlet.hypervisor.v1.GuestInfoResponse
+	7,  // 73: virtlet.hypervisor.v1.Hypervisor.Stats:output_type -> virtlet.hypervisor.v1.StatsResponse
+	12, // 74: virtlet.hypervisor.v1.Hypervisor.Diagnose:output_type -> virtlet.hypervisor.v1.DiagnoseResponse
+	14, // 75: virtlet.hypervisor.v1.Hypervisor.Inspect:output_type -> virtlet.hypervisor.v1.InspectResponse
+	15, // 76: virtlet.hypervisor.v1.Hypervisor.Display:output_type -> virtlet.hypervisor.v1.DisplayResponse
+	54, // 77: virtlet.hypervisor.v1.Hypervisor.CheckpointVM:output_type -> virtlet.hypervisor.v1.CheckpointVMResponse
+	40, // 78: virtlet.hypervisor.v1.Hypervisor.MigrationIdentity:output_type -> virtlet.hypervisor.v1.VMIncoming
+	55, // 79: virtlet.hypervisor.v1.Hypervisor.IncomingEndpoint:output_type -> virtlet.hypervisor.v1.MigrationEndpoint
+	57, // 80: virtlet.hypervisor.v1.Hypervisor.MigrateVM:output_type -> virtlet.hypervisor.v1.MigrationStats
+	59, // 81: virtlet.hypervisor.v1.Hypervisor.CheckArrival:output_type -> virtlet.hypervisor.v1.CheckArrivalResponse
+	57, // [57:82] is the sub-list for method output_type
+	32, // [32:57] is the sub-list for method input_type
 	32, // [32:32] is the sub-list for extension type_name
 	32, // [32:32] is the sub-list for extension extendee
 	0,  // [0:32] is the sub-list for field type_name
@@ -4237,7 +4345,7 @@ func file_hypervisor_v1_hypervisor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hypervisor_v1_hypervisor_proto_rawDesc), len(file_hypervisor_v1_hypervisor_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   61,
+			NumMessages:   63,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -43,6 +43,7 @@ const (
 	Hypervisor_MigrationIdentity_FullMethodName = "/virtlet.hypervisor.v1.Hypervisor/MigrationIdentity"
 	Hypervisor_IncomingEndpoint_FullMethodName  = "/virtlet.hypervisor.v1.Hypervisor/IncomingEndpoint"
 	Hypervisor_MigrateVM_FullMethodName         = "/virtlet.hypervisor.v1.Hypervisor/MigrateVM"
+	Hypervisor_CheckArrival_FullMethodName      = "/virtlet.hypervisor.v1.Hypervisor/CheckArrival"
 )
 
 // HypervisorClient is the client API for Hypervisor service.
@@ -95,6 +96,7 @@ type HypervisorClient interface {
 	MigrationIdentity(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*VMIncoming, error)
 	IncomingEndpoint(ctx context.Context, in *VMRequest, opts ...grpc.CallOption) (*MigrationEndpoint, error)
 	MigrateVM(ctx context.Context, in *MigrateVMRequest, opts ...grpc.CallOption) (*MigrationStats, error)
+	CheckArrival(ctx context.Context, in *CheckArrivalRequest, opts ...grpc.CallOption) (*CheckArrivalResponse, error)
 }
 
 type hypervisorClient struct {
@@ -357,6 +359,16 @@ func (c *hypervisorClient) MigrateVM(ctx context.Context, in *MigrateVMRequest, 
 	return out, nil
 }
 
+func (c *hypervisorClient) CheckArrival(ctx context.Context, in *CheckArrivalRequest, opts ...grpc.CallOption) (*CheckArrivalResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckArrivalResponse)
+	err := c.cc.Invoke(ctx, Hypervisor_CheckArrival_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HypervisorServer is the server API for Hypervisor service.
 // All implementations must embed UnimplementedHypervisorServer
 // for forward compatibility.
@@ -407,6 +419,7 @@ type HypervisorServer interface {
 	MigrationIdentity(context.Context, *VMRequest) (*VMIncoming, error)
 	IncomingEndpoint(context.Context, *VMRequest) (*MigrationEndpoint, error)
 	MigrateVM(context.Context, *MigrateVMRequest) (*MigrationStats, error)
+	CheckArrival(context.Context, *CheckArrivalRequest) (*CheckArrivalResponse, error)
 	mustEmbedUnimplementedHypervisorServer()
 }
 
@@ -488,6 +501,9 @@ func (UnimplementedHypervisorServer) IncomingEndpoint(context.Context, *VMReques
 }
 func (UnimplementedHypervisorServer) MigrateVM(context.Context, *MigrateVMRequest) (*MigrationStats, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method MigrateVM not implemented")
+}
+func (UnimplementedHypervisorServer) CheckArrival(context.Context, *CheckArrivalRequest) (*CheckArrivalResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CheckArrival not implemented")
 }
 func (UnimplementedHypervisorServer) mustEmbedUnimplementedHypervisorServer() {}
 func (UnimplementedHypervisorServer) testEmbeddedByValue()                    {}
@@ -924,6 +940,24 @@ func _Hypervisor_MigrateVM_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hypervisor_CheckArrival_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckArrivalRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).CheckArrival(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_CheckArrival_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).CheckArrival(ctx, req.(*CheckArrivalRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Hypervisor_ServiceDesc is the grpc.ServiceDesc for Hypervisor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1018,6 +1052,10 @@ var Hypervisor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MigrateVM",
 			Handler:    _Hypervisor_MigrateVM_Handler,
+		},
+		{
+			MethodName: "CheckArrival",
+			Handler:    _Hypervisor_CheckArrival_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
