@@ -253,6 +253,11 @@ func (r *vmService) StartContainer(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
+	return r.startLocked(ctx, c)
+}
+
+// startLocked starts created container c's VM (pod lock held).
+func (r *vmService) startLocked(ctx context.Context, c *Container) error {
 	switch c.State {
 	case ContainerRunning:
 		return nil

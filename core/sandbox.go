@@ -212,7 +212,14 @@ func (r *sandboxService) StopSandbox(ctx context.Context, id string) error {
 	}
 	log := r.log.WithFields(logrus.Fields{"sandbox": short(full), "pod": sb.Namespace + "/" + sb.Name})
 	for _, c := range r.containersOf(full) {
-		r.vms.incoming.cancel(c.ID, errors.New("the receiving pod was stopped"))
+		if c.Spec.Incoming != nil && c.State == ContainerCreated {
+			// A migration into the pod ends before its network goes (the
+			// guest runs on at its source).
+			r.vms.incoming.cancel(c.ID, errors.New("the receiving pod was stopped"))
+			if _, err := r.deps.Hypervisor.Stop(ctx, c.ID, 0); err != nil && !errors.Is(err, ports.ErrNotFound) {
+				return fmt.Errorf("end the migration into sandbox %s: %w", short(full), err)
+			}
+		}
 		if c.State == ContainerRunning {
 			if err := r.vms.stopLocked(ctx, c, 0); err != nil {
 				return fmt.Errorf("stop VM of sandbox %s: %w", short(full), err)

@@ -336,6 +336,22 @@ func (h *Hypervisor) Stop(ctx context.Context, id string, timeout time.Duration)
 		return ports.VMStatus{}, err
 	}
 	defer func() { dom.Free() }()
+	h.mu.Lock()
+	incoming := r.Incoming
+	h.mu.Unlock()
+	if incoming {
+		// A receiving VM whose guest was not taken yet: its incoming QEMU
+		// ends, and with it the migration (the guest runs on at its
+		// source).
+		if state, _, err := h.domainState(dom); err == nil && state != libvirt.DOMAIN_SHUTOFF {
+			if err := dom.Destroy(); err != nil {
+				return ports.VMStatus{}, libvirtError("end the incoming migration of "+r.Spec.Name, err)
+			}
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return r.status(), nil
+	}
 	// A VM is stopped only when libvirt says so: while libvirt cannot be
 	// asked (libvirtd died), the VM may well run on. Once the adapter has
 	// reconnected, the domain is looked up on the new connection.

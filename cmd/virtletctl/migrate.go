@@ -102,6 +102,17 @@ func (k *kube) migrate(ctx context.Context, pod *corev1.Pod, to string) error {
 	out.Reset()
 	errOut.Reset()
 	err = k.exec(ctx, pod, []string{vmtools.Migrate, string(created.UID), to, address}, nil, &out, &errOut)
+	// A failure the daemon reported names the migration; any other (the
+	// exec's stream broke) may have come after the guest moved: the
+	// source container then ends Migrated, and the receiving pod must stay.
+	if err != nil && !strings.Contains(err.Error(), "live migration") && k.migratedAway(ctx, pod) {
+		fmt.Fprintf(os.Stderr, "the migration's answer was lost (%v), but the source container ended Migrated\n", err)
+		if derr := k.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}); derr != nil {
+			return fmt.Errorf("the VM of %s moved to %s/%s on %s; deleting the source pod: %w", id, created.Namespace, created.Name, to, derr)
+		}
+		fmt.Printf("%s's VM runs in pod %s on node %s (its figures were lost with the answer)\n", id, created.Name, to)
+		return nil
+	}
 	if err != nil {
 		// The VM runs on where it was; the receiving pod goes.
 		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -140,4 +151,22 @@ func receivingPod(pod *corev1.Pod, to, from string) *corev1.Pod {
 	recv.Annotations[annotations.MigrateFrom] = from
 	recv.Spec.NodeName = to
 	return recv
+}
+
+// migratedAway reports whether pod's container ended with reason Migrated
+// (kubelet reports it within a few seconds).
+func (k *kube) migratedAway(ctx context.Context, pod *corev1.Pod) bool {
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		p, err := k.client.CoreV1().Pods(pod.Namespace).Get(context.WithoutCancel(ctx), pod.Name, metav1.GetOptions{})
+		if err == nil {
+			for _, cs := range p.Status.ContainerStatuses {
+				if t := cs.State.Terminated; t != nil && t.Reason == ports.ReasonMigrated {
+					return true
+				}
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	return false
 }
