@@ -1,16 +1,19 @@
 package e2e
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/virtlet/virtlet/testing/cephcluster"
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -41,12 +44,7 @@ func TestKubeMigration(t *testing.T) {
 			}
 		})
 	}
-	ctl := filepath.Join(t.TempDir(), "virtletctl")
-	build := exec.Command("go", "build", "-o", ctl, "./cmd/virtletctl")
-	build.Dir = harness.RepoRoot()
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build virtletctl: %v\n%s", err, out)
-	}
+	ctl := buildVirtletctl(t)
 	// The guest writes 4 MiB of noise to its root disk, past the image's
 	// data, and prints its checksum: the migration must copy the disk.
 	script, _ := json.Marshal(diskNoise + strings.TrimPrefix(tickerScript, "#!/bin/sh\n"))
@@ -72,22 +70,7 @@ spec:
 		t.Fatalf("kubectl apply: %v %s", err, out)
 	}
 	t.Cleanup(func() { k.Kubectl("delete", "pod", "-l", "app=mig", "--timeout=3m") })
-	waitTicks := func(pod string, n int) []tick {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Minute)
-		for {
-			ts := readTicks(k, pod)
-			if len(ts) > 0 && ts[len(ts)-1].n >= n {
-				return ts
-			}
-			if time.Now().After(deadline) {
-				describe, _ := k.Kubectl("describe", "pod", pod)
-				logs, _ := k.Kubectl("logs", pod)
-				t.Fatalf("no @@TICK %d in the console of %s:\n%s\n%s", n, pod, tail(logs, 3000), describe)
-			}
-			time.Sleep(time.Second)
-		}
-	}
+	waitTicks := func(pod string, n int) []tick { t.Helper(); return waitTicksOf(t, k, pod, n) }
 	before := waitTicks("mig-vm", 5)
 	// A Service in front of the VM's web server (the tiny guest's httpd),
 	// reached from node-2 through its kube-proxy.
@@ -132,16 +115,13 @@ spec:
 		}
 	}()
 
-	migrate := func(pod, to string) (string, error) {
-		out, err := exec.Command(ctl, "--kubeconfig", k.Kubeconfig, "migrate", pod, "--to", to).CombinedOutput()
-		return string(out), err
-	}
+	migrate := func(pod, to string) (string, error) { return migrateWith(ctl, k, pod, to) }
 	out, err := migrate("mig-vm", "node-2")
 	if err != nil {
 		t.Fatalf("virtletctl migrate mig-vm --to node-2: %v\n%s", err, out)
 	}
 	t.Logf("virtletctl migrate: %s", strings.TrimSpace(out))
-	m := regexp.MustCompile(`VM runs in pod (\S+) on node node-2: took (\S+), guest paused (\S+),`).FindStringSubmatch(out)
+	m := migratedTo.FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("virtletctl migrate said %q", out)
 	}
@@ -191,16 +171,7 @@ spec:
 	}
 	// The guest ran on: its ticks continue in the receiving pod's
 	// console, one after another, from the same open file.
-	first := waitTicks(recv, 1)
-	ticks := waitTicks(recv, first[0].n+10)
-	if first[0].n <= last(before) {
-		t.Fatalf("the migrated guest ticks from %d, before the source's tick %d: it booted anew", first[0].n, last(before))
-	}
-	for i := 1; i < len(ticks); i++ {
-		if ticks[i].n != ticks[i-1].n+1 || ticks[i].lines != ticks[i].n {
-			t.Fatalf("tick %d (%d lines) after tick %d: the guest's process did not run on", ticks[i].n, ticks[i].lines, ticks[i-1].n)
-		}
-	}
+	checkTicksGoOn(t, k, recv, before)
 	if logs, _ := k.Kubectl("logs", recv); strings.Contains(logs, "@@TINY-READY") {
 		t.Errorf("the migrated guest booted:\n%s", tail(logs, 2000))
 	}
@@ -267,4 +238,171 @@ spec:
 			t.Errorf("pods after the failed migration: %q (want only %s)", pods, recv)
 		}
 	})
+}
+
+var migratedTo = regexp.MustCompile(`VM runs in pod (\S+) on node node-2: took (\S+), guest paused (\S+),`)
+
+func buildVirtletctl(t *testing.T) string {
+	t.Helper()
+	ctl := filepath.Join(t.TempDir(), "virtletctl")
+	build := exec.Command("go", "build", "-o", ctl, "./cmd/virtletctl")
+	build.Dir = harness.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build virtletctl: %v\n%s", err, out)
+	}
+	return ctl
+}
+
+func migrateWith(ctl string, k *harness.Kube, pod, to string) (string, error) {
+	out, err := exec.Command(ctl, "--kubeconfig", k.Kubeconfig, "migrate", pod, "--to", to).CombinedOutput()
+	return string(out), err
+}
+
+// waitTicksOf waits for pod's guest's nth tick (tickerScript) and returns
+// its ticks.
+func waitTicksOf(t *testing.T, k *harness.Kube, pod string, n int) []tick {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		ts := readTicks(k, pod)
+		if len(ts) > 0 && ts[len(ts)-1].n >= n {
+			return ts
+		}
+		if time.Now().After(deadline) {
+			describe, _ := k.Kubectl("describe", "pod", pod)
+			logs, _ := k.Kubectl("logs", pod)
+			t.Fatalf("no @@TICK %d in the console of %s:\n%s\n%s", n, pod, tail(logs, 3000), describe)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// checkTicksGoOn checks that the migrated guest's ticks in pod follow
+// the source's last one (before) without a gap, from the same open file.
+func checkTicksGoOn(t *testing.T, k *harness.Kube, pod string, before []tick) {
+	t.Helper()
+	first := waitTicksOf(t, k, pod, 1)
+	ticks := waitTicksOf(t, k, pod, first[0].n+10)
+	if first[0].n <= last(before) {
+		t.Fatalf("the migrated guest ticks from %d, before the source's tick %d: it booted anew", first[0].n, last(before))
+	}
+	for i := 1; i < len(ticks); i++ {
+		if ticks[i].n != ticks[i-1].n+1 || ticks[i].lines != ticks[i].n {
+			t.Fatalf("tick %d (%d lines) after tick %d: the guest's process did not run on", ticks[i].n, ticks[i].lines, ticks[i-1].n)
+		}
+	}
+}
+
+// TestKubeMigrationOfACephRoot moves a VM whose persistent root is a Ceph
+// RBD image (a flexvolume PV with rootfs: "true"): shared storage, which
+// the receiving pod attaches itself and nothing copies. The guest's
+// ticks go on, and a marker it wrote on its root disk reads back there.
+func TestKubeMigrationOfACephRoot(t *testing.T) {
+	parallel(t)
+	nodeNet, k := harness.StartCluster(t, 165)
+	ceph := cephcluster.StartOn(t, nodeNet.HostIP)
+	ceph.Run(t, "ceph", "auth", "get-or-create", "client.libvirt", "mon", "profile rbd", "osd", "profile rbd pool=rbd")
+	key := strings.TrimSpace(ceph.Run(t, "ceph", "auth", "print-key", "client.libvirt"))
+	k.FlexvolumeDriver = filepath.Join(bins, "virtlet-flexvolume-driver")
+	names := nodeImages(t, nodeNet)
+	for i := 0; i < 2; i++ {
+		node, d, _ := nodeNet.StartMigratingNode(t, k, bins, 166+i, names)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("%s's daemon log:\n%s", node.Name, tail(d.Log(), 6000))
+			}
+		})
+	}
+	ctl := buildVirtletctl(t)
+	script, _ := json.Marshal(tickerScript)
+	if err := k.Apply(fmt.Sprintf(`apiVersion: v1
+kind: Secret
+metadata: {name: ceph-libvirt, namespace: default}
+type: virtlet/flexvolume_driver
+data: {secret: %[3]s}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: mig-root}
+spec:
+  capacity: {storage: 256Mi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  claimRef: {namespace: default, name: mig-root}
+  flexVolume:
+    driver: virtlet/flexvolume_driver
+    secretRef: {name: ceph-libvirt, namespace: default}
+    options: {type: ceph, monitor: "%[1]s", pool: rbd, volume: mig-root, user: libvirt, create: "true", capacity: 256MiB, rootfs: "true"}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: mig-root, namespace: default}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  volumeName: mig-root
+  resources: {requests: {storage: 256Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: ceph-vm
+  labels: {app: ceph-mig}
+  annotations:
+    kubernetes.io/target-runtime: virtlet.cloud
+    VirtletDiskDriver: virtio
+    VirtletCloudInitUserDataScript: %[2]s
+spec:
+  nodeName: node-1
+  automountServiceAccountToken: false
+  containers:
+  - name: vm
+    image: virtlet.cloud/tiny
+    resources:
+      limits: {memory: 128Mi}
+    volumeMounts:
+    - {name: root, mountPath: /persistent-root}
+  volumes:
+  - name: root
+    persistentVolumeClaim: {claimName: mig-root}
+`, ceph.Monitor, script, base64.StdEncoding.EncodeToString([]byte(key)))); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Kubectl("delete", "pod", "-l", "app=ceph-mig", "--timeout=3m") })
+	before := waitTicksOf(t, k, "ceph-vm", 5)
+	logs, _ := k.Kubectl("logs", "ceph-vm")
+	disk := diskLine.FindAllStringSubmatch(logs, -1)
+	if len(disk) == 0 {
+		t.Fatalf("the guest's console names no root disk:\n%s", tail(logs, 3000))
+	}
+	dev := "/dev/" + disk[len(disk)-1][1]
+	size, _ := strconv.ParseInt(disk[len(disk)-1][2], 10, 64)
+	sector := size/512 - 1
+	marker := fmt.Sprintf("MARK-%d", time.Now().UnixNano())
+	if out, err := k.Kubectl("exec", "ceph-vm", "--", "sh", "-c",
+		fmt.Sprintf("echo %s | dd of=%s bs=512 seek=%d count=1 conv=sync,notrunc 2>/dev/null && sync && echo written", marker, dev, sector)); err != nil || !strings.Contains(out, "written") {
+		t.Fatalf("write the marker on %s: %v\n%s", dev, err, out)
+	}
+	out, err := migrateWith(ctl, k, "ceph-vm", "node-2")
+	if err != nil {
+		t.Fatalf("virtletctl migrate ceph-vm --to node-2: %v\n%s", err, out)
+	}
+	t.Logf("virtletctl migrate: %s", strings.TrimSpace(out))
+	m := migratedTo.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("virtletctl migrate said %q", out)
+	}
+	if !strings.Contains(out, " 0 MiB of disk copied") {
+		t.Errorf("the Ceph root was copied (shared storage is attached, not copied): %q", out)
+	}
+	recv := m[1]
+	checkTicksGoOn(t, k, recv, before)
+	var got string
+	if !harness.EventuallyOK(time.Minute, func() bool {
+		got, _ = k.Kubectl("exec", recv, "--", "sh", "-c", fmt.Sprintf("echo 3 > /proc/sys/vm/drop_caches; dd if=%s bs=512 skip=%d count=1 2>/dev/null | head -c %d", dev, sector, len(marker)))
+		return got == marker
+	}) {
+		t.Errorf("the root disk's last sector holds %q in the receiving pod, want %q", got, marker)
+	}
 }
