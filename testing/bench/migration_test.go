@@ -93,12 +93,15 @@ spec:
 		total, down, gap, blackout := median(totals), median(downtimes), median(gaps), median(blackouts)
 		whole := Row{Figure: fmt.Sprintf("live migration of an idle tiny guest, %s (virtletctl migrate, p50 of %d): whole time", label, len(totals)),
 			Ours: ms(total), Floor: "cold start to first heartbeat " + ms(boot), Ratio: ratioOf(float64(total), float64(boot))}
-		paused := Row{Figure: "  its guest downtime: libvirt's pause (largest gap in a 10 ms heartbeat; network blackout a client sees)",
-			Ours:  fmt.Sprintf("%s (gap %s; blackout %s)", ms(down), ms(gap), ms(blackout)),
-			Floor: "plain virsh migrate here: 201 ms (recipes.md); KubeVirt ≈ 244 ms idle"}
+		// The downtime is the guest's own view: the largest gap in
+		// its heartbeat, which also carries the console's way to the log
+		// (QEMU's file, the tailer, the CRI log) on both nodes.
+		paused := Row{Figure: "  its guest downtime: the largest gap in a 10 ms heartbeat (libvirt's pause; network blackout a client sees)",
+			Ours:  fmt.Sprintf("%s (paused %s; blackout %s)", ms(gap), ms(down), ms(blackout)),
+			Floor: "plain virsh migrate here: 201 ms paused (recipes.md); KubeVirt ≈ 244 ms idle"}
 		if mem == 1<<30 && !smoke {
 			whole.Target, whole.Met = "≤ 5 s", met(total <= 5*time.Second)
-			paused.Target, paused.Met = "≤ 100 ms p50", met(down <= 100*time.Millisecond)
+			paused.Target, paused.Met = "≤ 100 ms p50", met(gap <= 100*time.Millisecond)
 		}
 		rows = append(rows, whole, paused)
 		b.ReportMetric(float64(total.Milliseconds()), fmt.Sprintf("migrate-%dm-ms", mem>>20))
