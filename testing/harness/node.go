@@ -158,8 +158,13 @@ func (n *NodeNet) NewNode(t testing.TB, podIndex int) *Node {
 		node.pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
 		return err == nil
 	})
+	mntNS, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", node.pid))
 	t.Cleanup(func() {
 		node.destroyDomains(t)
+		// Whatever still runs in the node's mount namespace after this
+		// (a QEMU its libvirtd lost, a libvirtd whose pid file lied) is
+		// the node's, and goes with it.
+		defer killNamespace(t, node.Name, mntNS)
 		for _, p := range []string{"libvirtd", "virtlogd"} {
 			if b, err := os.ReadFile(filepath.Join(lv, "run", p+".pid")); err == nil {
 				if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
@@ -284,6 +289,30 @@ func (node *Node) HostUUID() (string, error) {
 func (node *Node) CNIPlugin(bins string) Plugin {
 	return Plugin{Name: "cni", Kind: "network", Binary: filepath.Join(bins, "virtlet-plugin-cni"),
 		Config: fmt.Sprintf("{confDir: %q, binDirs: [%q], netnsPrefix: %q}", node.ConfDir, CNIBinDir, node.netnsPrefix)}
+}
+
+// killNamespace kills every process in the mount namespace mntNS (as
+// /proc/PID/ns/mnt names it), naming each.
+func killNamespace(t testing.TB, node, mntNS string) {
+	if mntNS == "" {
+		return
+	}
+	self, _ := os.Readlink("/proc/self/ns/mnt")
+	if mntNS == self {
+		return
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err == nil && ns == mntNS {
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+			t.Logf("%s: killing the leftover process %d (%s)", node, pid, strings.TrimSpace(string(comm)))
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 }
 
 func (node *Node) destroyDomains(t testing.TB) {
