@@ -14,7 +14,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/xml"
 	"errors"
 	"fmt"
 	"net/url"
@@ -466,20 +465,17 @@ func (m migrations) CheckArrival(ctx context.Context, id, domainXML string) (str
 	return checked, nil
 }
 
-// deviceNoise is what a device's XML may differ in between the running
-// guest's definition and this node's: its guest address and alias.
-var deviceNoise = regexp.MustCompile(`\s*<(address|alias)\b[^>]*(/>|>\s*</(address|alias)>)`)
-
-// checkArrivingXML refuses an arriving definition that differs from ours
-// in anything of this node: the identity, QEMU pass-through, the
-// emulator, firmware and kernel files, memory backing, security labels,
-// resource partition, the disks' and NICs' host sides, and every device
-// that reaches the host (files, sockets, host devices, shares, random
-// sources, TPMs, audio, watchdogs...), which must be ours exactly. The
-// virtual hardware a running guest keeps (device addresses, models, CPU,
-// memory) is the sending node's to give. It returns the definition as
-// checked: what libvirtxml does not know of is not passed on, so that
-// libvirtd reads nothing this check did not.
+// checkArrivingXML takes an arriving definition only as the guest's
+// virtual hardware: its identity must be the incoming VM's, it may pass
+// nothing to QEMU itself, its disks and NICs must be this node's by target
+// device and MAC, and it may have no more host-reaching devices than this
+// node's definition. Everything of this node in it (the emulator,
+// firmware and kernel files, memory backing, labels, cgroup partition,
+// the disks' and NICs' host sides, consoles, channels, displays and
+// every other host-reaching device) is then replaced by this node's own,
+// and the result, marshalled as checked (what libvirtxml does not know
+// of is left out), is what libvirtd gets: the sending node decides
+// nothing of this one.
 func checkArrivingXML(ours, arriving string) (string, error) {
 	var o, a libvirtxml.Domain
 	if err := o.Unmarshal(ours); err != nil {
@@ -488,20 +484,15 @@ func checkArrivingXML(ours, arriving string) (string, error) {
 	if err := a.Unmarshal(arriving); err != nil {
 		return "", fmt.Errorf("it is not a domain definition: %v: %w", err, ports.ErrFailedPrecondition)
 	}
-	if err := checkArriving(&o, &a); err != nil {
+	if err := adoptHostParts(&o, &a); err != nil {
 		return "", err
 	}
 	return a.Marshal()
 }
 
-func checkArriving(o, a *libvirtxml.Domain) error {
+func adoptHostParts(o, a *libvirtxml.Domain) error {
 	refuse := func(format string, args ...any) error {
 		return fmt.Errorf(format+": %w", append(args, ports.ErrFailedPrecondition)...)
-	}
-	same := func(x, y any) bool {
-		bx, ex := xml.Marshal(x)
-		by, ey := xml.Marshal(y)
-		return ex == nil && ey == nil && deviceNoise.ReplaceAllString(string(bx), "") == deviceNoise.ReplaceAllString(string(by), "")
 	}
 	switch {
 	case a.Name != o.Name || !strings.EqualFold(a.UUID, o.UUID):
@@ -510,18 +501,6 @@ func checkArriving(o, a *libvirtxml.Domain) error {
 		return refuse("it passes options to QEMU itself")
 	case a.Devices == nil || o.Devices == nil:
 		return refuse("it has no devices")
-	case a.Devices.Emulator != o.Devices.Emulator:
-		return refuse("its emulator is %q, not %q", a.Devices.Emulator, o.Devices.Emulator)
-	case !same(a.MemoryBacking, o.MemoryBacking):
-		return refuse("its memory backing differs")
-	case !same(a.SecLabel, o.SecLabel):
-		return refuse("its security labels differ")
-	case !same(a.Resource, o.Resource):
-		return refuse("its resource partition differs")
-	}
-	if (a.OS == nil) != (o.OS == nil) || a.OS != nil && (!same(a.OS.Loader, o.OS.Loader) || !same(a.OS.NVRam, o.OS.NVRam) ||
-		a.OS.Kernel != o.OS.Kernel || a.OS.Initrd != o.OS.Initrd || a.OS.DTB != o.OS.DTB) {
-		return refuse("its firmware or kernel files differ")
 	}
 	disks := map[string]libvirtxml.DomainDisk{}
 	for _, d := range o.Devices.Disks {
@@ -532,14 +511,17 @@ func checkArriving(o, a *libvirtxml.Domain) error {
 	if len(a.Devices.Disks) != len(o.Devices.Disks) {
 		return refuse("it has %d disks, this node's definition %d", len(a.Devices.Disks), len(o.Devices.Disks))
 	}
-	for _, d := range a.Devices.Disks {
+	for i, d := range a.Devices.Disks {
 		if d.Target == nil {
 			return refuse("a disk without a target")
 		}
 		ourDisk, ok := disks[d.Target.Dev]
-		if !ok || d.Device != ourDisk.Device || !same(d.Source, ourDisk.Source) || !same(d.BackingStore, ourDisk.BackingStore) || !same(d.Auth, ourDisk.Auth) {
+		if !ok || d.Device != ourDisk.Device {
 			return refuse("its disk %s is not this node's", d.Target.Dev)
 		}
+		ad := &a.Devices.Disks[i]
+		ad.Source, ad.BackingStore, ad.Auth, ad.Driver = ourDisk.Source, ourDisk.BackingStore, ourDisk.Auth, ourDisk.Driver
+		ad.Encryption, ad.Mirror = ourDisk.Encryption, nil
 	}
 	nics := map[string]libvirtxml.DomainInterface{}
 	for _, n := range o.Devices.Interfaces {
@@ -550,46 +532,57 @@ func checkArriving(o, a *libvirtxml.Domain) error {
 	if len(a.Devices.Interfaces) != len(o.Devices.Interfaces) {
 		return refuse("it has %d network interfaces, this node's definition %d", len(a.Devices.Interfaces), len(o.Devices.Interfaces))
 	}
-	for _, n := range a.Devices.Interfaces {
+	for i, n := range a.Devices.Interfaces {
 		if n.MAC == nil {
 			return refuse("a network interface without a MAC")
 		}
 		ourNIC, ok := nics[strings.ToLower(n.MAC.Address)]
-		if !ok || !same(n.Source, ourNIC.Source) || !same(n.Target, ourNIC.Target) || !same(n.Script, ourNIC.Script) ||
-			!same(n.DownScript, ourNIC.DownScript) || !same(n.Backend, ourNIC.Backend) || !same(n.ROM, ourNIC.ROM) {
+		if !ok {
 			return refuse("its network interface %s is not this node's", n.MAC.Address)
 		}
+		an := &a.Devices.Interfaces[i]
+		an.Source, an.Target, an.Script, an.DownScript, an.Backend, an.ROM = ourNIC.Source, ourNIC.Target, ourNIC.Script, ourNIC.DownScript, ourNIC.Backend, ourNIC.ROM
+		an.Driver = ourNIC.Driver
 	}
-	// Every other device that reaches the host: ours exactly.
+	// Every other device that reaches the host: no more than this node's
+	// definition has, and then this node's.
+	ad, od := a.Devices, o.Devices
 	for _, kind := range []struct {
 		name      string
-		mine, its any
+		its, mine int
 	}{
-		{"filesystem", o.Devices.Filesystems, a.Devices.Filesystems},
-		{"host device", o.Devices.Hostdevs, a.Devices.Hostdevs},
-		{"serial port", o.Devices.Serials, a.Devices.Serials},
-		{"console", o.Devices.Consoles, a.Devices.Consoles},
-		{"channel", o.Devices.Channels, a.Devices.Channels},
-		{"parallel port", o.Devices.Parallels, a.Devices.Parallels},
-		{"display", o.Devices.Graphics, a.Devices.Graphics},
-		{"smartcard", o.Devices.Smartcards, a.Devices.Smartcards},
-		{"USB redirection", o.Devices.RedirDevs, a.Devices.RedirDevs},
-		{"shared memory", o.Devices.Shmems, a.Devices.Shmems},
-		{"TPM", o.Devices.TPMs, a.Devices.TPMs},
-		{"random source", o.Devices.RNGs, a.Devices.RNGs},
-		{"input", o.Devices.Inputs, a.Devices.Inputs},
-		{"audio", o.Devices.Audios, a.Devices.Audios},
-		{"watchdog", o.Devices.Watchdogs, a.Devices.Watchdogs},
-		{"memory device", o.Devices.Memorydevs, a.Devices.Memorydevs},
-		{"lease", o.Devices.Leases, a.Devices.Leases},
-		{"crypto device", o.Devices.Crypto, a.Devices.Crypto},
-		{"pstore", o.Devices.PStore, a.Devices.PStore},
-		{"vsock", o.Devices.VSock, a.Devices.VSock},
-		{"NVRAM", o.Devices.NVRAM, a.Devices.NVRAM},
+		{"filesystem", len(ad.Filesystems), len(od.Filesystems)},
+		{"host device", len(ad.Hostdevs), len(od.Hostdevs)},
+		{"serial port", len(ad.Serials), len(od.Serials)},
+		{"console", len(ad.Consoles), len(od.Consoles)},
+		{"channel", len(ad.Channels), len(od.Channels)},
+		{"parallel port", len(ad.Parallels), len(od.Parallels)},
+		{"display", len(ad.Graphics), len(od.Graphics)},
+		{"smartcard", len(ad.Smartcards), len(od.Smartcards)},
+		{"USB redirection", len(ad.RedirDevs), len(od.RedirDevs)},
+		{"shared memory", len(ad.Shmems), len(od.Shmems)},
+		{"TPM", len(ad.TPMs), len(od.TPMs)},
+		{"random source", len(ad.RNGs), len(od.RNGs)},
+		{"input", len(ad.Inputs), len(od.Inputs)},
+		{"audio", len(ad.Audios), len(od.Audios)},
+		{"watchdog", len(ad.Watchdogs), len(od.Watchdogs)},
+		{"memory device", len(ad.Memorydevs), len(od.Memorydevs)},
+		{"lease", len(ad.Leases), len(od.Leases)},
+		{"crypto device", len(ad.Crypto), len(od.Crypto)},
 	} {
-		if !same(kind.mine, kind.its) {
-			return refuse("its %s devices are not this node's", kind.name)
+		if kind.its > kind.mine {
+			return refuse("it has %d %s devices, this node's definition %d", kind.its, kind.name, kind.mine)
 		}
+	}
+	ad.Emulator = od.Emulator
+	ad.Filesystems, ad.Hostdevs, ad.Serials, ad.Consoles, ad.Channels, ad.Parallels, ad.Graphics = od.Filesystems, od.Hostdevs, od.Serials, od.Consoles, od.Channels, od.Parallels, od.Graphics
+	ad.Smartcards, ad.RedirDevs, ad.Shmems, ad.TPMs, ad.RNGs, ad.Inputs, ad.Audios = od.Smartcards, od.RedirDevs, od.Shmems, od.TPMs, od.RNGs, od.Inputs, od.Audios
+	ad.Watchdogs, ad.Memorydevs, ad.Leases, ad.Crypto, ad.PStore, ad.VSock, ad.NVRAM = od.Watchdogs, od.Memorydevs, od.Leases, od.Crypto, od.PStore, od.VSock, od.NVRAM
+	a.MemoryBacking, a.SecLabel, a.Resource, a.Metadata = o.MemoryBacking, o.SecLabel, o.Resource, o.Metadata
+	if a.OS != nil && o.OS != nil {
+		a.OS.Loader, a.OS.NVRam, a.OS.Kernel, a.OS.Initrd, a.OS.DTB, a.OS.Cmdline = o.OS.Loader, o.OS.NVRam, o.OS.Kernel, o.OS.Initrd, o.OS.DTB, o.OS.Cmdline
+	} else if a.OS != nil {
+		a.OS.Loader, a.OS.NVRam, a.OS.Kernel, a.OS.Initrd, a.OS.DTB = nil, nil, "", "", ""
 	}
 	return nil
 }

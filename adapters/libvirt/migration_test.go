@@ -124,7 +124,7 @@ func TestLibvirtdsSocketIsItsURIs(t *testing.T) {
 	}
 }
 
-func TestAnArrivingDefinitionMustBeThisNodesInWhatReachesTheHost(t *testing.T) {
+func TestAnArrivingDefinitionKeepsNothingOfTheSendingHost(t *testing.T) {
 	// What the sending node sends for an honest migration passes.
 	dest, err := destinationXML(sendingXML, receivingXML)
 	if err != nil {
@@ -142,13 +142,33 @@ func TestAnArrivingDefinitionMustBeThisNodesInWhatReachesTheHost(t *testing.T) {
 	if err != nil || strings.Contains(odd, "unheardof") {
 		t.Errorf("an unknown element: %v, passed on as\n%s", err, odd)
 	}
+	// What names the host is replaced by this node's own...
+	for name, edit := range map[string]func(string) string{
+		"another disk file":    func(x string) string { return strings.Replace(x, "/node-2/vms/bbbb-root.qcow2", "/etc/shadow", 1) },
+		"another emulator":     func(x string) string { return strings.Replace(x, "/usr/bin/qemu-system-x86_64", "/tmp/evil", 1) },
+		"another console file": func(x string) string { return strings.Replace(x, "/node-2/vms/bbbb.console", "/etc/passwd", 1) },
+		"another user":         func(x string) string { return strings.Replace(x, "+2000000007:+2000000007", "+0:+0", 1) },
+		"another tap":          func(x string) string { return strings.Replace(x, "tap-node2", "eth0", 1) },
+		"a script to run": func(x string) string {
+			return strings.Replace(x, `<model type="virtio">`, `<script path="/tmp/evil.sh"></script><model type="virtio">`, 1)
+		},
+	} {
+		got, err := checkArrivingXML(receivingXML, edit(dest))
+		if err != nil {
+			t.Errorf("%s: refused (%v); want it replaced by this node's", name, err)
+			continue
+		}
+		for _, bad := range []string{"/etc/shadow", "/tmp/evil", "/etc/passwd", "+0:+0", `dev="eth0"`} {
+			if strings.Contains(got, bad) {
+				t.Errorf("%s: %s passed on:\n%s", name, bad, got)
+			}
+		}
+	}
+	// ...and what would add to it is refused.
 	for name, tc := range map[string]struct {
 		edit func(string) string
 		want string
 	}{
-		"another disk file": {func(x string) string {
-			return strings.Replace(x, "/node-2/vms/bbbb-root.qcow2", "/etc/shadow", 1)
-		}, "its disk sda is not this node's"},
 		"a disk more": {func(x string) string {
 			return strings.Replace(x, "<interface", `<disk type="file" device="disk"><source file="/etc/shadow"/><target dev="sdz" bus="scsi"/></disk><interface`, 1)
 		}, "it has 3 disks"},
@@ -158,16 +178,8 @@ func TestAnArrivingDefinitionMustBeThisNodesInWhatReachesTheHost(t *testing.T) {
 		"a QEMU option": {func(x string) string {
 			return strings.Replace(x, "</devices>", "</devices><commandline xmlns='http://libvirt.org/schemas/domain/qemu/1.0'><arg value='-chardev'/></commandline>", 1)
 		}, "passes options to QEMU"},
-		"another emulator": {func(x string) string {
-			return strings.Replace(x, "/usr/bin/qemu-system-x86_64", "/tmp/evil", 1)
-		}, "emulator"},
-		"another console file": {func(x string) string { return strings.Replace(x, "/node-2/vms/bbbb.console", "/etc/passwd", 1) }, "serial port"},
-		"another user":         {func(x string) string { return strings.Replace(x, "+2000000007:+2000000007", "+0:+0", 1) }, "security labels"},
-		"another tap":          {func(x string) string { return strings.Replace(x, "tap-node2", "eth0", 1) }, "network interface"},
-		"another guest":        {func(x string) string { return strings.Replace(x, "9b1f4a52", "00000000", 1) }, "not virtlet-0123456789ab-vm"},
-		"a script to run": {func(x string) string {
-			return strings.Replace(x, `<model type="virtio">`, `<script path="/tmp/evil.sh"></script><model type="virtio">`, 1)
-		}, "network interface"},
+		"another guest": {func(x string) string { return strings.Replace(x, "9b1f4a52", "00000000", 1) }, "not virtlet-0123456789ab-vm"},
+		"another NIC":   {func(x string) string { return strings.Replace(x, "52:54:00:aa:bb:cc", "52:54:00:aa:bb:cd", 1) }, "network interface"},
 	} {
 		_, err := checkArrivingXML(receivingXML, tc.edit(dest))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -40,7 +40,7 @@ func TestKubeMigration(t *testing.T) {
 		nodes, daemons, migrationArgs = append(nodes, node), append(daemons, d), append(migrationArgs, args)
 		t.Cleanup(func() {
 			if t.Failed() {
-				t.Logf("%s's daemon log:\n%s", node.Name, tail(d.Log(), 6000))
+				t.Logf("%s's daemon log:\n%s", node.Name, tail(d.Log(), 20000))
 			}
 		})
 	}
@@ -309,7 +309,7 @@ func TestKubeMigrationOfACephRoot(t *testing.T) {
 		node, d, _ := nodeNet.StartMigratingNode(t, k, bins, 166+i, names)
 		t.Cleanup(func() {
 			if t.Failed() {
-				t.Logf("%s's daemon log:\n%s", node.Name, tail(d.Log(), 6000))
+				t.Logf("%s's daemon log:\n%s", node.Name, tail(d.Log(), 20000))
 			}
 		})
 	}
