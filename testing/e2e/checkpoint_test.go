@@ -81,21 +81,7 @@ spec:
 	// kubelet removes the pod (its network namespace, its log links)
 	// before it is stopped.
 	t.Cleanup(func() { k.Kubectl("delete", "pod", "cp-vm", "--timeout=3m") })
-	waitTicks := func(pod string, n int) []tick {
-		deadline := time.Now().Add(5 * time.Minute)
-		for {
-			ts := readTicks(k, pod)
-			if len(ts) > 0 && ts[len(ts)-1].n >= n {
-				return ts
-			}
-			if time.Now().After(deadline) {
-				describe, _ := k.Kubectl("describe", "pod", pod)
-				logs, _ := k.Kubectl("logs", pod)
-				t.Fatalf("no @@TICK %d in the console of %s:\n%s\n%s", n, pod, tail(logs, 3000), describe)
-			}
-			time.Sleep(time.Second)
-		}
-	}
+	waitTicks := func(pod string, n int) []tick { return waitTicksOf(t, k, pod, n) }
 	before := waitTicks("cp-vm", 5)
 	startedAt, _ := k.Kubectl("get", "pod", "cp-vm", "-o", "jsonpath={.status.containerStatuses[0].state.running.startedAt}")
 

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -315,26 +314,7 @@ func TestKubeMigrationOfACephRoot(t *testing.T) {
 	}
 	ctl := buildVirtletctl(t)
 	script, _ := json.Marshal(tickerScript)
-	if err := k.Apply(fmt.Sprintf(`apiVersion: v1
-kind: Secret
-metadata: {name: ceph-libvirt, namespace: default}
-type: virtlet/flexvolume_driver
-data: {secret: %[3]s}
----
-apiVersion: v1
-kind: PersistentVolume
-metadata: {name: mig-root}
-spec:
-  capacity: {storage: 256Mi}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  storageClassName: ""
-  claimRef: {namespace: default, name: mig-root}
-  flexVolume:
-    driver: virtlet/flexvolume_driver
-    secretRef: {name: ceph-libvirt, namespace: default}
-    options: {type: ceph, monitor: "%[1]s", pool: rbd, volume: mig-root, user: libvirt, create: "true", capacity: 256MiB, rootfs: "true"}
----
+	if err := k.Apply(harness.CephRoot(ceph.Monitor, key, "mig-root", "mig-root") + fmt.Sprintf(`---
 apiVersion: v1
 kind: PersistentVolumeClaim
 metadata: {name: mig-root, namespace: default}
@@ -352,7 +332,7 @@ metadata:
   annotations:
     kubernetes.io/target-runtime: virtlet.cloud
     VirtletDiskDriver: virtio
-    VirtletCloudInitUserDataScript: %[2]s
+    VirtletCloudInitUserDataScript: %[1]s
 spec:
   nodeName: node-1
   automountServiceAccountToken: false
@@ -366,7 +346,7 @@ spec:
   volumes:
   - name: root
     persistentVolumeClaim: {claimName: mig-root}
-`, ceph.Monitor, script, base64.StdEncoding.EncodeToString([]byte(key)))); err != nil {
+`, script)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { k.Kubectl("delete", "pod", "-l", "app=ceph-mig", "--timeout=3m") })

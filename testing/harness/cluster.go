@@ -141,26 +141,7 @@ func ByNode(vms []ClusterVM) map[string][]ClusterVM {
 // root is the Ceph RBD image vm-root (created on first use), through a
 // ceph flexvolume PV bound to its claim.
 func StatefulVM(monitor, key string) string {
-	return fmt.Sprintf(`apiVersion: v1
-kind: Secret
-metadata: {name: ceph-libvirt, namespace: default}
-type: virtlet/flexvolume_driver
-data: {secret: %[3]s}
----
-apiVersion: v1
-kind: PersistentVolume
-metadata: {name: vm-root}
-spec:
-  capacity: {storage: 256Mi}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  storageClassName: ""
-  claimRef: {namespace: default, name: root-vm-0}
-  flexVolume:
-    driver: virtlet/flexvolume_driver
-    secretRef: {name: ceph-libvirt, namespace: default}
-    options: {type: ceph, monitor: "%[1]s", pool: rbd, volume: vm-root, user: libvirt, create: "true", capacity: 256MiB, rootfs: "true"}
----
+	return CephRoot(monitor, key, "vm-root", "root-vm-0") + fmt.Sprintf(`---
 apiVersion: v1
 kind: Service
 metadata: {name: vm}
@@ -182,7 +163,7 @@ spec:
       annotations:
         kubernetes.io/target-runtime: virtlet.cloud
         VirtletForceDHCPNetworkConfig: "true"
-        VirtletDiskDriver: %[2]s
+        VirtletDiskDriver: %[1]s
     spec:
       nodeSelector: {extraRuntime: virtlet}
       terminationGracePeriodSeconds: 10
@@ -201,7 +182,34 @@ spec:
       accessModes: [ReadWriteOnce]
       storageClassName: ""
       resources: {requests: {storage: 256Mi}}
-`, monitor, "virtio", base64.StdEncoding.EncodeToString([]byte(key)))
+`, "virtio")
+}
+
+// CephRoot is a Ceph RBD image (created at first use, 256 MiB, in pool
+// rbd of the cluster at monitor) as the PersistentVolume name for the
+// claim claim, a persistent root (the ceph flexvolume's rootfs: "true"),
+// with the Secret of the client.libvirt key it is reached with.
+func CephRoot(monitor, key, name, claim string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Secret
+metadata: {name: ceph-libvirt, namespace: default}
+type: virtlet/flexvolume_driver
+data: {secret: %[2]s}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: %[3]s}
+spec:
+  capacity: {storage: 256Mi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  claimRef: {namespace: default, name: %[4]s}
+  flexVolume:
+    driver: virtlet/flexvolume_driver
+    secretRef: {name: ceph-libvirt, namespace: default}
+    options: {type: ceph, monitor: "%[1]s", pool: rbd, volume: %[3]s, user: libvirt, create: "true", capacity: 256MiB, rootfs: "true"}
+`, monitor, base64.StdEncoding.EncodeToString([]byte(key)), name, claim)
 }
 
 // StartMixedNode is StartVirtletNode with a containerd of the node's own
