@@ -139,7 +139,13 @@ func sandboxStats(st core.SandboxStats) *runtimeapi.PodSandboxStats {
 			}
 			net.Interfaces = append(net.Interfaces, iface)
 		}
-		out.Linux.Network = net
+		// Network usage without a default interface crashes kubelet
+		// (1.36's addCRIPodNetworkStats dereferences it): a VM whose
+		// figures have no NIC (one stopping, one without a pod network)
+		// reports none.
+		if net.DefaultInterface != nil {
+			out.Linux.Network = net
+		}
 	}
 	return out
 }

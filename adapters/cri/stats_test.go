@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/virtlet/virtlet/core"
+	"github.com/virtlet/virtlet/ports"
 )
 
 // A VM pod's memory is what its QEMU holds on the host; its container's
@@ -31,6 +32,30 @@ func TestPodMemoryIsTheHostsCost(t *testing.T) {
 		}
 		if ctr.WorkingSetBytes.GetValue() != 100<<20 || ctr.AvailableBytes.GetValue() != 412<<20 {
 			t.Errorf("%s: the container's memory is not the guest's view: %v", tc.name, ctr)
+		}
+	}
+}
+
+// Network usage goes out only with its default interface: kubelet 1.36
+// dereferences it (addCRIPodNetworkStats), and a VM whose figures have no
+// NIC (stopping, or without a pod network) crashed the node's kubelet.
+func TestPodNetworkUsageAlwaysHasItsDefaultInterface(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		nics []ports.NICStats
+		want string
+	}{
+		{"no NIC", nil, ""},
+		{"one NIC", []ports.NICStats{{Name: "eth0", RxBytes: 10}}, "eth0"},
+	} {
+		st := sandboxStats(core.SandboxStats{Sandbox: &core.Sandbox{ID: "sb"},
+			Containers: []core.ContainerStats{{Container: &core.Container{ID: "c", SandboxID: "sb"}, Usage: &core.Usage{Timestamp: time.Unix(100, 0), NICs: tc.nics}}}})
+		net := st.Linux.Network
+		switch {
+		case tc.want == "" && net != nil:
+			t.Errorf("%s: network usage %v without a default interface", tc.name, net)
+		case tc.want != "" && (net == nil || net.DefaultInterface == nil || net.DefaultInterface.Name != tc.want):
+			t.Errorf("%s: network usage %v, want the default interface %s", tc.name, net, tc.want)
 		}
 	}
 }
