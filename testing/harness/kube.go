@@ -466,7 +466,7 @@ func (k *Kube) RestartKubeletProcess() error {
 	cmd := exec.Command(k.kubelet[0], k.kubelet[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := startForLife(cmd); err != nil {
 		logf.Close()
 		return fmt.Errorf("start kubelet: %w", err)
 	}
@@ -598,7 +598,7 @@ func (k *Kube) start(name, bin string, args ...string) <-chan struct{} {
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := startForLife(cmd); err != nil {
 		k.t.Fatalf("start %s: %v", name, err)
 	}
 	done := make(chan struct{})

@@ -146,7 +146,7 @@ func (n *NodeNet) NewNode(t testing.TB, podIndex int) *Node {
 		"echo $$ > %[2]s && exec sleep infinity", lv, pidFile, cg, filepath.Join(node.Dir, "varlog"), filepath.Join(node.Dir, "netns"))
 	holder := exec.Command("nsenter", "--net=/run/netns/"+node.netns, "--", "unshare", "--mount", "--propagation", "private", "--fork", "sh", "-c", script)
 	holder.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := holder.Start(); err != nil {
+	if err := startForLife(holder); err != nil {
 		t.Fatal(err)
 	}
 	go holder.Wait()
