@@ -127,7 +127,7 @@ e2e-k8s: deps
 # e2e-all.
 e2e-cluster: deps
 	testing/k8s/build.sh >/dev/null
-	$(E2E_GOTEST) -timeout 20m -run '^TestNodesAreIsolated$$|^TestKubeCluster$$|^TestMakeClusterUpAndDown$$|^TestKubeNodeFailure$$|^TestKubeStatefulVMDrain$$|^TestKubeMigration$$' ./testing/e2e/...
+	$(E2E_GOTEST) -timeout 20m -run '^TestNodesAreIsolated$$|^TestKubeCluster$$|^TestMakeClusterUpAndDown$$|^TestKubeNodeFailure$$|^TestKubeStatefulVMDrain$$|^TestKubeMigration$$|^TestKubeMigrationOfACephRoot$$' ./testing/e2e/...
 
 # The test cluster of e2e-cluster (three Virtlet nodes, each with its own
 # kube-proxy, and a control plane), left running for a person to try:
