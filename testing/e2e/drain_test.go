@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/virtlet/virtlet/core"
-	"github.com/virtlet/virtlet/testing/cephcluster"
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
@@ -24,10 +22,7 @@ import (
 func TestKubeStatefulVMDrain(t *testing.T) {
 	parallel(t)
 	nodeNet, k := harness.StartCluster(t, 250)
-	ceph := cephcluster.StartOn(t, nodeNet.HostIP)
-	ceph.Run(t, "ceph", "auth", "get-or-create", "client.libvirt", "mon", "profile rbd", "osd", "profile rbd pool=rbd")
-	key := strings.TrimSpace(ceph.Run(t, "ceph", "auth", "print-key", "client.libvirt"))
-	k.FlexvolumeDriver = filepath.Join(bins, "virtlet-flexvolume-driver")
+	ceph, key := startCephForRoots(t, nodeNet, k)
 	names := nodeImages(t, nodeNet)
 	for i := 0; i < 2; i++ {
 		node, d := nodeNet.StartVirtletNode(t, bins, 251+i, names)

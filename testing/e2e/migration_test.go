@@ -34,14 +34,9 @@ func TestKubeMigration(t *testing.T) {
 	var daemons []*harness.Daemon
 	var migrationArgs [][]string
 	for i := 0; i < 2; i++ {
-		node, d, args := nodeNet.StartMigratingNode(t, k, bins, 171+i, names)
+		node, d, args := startMigratingNode(t, nodeNet, k, 171+i, names)
 		k.StartNodeKubeProxy(node)
 		nodes, daemons, migrationArgs = append(nodes, node), append(daemons, d), append(migrationArgs, args)
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("%s's daemon log:\n%s", node.Name, tail(d.Log(), 20000))
-			}
-		})
 	}
 	ctl := buildVirtletctl(t)
 	// The guest writes 4 MiB of noise to its root disk, past the image's
@@ -299,18 +294,10 @@ func checkTicksGoOn(t *testing.T, k *harness.Kube, pod string, before []tick) {
 func TestKubeMigrationOfACephRoot(t *testing.T) {
 	parallel(t)
 	nodeNet, k := harness.StartCluster(t, 165)
-	ceph := cephcluster.StartOn(t, nodeNet.HostIP)
-	ceph.Run(t, "ceph", "auth", "get-or-create", "client.libvirt", "mon", "profile rbd", "osd", "profile rbd pool=rbd")
-	key := strings.TrimSpace(ceph.Run(t, "ceph", "auth", "print-key", "client.libvirt"))
-	k.FlexvolumeDriver = filepath.Join(bins, "virtlet-flexvolume-driver")
+	ceph, key := startCephForRoots(t, nodeNet, k)
 	names := nodeImages(t, nodeNet)
 	for i := 0; i < 2; i++ {
-		node, d, _ := nodeNet.StartMigratingNode(t, k, bins, 166+i, names)
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("%s's daemon log:\n%s", node.Name, tail(d.Log(), 20000))
-			}
-		})
+		startMigratingNode(t, nodeNet, k, 166+i, names)
 	}
 	ctl := buildVirtletctl(t)
 	script, _ := json.Marshal(tickerScript)
@@ -385,4 +372,30 @@ spec:
 	}) {
 		t.Errorf("the root disk's last sector holds %q in the receiving pod, want %q", got, marker)
 	}
+}
+
+// startMigratingNode starts a node whose daemon serves live migrations
+// (harness.StartMigratingNode) and logs its daemon's log if the test fails.
+func startMigratingNode(t *testing.T, nodeNet *harness.NodeNet, k *harness.Kube, podIndex int, names string) (*harness.Node, *harness.Daemon, []string) {
+	t.Helper()
+	node, d, args := nodeNet.StartMigratingNode(t, k, bins, podIndex, names)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s's daemon log:\n%s", node.Name, tail(d.Log(), 20000))
+		}
+	})
+	return node, d, args
+}
+
+// startCephForRoots starts a Ceph cluster on the nodes' network with a
+// client.libvirt key for RBD, and has k's kubelets install Virtlet's
+// flexvolume driver (Ceph roots are its PVs); it returns the cluster and
+// the key.
+func startCephForRoots(t *testing.T, nodeNet *harness.NodeNet, k *harness.Kube) (*cephcluster.Cluster, string) {
+	t.Helper()
+	ceph := cephcluster.StartOn(t, nodeNet.HostIP)
+	ceph.Run(t, "ceph", "auth", "get-or-create", "client.libvirt", "mon", "profile rbd", "osd", "profile rbd pool=rbd")
+	key := strings.TrimSpace(ceph.Run(t, "ceph", "auth", "print-key", "client.libvirt"))
+	k.FlexvolumeDriver = filepath.Join(bins, "virtlet-flexvolume-driver")
+	return ceph, key
 }
