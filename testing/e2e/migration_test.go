@@ -232,6 +232,79 @@ spec:
 			t.Errorf("pods after the failed migration: %q (want only %s)", pods, recv)
 		}
 	})
+	t.Run("a Deployment's pod", func(t *testing.T) { migrateADeploymentsPod(t, k, ctl) })
+}
+
+// migrateADeploymentsPod moves the VM of a Deployment's pod: the receiving
+// pod joins its ReplicaSet once the VM is in it, the source pod goes, and
+// the ReplicaSet creates no replica of its own meanwhile.
+func migrateADeploymentsPod(t *testing.T, k *harness.Kube, ctl string) {
+	script, _ := json.Marshal(tickerScript)
+	if err := k.Apply(fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata: {name: mig-deploy}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: migd}}
+  template:
+    metadata:
+      labels: {app: migd}
+      annotations:
+        kubernetes.io/target-runtime: virtlet.cloud
+        VirtletCloudInitUserDataScript: %s
+    spec:
+      nodeName: node-1
+      automountServiceAccountToken: false
+      containers:
+      - name: vm
+        image: virtlet.cloud/tiny
+        resources:
+          limits: {memory: 128Mi}
+`, script)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Kubectl("delete", "deployment", "mig-deploy", "--timeout=3m") })
+	var src string
+	if !harness.EventuallyOK(2*time.Minute, func() bool {
+		pods, _ := k.Kubectl("get", "pods", "-l", "app=migd", "-o", "jsonpath={.items[*].metadata.name}")
+		src = strings.TrimSpace(pods)
+		return src != "" && !strings.Contains(src, " ")
+	}) {
+		t.Fatalf("the Deployment's pods: %q", src)
+	}
+	before := waitTicksOf(t, k, src, 5)
+	out, err := migrateWith(ctl, k, src, "node-2")
+	if err != nil {
+		t.Fatalf("virtletctl migrate %s --to node-2: %v\n%s", src, err, out)
+	}
+	t.Logf("virtletctl migrate: %s", strings.TrimSpace(out))
+	m := migratedTo.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("virtletctl migrate said %q", out)
+	}
+	recv := m[1]
+	checkTicksGoOn(t, k, recv, before)
+	rs, _ := k.Kubectl("get", "replicasets", "-l", "app=migd", "-o", "jsonpath={.items[*].metadata.name}")
+	var pods, owner string
+	if !harness.EventuallyOK(2*time.Minute, func() bool {
+		pods, _ = k.Kubectl("get", "pods", "-l", "app=migd", "-o", "jsonpath={.items[*].metadata.name}")
+		owner, _ = k.Kubectl("get", "pod", recv, "-o", "jsonpath={.metadata.ownerReferences[?(@.controller==true)].kind}/{.metadata.ownerReferences[?(@.controller==true)].name}")
+		return strings.TrimSpace(pods) == recv && owner == "ReplicaSet/"+rs
+	}) {
+		t.Fatalf("the Deployment's pods %q (want only %s, owned by ReplicaSet/%s: %q)", pods, recv, rs, owner)
+	}
+	if ready, _ := k.Kubectl("get", "deployment", "mig-deploy", "-o", "jsonpath={.status.readyReplicas}"); ready != "1" {
+		t.Errorf("the Deployment has %q ready replicas, want 1", ready)
+	}
+	// The ReplicaSet created the first pod only: it neither replaced the
+	// source pod nor counted the receiving one as a surplus.
+	created, _ := k.Kubectl("get", "events", "--field-selector", "involvedObject.name="+rs+",reason=SuccessfulCreate", "-o", "jsonpath={.items[*].message}")
+	if n := strings.Count(created, "Created pod"); n != 1 {
+		t.Errorf("ReplicaSet %s created %d pods (%q), want 1", rs, n, created)
+	}
+	if deleted, _ := k.Kubectl("get", "events", "--field-selector", "involvedObject.name="+rs+",reason=SuccessfulDelete", "-o", "jsonpath={.items[*].message}"); strings.Contains(deleted, recv) {
+		t.Errorf("ReplicaSet %s deleted the receiving pod: %q", rs, deleted)
+	}
 }
 
 var migratedTo = regexp.MustCompile(`VM runs in pod (\S+) on node node-2: took (\S+), guest paused (\S+),`)
