@@ -41,7 +41,7 @@ const nodePrefix = "system:node:"
 
 // Config is a daemon's migration endpoint.
 type Config struct {
-	Address  string // host:port to listen on (":10259": every address)
+	Address  string // host:port to listen on (":10262": every address)
 	CertFile string // the node's certificate (subject system:node:<node>), read at each handshake (it may rotate)
 	KeyFile  string
 	CAFile   string // the cluster's CA, which signed every node's

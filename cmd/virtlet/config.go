@@ -61,7 +61,7 @@ type config struct {
 	MaxVirtualSize    string `json:"maxVirtualSize" flag:"max-virtual-size" help:"the largest disk a guest may see: an image's virtual size, VirtletRootVolumeSize (0: no bound)"`
 	KeepFreeSpace     string `json:"keepFreeSpace" flag:"keep-free-space" help:"the space pulls leave free on the image store's file system (0: none)"`
 	// Live migration between the nodes' daemons (docs/migration.md).
-	MigrationAddress string `json:"migrationAddress" flag:"migration-address" help:"host:port of the live migration endpoint the other nodes' daemons reach (mutual TLS; every node the same port), such as :10259; empty: VMs are neither migrated away nor received"`
+	MigrationAddress string `json:"migrationAddress" flag:"migration-address" help:"host:port of the live migration endpoint the other nodes' daemons reach (mutual TLS; every node the same port), such as :10262; empty: VMs are neither migrated away nor received"`
 	MigrationCert    string `json:"migrationCert" flag:"migration-cert" help:"the node's certificate for migrationAddress, whose subject is system:node:<node> (kubelet's client certificate is one)"`
 	MigrationKey     string `json:"migrationKey" flag:"migration-key" help:"the private key of migrationCert"`
 	MigrationCA      string `json:"migrationCA" flag:"migration-ca" help:"the cluster CA that signed every node's migrationCert"`

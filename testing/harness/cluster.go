@@ -25,7 +25,7 @@ func (n *NodeNet) StartVirtletNode(t testing.TB, bins string, podIndex int, tran
 }
 
 // StartMigratingNode starts a node on n like StartVirtletNode, whose
-// daemon also serves live migrations (on the node's address, port 10259,
+// daemon also serves live migrations (on the node's address, port 10262,
 // mutual TLS with a node certificate of k's CA), and the node's kubelet.
 // args are the daemon's migration flags, for a restart.
 func (n *NodeNet) StartMigratingNode(t testing.TB, k *Kube, bins string, podIndex int, translations string) (node *Node, d *Daemon, args []string) {
@@ -35,7 +35,7 @@ func (n *NodeNet) StartMigratingNode(t testing.TB, k *Kube, bins string, podInde
 	d.Wrap = node.Wrap()
 	d.Translate("test-images.yaml", translations)
 	cert, key, ca := k.MigrationCredentials(node.Name)
-	args = []string{"--migration-address", node.IP + ":10259", "--migration-cert", cert, "--migration-key", key, "--migration-ca", ca}
+	args = []string{"--migration-address", node.IP + ":10262", "--migration-cert", cert, "--migration-key", key, "--migration-ca", ca}
 	d.Start(args...)
 	k.StartNodeKubelet(node, d)
 	return node, d, args
