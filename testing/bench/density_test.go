@@ -170,6 +170,14 @@ func runTinyPod(rt runtimeapi.RuntimeServiceClient, dir, image, name string, mor
 
 // runTinyPodOf is runTinyPod with a memory limit of its own.
 func runTinyPodOf(rt runtimeapi.RuntimeServiceClient, dir, image, name string, more map[string]string, memory int64) (tinyPod, error) {
+	p, _, err := runTinyPodTimed(rt, dir, image, name, more, memory)
+	return p, err
+}
+
+// runTinyPodTimed is runTinyPodOf, which also returns how long its
+// RunPodSandbox took; a pod that failed after its RunPodSandbox comes
+// with its sandbox, to remove.
+func runTinyPodTimed(rt runtimeapi.RuntimeServiceClient, dir, image, name string, more map[string]string, memory int64) (tinyPod, time.Duration, error) {
 	ctx := context.Background()
 	logDir := filepath.Join(dir, "pods", name)
 	ann := map[string]string{"kubernetes.io/target-runtime": "virtlet.cloud", "VirtletDiskDriver": "virtio"}
@@ -179,30 +187,32 @@ func runTinyPodOf(rt runtimeapi.RuntimeServiceClient, dir, image, name string, m
 		Annotations:  ann,
 		LogDirectory: logDir,
 	}
+	began := time.Now()
 	sb, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: podCfg})
+	run := time.Since(began)
 	if err != nil {
-		return tinyPod{}, err
+		return tinyPod{}, run, fmt.Errorf("RunPodSandbox %s: %w", name, err)
 	}
 	ctr, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: sb.PodSandboxId, SandboxConfig: podCfg,
 		Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: name}, Image: &runtimeapi.ImageSpec{Image: image},
 			LogPath: "vm.log", Linux: &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: memory}}}})
 	if err != nil {
-		return tinyPod{}, err
+		return tinyPod{sandbox: sb.PodSandboxId}, run, fmt.Errorf("CreateContainer %s: %w", name, err)
 	}
 	if _, err := rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
-		return tinyPod{}, err
+		return tinyPod{sandbox: sb.PodSandboxId}, run, fmt.Errorf("StartContainer %s: %w", name, err)
 	}
 	st, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: ctr.ContainerId, Verbose: true})
 	if err != nil {
-		return tinyPod{}, err
+		return tinyPod{sandbox: sb.PodSandboxId}, run, err
 	}
 	var vm struct {
 		Name string `json:"name"`
 	}
 	if err := json.Unmarshal([]byte(st.Info["vm"]), &vm); err != nil || vm.Name == "" {
-		return tinyPod{}, fmt.Errorf("the VM of %s: %v %q", name, err, st.Info["vm"])
+		return tinyPod{sandbox: sb.PodSandboxId}, run, fmt.Errorf("the VM of %s: %v %q", name, err, st.Info["vm"])
 	}
-	return tinyPod{sandbox: sb.PodSandboxId, container: ctr.ContainerId, domain: vm.Name, log: filepath.Join(logDir, "vm.log")}, nil
+	return tinyPod{sandbox: sb.PodSandboxId, container: ctr.ContainerId, domain: vm.Name, log: filepath.Join(logDir, "vm.log")}, run, nil
 }
 
 func waitReady(p tinyPod, timeout time.Duration) error {

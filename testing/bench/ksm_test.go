@@ -28,6 +28,8 @@ type ksmResult struct {
 	// The pod that asked not to share: its PSS, and how much of its
 	// memory KSM merged (smaps' KSM lines).
 	privateOff, privateOn, privateMerged int64
+	// hostInUse is the host's memory in use with KSM settled.
+	hostInUse int64
 }
 
 // measureKSM reads the QEMUs' PSS, turns KSM on with the install's
@@ -71,6 +73,7 @@ func measureKSM(b *testing.B, domains []string, private string) (ksmResult, erro
 	res.settled, res.sharing, res.ksmdCPU = time.Since(start), last, ksmdCPU()-cpu0
 	res.pssOn, res.privateOn = sumPSS(domains), sumPSS([]string{private})
 	res.privateMerged = ksmMerged(private)
+	res.hostInUse = hostMemInUse()
 	return res, nil
 }
 
