@@ -314,11 +314,13 @@ func bootBare(b *testing.B, image, accel string) time.Duration {
 
 // bareQEMU starts QEMU alone on a guest image (128 MiB, one vCPU, the
 // disk's writes thrown away) under accel (QEMU's -accel, options
-// included): its serial console comes out of console; stop kills it.
-func bareQEMU(b *testing.B, image, accel string) (console *bufio.Scanner, pid int, stop func()) {
-	cmd := exec.Command("qemu-system-x86_64", "-accel", accel, "-machine", "pc", "-m", "128", "-smp", "1",
-		"-nodefaults", "-display", "none", "-snapshot", "-drive", "file="+image+",format=qcow2,if=virtio",
-		"-serial", "stdio", "-no-reboot")
+// included), with more of QEMU's arguments if given: its serial console
+// comes out of console; stop kills it.
+func bareQEMU(b *testing.B, image, accel string, more ...string) (console *bufio.Scanner, pid int, stop func()) {
+	args := []string{"-accel", accel, "-machine", "pc", "-m", "128", "-smp", "1",
+		"-nodefaults", "-display", "none", "-snapshot", "-drive", "file=" + image + ",format=qcow2,if=virtio",
+		"-serial", "stdio", "-no-reboot"}
+	cmd := exec.Command("qemu-system-x86_64", append(args, more...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		b.Fatal(err)
