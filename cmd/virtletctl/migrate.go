@@ -4,13 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,9 +47,9 @@ pod. If the migration fails, the VM runs on where it was and migrate
 deletes the receiving pod.
 
 A Deployment's pod (a ReplicaSet's) moves too: its receiving pod lacks
-the labels of the ReplicaSet's selector while the VM moves, so that the
-ReplicaSet does not count it; once the VM is in it, it gets them, the
-ReplicaSet adopts it, and the source pod goes. A StatefulSet's, a
+the ReplicaSet's pod-template-hash label while the VM moves, so that the
+ReplicaSet does not count it; once the VM is in it, it gets the label,
+the source pod goes, and the ReplicaSet adopts the receiving pod. A StatefulSet's, a
 DaemonSet's or a Job's pod is refused: the pod's name or node is its
 identity there.
 
@@ -116,18 +119,8 @@ func (k *kube) migrate(ctx context.Context, pod *corev1.Pod, to string) error {
 	// A failure the daemon reported names the migration; any other (the
 	// exec's stream broke) may have come after the guest moved: the
 	// source container then ends Migrated, and the receiving pod must stay.
-	if err != nil && !strings.Contains(err.Error(), "live migration") && k.migratedAway(ctx, pod) {
-		fmt.Fprintf(os.Stderr, "the migration's answer was lost (%v), but the source container ended Migrated\n", err)
-		if jerr := k.joinController(ctx, pod, created, held); jerr != nil {
-			return fmt.Errorf("the VM of %s moved to %s/%s on %s: %w", id, created.Namespace, created.Name, to, jerr)
-		}
-		if derr := k.deleteSource(ctx, pod); derr != nil {
-			return fmt.Errorf("the VM of %s moved to %s/%s on %s; deleting the source pod: %w", id, created.Namespace, created.Name, to, derr)
-		}
-		fmt.Printf("%s's VM runs in pod %s on node %s (its figures were lost with the answer)\n", id, created.Name, to)
-		return nil
-	}
-	if err != nil {
+	lost := err != nil && !strings.Contains(err.Error(), "live migration") && k.migratedAway(ctx, pod)
+	if err != nil && !lost {
 		// The VM runs on where it was; the receiving pod goes.
 		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
@@ -136,15 +129,23 @@ func (k *kube) migrate(ctx context.Context, pod *corev1.Pod, to string) error {
 		}
 		return fmt.Errorf("migrate %s to %s: %w %s (the VM runs on in %s; the receiving pod %s is deleted)", id, to, err, strings.TrimSpace(errOut.String()), id, created.Name)
 	}
-	var st ports.MigrationStats
-	if err := json.Unmarshal([]byte(out.String()), &st); err != nil {
-		return fmt.Errorf("migrate %s: the daemon's figures: %w", id, err)
+	if lost {
+		fmt.Fprintf(os.Stderr, "the migration's answer was lost (%v), but the source container ended Migrated\n", err)
 	}
-	if err := k.joinController(ctx, pod, created, held); err != nil {
+	// The VM is in the receiving pod: what is left has its own time, not
+	// what the migration left of --timeout.
+	after, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	if err := k.handOver(after, pod, created, held); err != nil {
 		return fmt.Errorf("the VM of %s moved to %s/%s on %s: %w", id, created.Namespace, created.Name, to, err)
 	}
-	if err := k.deleteSource(ctx, pod); err != nil {
-		return fmt.Errorf("the VM of %s moved to %s/%s on %s; deleting the source pod: %w", id, created.Namespace, created.Name, to, err)
+	if lost {
+		fmt.Printf("%s's VM runs in pod %s on node %s (its figures were lost with the answer)\n", id, created.Name, to)
+		return nil
+	}
+	var st ports.MigrationStats
+	if err := json.Unmarshal([]byte(out.String()), &st); err != nil {
+		return fmt.Errorf("the VM of %s moved to %s/%s on %s, but the daemon's figures: %w", id, created.Namespace, created.Name, to, err)
 	}
 	fmt.Printf("%s's VM runs in pod %s on node %s: took %s, guest paused %s, %d MiB of memory and %d MiB of disk copied\n",
 		id, created.Name, to, st.Total.Round(time.Millisecond), st.Downtime, st.MemoryBytes>>20, st.DiskBytes>>20)
@@ -152,16 +153,22 @@ func (k *kube) migrate(ctx context.Context, pod *corev1.Pod, to string) error {
 }
 
 // receivingPod is the source pod's twin on node to, receiving its VM,
-// without the labels held back from it (and no owner).
+// without the labels held back from it. A ReplicaSet's pod's twin names
+// the ReplicaSet as an owner, not as its controller: the garbage
+// collector removes it with the ReplicaSet, and the ReplicaSet may adopt
+// it once it has the labels.
 func receivingPod(pod *corev1.Pod, to, from string, held map[string]string) *corev1.Pod {
 	name := pod.Name
+	var owners []metav1.OwnerReference
 	if owner := metav1.GetControllerOf(pod); owner != nil && len(held) > 0 {
 		name = owner.Name // named as its ReplicaSet names its pods
+		owners = []metav1.OwnerReference{{APIVersion: owner.APIVersion, Kind: owner.Kind, Name: owner.Name, UID: owner.UID}}
 	}
 	recv := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			GenerateName: name + "-", Namespace: pod.Namespace,
 			Labels: map[string]string{}, Annotations: map[string]string{},
+			OwnerReferences: owners,
 		},
 		Spec: *pod.Spec.DeepCopy(),
 	}
@@ -180,12 +187,14 @@ func receivingPod(pod *corev1.Pod, to, from string, held map[string]string) *cor
 	return recv
 }
 
-// heldLabels are the labels the receiving pod of a controller's pod may
-// only have once the VM is in it: those its ReplicaSet selects its pods
-// by, so that the ReplicaSet neither counts the receiving pod while the
-// VM moves (and deletes one of the two as a surplus replica) nor loses
-// its pod if the migration fails. A bare pod holds none back; a pod of
-// another controller is refused.
+// heldLabels is the label the receiving pod of a ReplicaSet's pod gets
+// only once the VM is in it: one its ReplicaSet selects its pods by, so
+// that the ReplicaSet neither counts the receiving pod while the VM moves
+// (and deletes one of the two as a surplus replica) nor loses its pod if
+// the migration fails. A Deployment's ReplicaSet's pod-template-hash is
+// the one held back: the receiving pod keeps the labels Services,
+// NetworkPolicies and PodDisruptionBudgets select it by. A bare pod holds
+// none back; a pod of another controller is refused.
 func (k *kube) heldLabels(ctx context.Context, pod *corev1.Pod) (map[string]string, error) {
 	id := pod.Namespace + "/" + pod.Name
 	owner := metav1.GetControllerOf(pod)
@@ -195,93 +204,128 @@ func (k *kube) heldLabels(ctx context.Context, pod *corev1.Pod) (map[string]stri
 	if owner.Kind != "ReplicaSet" || !strings.HasPrefix(owner.APIVersion, "apps/") {
 		return nil, fmt.Errorf("pod %s is managed by %s %s: only a bare pod or a ReplicaSet's (a Deployment's) can migrate; a StatefulSet's, a DaemonSet's or a Job's pod has its name or node as its identity", id, owner.Kind, owner.Name)
 	}
-	rs, err := k.client.AppsV1().ReplicaSets(pod.Namespace).Get(ctx, owner.Name, metav1.GetOptions{})
+	rs, err := k.liveReplicaSet(ctx, pod.Namespace, owner)
 	if err != nil {
-		return nil, fmt.Errorf("pod %s: its ReplicaSet: %w", id, err)
-	}
-	if rs.UID != owner.UID || rs.Spec.Selector == nil {
-		return nil, fmt.Errorf("pod %s: its ReplicaSet %s is gone or has no selector", id, owner.Name)
+		return nil, fmt.Errorf("pod %s: %w", id, err)
 	}
 	selector, err := metav1.LabelSelectorAsSelector(rs.Spec.Selector)
 	if err != nil {
 		return nil, fmt.Errorf("pod %s: ReplicaSet %s's selector: %w", id, rs.Name, err)
 	}
-	held, rest := map[string]string{}, labels.Set{}
-	for k, v := range pod.Labels {
-		if _, ok := rs.Spec.Selector.MatchLabels[k]; ok {
-			held[k] = v
-		} else {
-			rest[k] = v
+	if !selector.Matches(labels.Set(pod.Labels)) {
+		return nil, fmt.Errorf("pod %s: ReplicaSet %s's selector %q does not match it (the ReplicaSet is releasing it)", id, rs.Name, selector)
+	}
+	keys := slices.Sorted(maps.Keys(rs.Spec.Selector.MatchLabels))
+	if i := slices.Index(keys, appsv1.DefaultDeploymentUniqueLabelKey); i > 0 {
+		keys[0], keys[i] = keys[i], keys[0]
+	}
+	for _, key := range keys {
+		rest := labels.Set{}
+		for k, v := range pod.Labels {
+			if k != key {
+				rest[k] = v
+			}
+		}
+		if !selector.Matches(rest) {
+			return map[string]string{key: pod.Labels[key]}, nil
 		}
 	}
-	if selector.Matches(rest) {
-		return nil, fmt.Errorf("pod %s: ReplicaSet %s's selector %q would match its receiving pod even without its matchLabels: the ReplicaSet would count it as a surplus replica", id, rs.Name, selector)
-	}
-	return held, nil
+	return nil, fmt.Errorf("pod %s: ReplicaSet %s's selector %q has no matchLabels key whose absence hides its receiving pod: the ReplicaSet would count it as a surplus replica", id, rs.Name, selector)
 }
 
-// joinController gives the receiving pod recv, whose VM the source pod's
-// was, the labels held back from it: its ReplicaSet adopts it as an
-// orphan it selects, and scales down the source pod, which ranks first
-// to go (its container ended Migrated, and its deletion cost is the
-// lowest).
-func (k *kube) joinController(ctx context.Context, pod, recv *corev1.Pod, held map[string]string) error {
-	if len(held) == 0 {
-		return nil
+// liveReplicaSet is the ReplicaSet owner names, if it is still that one
+// (its UID) and not being deleted.
+func (k *kube) liveReplicaSet(ctx context.Context, namespace string, owner *metav1.OwnerReference) (*appsv1.ReplicaSet, error) {
+	rs, err := k.client.AppsV1().ReplicaSets(namespace).Get(ctx, owner.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("its ReplicaSet: %w", err)
 	}
+	if rs.UID != owner.UID || rs.DeletionTimestamp != nil || rs.Spec.Selector == nil {
+		return nil, fmt.Errorf("its ReplicaSet %s is gone, being deleted or without a selector", owner.Name)
+	}
+	return rs, nil
+}
+
+// handOver makes the receiving pod recv, which holds the VM now, the VM's
+// pod: a bare source pod is deleted; a ReplicaSet's source pod gets the
+// lowest deletion cost, and once recv cannot rank before it in the
+// ReplicaSet's scale-down, recv gets the labels held back, the source pod
+// is deleted, and the ReplicaSet adopts recv (an orphan it selects). The
+// ReplicaSet sees recv's labels before the source pod's deletion (one
+// watch, in order), so it never counts one replica too few.
+func (k *kube) handOver(ctx context.Context, pod, recv *corev1.Pod, held map[string]string) error {
+	if len(held) == 0 {
+		return k.deleteSource(ctx, pod)
+	}
+	owner := metav1.GetControllerOf(pod)
+	var give []string
+	for k, v := range held {
+		give = append(give, k+"="+v)
+	}
+	hint := fmt.Sprintf("the receiving pod holds the VM: give it its labels with `kubectl label pod -n %s %s %s` and delete %s", pod.Namespace, recv.Name, strings.Join(give, " "), pod.Name)
 	pods := k.client.CoreV1().Pods(pod.Namespace)
 	cost, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{podDeletionCost: strconv.Itoa(math.MinInt32)}}})
 	if _, err := pods.Patch(ctx, pod.Name, types.MergePatchType, cost, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("mark the source pod %s to go first: %w", pod.Name, err)
+		return fmt.Errorf("mark the source pod %s to go first: %w (%s)", pod.Name, err, hint)
 	}
 	// The ReplicaSet ranks a pod that is not Running, then one that is
 	// not Ready, before the deletion cost: the receiving pod must not rank
 	// first by kubelet's yet stale statuses.
 	if err := k.waitRanksAfter(ctx, pod.Namespace, recv.Name, pod.Name); err != nil {
-		return err
+		return fmt.Errorf("%w (%s)", err, hint)
+	}
+	if _, err := k.liveReplicaSet(ctx, pod.Namespace, owner); err != nil {
+		return fmt.Errorf("%w: the receiving pod %s keeps the VM without a controller; delete it to stop the VM", err, recv.Name)
 	}
 	join, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": held}})
 	if _, err := pods.Patch(ctx, recv.Name, types.MergePatchType, join, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("give the receiving pod %s its controller's labels %v (add them by hand): %w", recv.Name, held, err)
+		return fmt.Errorf("give the receiving pod %s its ReplicaSet's labels: %w (%s)", recv.Name, err, hint)
 	}
-	owner := metav1.GetControllerOf(pod)
-	deadline := time.Now().Add(time.Minute)
-	for time.Now().Before(deadline) {
+	if err := k.deleteSource(ctx, pod); err != nil {
+		return fmt.Errorf("delete the source pod %s: %w", pod.Name, err)
+	}
+	for {
 		p, err := pods.Get(ctx, recv.Name, metav1.GetOptions{})
-		if err == nil {
+		switch {
+		case err == nil && p.DeletionTimestamp != nil:
+			return fmt.Errorf("the receiving pod %s, holding the VM, is being deleted", recv.Name)
+		case err == nil:
 			if ref := metav1.GetControllerOf(p); ref != nil && ref.UID == owner.UID {
 				return nil
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s %s did not adopt the receiving pod %s: %w", owner.Kind, owner.Name, recv.Name, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
-	return fmt.Errorf("%s %s did not adopt the receiving pod %s within a minute", owner.Kind, owner.Name, recv.Name)
 }
 
 // waitRanksAfter waits until the pod named keep ranks after the pod named
 // drop in a ReplicaSet's scale-down before their deletion costs: it is
-// Running, and Ready unless drop is not Ready either.
+// Running, and Ready unless drop is not Ready either (drop gone: Ready,
+// for the ReplicaSet may have replaced it).
 func (k *kube) waitRanksAfter(ctx context.Context, namespace, keep, drop string) error {
 	pods := k.client.CoreV1().Pods(namespace)
 	deadline := time.Now().Add(2 * time.Minute)
-	var why string
+	why := "is not known yet"
 	for time.Now().Before(deadline) {
 		kept, err := pods.Get(ctx, keep, metav1.GetOptions{})
 		if err != nil {
 			return fmt.Errorf("the receiving pod %s: %w", keep, err)
 		}
-		dropped, err := pods.Get(ctx, drop, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if err != nil {
+		dropReady := true
+		if dropped, err := pods.Get(ctx, drop, metav1.GetOptions{}); err == nil {
+			dropReady = podReady(dropped)
+		} else if !apierrors.IsNotFound(err) {
 			return fmt.Errorf("the source pod %s: %w", drop, err)
 		}
 		switch {
 		case kept.Status.Phase != corev1.PodRunning:
-			why = "is " + string(kept.Status.Phase)
-		case !podReady(kept) && podReady(dropped):
-			why = "is not Ready, and the source pod still is"
+			why = fmt.Sprintf("is not Running (%q)", kept.Status.Phase)
+		case !podReady(kept) && dropReady:
+			why = "is not Ready, and the source pod is Ready or gone"
 		default:
 			return nil
 		}
@@ -324,9 +368,13 @@ func (k *kube) migratedAway(ctx context.Context, pod *corev1.Pod) bool {
 	for time.Now().Before(deadline) {
 		p, err := k.client.CoreV1().Pods(pod.Namespace).Get(context.WithoutCancel(ctx), pod.Name, metav1.GetOptions{})
 		if err == nil {
+			// kubelet restarts the container (refused: the VM moved) and
+			// keeps the Migrated end as its last state.
 			for _, cs := range p.Status.ContainerStatuses {
-				if t := cs.State.Terminated; t != nil && t.Reason == ports.ReasonMigrated {
-					return true
+				for _, t := range []*corev1.ContainerStateTerminated{cs.State.Terminated, cs.LastTerminationState.Terminated} {
+					if t != nil && t.Reason == ports.ReasonMigrated {
+						return true
+					}
 				}
 			}
 		}

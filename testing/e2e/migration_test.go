@@ -263,7 +263,10 @@ spec:
 `, script)); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { k.Kubectl("delete", "deployment", "mig-deploy", "--timeout=3m") })
+	t.Cleanup(func() {
+		k.Kubectl("delete", "deployment", "mig-deploy", "--timeout=3m")
+		k.Kubectl("delete", "pods", "-l", "app=migd", "--timeout=3m") // a receiving pod left unadopted
+	})
 	var src string
 	if !harness.EventuallyOK(2*time.Minute, func() bool {
 		pods, _ := k.Kubectl("get", "pods", "-l", "app=migd", "-o", "jsonpath={.items[*].metadata.name}")
@@ -293,7 +296,11 @@ spec:
 	}) {
 		t.Fatalf("the Deployment's pods %q (want only %s, owned by ReplicaSet/%s: %q)", pods, recv, rs, owner)
 	}
-	if ready, _ := k.Kubectl("get", "deployment", "mig-deploy", "-o", "jsonpath={.status.readyReplicas}"); ready != "1" {
+	var ready string
+	if !harness.EventuallyOK(time.Minute, func() bool {
+		ready, _ = k.Kubectl("get", "deployment", "mig-deploy", "-o", "jsonpath={.status.readyReplicas}")
+		return ready == "1"
+	}) {
 		t.Errorf("the Deployment has %q ready replicas, want 1", ready)
 	}
 	// The ReplicaSet created the first pod only: it neither replaced the
