@@ -154,7 +154,7 @@ func pair(t *testing.T, cluster *ca, sender, receiverCfg Config) (*Peers, *Peers
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	recv := &receiver{t: t, dir: filepath.Join(dir, "target"), outcome: make(chan error, 1)}
 	log := logrus.New()
-	log.SetOutput(testWriter{t})
+	log.SetOutput(newTestWriter(t))
 	// Never the node's own run directory, which Listen clears.
 	receiverCfg.RunDir = filepath.Join(dir, "unused")
 	target, err := Listen(receiverCfg, recv, log)
@@ -423,10 +423,29 @@ func TestTheSendingLibvirtdIsHeardOnlyForAMigration(t *testing.T) {
 	}
 }
 
-// testWriter logs the peers' lines in the test's output.
-type testWriter struct{ t *testing.T }
+// testWriter logs the peers' lines in the test's output until the test
+// ends: a connection's handler may log after it (a refused handshake).
+type testWriter struct {
+	t    *testing.T
+	mu   sync.Mutex
+	done bool
+}
 
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(b)))
+func newTestWriter(t *testing.T) *testWriter {
+	w := &testWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.done = true
+	})
+	return w
+}
+
+func (w *testWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimSpace(string(b)))
+	}
 	return len(b), nil
 }
