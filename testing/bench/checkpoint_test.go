@@ -17,11 +17,13 @@ import (
 )
 
 // heartbeat prints a numbered line to the tiny guest's console every
-// 10 ms, for as long as the guest runs.
-const heartbeat = "#!/bin/sh\n(i=0; while true; do i=$((i+1)); echo \"@@BEAT $i\"; usleep 10000; done) &\n"
+// 10 ms, for as long as the guest runs, with the guest's own uptime (its
+// clock, which stands still while the VM is paused; read by the shell,
+// without a process of its own).
+const heartbeat = "#!/bin/sh\n(i=0; while true; do i=$((i+1)); read up rest < /proc/uptime; echo \"@@BEAT $i $up\"; usleep 10000; done) &\n"
 
 // beatLine is a heartbeat in the CRI log: the time it reached the log.
-var beatLine = regexp.MustCompile(`^(\S+) stdout F @@BEAT (\d+)\r?$`)
+var beatLine = regexp.MustCompile(`^(\S+) stdout F @@BEAT (\d+)(?: \S+)?\r?$`)
 
 // BenchmarkCheckpoint: CRI CheckpointContainer of an idle tiny guest,
 // 128 MiB and 1 GiB, beside a cold boot of the same VM (RunPodSandbox →
