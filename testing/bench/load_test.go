@@ -129,18 +129,7 @@ func BenchmarkP5HundredVMPods(b *testing.B) {
 	fmt.Printf("   host memory in use: %s before the first pod, %s at rest with %d (%.0f MiB a pod)\n",
 		gib(before), gib(atRest), loadPods, mibOf(atRest-before)/float64(loadPods))
 
-	lists := make([]time.Duration, 0, 200)
-	for i := 0; i < 200; i++ {
-		t0 := time.Now()
-		if _, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{}); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{}); err != nil {
-			b.Fatal(err)
-		}
-		lists = append(lists, time.Since(t0)/2)
-	}
-	listP99 := quantile(lists, 0.99)
+	listP99 := listsP99(b, rt)
 	// RunPodSandbox at that load: 20 more sandboxes (a network each), one
 	// after another, each removed again.
 	var runs []time.Duration
