@@ -108,10 +108,7 @@ func p1Runs(b *testing.B, translation string, poolSize int) p1Result {
 	if err != nil {
 		b.Fatal(err)
 	}
-	res := p1Result{accel: "tcg", phases: map[string][]time.Duration{}}
-	if st, err := rt.Status(ctx, &runtimeapi.StatusRequest{Verbose: true}); err == nil && strings.Contains(st.Info["hypervisor"], `"Accelerator":"kvm"`) {
-		res.accel = "kvm"
-	}
+	res := p1Result{accel: daemonAccel(rt), phases: map[string][]time.Duration{}}
 	poolReady := func(n int) []string {
 		var doms []string
 		deadline := time.Now().Add(2 * time.Minute)
@@ -295,6 +292,16 @@ func bootThroughDaemon(b *testing.B, rt runtimeapi.RuntimeServiceClient, dir, im
 	}
 	b.Fatalf("no console line in %s", logFile)
 	return 0
+}
+
+// daemonAccel is the accelerator the daemon's probe chose, as QEMU's
+// -accel names it: kvm, else tcg.
+func daemonAccel(rt runtimeapi.RuntimeServiceClient) string {
+	st, err := rt.Status(context.Background(), &runtimeapi.StatusRequest{Verbose: true})
+	if err == nil && strings.Contains(st.Info["hypervisor"], `"Accelerator":"kvm"`) {
+		return "kvm"
+	}
+	return "tcg"
 }
 
 // bootBare runs QEMU directly on the same image and waits for its first

@@ -186,14 +186,9 @@ func runTinyPodOf(rt runtimeapi.RuntimeServiceClient, dir, image, name string, m
 // with its sandbox, to remove.
 func runTinyPodTimed(rt runtimeapi.RuntimeServiceClient, dir, image, name string, more map[string]string, memory int64) (tinyPod, time.Duration, error) {
 	ctx := context.Background()
-	logDir := filepath.Join(dir, "pods", name)
-	ann := map[string]string{"kubernetes.io/target-runtime": "virtlet.cloud", "VirtletDiskDriver": "virtio"}
+	ann := map[string]string{"VirtletDiskDriver": "virtio"}
 	maps.Copy(ann, more)
-	podCfg := &runtimeapi.PodSandboxConfig{
-		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "bench", Uid: "uid-" + name},
-		Annotations:  ann,
-		LogDirectory: logDir,
-	}
+	podCfg := benchPod(dir, name, ann)
 	began := time.Now()
 	sb, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: podCfg})
 	run := time.Since(began)
@@ -219,7 +214,19 @@ func runTinyPodTimed(rt runtimeapi.RuntimeServiceClient, dir, image, name string
 	if err := json.Unmarshal([]byte(st.Info["vm"]), &vm); err != nil || vm.Name == "" {
 		return tinyPod{sandbox: sb.PodSandboxId}, run, fmt.Errorf("the VM of %s: %v %q", name, err, st.Info["vm"])
 	}
-	return tinyPod{sandbox: sb.PodSandboxId, container: ctr.ContainerId, domain: vm.Name, log: filepath.Join(logDir, "vm.log")}, run, nil
+	return tinyPod{sandbox: sb.PodSandboxId, container: ctr.ContainerId, domain: vm.Name, log: filepath.Join(podCfg.LogDirectory, "vm.log")}, run, nil
+}
+
+// benchPod is a VM pod's sandbox config in the bench namespace, its logs
+// under dir/pods/name, with more annotations if given.
+func benchPod(dir, name string, more map[string]string) *runtimeapi.PodSandboxConfig {
+	ann := map[string]string{"kubernetes.io/target-runtime": "virtlet.cloud"}
+	maps.Copy(ann, more)
+	return &runtimeapi.PodSandboxConfig{
+		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "bench", Uid: "uid-" + name},
+		Annotations:  ann,
+		LogDirectory: filepath.Join(dir, "pods", name),
+	}
 }
 
 func waitReady(p tinyPod, timeout time.Duration) error {

@@ -1,14 +1,11 @@
 package bench
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/virtlet/virtlet/adapters/cloudinit/iso"
 	"github.com/virtlet/virtlet/deploy"
@@ -98,11 +95,8 @@ func BenchmarkKubeApply(b *testing.B) {
 	}
 
 	// The floor: the same image in QEMU alone to the same marker.
-	accel := "tcg"
 	rt, _ := d.CRI(b)
-	if st, err := rt.Status(context.Background(), &runtimeapi.StatusRequest{Verbose: true}); err == nil && strings.Contains(st.Info["hypervisor"], `"Accelerator":"kvm"`) {
-		accel = "kvm"
-	}
+	accel := daemonAccel(rt)
 	var bare []time.Duration
 	for i := 0; i < bootRuns; i++ {
 		bare = append(bare, bareReady(b, image, accel))

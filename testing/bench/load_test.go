@@ -134,11 +134,7 @@ func BenchmarkP5HundredVMPods(b *testing.B) {
 	// after another, each removed again.
 	var runs []time.Duration
 	for i := 0; i < size(20, 2); i++ {
-		cfg := &runtimeapi.PodSandboxConfig{
-			Metadata:     &runtimeapi.PodSandboxMetadata{Name: fmt.Sprintf("load-extra-%02d", i), Namespace: "bench", Uid: fmt.Sprintf("uid-load-extra-%02d", i)},
-			Annotations:  map[string]string{"kubernetes.io/target-runtime": "virtlet.cloud"},
-			LogDirectory: filepath.Join(d.Dir, "pods", fmt.Sprintf("load-extra-%02d", i)),
-		}
+		cfg := benchPod(d.Dir, fmt.Sprintf("load-extra-%02d", i), nil)
 		t0 := time.Now()
 		sb, err := rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: cfg})
 		runs = append(runs, time.Since(t0))
