@@ -23,7 +23,11 @@ import (
 // are attached. The last viewer to leave closes the stream (QEMU then
 // discards output nobody reads, and the log still gets all of it). The
 // stream's libvirt calls never overlap (serialStream): an Abort racing a
-// blocked Recv made libvirt close the plugin's whole connection.
+// blocked Recv made libvirt close the plugin's whole connection. Each
+// stream also has a libvirt connection of its own: libvirtd still, rarely,
+// closes a client's connection when a console is opened on a domain that
+// is stopping, and that must cost the console, not the calls that stop
+// and start VMs.
 //
 // Locks, always taken in this order and never h.mu with any of them:
 // consoles.mu (its hubs) → hub.mu (its viewers, closed) → hub.sendMu (one
@@ -46,9 +50,12 @@ type consoleStream interface {
 // consoles holds the console hubs, one per VM whose console is open
 // (OpenConsole).
 type consoles struct {
-	log  logrus.FieldLogger
-	vms  vmSource
+	log logrus.FieldLogger
+	vms vmSource
+	// live says whether the adapter is connected (configured and not
+	// closing); dial opens a console's own connection.
 	live func() (*libvirt.Connect, error)
+	dial func(what string) (*libvirt.Connect, string, error)
 
 	mu   sync.Mutex
 	hubs map[string]*consoleHub
@@ -96,14 +103,17 @@ func (c *consoles) OpenConsole(ctx context.Context, id string) (io.ReadWriteClos
 	if state, _, err := dom.GetState(); err != nil || state != libvirt.DOMAIN_RUNNING {
 		return nil, fmt.Errorf("console of VM %s: the VM is not running: %w", r.Spec.Name, ports.ErrFailedPrecondition)
 	}
-	conn, err := c.live()
+	uuid, err := dom.GetUUIDString()
 	if err != nil {
+		return nil, libvirtError("console of "+r.Spec.Name, err)
+	}
+	if _, err := c.live(); err != nil {
 		return nil, err
 	}
 	var run uint64
 	c.vms.locked(func() { run = r.runs })
 	return c.attach(id, run, c.log.WithField("vm", r.Spec.Name), func() (consoleStream, error) {
-		return openConsoleStream(conn, r, dom)
+		return openConsoleStream(c.dial, r.Spec.Name, uuid)
 	})
 }
 
@@ -112,52 +122,64 @@ func (c *consoles) OpenConsole(ctx context.Context, id string) (io.ReadWriteClos
 // with libvirt 9.0), and the console lock is held meanwhile.
 const consoleOpenTimeout = 15 * time.Second
 
-// openConsoleStream opens the VM's console stream; it takes no lock of
-// the adapter's. libvirtd's answer is awaited for consoleOpenTimeout at most: a call
-// it never answers then ends in an error, and a stream it opens after
-// that is closed.
-func openConsoleStream(conn *libvirt.Connect, r *record, dom *libvirt.Domain) (consoleStream, error) {
+// openConsoleStream opens the console stream of the VM (name, its
+// domain's uuid) on a connection of its own, which the stream's Free
+// closes; it takes no lock of the adapter's. libvirtd's answer is awaited
+// for consoleOpenTimeout at most: a call it never answers then ends in an
+// error, and a stream it opens after that is closed.
+func openConsoleStream(dial func(string) (*libvirt.Connect, string, error), name, uuid string) (consoleStream, error) {
 	type opened struct {
 		stream  *serialStream
 		err     error
 		reached bool
 	}
-	if err := dom.Ref(); err != nil {
-		return nil, libvirtError("console of "+r.Spec.Name, err)
-	}
 	done := make(chan opened, 1)
 	go func() {
-		defer dom.Free()
 		var o opened
-		o.stream, o.err = newSerialStream(conn, func(s *libvirt.Stream) error {
+		defer func() { done <- o }()
+		conn, uri, err := dial("console of " + name)
+		if err != nil {
+			o.err = fmt.Errorf("connect to libvirtd at %s for the console of %s: %v: %w", uri, name, err, ports.ErrUnavailable)
+			return
+		}
+		dom, err := conn.LookupDomainByUUIDString(uuid)
+		if err != nil {
+			conn.Close()
+			o.err = libvirtError("console of "+name, err)
+			return
+		}
+		defer dom.Free()
+		o.stream, err = newSerialStream(conn, func(s *libvirt.Stream) error {
 			o.reached = true
 			// SAFE: refuse rather than take the console from someone
 			// else (an operator's virsh console).
 			return dom.OpenConsole("", s, libvirt.DOMAIN_CONSOLE_SAFE)
 		})
-		done <- o
+		if err != nil {
+			conn.Close()
+			o.err = libvirtError("console stream of "+name, err)
+			if o.reached {
+				o.err = fmt.Errorf("%w (another console session, e.g. virsh console, may hold it)",
+					libvirtError("open the serial console of "+name, err))
+			}
+			return
+		}
+		o.stream.ownConnection(conn)
 	}()
-	var o opened
 	select {
-	case o = <-done:
+	case o := <-done:
+		if o.err != nil {
+			return nil, o.err
+		}
+		return o.stream, nil
 	case <-time.After(consoleOpenTimeout):
 		go func() {
 			if late := <-done; late.stream != nil {
-				late.stream.Abort()
-				late.stream.Free()
+				late.stream.Free() // aborts it and closes its connection
 			}
 		}()
-		return nil, fmt.Errorf("console of VM %s: libvirtd did not open it within %s: %w", r.Spec.Name, consoleOpenTimeout, ports.ErrUnavailable)
+		return nil, fmt.Errorf("console of VM %s: libvirtd did not open it within %s: %w", name, consoleOpenTimeout, ports.ErrUnavailable)
 	}
-	stream, err := o.stream, o.err
-	switch {
-	case err != nil && o.reached:
-		err = libvirtError("open the serial console of "+r.Spec.Name, err)
-		return nil, fmt.Errorf("%w (another console session, e.g. virsh console, may hold it)", err)
-	case err != nil:
-		return nil, libvirtError("console stream of "+r.Spec.Name, err)
-	}
-	return stream, nil
 }
 
 // attach adds a viewer to the VM's hub, opening one (open) when there is
@@ -383,6 +405,19 @@ func (c *consoles) close(id string, run uint64) {
 	hub := c.hubs[id]
 	c.mu.Unlock()
 	if hub != nil && hub.run <= run {
+		hub.close(io.EOF)
+	}
+}
+
+// closeAll ends every console (the adapter is closing).
+func (c *consoles) closeAll() {
+	c.mu.Lock()
+	hubs := make([]*consoleHub, 0, len(c.hubs))
+	for _, hub := range c.hubs {
+		hubs = append(hubs, hub)
+	}
+	c.mu.Unlock()
+	for _, hub := range hubs {
 		hub.close(io.EOF)
 	}
 }

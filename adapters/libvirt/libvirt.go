@@ -126,7 +126,7 @@ func New(log logrus.FieldLogger) *Hypervisor {
 	h.dumps = dumps{log: log}
 	h.guestAgent = guestAgent{log: log, vms: h, dial: h.conn.dial, ready: h.conn.isReady}
 	h.onliner = onliner{vms: h, domain: h.guestAgent.domain}
-	h.consoles = consoles{log: log, vms: h, live: h.conn.current, hubs: map[string]*consoleHub{}}
+	h.consoles = consoles{log: log, vms: h, live: h.conn.current, dial: h.conn.dial, hubs: map[string]*consoleHub{}}
 	h.inspector = inspector{vms: h, consoles: &h.consoles}
 	h.migrations = migrations{h: h}
 	return h
@@ -475,6 +475,7 @@ func (h *Hypervisor) close() {
 		h.conn.hangUp(conn, ids)
 	}
 	h.guestAgent.hangUp()
+	h.consoles.closeAll() // each stream has its own connection
 	h.events.stop()
 }
 

@@ -1,7 +1,9 @@
 package libvirt
 
 import (
+	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"libvirt.org/go/libvirt"
@@ -22,6 +24,28 @@ type serialStream struct {
 	readable chan struct{}
 	aborted  chan struct{}
 	once     sync.Once
+	// conn, when set, is the stream's own connection, closed by Free;
+	// lost is set when it closed under the stream.
+	conn *libvirt.Connect
+	lost atomic.Bool
+}
+
+// errConnectionLost is what Recv and Send return once the stream's own
+// connection closed: libvirt's stream calls on it would only report that
+// they would block.
+var errConnectionLost = errors.New("libvirtd closed the console's connection")
+
+// ownConnection makes conn the stream's own: Free closes it, and when
+// libvirtd closes it first (its close callback, on libvirt's event loop)
+// Recv and Send end.
+func (ss *serialStream) ownConnection(conn *libvirt.Connect) {
+	ss.conn = conn
+	// Were it refused, a dropped connection would show only as a stream
+	// that stays silent until the VM stops.
+	_ = conn.RegisterCloseCallback(func(*libvirt.Connect, libvirt.ConnectCloseReason) {
+		ss.lost.Store(true)
+		ss.once.Do(func() { close(ss.aborted) })
+	})
 }
 
 // pollEvery bounds how long Recv waits for a readable event that did not
@@ -58,6 +82,9 @@ func newSerialStream(conn *libvirt.Connect, open func(*libvirt.Stream) error) (*
 // was aborted, or libvirt's error.
 func (ss *serialStream) Recv(p []byte) (int, error) {
 	for {
+		if ss.lost.Load() {
+			return 0, errConnectionLost
+		}
 		ss.mu.Lock()
 		if ss.done || ss.freed {
 			ss.mu.Unlock()
@@ -82,6 +109,9 @@ func (ss *serialStream) Recv(p []byte) (int, error) {
 // Send writes p, waiting while the stream would block.
 func (ss *serialStream) Send(p []byte) (int, error) {
 	for {
+		if ss.lost.Load() {
+			return 0, errConnectionLost
+		}
 		ss.mu.Lock()
 		if ss.done || ss.freed {
 			ss.mu.Unlock()
@@ -109,11 +139,12 @@ func (ss *serialStream) Abort() error {
 	return err
 }
 
-// Free releases the stream (aborting it first unless it ended).
+// Free releases the stream (aborting it first unless it ended), then
+// its own connection, if it has one.
 func (ss *serialStream) Free() error {
 	ss.mu.Lock()
-	defer ss.mu.Unlock()
 	if ss.freed {
+		ss.mu.Unlock()
 		return nil
 	}
 	if ss.readable != nil {
@@ -124,7 +155,15 @@ func (ss *serialStream) Free() error {
 		ss.done = true
 	}
 	ss.freed = true
-	return ss.s.Free()
+	err := ss.s.Free()
+	ss.mu.Unlock()
+	if ss.conn != nil {
+		// Outside mu: the close callback may be running. Its
+		// registration holds a reference that Close alone would keep.
+		ss.conn.UnregisterCloseCallback()
+		ss.conn.Close()
+	}
+	return err
 }
 
 var _ consoleStream = (*serialStream)(nil)
