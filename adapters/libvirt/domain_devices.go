@@ -15,6 +15,11 @@ import (
 func setDevices(d *libvirtxml.Domain, in domainInput, slots pciSlots) error {
 	dev := d.Devices
 	dev.Controllers = []libvirtxml.DomainController{{Type: "usb", Model: "none"}}
+	// A q35 machine's root ports, one per device, in the layout's order
+	// (libvirt places them on pcie.0).
+	for i := uint(1); i <= slots.rootPorts; i++ {
+		dev.Controllers = append(dev.Controllers, libvirtxml.DomainController{Type: "pci", Index: uintp(i), Model: "pcie-root-port"})
+	}
 	if slots.serial != 0 {
 		// The agent channel's controller, made explicit to give it its slot.
 		dev.Controllers = append(dev.Controllers, libvirtxml.DomainController{Type: "virtio-serial", Index: uintp(0), Address: slots.at(slots.serial)})
@@ -26,7 +31,7 @@ func setDevices(d *libvirtxml.Domain, in domainInput, slots pciSlots) error {
 	dev.Graphics = []libvirtxml.DomainGraphic{{VNC: &libvirtxml.DomainGraphicVNC{
 		Listeners: []libvirtxml.DomainGraphicListener{{Socket: &libvirtxml.DomainGraphicListenerSocket{}}},
 	}}}
-	dev.Videos = []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, Primary: "yes"}, Address: slots.at(slots.video)}}
+	dev.Videos = []libvirtxml.DomainVideo{{Model: libvirtxml.DomainVideoModel{Type: "vga", Heads: 1, Primary: "yes"}, Address: slots.videoAt()}}
 	// The guest agent's channel: exec and exec probes go through it;
 	// libvirt picks the socket and reports whether the agent listens.
 	dev.Channels = []libvirtxml.DomainChannel{{
@@ -53,29 +58,44 @@ func setDevices(d *libvirtxml.Domain, in domainInput, slots pciSlots) error {
 // disks exist, must leave their slots free: the guest of a pooled VM then
 // sees every device where a cold start puts it. Slot 0 means libvirt's
 // choice.
+//
+// On a q35 machine each device has a PCIe root port of its own, in the
+// same order: the slots are then the ports' indexes (pci.1, pci.2, …),
+// and a pool domain is launched with every port, the ones its claim
+// hot-plugs into empty.
 type pciSlots struct {
 	video, scsi, serial, balloon, rng, watchdog uint
 	filesystems, nics                           []uint
 	disks                                       map[int]uint // virtio disks, by index in the spec
+	rootPorts                                   uint         // q35: pci.1 to pci.rootPorts
 }
 
 // lastPCISlot is pci.0's last slot; libvirt puts what does not fit
-// behind a PCI bridge.
+// behind a PCI bridge. A q35 machine's root ports are held to as many.
 const lastPCISlot = 31
 
-// layoutPCI lays out a VM's PCI devices; none on machines other than pc
-// (q35 gives each device a root port of libvirt's choice) or when they
-// do not fit on pci.0.
+// layoutPCI lays out a VM's PCI devices on a pc or q35 machine; none
+// (libvirt's choice) when they do not fit, or on a q35 machine with the
+// i6300esb watchdog, a conventional PCI device that needs a bridge.
 func layoutPCI(s ports.VMSpec) pciSlots {
-	if m := machineOrDefault(s.Machine); m != "pc" && !strings.HasPrefix(m, "pc-i440fx-") {
+	m := machineOrDefault(s.Machine)
+	q35 := m == "q35" || strings.HasPrefix(m, "pc-q35-")
+	if !q35 && m != "pc" && !strings.HasPrefix(m, "pc-i440fx-") {
 		return pciSlots{}
 	}
 	next := uint(3)
+	p := pciSlots{video: 2, disks: map[int]uint{}}
+	if q35 {
+		// The VGA sits on pcie.0 itself (videoAt).
+		next = 1
+		if s.Watchdog != nil && s.Watchdog.Model == "i6300esb" {
+			return pciSlots{}
+		}
+	}
 	take := func() uint {
 		next++
 		return next - 1
 	}
-	p := pciSlots{video: 2, disks: map[int]uint{}}
 	for range s.Filesystems {
 		p.filesystems = append(p.filesystems, take())
 	}
@@ -98,15 +118,31 @@ func layoutPCI(s ports.VMSpec) pciSlots {
 	if next-1 > lastPCISlot {
 		return pciSlots{}
 	}
+	if q35 {
+		p.rootPorts = next - 1
+	}
 	return p
 }
 
-// at is a slot's address on pci.0 (nil for libvirt's choice).
+// at is a slot's address: on pci.0, or on a q35 machine the first slot
+// of that root port's bus (nil for libvirt's choice).
 func (p pciSlots) at(slot uint) *libvirtxml.DomainAddress {
 	if slot == 0 {
 		return nil
 	}
+	if p.rootPorts > 0 {
+		return &libvirtxml.DomainAddress{PCI: &libvirtxml.DomainAddressPCI{Domain: uintp(0), Bus: uintp(slot), Slot: uintp(0), Function: uintp(0)}}
+	}
 	return &libvirtxml.DomainAddress{PCI: &libvirtxml.DomainAddressPCI{Domain: uintp(0), Bus: uintp(0), Slot: uintp(slot), Function: uintp(0)}}
+}
+
+// videoAt is the VGA's address: its slot on pci.0, or on a q35 machine
+// pcie.0's slot 1, where libvirt puts it.
+func (p pciSlots) videoAt() *libvirtxml.DomainAddress {
+	if p.rootPorts > 0 {
+		return &libvirtxml.DomainAddress{PCI: &libvirtxml.DomainAddressPCI{Domain: uintp(0), Bus: uintp(0), Slot: uintp(1), Function: uintp(0)}}
+	}
+	return p.at(p.video)
 }
 
 func nth(slots []uint, i int) uint {

@@ -168,11 +168,11 @@ func newPool(cfg PoolConfig, stateDir string) (*pool, error) {
 // which shape, or why it starts cold. It is the one place that decides.
 func poolable(s ports.VMSpec, accel accelerator) (poolShape, string) {
 	var why string
-	switch m := machineOrDefault(s.Machine); {
+	switch {
 	case s.UUID != "":
 		why = "the pod asks for its UUID (VirtletSystemUUID); a pool domain's is fixed at its launch"
-	case m != defaultMachine:
-		why = "machine " + m + ": the pool keeps pc machines (q35 would need a PCIe root port per device at launch)"
+	case !pcMachine(machineOrDefault(s.Machine)):
+		why = "machine " + s.Machine + ": the pool keeps pc and q35 machines"
 	case s.Firmware != "" || s.SecureBoot || s.HyperV:
 		why = "UEFI firmware or Hyper-V enlightenments"
 	case s.HugepageSizeBytes > 0 || len(s.CPUSet) > 0:
@@ -215,7 +215,11 @@ func poolable(s ports.VMSpec, accel accelerator) (poolShape, string) {
 	if why != "" {
 		return poolShape{}, why
 	}
-	t := ports.VMSpec{VCPUs: s.VCPUs, MemoryBytes: s.MemoryBytes, MaxMemoryBytes: s.MaxMemoryBytes, CPU: ports.CPUSpec{Model: s.CPU.Model}}
+	machine := s.Machine
+	if machineOrDefault(machine) == defaultMachine {
+		machine = "" // one shape, named or not
+	}
+	t := ports.VMSpec{Machine: machine, VCPUs: s.VCPUs, MemoryBytes: s.MemoryBytes, MaxMemoryBytes: s.MaxMemoryBytes, CPU: ports.CPUSpec{Model: s.CPU.Model}}
 	for i, d := range s.Disks {
 		skeleton := ports.Disk{Device: d.Device, Bus: d.Bus}
 		switch {

@@ -60,8 +60,10 @@ func TestPoolable(t *testing.T) {
 		}, ""},
 		{"host-model CPU", with(annotations.CPUModel, "host-model"), nil, ""},
 		{"own UUID", with(annotations.SystemUUID, "4a9c4d3e-0b1f-4a57-9e3c-6f7f2f6f1c2d"), nil, "VirtletSystemUUID"},
-		{"q35", with(annotations.MachineType, "q35"), nil, "machine q35"},
-		{"versioned pc", with(annotations.MachineType, "pc-i440fx-7.2"), nil, "machine pc-i440fx-7.2"},
+		{"q35", with(annotations.MachineType, "q35"), nil, ""},
+		{"versioned q35, virtio disks", with(annotations.MachineType, "pc-q35-7.2", annotations.DiskDriver, "virtio"), nil, ""},
+		{"versioned pc", with(annotations.MachineType, "pc-i440fx-7.2"), nil, ""},
+		{"another machine", with(), func(s *ports.VMSpec) { s.Machine = "microvm" }, "machine microvm"},
 		{"uefi", with(annotations.Firmware, "uefi"), nil, "UEFI"},
 		{"hyperv", with(annotations.HyperV, "true"), nil, "Hyper-V"},
 		{"hugepages", with(), func(s *ports.VMSpec) { s.HugepageSizeBytes = 2 << 20 }, "hugepages"},
@@ -111,6 +113,9 @@ func TestPoolShapes(t *testing.T) {
 	if same != base {
 		t.Errorf("another pod of the same shape: key %s, want %s", same, base)
 	}
+	if named := key(func(s *ports.VMSpec) { s.Machine = "pc" }); named != base {
+		t.Errorf("the default machine named: key %s, want %s", named, base)
+	}
 	for name, edit := range map[string]func(*ports.VMSpec){
 		"memory": func(s *ports.VMSpec) { s.MemoryBytes *= 2 },
 		"vCPUs":  func(s *ports.VMSpec) { s.VCPUs = 2 },
@@ -118,6 +123,7 @@ func TestPoolShapes(t *testing.T) {
 			s.Disks[0].Bus, s.Disks[1].Bus, s.Disks[1].Device = ports.BusVirtio, ports.BusVirtio, ports.DeviceDisk
 		},
 		"a volume": func(s *ports.VMSpec) { s.Disks = append(s.Disks, ports.Disk{Bus: ports.BusSCSI}) },
+		"machine":  func(s *ports.VMSpec) { s.Machine = "q35" },
 		"a NIC":    func(s *ports.VMSpec) { s.NICs = []ports.NIC{{MAC: "0a:58:c6:12:05:02", Bridge: "vlb-x"}} },
 	} {
 		if key(edit) == base {
@@ -144,6 +150,17 @@ func TestPoolDomainPlusTheVMsDevicesIsTheColdDomain(t *testing.T) {
 		}},
 		{"virtio network and volumes", map[string]string{annotations.DiskDriver: "virtio"}, func(s *ports.VMSpec) {
 			s.NICs = []ports.NIC{{Name: "eth0", MAC: "0a:58:c6:12:05:02", Bridge: "vlb-x"}}
+			s.Disks = append(s.Disks[:1], ports.Disk{Name: "vol-a", Bus: ports.BusVirtio, Serial: "vol-a",
+				Source: ports.DiskSource{Type: ports.SourceFile, Path: "/x/vol-a.qcow2", Format: "qcow2"}}, s.Disks[1])
+		}},
+		{"q35", map[string]string{annotations.MachineType: "q35"}, nil},
+		{"q35, pod network and volumes", map[string]string{annotations.MachineType: "q35"}, func(s *ports.VMSpec) {
+			s.NICs = []ports.NIC{{Name: "eth0", MAC: "0a:58:c6:12:05:02", MTU: 1500, Bridge: "vlb-x"}}
+			s.Disks = append(s.Disks[:1], ports.Disk{Name: "vol-a", Bus: ports.BusSCSI, Serial: "vol-a",
+				Source: ports.DiskSource{Type: ports.SourceBlock, Path: "/dev/loop1", Format: "raw"}}, s.Disks[1])
+		}},
+		{"q35, virtio network and volumes", map[string]string{annotations.MachineType: "pc-q35-7.2", annotations.DiskDriver: "virtio"}, func(s *ports.VMSpec) {
+			s.NICs = []ports.NIC{{Name: "eth0", MAC: "0a:58:c6:12:05:02", Bridge: "vlb-x"}, {Name: "net1", MAC: "0a:58:c6:13:00:07", Bridge: "vlb1x"}}
 			s.Disks = append(s.Disks[:1], ports.Disk{Name: "vol-a", Bus: ports.BusVirtio, Serial: "vol-a",
 				Source: ports.DiskSource{Type: ports.SourceFile, Path: "/x/vol-a.qcow2", Format: "qcow2"}}, s.Disks[1])
 		}},

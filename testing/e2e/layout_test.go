@@ -14,9 +14,9 @@ import (
 	"github.com/virtlet/virtlet/testing/harness"
 )
 
-// The libvirt plugin gives every PCI device of a pc machine its slot
-// (a pool domain, launched before a pod's NICs and disks exist, must leave
-// theirs free). The slots are the ones libvirt itself gives the same
+// The libvirt plugin gives every PCI device of a pc machine its slot, and
+// on q35 its PCIe root port (a pool domain, launched before a pod's NICs
+// and disks exist, must leave theirs free). The slots are the ones libvirt itself gives the same
 // domain without them, so that a cold VM's guest sees what it always saw:
 // each golden domain of the plugin, its PCI addresses and its explicit
 // virtio-serial controller taken out (as it was before), is defined in the
@@ -31,7 +31,7 @@ func TestColdPCILayoutIsLibvirts(t *testing.T) {
 	virtioSerial := regexp.MustCompile(`(?s)\s*<controller type="virtio-serial" index="0">\s*</controller>`)
 	virtletMetadata := regexp.MustCompile(`(?s)\s*<metadata>.*?</metadata>`)
 	dir := harness.VMDir(t)
-	placed, checked := 0, 0
+	placed, checked, skipped := 0, 0, 0
 	for _, golden := range goldens {
 		data, err := os.ReadFile(golden)
 		if err != nil {
@@ -42,7 +42,7 @@ func TestColdPCILayoutIsLibvirts(t *testing.T) {
 			t.Fatalf("%s: %v", golden, err)
 		}
 		if !strings.Contains(string(data), `<address type="pci"`) || strings.HasPrefix(filepath.Base(golden), "pool-") {
-			continue // q35: libvirt's own placement; a pool domain leaves its pod's slots free
+			continue // no layout of the plugin's; a pool domain leaves its pod's slots free
 		}
 		placed++
 		t.Run(strings.TrimSuffix(filepath.Base(golden), ".xml"), func(t *testing.T) {
@@ -61,6 +61,11 @@ func TestColdPCILayoutIsLibvirts(t *testing.T) {
 				t.Fatal(err)
 			}
 			if out, err := harness.Virsh("define", def); err != nil {
+				if strings.Contains(out, "unknown watchdog model 'itco'") {
+					// TestBadInputLeavesNothing checks the error a pod gets.
+					skipped++
+					t.Skip("this libvirt has no itco watchdog")
+				}
 				t.Fatalf("define: %v: %s", err, out)
 			}
 			defer harness.Virsh("undefine", "--nvram", name)
@@ -80,8 +85,8 @@ func TestColdPCILayoutIsLibvirts(t *testing.T) {
 	}
 	// A golden set without placed domains, or a subtest that ended
 	// before its comparison, would check nothing.
-	if placed == 0 || checked != placed {
-		t.Fatalf("%d of %d golden domains with PCI slots compared (of %d goldens)", checked, placed, len(goldens))
+	if placed == 0 || checked+skipped != placed || checked == 0 {
+		t.Fatalf("%d of %d golden domains with PCI slots compared, %d skipped (of %d goldens)", checked, placed, skipped, len(goldens))
 	}
 	t.Logf("%d golden domains placed as libvirt places them", checked)
 }
@@ -92,7 +97,11 @@ func pciSlots(d *libvirtxml.Domain) string {
 		if a == nil || a.PCI == nil || a.PCI.Slot == nil {
 			return "-"
 		}
-		return fmt.Sprintf("%d", *a.PCI.Slot)
+		bus := uint(0)
+		if a.PCI.Bus != nil {
+			bus = *a.PCI.Bus
+		}
+		return fmt.Sprintf("%d.%d", bus, *a.PCI.Slot) // q35: a root port's bus
 	}
 	var out []string
 	for _, f := range d.Devices.Filesystems {

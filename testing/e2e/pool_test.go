@@ -121,6 +121,9 @@ func TestPooledVMSeesTheSameHardware(t *testing.T) {
 	}{
 		{"scsi", nil},
 		{"virtio", map[string]string{"VirtletDiskDriver": "virtio"}},
+		// Its disks and NICs are hot-plugged into the PCIe root ports the
+		// pool domain was launched with.
+		{"q35-virtio", map[string]string{"VirtletDiskDriver": "virtio", "VirtletMachineType": "q35"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var hw [2][]string
