@@ -42,10 +42,16 @@ func (ss *serialStream) ownConnection(conn *libvirt.Connect) {
 	ss.conn = conn
 	// Were it refused, a dropped connection would show only as a stream
 	// that stays silent until the VM stops.
-	_ = conn.RegisterCloseCallback(func(*libvirt.Connect, libvirt.ConnectCloseReason) {
+	lost := func() {
 		ss.lost.Store(true)
 		ss.once.Do(func() { close(ss.aborted) })
-	})
+	}
+	_ = conn.RegisterCloseCallback(func(*libvirt.Connect, libvirt.ConnectCloseReason) { lost() })
+	// A connection that closed before the callback was registered never
+	// calls it.
+	if alive, err := conn.IsAlive(); err != nil || !alive {
+		lost()
+	}
 }
 
 // pollEvery bounds how long Recv waits for a readable event that did not

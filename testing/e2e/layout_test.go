@@ -29,6 +29,9 @@ func TestColdPCILayoutIsLibvirts(t *testing.T) {
 	}
 	pciAddress := regexp.MustCompile(`\s*<address type="pci"[^>]*></address>`)
 	virtioSerial := regexp.MustCompile(`(?s)\s*<controller type="virtio-serial" index="0">\s*</controller>`)
+	// q35's root ports go too: libvirt adds one per device itself, as it
+	// did for the q35 VMs defined before the plugin laid them out.
+	rootPorts := regexp.MustCompile(`\s*<controller type="pci" index="\d+" model="pcie-root-port"></controller>`)
 	virtletMetadata := regexp.MustCompile(`(?s)\s*<metadata>.*?</metadata>`)
 	dir := harness.VMDir(t)
 	placed, checked, skipped := 0, 0, 0
@@ -47,7 +50,7 @@ func TestColdPCILayoutIsLibvirts(t *testing.T) {
 		placed++
 		t.Run(strings.TrimSuffix(filepath.Base(golden), ".xml"), func(t *testing.T) {
 			name := fmt.Sprintf("virtlet-layout-%s", uuid.NewString()[:8])
-			x := virtioSerial.ReplaceAllString(pciAddress.ReplaceAllString(string(data), ""), "")
+			x := rootPorts.ReplaceAllString(virtioSerial.ReplaceAllString(pciAddress.ReplaceAllString(string(data), ""), ""), "")
 			x = strings.Replace(x, "<name>"+ours.Name+"</name>", "<name>"+name+"</name>", 1)
 			x = strings.ReplaceAll(x, ours.UUID, uuid.NewString())
 			x = strings.ReplaceAll(x, "/var/lib/virtlet", dir) // the test's own directory: cleaned up after it
