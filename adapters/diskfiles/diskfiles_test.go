@@ -109,19 +109,31 @@ func leftovers(t *testing.T, work string) {
 	}
 }
 
-// watchMounts fails the test if a mount appears on the host until the
-// returned function is called.
-func watchMounts(t *testing.T) func() {
+// watchMounts fails the test if a file system of a disk image is mounted
+// on the host until the returned function is called: one on a loop or NBD
+// device, a FUSE file system, or any mount under dir (the test's own
+// files). Other suites of make check mount network namespaces and bind 9p
+// shares meanwhile: those are not this test's.
+func watchMounts(t *testing.T, dir string) func() {
 	t.Helper()
-	read := func() string { b, _ := os.ReadFile("/proc/self/mountinfo"); return string(b) }
+	read := func() map[string]bool {
+		b, _ := os.ReadFile("/proc/self/mountinfo")
+		lines := map[string]bool{}
+		for _, l := range strings.Split(string(b), "\n") {
+			lines[l] = true
+		}
+		return lines
+	}
 	before := read()
 	done, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(stopped)
 		for {
-			if now := read(); now != before {
-				t.Errorf("the host's mounts changed while the files were written:\n%s", now)
-				return
+			for line := range read() {
+				if !before[line] && imageMount(line, dir) {
+					t.Errorf("a disk image's file system was mounted on the host while the files were written:\n%s", line)
+					return
+				}
 			}
 			select {
 			case <-done:
@@ -131,6 +143,44 @@ func watchMounts(t *testing.T) func() {
 		}
 	}()
 	return func() { close(done); <-stopped }
+}
+
+// imageMount says whether a line of /proc/self/mountinfo ("ID parent
+// major:minor root mountpoint options … - type source options") mounts a
+// disk image's file system, or mounts anything under dir.
+func imageMount(line, dir string) bool {
+	pre, post, ok := strings.Cut(line, " - ")
+	if !ok {
+		return false
+	}
+	at, what := strings.Fields(pre), strings.Fields(post)
+	if len(at) < 5 || len(what) < 2 {
+		return false
+	}
+	point, fsType, source := at[4], what[0], what[1]
+	return strings.HasPrefix(source, "/dev/loop") || strings.HasPrefix(source, "/dev/nbd") ||
+		strings.HasPrefix(fsType, "fuse") || point == dir || strings.HasPrefix(point, dir+"/")
+}
+
+// The watch tells a disk image's mount from the mounts other suites make.
+func TestImageMount(t *testing.T) {
+	const dir = "/tmp/vt-1/TestWrite123/001"
+	for _, tc := range []struct {
+		line string
+		want bool
+	}{
+		{"50 27 7:3 / /mnt/x rw,relatime - ext4 /dev/loop3 rw", true},
+		{"50 27 43:0 / /mnt/x rw,relatime - ext4 /dev/nbd0 rw", true},
+		{"50 27 0:55 / /mnt/x rw,nosuid - fuse.guestmount /dev/fuse rw", true},
+		{"50 27 254:0 /srv " + dir + "/work/vm/root rw - ext4 /dev/vda rw", true},
+		{"46 43 0:4 net:[4026532179] /run/netns/vt59ce36n82-938386b047a7dbdb rw shared:2 - nsfs nsfs rw", false},
+		{"44 27 254:0 /tmp/vt-1/shares /tmp/vt-1/virtlet-vm-3/state/plugins/ninep/shares rw,relatime - ext4 /dev/vda rw", false},
+		{"50 27 254:0 / " + dir + "0 rw - ext4 /dev/vda rw", false},
+	} {
+		if got := imageMount(tc.line, dir); got != tc.want {
+			t.Errorf("imageMount(%q) = %v, want %v", tc.line, got, tc.want)
+		}
+	}
 }
 
 // Files reach the root file system of a qcow2 overlay (which stays thin,
@@ -148,7 +198,7 @@ func TestWrite(t *testing.T) {
 		must(t, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, overlay, "40M")
 		os.Chmod(overlay, 0o600)
 		work := filepath.Join(dir, "work", "vm")
-		stop := watchMounts(t)
+		stop := watchMounts(t, dir)
 		err := Write(ctx, tool, Disk{Path: overlay, Format: "qcow2", Backing: base}, files, work)
 		stop()
 		if err != nil {
@@ -181,7 +231,7 @@ func TestWrite(t *testing.T) {
 		dev := filepath.Join(dir, "device.raw")
 		must(t, "sh", "-c", "head -c 1048576 /dev/zero > "+dev+" && cat "+img+" >> "+dev)
 		work := filepath.Join(dir, "work", "vm")
-		stop := watchMounts(t)
+		stop := watchMounts(t, dir)
 		err := Write(ctx, tool, Disk{Path: dev, Format: "raw", Offset: 1 << 20, Size: 32 << 20}, files, work)
 		stop()
 		if err != nil {
