@@ -2,7 +2,6 @@ package libvirt
 
 import (
 	"slices"
-	"strings"
 
 	"libvirt.org/go/libvirtxml"
 
@@ -79,8 +78,8 @@ const lastPCISlot = 31
 // i6300esb watchdog, a conventional PCI device that needs a bridge.
 func layoutPCI(s ports.VMSpec) pciSlots {
 	m := machineOrDefault(s.Machine)
-	q35 := m == "q35" || strings.HasPrefix(m, "pc-q35-")
-	if !q35 && m != "pc" && !strings.HasPrefix(m, "pc-i440fx-") {
+	q35 := q35Machine(m)
+	if !q35 && !i440fxMachine(m) {
 		return pciSlots{}
 	}
 	next := uint(3)

@@ -107,9 +107,13 @@ func machinesOf(caps libvirtxml.Caps, domainType string) []string {
 }
 
 // pcMachine: the i440FX and Q35 machines, not isapc, microvm or x-remote.
-func pcMachine(name string) bool {
-	return name == "pc" || name == "q35" || strings.HasPrefix(name, "pc-i440fx-") || strings.HasPrefix(name, "pc-q35-")
-}
+func pcMachine(name string) bool { return i440fxMachine(name) || q35Machine(name) }
+
+// i440fxMachine: pc, or one of its versions.
+func i440fxMachine(name string) bool { return name == "pc" || strings.HasPrefix(name, "pc-i440fx-") }
+
+// q35Machine: q35, or one of its versions.
+func q35Machine(name string) bool { return name == "q35" || strings.HasPrefix(name, "pc-q35-") }
 
 // checkHost refuses a VM the node cannot run as its spec asks: a machine
 // type, watchdog or hugepages it lacks, Hyper-V enlightenments without
