@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,11 +35,8 @@ func TestAConsoleLosingItsConnection(t *testing.T) {
 		t.Fatal("the libvirt plugin's hypervisor opens no console")
 	}
 	id := fmt.Sprintf("%064x", time.Now().UnixNano())
-	spec := ports.VMSpec{ID: id, Name: fmt.Sprintf("virtlet-%s-console", id[len(id)-12:]), UUID: uuid.NewString(),
-		PodName: "console", PodNamespace: "e2e", VCPUs: 1, MemoryBytes: 128 << 20,
-		Disks: []ports.Disk{{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true,
-			Source: ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"}, Overlay: &ports.DiskOverlay{BasePath: tiny, BaseFormat: "qcow2"}}},
-		ConsoleLogPath: filepath.Join(dir, "logs", id+".log"), RunAs: p.runAs(0)}
+	spec := tinyVMSpec(dir, id, "console")
+	spec.UUID, spec.RunAs = uuid.NewString(), p.runAs(0)
 	if err := hv.Define(ctx, spec); err != nil {
 		t.Fatal(err)
 	}

@@ -41,16 +41,25 @@ func testLibvirtHypervisorContract(t *testing.T) {
 	hypervisortest.Run(t, hypervisortest.Env{
 		Hypervisor: h.Hypervisor(),
 		NewSpec: func(t *testing.T, id string) ports.VMSpec {
-			return ports.VMSpec{ID: id, Name: fmt.Sprintf("virtlet-%s-contract", id[len(id)-12:]), UUID: uuid.NewString(),
-				PodName: "contract", PodNamespace: "e2e", VCPUs: 1, MemoryBytes: 128 << 20,
-				Disks: []ports.Disk{{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true,
-					Source: ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"}, Overlay: &ports.DiskOverlay{BasePath: tiny, BaseFormat: "qcow2"}}},
-				ConsoleLogPath: filepath.Join(dir, "logs", id+".log")}
+			spec := tinyVMSpec(dir, id, "contract")
+			spec.UUID = uuid.NewString()
+			return spec
 		},
 		StopTimeout: 90 * time.Second,
 		GuestAgent:  true, // the tiny guest runs qemu-guest-agent
 		DomainXML:   domainXML(h.Hypervisor()),
 	})
+}
+
+// tinyVMSpec is a VM of the tiny guest for a test of the libvirt plugin
+// alone: one vCPU, 128 MiB, its root an overlay of the tiny image, its
+// console log under dir; pod names its pod and ends its domain's name.
+func tinyVMSpec(dir, id, pod string) ports.VMSpec {
+	return ports.VMSpec{ID: id, Name: fmt.Sprintf("virtlet-%s-%s", id[len(id)-12:], pod),
+		PodName: pod, PodNamespace: "e2e", VCPUs: 1, MemoryBytes: 128 << 20,
+		Disks: []ports.Disk{{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true,
+			Source: ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"}, Overlay: &ports.DiskOverlay{BasePath: tiny, BaseFormat: "qcow2"}}},
+		ConsoleLogPath: filepath.Join(dir, "logs", id+".log")}
 }
 
 // domainXML returns libvirt's definition of a VM of hv, for the contract's
@@ -78,11 +87,9 @@ func testLibvirtHypervisorContractPooled(t *testing.T) {
 	p := libvirtPluginUnderTest(t, dir, "{pool: {size: 1}}")
 	hv, pluginLog := p.host.Hypervisor(), p.log
 	newSpec := func(t *testing.T, id string) ports.VMSpec {
-		return ports.VMSpec{ID: id, Name: fmt.Sprintf("virtlet-%s-contract", id[len(id)-12:]),
-			PodName: "contract", PodNamespace: "e2e", VCPUs: 1, MemoryBytes: 128 << 20,
-			Disks: []ports.Disk{{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true,
-				Source: ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"}, Overlay: &ports.DiskOverlay{BasePath: tiny, BaseFormat: "qcow2"}}},
-			ConsoleLogPath: filepath.Join(dir, "logs", id+".log"), RunAs: p.runAs(0)}
+		spec := tinyVMSpec(dir, id, "contract")
+		spec.RunAs = p.runAs(0)
+		return spec
 	}
 	first := fmt.Sprintf("%064x", time.Now().UnixNano())
 	if err := hv.Define(context.Background(), newSpec(t, first)); err != nil {
@@ -119,12 +126,9 @@ func TestLibvirtPluginsShareLibvirtd(t *testing.T) {
 	pa := libvirtPluginUnderTest(t, dirA, "{pool: {size: 1}}")
 	a, b, logA := pa.host.Hypervisor(), libvirtPlugin(t, dirB, "").Hypervisor(), pa.log
 	newSpec := func(name string) ports.VMSpec {
-		id := fmt.Sprintf("%064x", time.Now().UnixNano())
-		return ports.VMSpec{ID: id, Name: fmt.Sprintf("virtlet-%s-%s", id[len(id)-12:], name),
-			PodName: name, PodNamespace: "e2e", VCPUs: 1, MemoryBytes: 128 << 20,
-			Disks: []ports.Disk{{Name: "root", Device: ports.DeviceDisk, Bus: ports.BusVirtio, Boot: true,
-				Source: ports.DiskSource{Type: ports.SourceFile, Format: "qcow2"}, Overlay: &ports.DiskOverlay{BasePath: tiny, BaseFormat: "qcow2"}}},
-			ConsoleLogPath: filepath.Join(dirA, "logs", id+".log"), RunAs: pa.runAs(0)}
+		spec := tinyVMSpec(dirA, fmt.Sprintf("%064x", time.Now().UnixNano()), name)
+		spec.RunAs = pa.runAs(0)
+		return spec
 	}
 	listed := func(hv ports.Hypervisor, id string) bool {
 		vms, err := hv.List(ctx)
