@@ -42,7 +42,7 @@ type vmMetadata struct {
 type domainInput struct {
 	Spec ports.VMSpec
 	// The accelerator: its DomainType ("kvm" or "qemu", TCG) and, under
-	// TCG, its TBCacheMiB (the translation cache; 0: QEMU's default).
+	// TCG, its TBCacheMiB (the translation cache; 0: sized per VM).
 	accelerator
 	DiskPaths  map[string]string // resolved paths of overlay disks, by disk name
 	ConsoleLog string            // raw serial log written by virtlogd

@@ -23,8 +23,8 @@ func setFirmware(d *libvirtxml.Domain, in domainInput, _ pciSlots) error {
 		},
 	}}}}
 	d.Features = &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}}
-	if in.DomainType == tcgAccel.DomainType && in.TBCacheMiB > 0 {
-		d.Features.TCG = &libvirtxml.DomainFeatureTCG{TBCache: &libvirtxml.DomainFeatureTCGTBCache{Unit: "MiB", Size: uint(in.TBCacheMiB)}}
+	if mib := in.tbCacheMiB(s.MemoryBytes); mib > 0 {
+		d.Features.TCG = &libvirtxml.DomainFeatureTCG{TBCache: &libvirtxml.DomainFeatureTCGTBCache{Unit: "MiB", Size: uint(mib)}}
 	}
 	firmware(d, s)
 	if s.HyperV {

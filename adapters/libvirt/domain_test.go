@@ -10,6 +10,7 @@ import (
 
 	"github.com/virtlet/virtlet/core/annotations"
 	"github.com/virtlet/virtlet/ports"
+	"libvirt.org/go/libvirtxml"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -242,29 +243,51 @@ func TestDomainRefusals(t *testing.T) {
 	}
 }
 
-// The plugin's tcgTranslationCacheMiB caps a TCG domain's translation
-// cache; a KVM domain, or the default 0, leaves QEMU's own.
+// A TCG domain's translation cache is the plugin's tcgTranslationCacheMiB,
+// or by default an eighth of the VM's memory within 16 and 256 MiB; a KVM
+// domain has none.
 func TestTranslationCacheOnlyUnderTCG(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		tcg  bool
-		mib  int
-		want bool
+		name   string
+		tcg    bool
+		config int   // tcgTranslationCacheMiB
+		memory int64 // MiB; 0: the annotations' default
+		want   int   // 0: no <tcg>
 	}{
-		{name: "tcg, capped", tcg: true, mib: 32, want: true},
-		{name: "tcg, QEMU's default", tcg: true},
-		{name: "kvm", mib: 32},
+		{name: "tcg, the config's size", tcg: true, config: 32, want: 32},
+		{name: "tcg, QEMU's default size from the config", tcg: true, config: 1024, memory: 512, want: 1024},
+		{name: "tcg, sized per VM: 1 GiB", tcg: true, memory: 1024, want: 128},
+		{name: "tcg, sized per VM: 512 MiB", tcg: true, memory: 512, want: 64},
+		{name: "tcg, sized per VM: 128 MiB", tcg: true, memory: 128, want: 16},
+		{name: "tcg, sized per VM: 64 MiB, at least 16", tcg: true, memory: 64, want: 16},
+		{name: "tcg, sized per VM: 8 GiB, at most 256", tcg: true, memory: 8192, want: 256},
+		{name: "kvm", config: 32},
+		{name: "kvm, sized per VM", memory: 512},
 	} {
 		in := domainCase{name: "defaults", ann: map[string]string{annotations.TargetRuntime: annotations.TargetRuntimeValue}, tcg: tc.tcg}.input(t)
-		in.TBCacheMiB = tc.mib
+		in.TBCacheMiB = tc.config
+		if tc.memory > 0 {
+			in.Spec.MemoryBytes = tc.memory << 20
+		}
 		got, err := domainXML(in)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if has := strings.Contains(got, `<tcg>`); has != tc.want {
-			t.Errorf("%s: <tcg> in the domain: %v, want %v", tc.name, has, tc.want)
+		var d libvirtxml.Domain
+		if err := d.Unmarshal(got); err != nil {
+			t.Fatal(err)
 		}
-		if tc.want {
+		size := 0
+		if tcg := d.Features.TCG; tcg != nil && tcg.TBCache != nil {
+			if tcg.TBCache.Unit != "MiB" {
+				t.Errorf("%s: translation cache in %q", tc.name, tcg.TBCache.Unit)
+			}
+			size = int(tcg.TBCache.Size)
+		}
+		if size != tc.want {
+			t.Errorf("%s: translation cache %d MiB, want %d", tc.name, size, tc.want)
+		}
+		if tc.config == 32 && tc.tcg {
 			checkGolden(t, "tcg-translation-cache", got)
 		}
 	}

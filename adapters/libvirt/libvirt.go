@@ -52,8 +52,9 @@ type Config struct {
 	AutoDumpDir  string     `json:"autoDumpDir,omitempty" jsonschema_description:"libvirtd's auto_dump_path: a VM's watchdog dumps there are pruned to its newest, and removed with the VM"`
 	// TCGTranslationCacheMiB caps each TCG VM's translated code (QEMU's
 	// tb-size; its default reserves 1 GiB and fills it as the guest runs
-	// new code). Ignored under KVM.
-	TCGTranslationCacheMiB int `json:"tcgTranslationCacheMiB,omitempty" jsonschema_description:"the most memory, in MiB, each VM's TCG translation cache holds (libvirt's <tcg><tb-cache>); 0: QEMU's default; ignored under KVM"`
+	// new code); 0 sizes it per VM (accelerator.tbCacheMiB). Ignored
+	// under KVM.
+	TCGTranslationCacheMiB int `json:"tcgTranslationCacheMiB,omitempty" jsonschema_description:"the most memory, in MiB, each VM's TCG translation cache holds (libvirt's <tcg><tb-cache>); 0: sized per VM, an eighth of its memory, 16 to 256 MiB; 1024: QEMU's default; ignored under KVM"`
 }
 
 // Hypervisor is the libvirt hypervisor adapter.
@@ -213,7 +214,7 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	cfg.agentWait = wait
 	if cfg.TCGTranslationCacheMiB < 0 || cfg.TCGTranslationCacheMiB > maxTBCacheMiB {
 		return &ports.InvalidError{Field: "libvirt config tcgTranslationCacheMiB", Value: fmt.Sprint(cfg.TCGTranslationCacheMiB),
-			Allowed: fmt.Sprintf("0 (QEMU's default) to %d", maxTBCacheMiB)}
+			Allowed: fmt.Sprintf("0 (sized per VM) to %d (QEMU's default)", maxTBCacheMiB)}
 	}
 	if pc.StateDir == "" {
 		return fmt.Errorf("libvirt plugin needs a state directory: %w", ports.ErrInvalidArgument)

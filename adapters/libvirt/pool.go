@@ -246,7 +246,7 @@ func shapeKey(accel accelerator, skeleton ports.VMSpec) string {
 		Type       string
 		TBCacheMiB int `json:",omitempty"`
 		Spec       ports.VMSpec
-	}{accel.DomainType, accel.TBCacheMiB, skeleton})
+	}{accel.DomainType, accel.tbCacheMiB(skeleton.MemoryBytes), skeleton})
 	sum := sha256.Sum256(key)
 	return hex.EncodeToString(sum[:])[:12]
 }

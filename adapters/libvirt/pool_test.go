@@ -293,8 +293,10 @@ func TestDefinedFrom(t *testing.T) {
 }
 
 // A shape's name changes with the translation cache a pool domain is
-// launched with, and only then: the names a pool saved before the cache
-// was configurable stay valid.
+// launched with, and only then: the config's size and the per-VM default
+// name the same shape when they give the same cache; a pool domain saved
+// before the cache was sized per VM (QEMU's default, uncapped) is not
+// claimed by a shape named today.
 func TestShapeKeyFollowsTheTranslationCache(t *testing.T) {
 	spec := ports.VMSpec{VCPUs: 1, MemoryBytes: 128 << 20}
 	old, _ := json.Marshal(struct {
@@ -302,14 +304,17 @@ func TestShapeKeyFollowsTheTranslationCache(t *testing.T) {
 		Spec ports.VMSpec
 	}{"qemu", spec})
 	sum := sha256.Sum256(old)
-	if got := shapeKey(accelerator{DomainType: "qemu"}, spec); got != hex.EncodeToString(sum[:])[:12] {
-		t.Errorf("the default cache's key %s is not the one saved before", got)
+	if got := shapeKey(accelerator{DomainType: "qemu"}, spec); got == hex.EncodeToString(sum[:])[:12] {
+		t.Errorf("the per-VM cache's key %s is the one of an uncapped pool domain", got)
+	}
+	if a, b := shapeKey(accelerator{DomainType: "qemu"}, spec), shapeKey(accelerator{DomainType: "qemu", TBCacheMiB: 16}, spec); a != b {
+		t.Errorf("a 128 MiB VM's per-VM cache (16 MiB) and a configured 16 MiB name two shapes: %s, %s", a, b)
 	}
 	keys := map[string]bool{}
-	for _, a := range []accelerator{{DomainType: "qemu"}, {DomainType: "qemu", TBCacheMiB: 16}, {DomainType: "qemu", TBCacheMiB: 32}, {DomainType: "kvm"}} {
+	for _, a := range []accelerator{{DomainType: "qemu"}, {DomainType: "qemu", TBCacheMiB: 32}, {DomainType: "qemu", TBCacheMiB: 1024}, {DomainType: "kvm"}, {DomainType: "kvm", TBCacheMiB: 32}} {
 		keys[shapeKey(a, spec)] = true
 	}
 	if len(keys) != 4 {
-		t.Errorf("%d keys for 4 accelerator settings", len(keys))
+		t.Errorf("%d keys for 4 translation caches (KVM has none, whatever the config)", len(keys))
 	}
 }

@@ -283,14 +283,15 @@ func nodeIdleTime(t *testing.T) time.Duration {
 	return time.Duration(idle) * time.Second / 100 // USER_HZ
 }
 
-// The libvirt plugin's tcgTranslationCacheMiB caps a TCG VM's translated
-// code: libvirt passes it to QEMU as tb-size, and QEMU's code buffer
-// mapping is that size instead of its default 1 GiB.
+// The libvirt plugin caps a TCG VM's translated code, by default at an
+// eighth of its memory (tcgTranslationCacheMiB: 0): libvirt passes it to
+// QEMU as tb-size, and QEMU's code buffer mapping is that size instead of
+// its default 1 GiB. A 256 MiB VM gets 32 MiB.
 func TestTranslationCacheIsCapped(t *testing.T) {
 	parallel(t)
-	d, c := startDaemonWith(t, harness.WithConfig(plugins(), "libvirt", "{tcgTranslationCacheMiB: 16}"))
+	d, c := startDaemon(t)
 	c.Must(t, "pull", tinyRef)
-	podJSON, ctrJSON := vmPod(t, d, "tbcache", nil, 128<<20)
+	podJSON, ctrJSON := vmPod(t, d, "tbcache", nil, 256<<20)
 	_, ctr, _ := bootTiny(t, c, podJSON, ctrJSON)
 	domain := inspectCtr(t, c, ctr).VM.Name
 	xml, err := harness.Virsh("dumpxml", domain)
@@ -301,16 +302,16 @@ func TestTranslationCacheIsCapped(t *testing.T) {
 		t.Skip("the node's VMs run under KVM: no translation cache to cap")
 	}
 	// libvirt keeps sizes in KiB.
-	if !strings.Contains(xml, "<tb-cache unit='KiB'>16384</tb-cache>") {
-		t.Fatalf("the domain has no 16 MiB translation cache:\n%s", xml)
+	if !strings.Contains(xml, "<tb-cache unit='KiB'>32768</tb-cache>") {
+		t.Fatalf("the domain has no 32 MiB translation cache:\n%s", xml)
 	}
 	pid, err := harness.QEMUPID(domain)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmdline, _ := os.ReadFile("/proc/" + pid + "/cmdline")
-	if !strings.Contains(string(cmdline), "tb-size=16") {
-		t.Errorf("QEMU runs without tb-size=16: %q", strings.ReplaceAll(string(cmdline), "\x00", " "))
+	if !strings.Contains(string(cmdline), "tb-size=32") {
+		t.Errorf("QEMU runs without tb-size=32: %q", strings.ReplaceAll(string(cmdline), "\x00", " "))
 	}
 	smaps, err := os.ReadFile("/proc/" + pid + "/smaps")
 	if err != nil {
@@ -327,7 +328,7 @@ func TestTranslationCacheIsCapped(t *testing.T) {
 			sizesKB = append(sizesKB, kb)
 		}
 	}
-	if len(sizesKB) != 1 || sizesKB[0] > 16<<10 || sizesKB[0] < 15<<10 {
-		t.Errorf("QEMU's code buffer mappings (kB): %v, want one of 16 MiB", sizesKB)
+	if len(sizesKB) != 1 || sizesKB[0] > 32<<10 || sizesKB[0] < 31<<10 {
+		t.Errorf("QEMU's code buffer mappings (kB): %v, want one of 32 MiB", sizesKB)
 	}
 }
