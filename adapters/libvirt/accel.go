@@ -38,7 +38,8 @@ type probeResults struct {
 const kvmDevice = "/dev/kvm"
 
 // maxTBCacheMiB is the largest translation cache the config takes: QEMU's
-// own default size.
+// own default size on a host of 8 GiB or more (an eighth of the host's
+// memory on a smaller one).
 const maxTBCacheMiB = 1024
 
 // The translation cache a TCG VM gets when the config sizes none: an
@@ -51,16 +52,18 @@ const maxTBCacheMiB = 1024
 // and thrashes at 8 (BenchmarkTCGTranslationCache); as a VM pod (its
 // agent, DHCP, more devices) it is ready ≈ 0.3 s later at 20 to 64 MiB,
 // and as early at 512 (BenchmarkKubeApply): a tenth of a TCG boot for a
-// quarter to a half of QEMU's memory. tcgTranslationCacheMiB: 1024 is
-// QEMU's own default.
+// quarter to a half of QEMU's memory (VMOverhead: the tiny pod's QEMU
+// 104 MiB instead of 136). tcgTranslationCacheMiB: 1024 is QEMU's own
+// default on hosts of 8 GiB or more.
 const (
 	minTBCacheMiB = 16
 	tbCacheCapMiB = 256
 )
 
 // tbCacheMiB is the translation cache, in MiB, of a VM of memoryBytes
-// under this accelerator: none (0) under KVM, the config's size if it
-// gives one, else an eighth of the VM's memory, 16 to 256 MiB.
+// (its domain's <memory>, the most it can be resized to: fixed for its
+// life) under this accelerator: none (0) under KVM, the config's size if
+// it gives one, else an eighth of the VM's memory, 16 to 256 MiB.
 func (a accelerator) tbCacheMiB(memoryBytes int64) int {
 	switch {
 	case a.DomainType != tcgAccel.DomainType:

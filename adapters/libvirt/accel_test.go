@@ -138,7 +138,7 @@ func TestConfigureRefusesABadTranslationCache(t *testing.T) {
 		h := New(logrus.New())
 		err := h.Configure(context.Background(), ports.PluginConfig{Config: []byte(`{"tcgTranslationCacheMiB": ` + v + `}`), StateDir: t.TempDir()})
 		var inv *ports.InvalidError
-		if !errors.As(err, &inv) || inv.Field != "libvirt config tcgTranslationCacheMiB" || !strings.Contains(err.Error(), "0 (sized per VM) to 1024 (QEMU's default)") {
+		if !errors.As(err, &inv) || inv.Field != "libvirt config tcgTranslationCacheMiB" || !strings.Contains(err.Error(), "0 (sized per VM) to 1024 (QEMU's largest default)") {
 			t.Errorf("tcgTranslationCacheMiB %s: %v", v, err)
 		}
 	}

@@ -23,7 +23,7 @@ func setFirmware(d *libvirtxml.Domain, in domainInput, _ pciSlots) error {
 		},
 	}}}}
 	d.Features = &libvirtxml.DomainFeatureList{ACPI: &libvirtxml.DomainFeature{}, APIC: &libvirtxml.DomainFeatureAPIC{}}
-	if mib := in.tbCacheMiB(s.MemoryBytes); mib > 0 {
+	if mib := in.tbCacheMiB(maxMemory(s)); mib > 0 {
 		d.Features.TCG = &libvirtxml.DomainFeatureTCG{TBCache: &libvirtxml.DomainFeatureTCGTBCache{Unit: "MiB", Size: uint(mib)}}
 	}
 	firmware(d, s)

@@ -244,14 +244,15 @@ func TestDomainRefusals(t *testing.T) {
 }
 
 // A TCG domain's translation cache is the plugin's tcgTranslationCacheMiB,
-// or by default an eighth of the VM's memory within 16 and 256 MiB; a KVM
-// domain has none.
+// or by default an eighth of the VM's memory (the most it can be resized
+// to) within 16 and 256 MiB; a KVM domain has none.
 func TestTranslationCacheOnlyUnderTCG(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		tcg    bool
 		config int   // tcgTranslationCacheMiB
 		memory int64 // MiB; 0: the annotations' default
+		max    int64 // MiB, VirtletMaxMemory; 0: none
 		want   int   // 0: no <tcg>
 	}{
 		{name: "tcg, the config's size", tcg: true, config: 32, want: 32},
@@ -261,6 +262,7 @@ func TestTranslationCacheOnlyUnderTCG(t *testing.T) {
 		{name: "tcg, sized per VM: 128 MiB", tcg: true, memory: 128, want: 16},
 		{name: "tcg, sized per VM: 64 MiB, at least 16", tcg: true, memory: 64, want: 16},
 		{name: "tcg, sized per VM: 8 GiB, at most 256", tcg: true, memory: 8192, want: 256},
+		{name: "tcg, sized per VM by the most it can be resized to", tcg: true, memory: 256, max: 1024, want: 128},
 		{name: "kvm", config: 32},
 		{name: "kvm, sized per VM", memory: 512},
 	} {
@@ -269,6 +271,7 @@ func TestTranslationCacheOnlyUnderTCG(t *testing.T) {
 		if tc.memory > 0 {
 			in.Spec.MemoryBytes = tc.memory << 20
 		}
+		in.Spec.MaxMemoryBytes = tc.max << 20
 		got, err := domainXML(in)
 		if err != nil {
 			t.Fatal(err)

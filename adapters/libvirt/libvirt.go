@@ -54,7 +54,7 @@ type Config struct {
 	// tb-size; its default reserves 1 GiB and fills it as the guest runs
 	// new code); 0 sizes it per VM (accelerator.tbCacheMiB). Ignored
 	// under KVM.
-	TCGTranslationCacheMiB int `json:"tcgTranslationCacheMiB,omitempty" jsonschema_description:"the most memory, in MiB, each VM's TCG translation cache holds (libvirt's <tcg><tb-cache>); 0: sized per VM, an eighth of its memory, 16 to 256 MiB; 1024: QEMU's default; ignored under KVM"`
+	TCGTranslationCacheMiB int `json:"tcgTranslationCacheMiB,omitempty" jsonschema_description:"the most memory, in MiB, each VM's TCG translation cache holds (libvirt's <tcg><tb-cache>); 0: sized per VM, an eighth of its memory, 16 to 256 MiB; 1024: QEMU's default (on a host of 8 GiB or more); ignored under KVM"`
 }
 
 // Hypervisor is the libvirt hypervisor adapter.
@@ -214,7 +214,7 @@ func (h *Hypervisor) Configure(ctx context.Context, pc ports.PluginConfig) error
 	cfg.agentWait = wait
 	if cfg.TCGTranslationCacheMiB < 0 || cfg.TCGTranslationCacheMiB > maxTBCacheMiB {
 		return &ports.InvalidError{Field: "libvirt config tcgTranslationCacheMiB", Value: fmt.Sprint(cfg.TCGTranslationCacheMiB),
-			Allowed: fmt.Sprintf("0 (sized per VM) to %d (QEMU's default)", maxTBCacheMiB)}
+			Allowed: fmt.Sprintf("0 (sized per VM) to %d (QEMU's largest default)", maxTBCacheMiB)}
 	}
 	if pc.StateDir == "" {
 		return fmt.Errorf("libvirt plugin needs a state directory: %w", ports.ErrInvalidArgument)

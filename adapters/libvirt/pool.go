@@ -246,7 +246,7 @@ func shapeKey(accel accelerator, skeleton ports.VMSpec) string {
 		Type       string
 		TBCacheMiB int `json:",omitempty"`
 		Spec       ports.VMSpec
-	}{accel.DomainType, accel.tbCacheMiB(skeleton.MemoryBytes), skeleton})
+	}{accel.DomainType, accel.tbCacheMiB(maxMemory(skeleton)), skeleton})
 	sum := sha256.Sum256(key)
 	return hex.EncodeToString(sum[:])[:12]
 }
