@@ -366,6 +366,38 @@ func startPullingTiny(b *testing.B, d *harness.Daemon, translation string) (runt
 	return rt, pulled
 }
 
+// libvirtBenchConfig is the libvirt plugin's config with a pool of
+// poolSize ("" or "0": none) and, if tbMiB > 0, that translation cache
+// for every TCG VM ("": the plugin's defaults).
+func libvirtBenchConfig(poolSize string, tbMiB int) string {
+	var parts []string
+	if poolSize != "" && poolSize != "0" {
+		parts = append(parts, "pool: {size: "+poolSize+"}")
+	}
+	if tbMiB > 0 {
+		parts = append(parts, fmt.Sprintf("tcgTranslationCacheMiB: %d", tbMiB))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
+// benchTBCacheMiB is VIRTLET_BENCH_TB_CACHE_MIB: the translation cache a
+// bench that measures the shipped config sets instead (0: the shipped
+// per-VM size), to weigh it against boot time.
+func benchTBCacheMiB(b *testing.B) int {
+	v := os.Getenv("VIRTLET_BENCH_TB_CACHE_MIB")
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		b.Fatalf("VIRTLET_BENCH_TB_CACHE_MIB=%q: want a size in MiB", v)
+	}
+	return n
+}
+
 // realDaemon prepares a daemon with the shipped plugins (built once per run).
 func realDaemon(b *testing.B) *harness.Daemon {
 	dir := builtBinaries(b)

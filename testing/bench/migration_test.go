@@ -345,7 +345,7 @@ func beatGapOf(b *testing.B, k *harness.Kube, beats []beat, kind, pod, to string
 	// logs' stamps make shorter than that (the source's reader late) is
 	// the guest's, less its clock's resolution (/proc/uptime's 10 ms).
 	g := beatGap{gap: first.at.Sub(last.at), guestGap: first.uptime - last.uptime, steady: steady}
-	if floor := g.guestGap - 10*time.Millisecond; g.gap < floor {
+	if floor := max(g.guestGap-10*time.Millisecond, 0); g.gap < floor {
 		b.Logf("@@%s beats %d and %d: the logs' stamps %s apart, the guest's clock %s: the gap counts as %s",
 			kind, last.n, first.n, ms(g.gap), ms(g.guestGap), ms(floor))
 		g.gap = floor

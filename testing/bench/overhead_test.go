@@ -139,10 +139,7 @@ func BenchmarkVMOverhead(b *testing.B) {
 	var rows []Row
 	var fixed int64
 	for _, c := range cases {
-		config := harness.PoolConfig(os.Getenv("VIRTLET_E2E_POOL"))
-		if c.tbMiB > 0 {
-			config = fmt.Sprintf("{tcgTranslationCacheMiB: %d}", c.tbMiB)
-		}
+		config := libvirtBenchConfig(os.Getenv("VIRTLET_E2E_POOL"), c.tbMiB)
 		d := harness.NewDaemon(b, filepath.Join(dir, "virtlet"), harness.WithConfig(harness.Shipped(dir), "libvirt", config))
 		rt, pulled := startPullingTiny(b, d, translation)
 		name := fmt.Sprintf("overhead-%d", len(rows))
