@@ -47,11 +47,11 @@ const maxTBCacheMiB = 1024
 // 1 GiB and keeps stale code until it is full: the cloud test image's
 // systemd boot left 270 MiB of it resident. Capped at 64 MiB (its 512 MiB
 // VM's eighth) it booted 11 % slower (11.2 s to its login prompt against
-// 10.1 s) with 241 MiB less RSS, at 32 MiB 36 % and at 16 MiB 2× slower;
+// 10.1 s) with 241 MiB less RSS, at 32 MiB 37 % and at 16 MiB 2× slower;
 // the tiny guest (128 MiB: 16 MiB) boots as fast at 16 MiB as uncapped,
-// and thrashes at 8 (BenchmarkTCGTranslationCache); as a VM pod (its
-// agent, DHCP, more devices) it is ready ≈ 0.3 s later at 20 to 64 MiB,
-// and as early at 512 (BenchmarkKubeApply): a tenth of a TCG boot for a
+// and thrashes at 8 (BenchmarkTCGTranslationCache); as a VM pod (160 MiB:
+// 20 MiB) it is ready as early as uncapped (BenchmarkKubeApply with
+// VIRTLET_BENCH_TB_CACHE_MIB=1024): up to a tenth of a TCG boot for a
 // quarter to a half of QEMU's memory (VMOverhead: the tiny pod's QEMU
 // 104 MiB instead of 136). tcgTranslationCacheMiB: 1024 is QEMU's own
 // default on hosts of 8 GiB or more.
