@@ -120,8 +120,6 @@ type poolEnv struct {
 	live   func() (*libvirt.Connect, error)
 	grants *grants
 	store  recordStore
-	// define is held around a validated define (see Hypervisor.defineMu).
-	define *sync.Mutex
 	// keep saves a claimed VM's record and makes it the VM's, under h.mu.
 	keep func(r *record) error
 }
@@ -363,7 +361,7 @@ func (p *pool) wantedLocked() map[string]int {
 
 // newPoolEnv is what h's pool uses of it.
 func newPoolEnv(h *Hypervisor) poolEnv {
-	return poolEnv{log: h.log, vms: h, live: h.conn.current, grants: &h.grants, store: h.store, define: &h.defineMu,
+	return poolEnv{log: h.log, vms: h, live: h.conn.current, grants: &h.grants, store: h.store,
 		keep: func(r *record) error {
 			h.mu.Lock()
 			defer h.mu.Unlock()
