@@ -168,7 +168,13 @@ func (p *pool) launch(conn *libvirt.Connect, d *poolDomain, tmpl ports.VMSpec) e
 		removeFiles(d.root)
 		return err
 	}
-	dom, err := conn.DomainCreateXML(domXML, libvirt.DOMAIN_START_PAUSED|libvirt.DOMAIN_START_VALIDATE)
+	// Not checked against libvirt's RNG schema here: the shape's first VM
+	// was, when it was defined cold (a pool domain is that VM's XML less
+	// the pod's devices; the pool's golden files are checked too), and a
+	// validation beside a cold VM's validated define can fail spuriously
+	// (see Hypervisor.defineMu), while a launch holding defineMu would
+	// hold up cold defines for its ≈ 0.5 s.
+	dom, err := conn.DomainCreateXML(domXML, libvirt.DOMAIN_START_PAUSED)
 	if err != nil {
 		removeFiles(d.root, d.console)
 		return libvirtError("launch pool domain "+d.name, err)
