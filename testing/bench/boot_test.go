@@ -31,9 +31,9 @@ var p1Pairs = size(9, 1)
 // pool) and claimed from the libvirt plugin's pool of pre-launched
 // domains, against a bare qemu-system-x86_64 booting the same image (same
 // accelerator, machine type, vCPUs and memory) to the same line; 5 cold
-// runs and 9 pooled, with the phases (the bench's own marks, and the claim's steps from
-// the plugin's log), StartContainer, and the memory a paused pool domain
-// holds. Each pooled boot is paired with a bare one run just before it,
+// runs and 9 pooled, with the phases (the bench's own marks, and the
+// claim's steps from the plugin's log), StartContainer, and the memory a
+// paused pool domain holds. Each pooled boot is paired with a bare one run just before it,
 // on the same quiet machine (the pool full, nothing launching): the ratio
 // is the median of the pairs' ratios, since this machine's speed drifts
 // between runs by more than the difference measured. Targets: pooled ≤
