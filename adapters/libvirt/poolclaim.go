@@ -7,6 +7,7 @@ package libvirt
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -39,10 +40,13 @@ func (p *pool) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSpec, r 
 	r.Asked, r.ConsoleLog, r.Claim = &asked, d.console, claiming
 	r.DiskPaths = map[string]string{spec.Disks[0].Name: d.root}
 	steps := logrus.Fields{}
+	var stepsMu sync.Mutex // the reset's step runs beside the define's
 	step := func(name string, do func() error) error {
 		t := time.Now()
 		err := do()
+		stepsMu.Lock()
 		steps[name+"Millis"] = time.Since(t).Milliseconds()
+		stepsMu.Unlock()
 		return err
 	}
 	fail := func(what string, err error) bool {
@@ -118,13 +122,7 @@ func (p *pool) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSpec, r 
 	// definition is the live one's devices, which the reset does not
 	// change: the two run at once (libvirtd serves them on two workers).
 	reset := make(chan error, 1)
-	var resetTook time.Duration
-	go func() {
-		t := time.Now()
-		err := dom.Reset(0)
-		resetTook = time.Since(t)
-		reset <- err
-	}()
+	go func() { reset <- step("reset", func() error { return dom.Reset(0) }) }()
 	defineErr := step("define", func() error {
 		live, err := dom.GetXMLDesc(libvirt.DOMAIN_XML_INACTIVE | libvirt.DOMAIN_XML_SECURE)
 		if err != nil {
@@ -141,7 +139,6 @@ func (p *pool) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSpec, r 
 		return err
 	})
 	resetErr := <-reset
-	steps["resetMillis"] = resetTook.Milliseconds()
 	if resetErr != nil {
 		return fail("reset it", libvirtError("reset", resetErr))
 	}

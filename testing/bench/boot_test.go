@@ -47,8 +47,10 @@ func BenchmarkP1BootOverhead(b *testing.B) {
 	pooled := p1Runs(b, translation, 2, p1Pairs, func(accel string) { bare = append(bare, bootBare(b, tiny, accel)) })
 	b.StopTimer()
 	var pairs []float64
+	var pairText []string
 	for i := range pooled.total {
 		pairs = append(pairs, float64(pooled.total[i])/float64(bare[i]))
+		pairText = append(pairText, fmt.Sprintf("%.2f", pairs[i]))
 	}
 	pairRatio := medianF(pairs)
 	mb, mp, mc := median(bare), median(pooled.total), median(cold.total)
@@ -57,10 +59,6 @@ func BenchmarkP1BootOverhead(b *testing.B) {
 	b.ReportMetric(float64(mb.Milliseconds()), "bare-qemu-ms")
 	b.ReportMetric(pairRatio, "pooled-ratio")
 	ratio := func(d time.Duration) string { return ratioOf(float64(d), float64(mb)) }
-	var pairText []string
-	for _, r := range pairs {
-		pairText = append(pairText, fmt.Sprintf("%.2f", r))
-	}
 	phase := func(r p1Result, names ...string) string {
 		var parts []string
 		for _, n := range names {
