@@ -39,12 +39,16 @@ type MigrationEndpoint struct {
 // disks.sock (libvirt's run directory is the node's own).
 const MigrationRunDir = "/run/libvirt/virtlet-migrate"
 
-// MigrationStats describe a finished live migration.
+// MigrationStats describe a finished live migration. PausedThroughout:
+// the guest was paused for the whole copy, not only its last part (a
+// hypervisor that cannot track the guest's writes reliably, such as QEMU's
+// TCG, copies a paused guest); Downtime is then that whole pause.
 type MigrationStats struct {
-	Total       time.Duration `json:"total"`
-	Downtime    time.Duration `json:"downtime"`
-	MemoryBytes uint64        `json:"memoryBytes"`
-	DiskBytes   uint64        `json:"diskBytes"`
+	Total            time.Duration `json:"total"`
+	Downtime         time.Duration `json:"downtime"`
+	MemoryBytes      uint64        `json:"memoryBytes"`
+	DiskBytes        uint64        `json:"diskBytes"`
+	PausedThroughout bool          `json:"pausedThroughout,omitempty"`
 }
 
 // VMMigrator live-migrates running VMs. A hypervisor adapter may implement

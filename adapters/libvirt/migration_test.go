@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"libvirt.org/go/libvirt"
 	"libvirt.org/go/libvirtxml"
 )
 
@@ -185,5 +186,31 @@ func TestAnArrivingDefinitionKeepsNothingOfTheSendingHost(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want a refusal saying %q", name, err, tc.want)
 		}
+	}
+}
+
+func TestOnlyAKVMGuestIsCopiedLive(t *testing.T) {
+	for _, tc := range []struct {
+		xml  string
+		live bool
+	}{
+		{`<domain type="kvm"><name>a</name></domain>`, true},
+		{`<domain type="qemu"><name>a</name></domain>`, false},
+		{`<domain><name>a</name></domain>`, false},
+	} {
+		typ, err := domainType(tc.xml)
+		if err != nil {
+			t.Fatalf("domainType(%s): %v", tc.xml, err)
+		}
+		flags, live := migrationFlags(typ)
+		if live != tc.live || (flags&libvirt.MIGRATE_LIVE != 0) != tc.live {
+			t.Errorf("%s: flags %#x, live %v; want live %v", tc.xml, flags, live, tc.live)
+		}
+		if want := libvirt.MIGRATE_PEER2PEER | libvirt.MIGRATE_ABORT_ON_ERROR; flags&want != want {
+			t.Errorf("%s: flags %#x lack peer to peer and abort on error", tc.xml, flags)
+		}
+	}
+	if _, err := domainType("<domain"); err == nil {
+		t.Error("domainType of malformed XML: no error")
 	}
 }

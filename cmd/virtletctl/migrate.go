@@ -147,8 +147,12 @@ func (k *kube) migrate(ctx context.Context, pod *corev1.Pod, to string) error {
 	if err := json.Unmarshal([]byte(out.String()), &st); err != nil {
 		return fmt.Errorf("the VM of %s moved to %s/%s on %s, but the daemon's figures: %w", id, created.Namespace, created.Name, to, err)
 	}
+	paused := st.Downtime.String()
+	if st.PausedThroughout {
+		paused += " (the whole copy: a TCG guest is not copied live)"
+	}
 	fmt.Printf("%s's VM runs in pod %s on node %s: took %s, guest paused %s, %d MiB of memory and %d MiB of disk copied\n",
-		id, created.Name, to, st.Total.Round(time.Millisecond), st.Downtime, st.MemoryBytes>>20, st.DiskBytes>>20)
+		id, created.Name, to, st.Total.Round(time.Millisecond), paused, st.MemoryBytes>>20, st.DiskBytes>>20)
 	return nil
 }
 

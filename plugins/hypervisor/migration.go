@@ -58,7 +58,7 @@ func (c *Client) MigrateVM(ctx context.Context, id string, to ports.MigrationEnd
 		return ports.MigrationStats{}, c.conn.Error(err)
 	}
 	return ports.MigrationStats{Total: time.Duration(resp.TotalNanos), Downtime: time.Duration(resp.DowntimeNanos),
-		MemoryBytes: resp.MemoryBytes, DiskBytes: resp.DiskBytes}, nil
+		MemoryBytes: resp.MemoryBytes, DiskBytes: resp.DiskBytes, PausedThroughout: resp.PausedThroughout}, nil
 }
 
 func (c *Client) CheckArrival(ctx context.Context, id, domainXML string) (string, error) {
@@ -123,7 +123,7 @@ func (s *Server) MigrateVM(ctx context.Context, req *hypervisorv1.MigrateVMReque
 		return nil, base.ToRPC(err)
 	}
 	return &hypervisorv1.MigrationStats{TotalNanos: int64(st.Total), DowntimeNanos: int64(st.Downtime),
-		MemoryBytes: st.MemoryBytes, DiskBytes: st.DiskBytes}, nil
+		MemoryBytes: st.MemoryBytes, DiskBytes: st.DiskBytes, PausedThroughout: st.PausedThroughout}, nil
 }
 
 func incomingToProto(in *ports.VMIncoming) *hypervisorv1.VMIncoming {

@@ -109,6 +109,7 @@ spec:
 		}
 	}()
 
+	tcg := domainsAreTCG(t, nodes[0])
 	migrate := func(pod, to string) (string, error) { return migrateWith(ctl, k, pod, to) }
 	out, err := migrate("mig-vm", "node-2")
 	if err != nil {
@@ -118,6 +119,11 @@ spec:
 	m := migratedTo.FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("virtletctl migrate said %q", out)
+	}
+	// A TCG guest is copied paused (QEMU's TCG loses writes during a live
+	// copy); a KVM guest live.
+	if whole := m[4] != ""; whole != tcg {
+		t.Errorf("the guest paused for the whole copy: %v, its domain a TCG one: %v (%q)", whole, tcg, out)
 	}
 	recv := m[1]
 	close(probing)
@@ -314,7 +320,29 @@ spec:
 	}
 }
 
-var migratedTo = regexp.MustCompile(`VM runs in pod (\S+) on node node-2: took (\S+), guest paused (\S+),`)
+var migratedTo = regexp.MustCompile(`VM runs in pod (\S+) on node node-2: took (\S+), guest paused (\S+)( \(the whole copy[^)]*\))?,`)
+
+// domainsAreTCG tells whether node's libvirt domains, of which there must
+// be one, are of type qemu (TCG) rather than kvm.
+func domainsAreTCG(t *testing.T, node *harness.Node) bool {
+	t.Helper()
+	doms, err := node.Domains()
+	if err != nil || len(doms) != 1 {
+		t.Fatalf("%s's domains: %v %v", node.Name, doms, err)
+	}
+	out, err := node.Run("virsh", "-c", "qemu:///system", "dumpxml", doms[0])
+	if err != nil {
+		t.Fatalf("%s: virsh dumpxml %s: %v: %s", node.Name, doms[0], err, out)
+	}
+	switch {
+	case strings.HasPrefix(out, "<domain type='qemu'"):
+		return true
+	case strings.HasPrefix(out, "<domain type='kvm'"):
+		return false
+	}
+	t.Fatalf("%s: domain %s of neither type qemu nor kvm: %.80s", node.Name, doms[0], out)
+	return false
+}
 
 func buildVirtletctl(t *testing.T) string {
 	t.Helper()

@@ -3660,8 +3660,10 @@ type MigrationStats struct {
 	DowntimeNanos int64                  `protobuf:"varint,2,opt,name=downtime_nanos,json=downtimeNanos,proto3" json:"downtime_nanos,omitempty"`
 	MemoryBytes   uint64                 `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
 	DiskBytes     uint64                 `protobuf:"varint,4,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The guest was paused for the whole copy (under TCG), not only its end.
+	PausedThroughout bool `protobuf:"varint,5,opt,name=paused_throughout,json=pausedThroughout,proto3" json:"paused_throughout,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *MigrationStats) Reset() {
@@ -3720,6 +3722,13 @@ func (x *MigrationStats) GetDiskBytes() uint64 {
 		return x.DiskBytes
 	}
 	return 0
+}
+
+func (x *MigrationStats) GetPausedThroughout() bool {
+	if x != nil {
+		return x.PausedThroughout
+	}
+	return false
 }
 
 type CheckArrivalRequest struct {
@@ -4117,14 +4126,15 @@ const file_hypervisor_v1_hypervisor_proto_rawDesc = "" +
 	"\fdisks_socket\x18\x04 \x01(\tR\vdisksSocket\"\\\n" +
 	"\x10MigrateVMRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x128\n" +
-	"\x02to\x18\x02 \x01(\v2(.virtlet.hypervisor.v1.MigrationEndpointR\x02to\"\x9a\x01\n" +
+	"\x02to\x18\x02 \x01(\v2(.virtlet.hypervisor.v1.MigrationEndpointR\x02to\"\xc7\x01\n" +
 	"\x0eMigrationStats\x12\x1f\n" +
 	"\vtotal_nanos\x18\x01 \x01(\x03R\n" +
 	"totalNanos\x12%\n" +
 	"\x0edowntime_nanos\x18\x02 \x01(\x03R\rdowntimeNanos\x12!\n" +
 	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x04R\tdiskBytes\"D\n" +
+	"disk_bytes\x18\x04 \x01(\x04R\tdiskBytes\x12+\n" +
+	"\x11paused_throughout\x18\x05 \x01(\bR\x10pausedThroughout\"D\n" +
 	"\x13CheckArrivalRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
