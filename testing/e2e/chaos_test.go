@@ -609,6 +609,15 @@ func outage(t *testing.T, plugin string, calls []chaosCall, killed, noticed, bac
 		row.noticed = -1
 	}
 	sort.Slice(calls, func(i, j int) bool { return calls[i].start.Before(calls[j].start) })
+	// What each call took in this window's load with every plugin up (it
+	// ended before the kill or began after the plugin was back).
+	var up []chaosCall
+	for _, c := range calls {
+		if c.err == nil && (c.end.Before(killed) || !c.start.Before(back)) {
+			up = append(up, c)
+		}
+	}
+	loaded := usualLatencies(up)
 	var firstOK *chaosCall
 	failures := map[string]int{}
 	// busy is the longest usual time of a call that needs the plugin: when
@@ -642,7 +651,7 @@ func outage(t *testing.T, plugin string, calls []chaosCall, killed, noticed, bac
 			// How long the call waited once the plugin was gone.
 			latency := call.end.Sub(maxTime(call.start, killed))
 			row.maxErrLatency = max(row.maxErrLatency, latency)
-			if bound := failBound(call.name, usual); latency > bound {
+			if bound := failBound(call.name, usual, loaded); latency > bound {
 				t.Errorf("%s took %s to fail while plugin %s was down (bound %s): %v", call.name, latency.Round(time.Millisecond),
 					plugin, bound.Round(time.Millisecond), call.err)
 			}
@@ -701,12 +710,17 @@ func usualLatencies(calls []chaosCall) map[string]time.Duration {
 // 0.46 s on 2 busy cores, past the one-second floor this had. Twice:
 // "usual" is a 95th percentile of 5 s of warm-up load, which one call in
 // twenty passes with every plugin up (a failed CreateContainer once took
-// 2.4 s against 1.35 s + 0.66 s here). A call left waiting on the plugin
-// would hit its own timeout, minutes away.
-func failBound(name string, usual map[string]time.Duration) time.Duration {
-	bound := usual[name]
+// 2.4 s against 1.35 s + 0.66 s here). The warm-up's load is not the
+// outage's: ten RemoveContainers of scratch VMs, side by side, failed on
+// their volume's release 2.6 s after the kill, all within 30 ms (make
+// check on a slow machine; warm-up p95 137 ms): the steps before it
+// (domain, disks) had taken that long. So the same call's p95 with every
+// plugin up in the outage's own window (loaded) counts too. A call left waiting on the
+// plugin would hit its own timeout, 30 s at least.
+func failBound(name string, usual, loaded map[string]time.Duration) time.Duration {
+	bound := max(usual[name], loaded[name])
 	if name == "CreateContainer" {
-		bound += usual["RemoveContainer"]
+		bound += max(usual["RemoveContainer"], loaded["RemoveContainer"])
 	}
 	return max(2*time.Second, 2*bound)
 }
