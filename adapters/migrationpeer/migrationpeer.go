@@ -13,6 +13,7 @@ package migrationpeer
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -222,9 +223,20 @@ func (p *Peers) handle(c *tls.Conn) {
 	case h.Offer != nil:
 		p.offered(c, r, node, *h.Offer)
 	case h.Session != "":
-		p.stream(c, node, h)
+		// The header's reader may have read past the header: those bytes
+		// are the stream's first.
+		ahead, _ := r.Peek(r.Buffered())
+		p.stream(readAhead{c, io.MultiReader(bytes.NewReader(bytes.Clone(ahead)), c)}, node, h)
 	}
 }
+
+// readAhead is a connection whose first bytes were read from it already.
+type readAhead struct {
+	*tls.Conn
+	r io.Reader
+}
+
+func (c readAhead) Read(b []byte) (int, error) { return c.r.Read(b) }
 
 // offered answers an offer and, once accepted, waits on the same
 // connection for the outcome: its loss is a failure.
@@ -272,7 +284,7 @@ func (p *Peers) offered(c *tls.Conn, r *bufio.Reader, node string, offer ports.M
 }
 
 // stream joins one of an accepted migration's streams to its socket here.
-func (p *Peers) stream(c *tls.Conn, node string, h header) {
+func (p *Peers) stream(c net.Conn, node string, h header) {
 	log := p.log.WithFields(logrus.Fields{"from": node, "stream": h.Stream})
 	p.mu.Lock()
 	s := p.sessions[h.Session]

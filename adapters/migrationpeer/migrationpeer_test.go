@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/binary"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"io"
@@ -448,4 +449,33 @@ func (w *testWriter) Write(b []byte) (int, error) {
 		w.t.Log(strings.TrimSpace(string(b)))
 	}
 	return len(b), nil
+}
+
+// A stream's header and its first bytes may come in one read (one TLS
+// record here): the bytes the header's reader took beyond it still reach
+// QEMU's socket, first.
+func TestAStreamsFirstBytesBesideItsHeaderArrive(t *testing.T) {
+	cluster := newCA(t, t.TempDir(), "cluster")
+	source, target, _ := pair(t, cluster, cluster.issue(t, "system:node:node-1"), cluster.issue(t, "system:node:node-2"))
+	to := ports.MigrationPeer{Node: "node-2", Address: target.ln.Addr().String()}
+	s, err := source.Offer(context.Background(), to, offer, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Finish(nil)
+	c, err := source.dial(context.Background(), to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	hdr, _ := json.Marshal(header{Session: s.(*outgoing).id, Stream: "memory"})
+	if _, err := c.Write(append(append(hdr, '\n'), "QEVM first page"...)); err != nil {
+		t.Fatal(err)
+	}
+	c.CloseWrite()
+	got, _ := io.ReadAll(c)
+	if string(got) != "memory:QEVM first page" {
+		t.Errorf("QEMU's memory socket got %q, want %q", got, "memory:QEVM first page")
+	}
 }
