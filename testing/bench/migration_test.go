@@ -25,7 +25,11 @@ import (
 // so that time is not a beat's own fork and exec on the target's empty
 // translation cache; most likely it is the guest's common paths (timer,
 // scheduler, serial port) translated anew there.
-const migrationHeartbeats = heartbeat + "(mkfifo /tmp/qbeat; exec 3<>/tmp/qbeat; i=0; while true; do i=$((i+1)); read up rest < /proc/uptime; echo \"@@QBEAT $i $up\"; read -t 0.01 -u 3 x; done) &\n"
+//
+// The tiny guest's init makes /tmp only after the user script has
+// started this in the background: the loop makes it itself (a race it
+// lost twice, in make check's bench-smoke and in a make bench run).
+const migrationHeartbeats = heartbeat + "(mkdir -p /tmp; mkfifo /tmp/qbeat; exec 3<>/tmp/qbeat; i=0; while true; do i=$((i+1)); read up rest < /proc/uptime; echo \"@@QBEAT $i $up\"; read -t 0.01 -u 3 x; done) &\n"
 
 // kubeBeat is a heartbeat in `kubectl logs --timestamps`: when it reached
 // the log, its kind, its number, the guest's uptime.
