@@ -402,7 +402,7 @@ spec:
 		logs, _ := k.Kubectl("logs", "moved")
 		t.Fatalf("%s (%s) → the restored VM at %s: %q, want the page of %s's guest\nits console:\n%s", client.Pod, client.Node, ip, got, from.Pod, tail(logs, 3000))
 	}
-	if logs, _ := k.Kubectl("logs", "moved"); strings.Contains(logs, "@@TINY-READY") || !strings.Contains(logs, "@@DHCP-BOUND iface=eth0 ip="+ip+" ") {
+	if logs, _ := k.Kubectl("logs", "moved"); strings.Contains(logs, "@@TINY-INIT-START") || !strings.Contains(logs, "@@DHCP-BOUND iface=eth0 ip="+ip+" ") {
 		t.Errorf("the restored VM's console shows a boot, or not its new address %s:\n%s", ip, tail(logs, 3000))
 	}
 	t.Logf("%s checkpointed on %s (%d MiB), restored on %s at %s, answers as %s", from.Pod, from.Node, info.Size()>>20, to, ip, from.Pod)

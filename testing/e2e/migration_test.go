@@ -172,7 +172,7 @@ spec:
 	// The guest ran on: its ticks continue in the receiving pod's
 	// console, one after another, from the same open file.
 	checkTicksGoOn(t, k, recv, before)
-	if logs, _ := k.Kubectl("logs", recv); strings.Contains(logs, "@@TINY-READY") {
+	if logs, _ := k.Kubectl("logs", recv); strings.Contains(logs, "@@TINY-INIT-START") {
 		t.Errorf("the migrated guest booted:\n%s", tail(logs, 2000))
 	}
 	// The source pod is gone, and its domain with it.
