@@ -366,7 +366,7 @@ func (m migrations) MigrateVM(ctx context.Context, id string, to ports.Migration
 // resumes it on the receiving node, or here if the migration fails).
 func migrationFlags(domType string) (flags libvirt.DomainMigrateFlags, live bool) {
 	flags = libvirt.MIGRATE_PEER2PEER | libvirt.MIGRATE_ABORT_ON_ERROR
-	if domType == "kvm" {
+	if domType == kvmAccel.DomainType {
 		return flags | libvirt.MIGRATE_LIVE, true
 	}
 	return flags, false

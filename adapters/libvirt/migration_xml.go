@@ -14,7 +14,8 @@ import (
 	"github.com/virtlet/virtlet/ports"
 )
 
-// domainType is the libvirt type of a domain's XML: kvm, or qemu (TCG).
+// domainType is the libvirt type of a domain's XML: kvmAccel's or
+// tcgAccel's DomainType.
 func domainType(domXML string) (string, error) {
 	var d libvirtxml.Domain
 	if err := d.Unmarshal(domXML); err != nil {

@@ -715,8 +715,8 @@ func usualLatencies(calls []chaosCall) map[string]time.Duration {
 // their volume's release 2.6 s after the kill, all within 30 ms (make
 // check on a slow machine; warm-up p95 137 ms): the steps before it
 // (domain, disks) had taken that long. So the same call's p95 with every
-// plugin up in the outage's own window (loaded) counts too. A call left waiting on the
-// plugin would hit its own timeout, 30 s at least.
+// plugin up in the outage's own window (loaded) counts too. A call left
+// waiting on the plugin would hit its own timeout, 30 s at least.
 func failBound(name string, usual, loaded map[string]time.Duration) time.Duration {
 	bound := max(usual[name], loaded[name])
 	if name == "CreateContainer" {
