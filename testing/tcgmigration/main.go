@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/virtlet/virtlet/adapters/cloudinit/iso"
+	"github.com/virtlet/virtlet/testing/harness"
 )
 
 const ticker = "#!/bin/sh\nmkdir -p /tmp\n(i=0; while true; do i=$((i+1)); echo \"@@TICK $i\"; usleep 200000; done) &\n"
@@ -114,7 +115,7 @@ func migrateOnce(dir, image, ci string, paused bool, bandwidth int64) (bool, str
 		return false, "", err
 	}
 	defer dst.stop()
-	if !waitFor(2*time.Minute, func() bool { return lastTick(src.console) >= 1 }) {
+	if !harness.EventuallyOK(2*time.Minute, func() bool { return lastTick(src.console) >= 1 }) {
 		return false, "", fmt.Errorf("the guest never ticked:\n%s", tail(src.console))
 	}
 	// The plugin's largest pause (maxDowntime): QEMU syncs its dirty
@@ -132,7 +133,7 @@ func migrateOnce(dir, image, ci string, paused bool, bandwidth int64) (bool, str
 		return false, "", err
 	}
 	var status string
-	waitFor(time.Minute, func() bool {
+	harness.EventuallyOK(time.Minute, func() bool {
 		r, err := src.qmp("query-migrate", nil)
 		if err == nil {
 			status, _ = r["status"].(string)
@@ -149,7 +150,7 @@ func migrateOnce(dir, image, ci string, paused bool, bandwidth int64) (bool, str
 	}
 	took := time.Since(began)
 	last := lastTick(src.console)
-	ok := waitFor(20*time.Second, func() bool {
+	ok := harness.EventuallyOK(20*time.Second, func() bool {
 		c := read(dst.console)
 		return lastTick(dst.console) >= last+10 || strings.Contains(c, "Oops") || strings.Contains(c, "BUG:")
 	}) && lastTick(dst.console) >= last+10
@@ -188,7 +189,7 @@ func startQEMU(dir, name, root, ci, incoming string) (*qemu, error) {
 	if err := q.cmd.Start(); err != nil {
 		return nil, err
 	}
-	if !waitFor(10*time.Second, func() bool {
+	if !harness.EventuallyOK(10*time.Second, func() bool {
 		c, err := net.Dial("unix", mon)
 		q.conn = c
 		return err == nil
@@ -263,13 +264,4 @@ func tail(console string) string {
 		c = c[len(c)-1500:]
 	}
 	return c
-}
-
-func waitFor(d time.Duration, ok func() bool) bool {
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if ok() {
-			return true
-		}
-	}
-	return false
 }
