@@ -44,7 +44,7 @@ type domainInput struct {
 	// The accelerator: its DomainType ("kvm" or "qemu", TCG) and, under
 	// TCG, its TBCacheMiB (the translation cache; 0: sized per VM).
 	accelerator
-	DiskPaths  map[string]string // resolved paths of overlay disks, by disk name
+	DiskPaths  map[string]string // files the plugin made for disks (overlays, a pool domain's medium placeholder), by disk name
 	ConsoleLog string            // raw serial log written by virtlogd
 	// Secrets are the UUIDs of the libvirt secrets holding network disks'
 	// keys, by disk name: the domain names the secret, never the key.

@@ -69,10 +69,11 @@ func addDisks(d *libvirtxml.Domain, in domainInput, slots pciSlots) error {
 		if disk.ReadOnly || disk.Device == ports.DeviceCDROM {
 			dd.ReadOnly = &libvirtxml.DomainDiskReadOnly{}
 		}
-		if in.Pool != nil && disk.Overlay == nil {
+		if in.Pool != nil && disk.Overlay == nil && in.DiskPaths[disk.Name] == "" {
 			// The pool domain has its root disk (an overlay of the
-			// shape's image); a VM claiming it plugs its other disks in
-			// and its medium into the CD-ROM's tray.
+			// shape's image) and its medium's placeholder (a file of
+			// DiskPaths); a VM claiming it plugs its other disks in and
+			// its medium into the CD-ROM's tray.
 			if disk.Device == ports.DeviceCDROM && disk.Bus == ports.BusSCSI {
 				dd.Driver = &libvirtxml.DomainDiskDriver{Name: "qemu", Type: cmp.Or(disk.Source.Format, "raw")}
 				d.Devices.Disks = append(d.Devices.Disks, dd)
@@ -83,8 +84,10 @@ func addDisks(d *libvirtxml.Domain, in domainInput, slots pciSlots) error {
 		switch disk.Source.Type {
 		case ports.SourceFile:
 			path := disk.Source.Path
+			if p, ok := in.DiskPaths[disk.Name]; ok || disk.Overlay != nil {
+				path = p
+			}
 			if disk.Overlay != nil {
-				path = in.DiskPaths[disk.Name]
 				format = "qcow2"
 			}
 			if path == "" {

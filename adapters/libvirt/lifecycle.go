@@ -96,7 +96,11 @@ func (h *Hypervisor) Define(ctx context.Context, spec ports.VMSpec) error {
 		defer release()
 	}
 	log := h.log.WithFields(logrus.Fields{"vm": spec.Name, "pod": spec.PodNamespace + "/" + spec.PodName})
-	shape, coldWhy := poolable(spec, accel)
+	var medium int64
+	if pool != nil {
+		medium = mediumSize(spec)
+	}
+	shape, coldWhy := poolable(spec, accel, medium)
 	r := &record{Spec: spec.WithoutSecrets(), DiskPaths: map[string]string{}, ConsoleLog: filepath.Join(vmDir, spec.ID+".console"), State: ports.VMDefined}
 	if spec.Restore != nil || spec.Incoming != nil {
 		r.Asked = &asked

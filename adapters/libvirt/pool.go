@@ -32,9 +32,10 @@ import (
 // of the shape's image), so that it boots first as in a cold start. A VM
 // of that shape claims one in Define: its metadata is set, its other disks
 // and NICs hot-plugged at the PCI slots a cold start gives them, its
-// cloud-init medium put into the empty CD-ROM tray, the machine reset (the
-// guest has not run yet: it finds the devices as it finds a cold
-// machine's), and the domain defined persistently from its live
+// cloud-init medium written into the placeholder the pool domain holds
+// (or put into an empty CD-ROM tray), the machine reset if anything was
+// plugged in (the guest has not run yet: it finds the devices as it finds
+// a cold machine's), and the domain defined persistently from its live
 // definition, so that it survives a stop and keeps its devices across
 // reboots. Start then only resumes it. See ARCHITECTURE.md, "Boot overhead
 // (P1)".
@@ -73,17 +74,21 @@ func failpoint(name string) {
 	}
 }
 
-// shapeBase is the base image of a shape's root disk ("" when the pool
-// has no such shape).
-func (p *pool) shapeBase(key string) string {
+// shapeFiles is the base image of a shape's root disk ("" when the pool
+// has no such shape) and the size of its domains' medium placeholder.
+func (p *pool) shapeFiles(key string) (base string, medium int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, s := range p.shapes {
 		if s.Key == key && len(s.Spec.Disks) > 0 && s.Spec.Disks[0].Overlay != nil {
-			return s.Spec.Disks[0].Overlay.BasePath
+			var size int64
+			if s.Medium != nil {
+				size = s.Medium.Size
+			}
+			return s.Spec.Disks[0].Overlay.BasePath, size
 		}
 	}
-	return ""
+	return "", 0
 }
 
 // poolMetadata is the <virtlet:pool> element of a pool domain.
@@ -96,14 +101,26 @@ type poolMetadata struct {
 // poolDomain is a pool domain launched paused and not claimed.
 type poolDomain struct {
 	name, uuid, shape string
-	console, root     string // its console log and root disk overlay, in the pool's directory
-	uid               int
-	base              string // its root disk's base image, which its user is granted
+	poolFiles
+	mediumSize int64 // of the placeholder of its VM's cloud-init medium it holds (0: none)
+	uid        int
+	base       string // its root disk's base image, which its user is granted
 }
 
-// files are a pool domain's files (console log, root overlay) by its name.
-func (p *pool) files(name string) (console, root string) {
-	return filepath.Join(p.dir, name+".console"), filepath.Join(p.dir, name+"-root.qcow2")
+// poolFiles are a pool domain's files, in the pool's directory: its
+// console log, root overlay and, where its shape has one, the placeholder
+// its VM's cloud-init medium is written into.
+type poolFiles struct {
+	console, root, medium string
+}
+
+// all lists the files.
+func (f poolFiles) all() []string { return []string{f.console, f.root, f.medium} }
+
+// files are a pool domain's files by its name.
+func (p *pool) files(name string) poolFiles {
+	return poolFiles{console: filepath.Join(p.dir, name+".console"), root: filepath.Join(p.dir, name+"-root.qcow2"),
+		medium: filepath.Join(p.dir, name+"-medium.img")}
 }
 
 // poolShape is a shape VMs used: the key and the spec a pool domain of it
@@ -111,6 +128,55 @@ func (p *pool) files(name string) (console, root string) {
 type poolShape struct {
 	Key  string       `json:"key"`
 	Spec ports.VMSpec `json:"spec"`
+	// Medium, when set, is the cloud-init medium a pool domain of the
+	// shape holds a placeholder of (see inPlaceMedium).
+	Medium *poolMedium `json:"medium,omitempty"`
+}
+
+// poolMedium is a placeholder disk: which of the shape's disks, and its
+// size.
+type poolMedium struct {
+	Disk string `json:"disk"`
+	Size int64  `json:"size"`
+}
+
+// mediumDisk is the name the core gives a VM's cloud-init medium.
+const mediumDisk = "cloud-init"
+
+// maxPlaceholder bounds the medium a claim copies (the datasources pad
+// theirs to 1 MiB: a copy of ≈ 0.3 ms); a larger one is hot-plugged.
+const maxPlaceholder = 8 << 20
+
+// inPlaceMedium is the index of the VM's disk a pool domain can hold a
+// placeholder of (-1 if none): its cloud-init medium, a read-only raw
+// file, as a virtio-blk disk or a SCSI CD-ROM. Hot-plugging the disk (or
+// inserting the medium into an empty tray) costs a claim ≈ 15–20 ms of
+// libvirt's; a placeholder of the medium's size is launched with the pool
+// domain instead, and the claim writes the medium into it before the
+// guest's first instruction.
+func inPlaceMedium(s ports.VMSpec) int {
+	for i, d := range s.Disks {
+		onBus := d.Bus == ports.BusVirtio && d.Device == ports.DeviceDisk || d.Bus == ports.BusSCSI && d.Device == ports.DeviceCDROM
+		if i > 0 && d.Name == mediumDisk && onBus && d.ReadOnly && d.Overlay == nil &&
+			d.Source.Type == ports.SourceFile && d.Source.Format == "raw" && d.Source.Offset == 0 && d.Source.Size == 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// mediumSize is the size of the VM's medium a pool domain could hold a
+// placeholder of, or 0.
+func mediumSize(s ports.VMSpec) int64 {
+	i := inPlaceMedium(s)
+	if i < 0 {
+		return 0
+	}
+	st, err := os.Stat(s.Disks[i].Source.Path)
+	if err != nil || !st.Mode().IsRegular() || st.Size() > maxPlaceholder {
+		return 0
+	}
+	return st.Size()
 }
 
 // poolEnv is what the pool uses of the adapter.
@@ -164,7 +230,10 @@ func newPool(cfg PoolConfig, stateDir string) (*pool, error) {
 
 // poolable says whether a VM can be claimed from a pool domain and of
 // which shape, or why it starts cold. It is the one place that decides.
-func poolable(s ports.VMSpec, accel accelerator) (poolShape, string) {
+//
+// medium is the size of its cloud-init medium (mediumSize): a pool
+// domain of the shape holds a placeholder of that size.
+func poolable(s ports.VMSpec, accel accelerator, medium int64) (poolShape, string) {
 	var why string
 	switch {
 	case s.UUID != "":
@@ -218,12 +287,18 @@ func poolable(s ports.VMSpec, accel accelerator) (poolShape, string) {
 		machine = "" // one shape, named or not
 	}
 	t := ports.VMSpec{Machine: machine, VCPUs: s.VCPUs, MemoryBytes: s.MemoryBytes, MaxMemoryBytes: s.MaxMemoryBytes, CPU: ports.CPUSpec{Model: s.CPU.Model}}
+	var placeholder *poolMedium
+	in := inPlaceMedium(s)
 	for i, d := range s.Disks {
 		skeleton := ports.Disk{Device: d.Device, Bus: d.Bus}
 		switch {
 		case i == 0: // the root overlay of the image, launched with the pool domain
 			skeleton = d
 			skeleton.Source.Path = ""
+		case i == in && medium > 0: // launched with the pool domain, as a placeholder
+			skeleton = d
+			skeleton.Source.Path = ""
+			placeholder = &poolMedium{Disk: d.Name, Size: medium}
 		case d.Device == ports.DeviceCDROM: // launched with the pool domain, as an empty tray
 			skeleton.Serial, skeleton.Source.Format = d.Serial, d.Source.Format
 		}
@@ -232,19 +307,20 @@ func poolable(s ports.VMSpec, accel accelerator) (poolShape, string) {
 	for range s.NICs {
 		t.NICs = append(t.NICs, ports.NIC{})
 	}
-	return poolShape{Key: shapeKey(accel, t), Spec: t}, ""
+	return poolShape{Key: shapeKey(accel, t, placeholder), Spec: t, Medium: placeholder}, ""
 }
 
 // shapeKey names a shape: its skeleton spec and what of the accelerator a
 // domain takes at its launch (the domain type, TCG's translation cache),
 // so that a pool domain launched before a change of those is not claimed
 // after it.
-func shapeKey(accel accelerator, skeleton ports.VMSpec) string {
+func shapeKey(accel accelerator, skeleton ports.VMSpec, medium *poolMedium) string {
 	key, _ := json.Marshal(struct {
 		Type       string
 		TBCacheMiB int `json:",omitempty"`
 		Spec       ports.VMSpec
-	}{accel.DomainType, accel.tbCacheMiB(maxMemory(skeleton)), skeleton})
+		Medium     *poolMedium `json:",omitempty"`
+	}{accel.DomainType, accel.tbCacheMiB(maxMemory(skeleton)), skeleton, medium})
 	sum := sha256.Sum256(key)
 	return hex.EncodeToString(sum[:])[:12]
 }
@@ -273,7 +349,7 @@ func (p *pool) open(env poolEnv) error {
 	// the pool domains launched before, and the refill launches new ones.
 	accel := env.vms.settings().accel
 	for i := range p.shapes {
-		p.shapes[i].Key = shapeKey(accel, p.shapes[i].Spec)
+		p.shapes[i].Key = shapeKey(accel, p.shapes[i].Spec, p.shapes[i].Medium)
 	}
 	return nil
 }
@@ -413,7 +489,7 @@ func (p *pool) shutdown(ctx context.Context) {
 	p.env.grants.sync()
 	var wg sync.WaitGroup
 	for _, d := range ready {
-		removeFiles(append(consoleSideFiles(d.console), d.console, d.root)...)
+		removeFiles(append(consoleSideFiles(d.console), d.all()...)...)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -438,7 +514,9 @@ func (p *pool) removeLeftovers() {
 	p.mu.Lock()
 	for _, d := range append(slices.Clone(p.ready), p.launching) {
 		if d != nil {
-			keep[d.console], keep[d.root] = true, true
+			for _, f := range d.all() {
+				keep[f] = true
+			}
 		}
 	}
 	p.mu.Unlock()

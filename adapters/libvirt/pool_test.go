@@ -81,7 +81,7 @@ func TestPoolable(t *testing.T) {
 		{"SATA disk", with(), func(s *ports.VMSpec) { s.Disks[0].Bus = ports.BusSATA }, "sata bus"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			shape, why := poolable(poolSpecFor(t, tc.ann, tc.edit), accelerator{DomainType: "qemu"})
+			shape, why := poolable(poolSpecFor(t, tc.ann, tc.edit), accelerator{DomainType: "qemu"}, 0)
 			if tc.why == "" && (why != "" || shape.Key == "") {
 				t.Fatalf("starts cold: %s", why)
 			}
@@ -97,13 +97,14 @@ func TestPoolable(t *testing.T) {
 // share a shape; another size, image, root size, bus, disk count or NIC
 // count is another.
 func TestPoolShapes(t *testing.T) {
-	key := func(edit func(*ports.VMSpec)) string {
-		shape, why := poolable(poolSpecFor(t, nil, edit), accelerator{DomainType: "qemu"})
+	keyWith := func(medium int64, edit func(*ports.VMSpec)) string {
+		shape, why := poolable(poolSpecFor(t, nil, edit), accelerator{DomainType: "qemu"}, medium)
 		if why != "" {
 			t.Fatal(why)
 		}
 		return shape.Key
 	}
+	key := func(edit func(*ports.VMSpec)) string { return keyWith(0, edit) }
 	base := key(nil)
 	same := key(func(s *ports.VMSpec) {
 		s.ID, s.Name, s.PodName, s.PodUID = "feed", "virtlet-feed-other", "other", "uid-2"
@@ -129,6 +130,55 @@ func TestPoolShapes(t *testing.T) {
 		if key(edit) == base {
 			t.Errorf("%s: the same shape", name)
 		}
+	}
+	// The medium's placeholder has the medium's size: media of one size
+	// share a shape, of another size or none (too large) they do not.
+	virtio := func(s *ports.VMSpec) {
+		s.Disks[0].Bus, s.Disks[1].Bus, s.Disks[1].Device = ports.BusVirtio, ports.BusVirtio, ports.DeviceDisk
+	}
+	for _, edit := range []func(*ports.VMSpec){nil, virtio} {
+		mib := keyWith(1<<20, edit)
+		if keyWith(1<<20, func(s *ports.VMSpec) {
+			if edit != nil {
+				edit(s)
+			}
+			s.Disks[1].Source.Path = "/other.iso"
+		}) != mib {
+			t.Error("two media of one size: two shapes")
+		}
+		if keyWith(2<<20, edit) == mib || keyWith(0, edit) == mib {
+			t.Error("media of another size, or none: the same shape")
+		}
+	}
+}
+
+// Which disk a pool domain holds a placeholder of: the cloud-init medium,
+// a read-only raw file on virtio-blk or a SCSI CD-ROM, nothing else.
+func TestInPlaceMedium(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ann  map[string]string
+		edit func(*ports.VMSpec)
+		want int
+	}{
+		{"SCSI CD-ROM", nil, nil, 1},
+		{"virtio disk", map[string]string{annotations.DiskDriver: "virtio"}, nil, 1},
+		{"after a volume", nil, func(s *ports.VMSpec) {
+			s.Disks = append(s.Disks[:1], ports.Disk{Name: "vol-a", Bus: ports.BusSCSI, ReadOnly: true,
+				Source: ports.DiskSource{Type: ports.SourceFile, Path: "/x/vol-a.img", Format: "raw"}}, s.Disks[1])
+		}, 2},
+		{"a read-only volume", nil, func(s *ports.VMSpec) { s.Disks[1].Name = "vol-a" }, -1},
+		{"written by the guest", nil, func(s *ports.VMSpec) { s.Disks[1].ReadOnly = false }, -1},
+		{"qcow2", nil, func(s *ports.VMSpec) { s.Disks[1].Source.Format = "qcow2" }, -1},
+		{"a block device", nil, func(s *ports.VMSpec) { s.Disks[1].Source.Type = ports.SourceBlock }, -1},
+		{"a slice", nil, func(s *ports.VMSpec) { s.Disks[1].Source.Size = 4096 }, -1},
+		{"a SCSI disk", nil, func(s *ports.VMSpec) { s.Disks[1].Device = ports.DeviceDisk }, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := inPlaceMedium(poolSpecFor(t, tc.ann, tc.edit)); got != tc.want {
+				t.Errorf("inPlaceMedium = %d, want %d", got, tc.want)
+			}
+		})
 	}
 }
 
@@ -165,78 +215,98 @@ func TestPoolDomainPlusTheVMsDevicesIsTheColdDomain(t *testing.T) {
 				Source: ports.DiskSource{Type: ports.SourceFile, Path: "/x/vol-a.qcow2", Format: "qcow2"}}, s.Disks[1])
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			spec := poolSpecFor(t, map[string]string{annotations.TargetRuntime: annotations.TargetRuntimeValue}, nil)
-			if tc.ann != nil {
-				tc.ann[annotations.TargetRuntime] = annotations.TargetRuntimeValue
-				spec = poolSpecFor(t, tc.ann, nil)
+		for _, medium := range []int64{0, 1 << 20} {
+			name := tc.name
+			if medium > 0 {
+				name += ", medium placeholder"
 			}
-			if tc.edit != nil {
-				tc.edit(&spec)
-			}
-			shape, why := poolable(spec, accelerator{DomainType: "qemu"})
-			if why != "" {
-				t.Fatal(why)
-			}
-			// The pool domain's identity, given to both.
-			id := func(s ports.VMSpec) ports.VMSpec {
-				s.Name, s.UUID, s.RunAs = "virtlet-pool-0123abcd-5e6f7a8b", "5e6f7a8b-1111-4222-8333-944445555666", &ports.ProcessIdentity{UID: 2000065536, GID: 2000065536}
-				return s
-			}
-			console := "/var/lib/virtlet/plugins/libvirt/pool/virtlet-pool-0123abcd-5e6f7a8b.console"
-			paths := map[string]string{"root": "/var/lib/virtlet/plugins/libvirt/pool/virtlet-pool-0123abcd-5e6f7a8b-root.qcow2"}
-			cold, err := buildDomain(domainInput{Spec: id(spec), accelerator: accelerator{DomainType: "qemu"}, ConsoleLog: console, DiskPaths: paths})
-			if err != nil {
-				t.Fatal(err)
-			}
-			pooled, err := buildDomain(domainInput{Spec: id(shape.Spec), accelerator: accelerator{DomainType: "qemu"}, ConsoleLog: console, DiskPaths: paths,
-				Pool: &poolMetadata{Owner: "0123abcd", Shape: shape.Key}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			// The pool domain has the root disk, and a SCSI CD-ROM's empty
-			// tray; a claim plugs the VM's other disks in, its medium into
-			// the tray, its NICs, and sets its metadata.
-			if len(pooled.Devices.Disks) == 0 || pooled.Devices.Disks[0].Boot == nil || pooled.Devices.Interfaces != nil {
-				t.Fatalf("the pool domain's disks %+v, NICs %+v", pooled.Devices.Disks, pooled.Devices.Interfaces)
-			}
-			launched := map[string]libvirtxml.DomainDisk{}
-			for _, d := range pooled.Devices.Disks {
-				launched[d.Target.Dev] = d
-			}
-			var claimed []libvirtxml.DomainDisk
-			for _, c := range cold.Devices.Disks {
-				d, ok := launched[c.Target.Dev]
-				switch {
-				case !ok:
-					d = c // plugged in
-				case d.Device == "cdrom":
-					d.Source = c.Source // the medium in the tray
-				}
-				claimed = append(claimed, d)
-			}
-			if len(claimed) != len(pooled.Devices.Disks)+len(spec.Disks)-len(launched) {
-				t.Fatalf("the pool domain has disks the VM lacks: %+v", pooled.Devices.Disks)
-			}
-			pooled.Devices.Disks = claimed
-			pooled.Devices.Interfaces = cold.Devices.Interfaces
-			pooled.Metadata = cold.Metadata
-			want, _ := cold.Marshal()
-			got, _ := pooled.Marshal()
-			if got != want {
-				t.Fatalf("the claimed pool domain differs from the cold one:\n%s\nwant\n%s", got, want)
-			}
-			for _, d := range cold.Devices.Disks {
-				if d.Address == nil {
-					t.Errorf("disk %s has no explicit address", d.Target.Dev)
-				}
-			}
-			for _, n := range cold.Devices.Interfaces {
-				if n.Address == nil {
-					t.Errorf("NIC %s has no explicit address", n.MAC.Address)
-				}
-			}
-		})
+			t.Run(name, func(t *testing.T) { poolDomainPlusTheVMsDevices(t, tc.ann, tc.edit, medium) })
+		}
+	}
+}
+
+// poolDomainPlusTheVMsDevices checks one VM: its medium has medium bytes
+// (0: the shape holds no placeholder).
+func poolDomainPlusTheVMsDevices(t *testing.T, ann map[string]string, edit func(*ports.VMSpec), medium int64) {
+	spec := poolSpecFor(t, map[string]string{annotations.TargetRuntime: annotations.TargetRuntimeValue}, nil)
+	if ann != nil {
+		ann[annotations.TargetRuntime] = annotations.TargetRuntimeValue
+		spec = poolSpecFor(t, ann, nil)
+	}
+	if edit != nil {
+		edit(&spec)
+	}
+	shape, why := poolable(spec, accelerator{DomainType: "qemu"}, medium)
+	if why != "" {
+		t.Fatal(why)
+	}
+	// The pool domain's identity, given to both.
+	id := func(s ports.VMSpec) ports.VMSpec {
+		s.Name, s.UUID, s.RunAs = "virtlet-pool-0123abcd-5e6f7a8b", "5e6f7a8b-1111-4222-8333-944445555666", &ports.ProcessIdentity{UID: 2000065536, GID: 2000065536}
+		return s
+	}
+	console := "/var/lib/virtlet/plugins/libvirt/pool/virtlet-pool-0123abcd-5e6f7a8b.console"
+	paths := map[string]string{"root": "/var/lib/virtlet/plugins/libvirt/pool/virtlet-pool-0123abcd-5e6f7a8b-root.qcow2"}
+	if shape.Medium != nil {
+		// The claimed VM's medium is in the placeholder.
+		paths[shape.Medium.Disk] = "/var/lib/virtlet/plugins/libvirt/pool/virtlet-pool-0123abcd-5e6f7a8b-medium.img"
+	} else if medium > 0 {
+		t.Fatal("a medium of 1 MiB, and the shape holds no placeholder of it")
+	}
+	cold, err := buildDomain(domainInput{Spec: id(spec), accelerator: accelerator{DomainType: "qemu"}, ConsoleLog: console, DiskPaths: paths})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pooled, err := buildDomain(domainInput{Spec: id(shape.Spec), accelerator: accelerator{DomainType: "qemu"}, ConsoleLog: console, DiskPaths: paths,
+		Pool: &poolMetadata{Owner: "0123abcd", Shape: shape.Key}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pool domain has the root disk, and the medium's placeholder or
+	// a SCSI CD-ROM's empty tray; a claim writes the medium into the
+	// placeholder (the same file both ways here) or puts it into the tray,
+	// plugs the VM's other disks and its NICs in, and sets its metadata.
+	if len(pooled.Devices.Disks) == 0 || pooled.Devices.Disks[0].Boot == nil || pooled.Devices.Interfaces != nil {
+		t.Fatalf("the pool domain's disks %+v, NICs %+v", pooled.Devices.Disks, pooled.Devices.Interfaces)
+	}
+	launched := map[string]libvirtxml.DomainDisk{}
+	for _, d := range pooled.Devices.Disks {
+		launched[d.Target.Dev] = d
+	}
+	var claimed []libvirtxml.DomainDisk
+	for _, c := range cold.Devices.Disks {
+		d, ok := launched[c.Target.Dev]
+		switch {
+		case !ok:
+			d = c // plugged in
+		case d.Device == "cdrom" && d.Source == nil:
+			d.Source = c.Source // the medium in the tray
+		}
+		claimed = append(claimed, d)
+	}
+	if len(claimed) != len(pooled.Devices.Disks)+len(spec.Disks)-len(launched) {
+		t.Fatalf("the pool domain has disks the VM lacks: %+v", pooled.Devices.Disks)
+	}
+	if medium > 0 && len(launched) != 2 {
+		t.Fatalf("the pool domain's disks %+v: want its root and the medium's placeholder", pooled.Devices.Disks)
+	}
+	pooled.Devices.Disks = claimed
+	pooled.Devices.Interfaces = cold.Devices.Interfaces
+	pooled.Metadata = cold.Metadata
+	want, _ := cold.Marshal()
+	got, _ := pooled.Marshal()
+	if got != want {
+		t.Fatalf("the claimed pool domain differs from the cold one:\n%s\nwant\n%s", got, want)
+	}
+	for _, d := range cold.Devices.Disks {
+		if d.Address == nil {
+			t.Errorf("disk %s has no explicit address", d.Target.Dev)
+		}
+	}
+	for _, n := range cold.Devices.Interfaces {
+		if n.Address == nil {
+			t.Errorf("NIC %s has no explicit address", n.MAC.Address)
+		}
 	}
 }
 
@@ -245,7 +315,7 @@ func TestPoolDomainGolden(t *testing.T) {
 	spec := poolSpecFor(t, map[string]string{annotations.TargetRuntime: annotations.TargetRuntimeValue}, func(s *ports.VMSpec) {
 		s.NICs = []ports.NIC{{Name: "eth0", MAC: "0a:58:c6:12:05:02", MTU: 1500, Bridge: "vlb-x"}}
 	})
-	shape, why := poolable(spec, accelerator{DomainType: "qemu"})
+	shape, why := poolable(spec, accelerator{DomainType: "qemu"}, 1<<20)
 	if why != "" {
 		t.Fatal(why)
 	}
@@ -253,7 +323,7 @@ func TestPoolDomainGolden(t *testing.T) {
 	s.Name, s.UUID, s.RunAs = "virtlet-pool-0123abcd-5e6f7a8b", "5e6f7a8b-1111-4222-8333-944445555666", &ports.ProcessIdentity{UID: 2000065536, GID: 2000065536}
 	dir := "/var/lib/virtlet/plugins/libvirt/pool/"
 	got, err := domainXML(domainInput{Spec: s, accelerator: accelerator{DomainType: "qemu"}, ConsoleLog: dir + s.Name + ".console",
-		DiskPaths: map[string]string{"root": dir + s.Name + "-root.qcow2"}, Pool: &poolMetadata{Owner: "0123abcd", Shape: shape.Key}})
+		DiskPaths: map[string]string{"root": dir + s.Name + "-root.qcow2", "cloud-init": dir + s.Name + "-medium.img"}, Pool: &poolMetadata{Owner: "0123abcd", Shape: shape.Key}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,15 +374,15 @@ func TestShapeKeyFollowsTheTranslationCache(t *testing.T) {
 		Spec ports.VMSpec
 	}{"qemu", spec})
 	sum := sha256.Sum256(old)
-	if got := shapeKey(accelerator{DomainType: "qemu"}, spec); got == hex.EncodeToString(sum[:])[:12] {
+	if got := shapeKey(accelerator{DomainType: "qemu"}, spec, nil); got == hex.EncodeToString(sum[:])[:12] {
 		t.Errorf("the per-VM cache's key %s is the one of an uncapped pool domain", got)
 	}
-	if a, b := shapeKey(accelerator{DomainType: "qemu"}, spec), shapeKey(accelerator{DomainType: "qemu", TBCacheMiB: 16}, spec); a != b {
+	if a, b := shapeKey(accelerator{DomainType: "qemu"}, spec, nil), shapeKey(accelerator{DomainType: "qemu", TBCacheMiB: 16}, spec, nil); a != b {
 		t.Errorf("a 128 MiB VM's per-VM cache (16 MiB) and a configured 16 MiB name two shapes: %s, %s", a, b)
 	}
 	keys := map[string]bool{}
 	for _, a := range []accelerator{{DomainType: "qemu"}, {DomainType: "qemu", TBCacheMiB: 32}, {DomainType: "qemu", TBCacheMiB: 1024}, {DomainType: "kvm"}, {DomainType: "kvm", TBCacheMiB: 32}} {
-		keys[shapeKey(a, spec)] = true
+		keys[shapeKey(a, spec, nil)] = true
 	}
 	if len(keys) != 4 {
 		t.Errorf("%d keys for 4 translation caches (KVM has none, whatever the config)", len(keys))

@@ -1,6 +1,7 @@
 // Claiming a ready pool domain for a VM while it is still paused: its
-// metadata set, the VM's other disks and NICs hot-plugged, its cloud-init
-// medium inserted, the machine reset and defined persistently.
+// metadata set, its cloud-init medium written into the placeholder, the
+// VM's other disks and NICs hot-plugged (the machine then reset), and the
+// domain defined persistently.
 
 package libvirt
 
@@ -24,7 +25,7 @@ func (p *pool) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSpec, r 
 	begin := time.Now()
 	log = log.WithField("domain", d.name)
 	if !pristine(conn, d.uuid) {
-		p.destroy(conn, d.uuid, "no longer paused", d.console, d.root)
+		p.destroy(conn, d.uuid, "no longer paused", d.all()...)
 		log.Warn("cold start: the pool domain of its shape is gone")
 		return false
 	}
@@ -39,6 +40,13 @@ func (p *pool) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSpec, r 
 	r.Spec.Name, r.Spec.UUID, r.Spec.RunAs = spec.Name, spec.UUID, spec.RunAs
 	r.Asked, r.ConsoleLog, r.Claim = &asked, d.console, claiming
 	r.DiskPaths = map[string]string{spec.Disks[0].Name: d.root}
+	medium := -1 // the disk written into the placeholder
+	if d.mediumSize > 0 {
+		medium = inPlaceMedium(spec) // of the placeholder's size: it is the shape's
+	}
+	if medium > 0 {
+		r.DiskPaths[spec.Disks[medium].Name] = d.medium
+	}
 	steps := logrus.Fields{}
 	var stepsMu sync.Mutex // the reset's step runs beside the define's
 	step := func(name string, do func() error) error {
@@ -50,7 +58,7 @@ func (p *pool) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSpec, r 
 		return err
 	}
 	fail := func(what string, err error) bool {
-		p.destroy(conn, d.uuid, "its claim failed", d.console, d.root)
+		p.destroy(conn, d.uuid, "its claim failed", d.all()...)
 		if len(r.Secrets) > 0 {
 			undefineSecrets(conn, spec.ID)
 		}
@@ -86,8 +94,17 @@ func (p *pool) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSpec, r 
 		return fail("set its metadata", err)
 	}
 	// Disks in the spec's order (the domain's list follows it); the root
-	// is the pool domain's own.
+	// is the pool domain's own, and so is the medium's placeholder.
+	plugged := false
 	for i, disk := range def.Devices.Disks[1:] {
+		if i+1 == medium {
+			from := spec.Disks[medium].Source.Path
+			if err := step("medium", func() error { return writeMedium(from, d.medium, d.mediumSize) }); err != nil {
+				return fail("write its cloud-init medium", err)
+			}
+			continue
+		}
+		plugged = true
 		x, err := disk.Marshal()
 		if err == nil {
 			if spec.Disks[i+1].Device == ports.DeviceCDROM {
@@ -101,6 +118,7 @@ func (p *pool) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSpec, r 
 		}
 	}
 	for i, iface := range def.Devices.Interfaces {
+		plugged = true
 		x, err := iface.Marshal()
 		if err == nil {
 			err = step(fmt.Sprintf("nic%d", i), func() error { return dom.AttachDeviceFlags(x, libvirt.DOMAIN_DEVICE_MODIFY_LIVE) })
@@ -118,11 +136,16 @@ func (p *pool) claim(conn *libvirt.Connect, d *poolDomain, spec ports.VMSpec, r 
 	failpoint("claim-plugged")
 	// The guest has not run: a reset makes the firmware and the guest
 	// find the hot-plugged devices as a cold machine's (no pending ACPI
-	// hotplug event, the boot order read again). The persistent
+	// hotplug event, the boot order read again); with nothing plugged in,
+	// the machine is as launched and needs none. The persistent
 	// definition is the live one's devices, which the reset does not
 	// change: the two run at once (libvirtd serves them on two workers).
 	reset := make(chan error, 1)
-	go func() { reset <- step("reset", func() error { return dom.Reset(0) }) }()
+	if plugged {
+		go func() { reset <- step("reset", func() error { return dom.Reset(0) }) }()
+	} else {
+		reset <- nil
+	}
 	defineErr := step("define", func() error {
 		live, err := dom.GetXMLDesc(libvirt.DOMAIN_XML_INACTIVE | libvirt.DOMAIN_XML_SECURE)
 		if err != nil {

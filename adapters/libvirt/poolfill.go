@@ -8,6 +8,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 	"libvirt.org/go/libvirt"
 
 	"github.com/virtlet/virtlet/ports"
@@ -73,7 +75,7 @@ func (p *pool) step() time.Duration {
 		if have[d.shape]++; have[d.shape] > want[d.shape] {
 			p.ready = slices.Delete(p.ready, i, i+1)
 			p.mu.Unlock()
-			p.destroy(conn, d.uuid, "its shape is no longer wanted", d.console, d.root)
+			p.destroy(conn, d.uuid, "its shape is no longer wanted", d.all()...)
 			return 0
 		}
 	}
@@ -90,12 +92,16 @@ func (p *pool) step() time.Duration {
 	}
 	d := &poolDomain{shape: shape.Key, uid: p.freeUIDLocked(used), uuid: uuid.NewString()}
 	d.name = poolPrefix + p.owner + "-" + d.uuid[:8]
-	d.console, d.root = p.files(d.name)
+	d.poolFiles = p.files(d.name)
+	if shape.Medium != nil {
+		d.mediumSize = shape.Medium.Size
+	}
+	launching := *shape
 	tmpl := shape.Spec
 	p.launching = d
 	p.mu.Unlock()
 	start := time.Now()
-	err = p.launch(conn, d, tmpl)
+	err = p.launch(conn, d, launching)
 	took := time.Since(start)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -146,7 +152,8 @@ func (p *pool) claimedUIDs() map[int]bool {
 
 // launch starts a pool domain of a shape, paused before its first
 // instruction.
-func (p *pool) launch(conn *libvirt.Connect, d *poolDomain, tmpl ports.VMSpec) error {
+func (p *pool) launch(conn *libvirt.Connect, d *poolDomain, shape poolShape) error {
+	tmpl := shape.Spec
 	if d.uid < 0 {
 		return fmt.Errorf("every user of the pool's range runs a pool domain or a VM claimed from one")
 	}
@@ -160,12 +167,20 @@ func (p *pool) launch(conn *libvirt.Connect, d *poolDomain, tmpl ports.VMSpec) e
 	if _, err := createOverlay(context.Background(), d.root, *tmpl.Disks[0].Overlay, tmpl.Disks[0].Name); err != nil {
 		return err
 	}
+	paths := map[string]string{tmpl.Disks[0].Name: d.root}
+	if m := shape.Medium; m != nil {
+		if err := makePlaceholder(d.medium, m.Size); err != nil {
+			removeFiles(d.root)
+			return err
+		}
+		paths[m.Disk] = d.medium
+	}
 	spec := tmpl
 	spec.Name, spec.UUID, spec.RunAs = d.name, d.uuid, &ports.ProcessIdentity{UID: d.uid, GID: d.uid}
 	domXML, err := domainXML(domainInput{Spec: spec, accelerator: accel, ConsoleLog: d.console,
-		DiskPaths: map[string]string{tmpl.Disks[0].Name: d.root}, Pool: &poolMetadata{Owner: p.owner, Shape: d.shape}})
+		DiskPaths: paths, Pool: &poolMetadata{Owner: p.owner, Shape: d.shape}})
 	if err != nil {
-		removeFiles(d.root)
+		removeFiles(d.root, d.medium)
 		return err
 	}
 	// Not checked against libvirt's RNG schema here: the shape's first VM
@@ -176,11 +191,64 @@ func (p *pool) launch(conn *libvirt.Connect, d *poolDomain, tmpl ports.VMSpec) e
 	// hold up cold defines for its ≈ 0.5 s.
 	dom, err := conn.DomainCreateXML(domXML, libvirt.DOMAIN_START_PAUSED)
 	if err != nil {
-		removeFiles(d.root, d.console)
+		removeFiles(d.all()...)
 		return libvirtError("launch pool domain "+d.name, err)
 	}
 	dom.Free()
 	return nil
+}
+
+// makePlaceholder makes the file a pool domain holds as its VM's
+// cloud-init medium until a claim writes the medium into it: zeros of the
+// medium's size (the guest sees the size QEMU finds at the launch), 0600
+// (libvirt gives it to the domain's user, as any disk).
+func makePlaceholder(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("medium placeholder: %w", err)
+	}
+	err = f.Truncate(size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+		return fmt.Errorf("medium placeholder %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeMedium writes a claimed VM's cloud-init medium into its pool
+// domain's placeholder, which QEMU holds open read-only; the guest has
+// not run, so it reads only the medium. Both must be regular files of the
+// placeholder's size. The write is not waited for on disk (writeback is
+// started): the medium is the datasource's, made again for the VM's next
+// container.
+func writeMedium(from, to string, size int64) error {
+	src, err := os.OpenFile(from, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(to, os.O_WRONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	for _, f := range []*os.File{src, dst} {
+		st, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if !st.Mode().IsRegular() || st.Size() != size {
+			return fmt.Errorf("%s: %d bytes (%s), the placeholder holds %d", f.Name(), st.Size(), st.Mode().Type(), size)
+		}
+	}
+	if _, err := io.CopyN(dst, src, size); err != nil {
+		return err
+	}
+	_ = unix.SyncFileRange(int(dst.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+	return dst.Close()
 }
 
 // destroy ends a pool domain (transient: it vanishes) or a
@@ -243,7 +311,7 @@ func (p *pool) checkReady() {
 			p.dropShapeLocked(d.shape)
 		}
 		p.mu.Unlock()
-		p.destroy(conn, d.uuid, why, d.console, d.root)
+		p.destroy(conn, d.uuid, why, d.all()...)
 		p.poke()
 	}
 	p.destroyStrays(conn)
@@ -280,8 +348,7 @@ func (p *pool) destroyStrays(conn *libvirt.Connect) {
 		u, _ := doms[i].GetUUIDString()
 		doms[i].Free()
 		if strings.HasPrefix(name, prefix) && u != "" && !held[strings.ToLower(u)] {
-			console, root := p.files(name)
-			p.destroy(conn, u, "a stray: no launch of this plugin holds it", console, root)
+			p.destroy(conn, u, "a stray: no launch of this plugin holds it", p.files(name).all()...)
 		}
 	}
 }
@@ -327,7 +394,7 @@ func (p *pool) sweep() {
 			dom.Free()
 			continue
 		}
-		console, root := p.files(name)
+		files := p.files(name)
 		p.mu.Lock()
 		inProgress := p.claiming[u] // a claim of this process (a reconnection's sweep)
 		p.mu.Unlock()
@@ -348,13 +415,18 @@ func (p *pool) sweep() {
 				def, _ := dom.GetXMLDesc(0)
 				xml.Unmarshal([]byte(def), &label)
 				uid, err := strconv.Atoi(strings.TrimPrefix(strings.Split(label.Label, ":")[0], "+"))
-				if _, statErr := os.Stat(root); err == nil && statErr == nil {
-					adopt = append(adopt, &poolDomain{name: name, uuid: u, shape: m.Shape, console: console, root: root, uid: uid, base: p.shapeBase(m.Shape)})
+				base, medium := p.shapeFiles(m.Shape)
+				_, statErr := os.Stat(files.root)
+				if medium > 0 && statErr == nil {
+					_, statErr = os.Stat(files.medium)
+				}
+				if err == nil && statErr == nil {
+					adopt = append(adopt, &poolDomain{name: name, uuid: u, shape: m.Shape, poolFiles: files, mediumSize: medium, uid: uid, base: base})
 					break
 				}
 			}
 			if !persistent { // a persistent one without record is an orphan VM: the core removes it
-				p.destroy(conn, u, "left by an earlier plugin process, not reusable", console, root)
+				p.destroy(conn, u, "left by an earlier plugin process, not reusable", files.all()...)
 			}
 		}
 		dom.Free()
@@ -375,7 +447,7 @@ func (p *pool) sweep() {
 	p.mu.Unlock()
 	defer p.removeLeftovers()
 	for _, d := range extra {
-		p.destroy(conn, d.uuid, "its shape is no longer wanted", d.console, d.root)
+		p.destroy(conn, d.uuid, "its shape is no longer wanted", d.all()...)
 	}
 	if n > 0 {
 		p.env.log.WithField("domains", n).Info("pool: took up the domains an earlier plugin process launched")

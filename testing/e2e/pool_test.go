@@ -104,6 +104,7 @@ func guestHardware(t *testing.T, c *harness.Crictl, ctr, logs string) []string {
 	waitAgent(t, c, ctr, 2*time.Minute)
 	const script = `for d in /sys/bus/pci/devices/*; do echo "pci $(basename $d) $(cat $d/vendor $d/device $d/subsystem_vendor $d/subsystem_device $d/class $d/irq | tr '\n' ' ')"; done
 echo "block $(ls /sys/block | tr '\n' ' ')"; echo "net $(ls /sys/class/net | tr '\n' ' ')"
+for b in /sys/block/*; do echo "sectors $(basename $b) $(cat $b/size)"; done
 for b in /sys/block/sd*; do [ -e "$b" ] && echo "scsi $(basename $(readlink -f $b/device)) $(tail -c +5 $b/device/vpd_pg80 2>/dev/null | tr -d '\0 ')"; done | sort
 sed -n 's/^ *\([^ ]*\):.* \([^ ]*\)$/irq \1 \2/p' /proc/interrupts`
 	out := c.Must(t, "exec", "-s", "--timeout", "30", ctr, "sh", "-c", script)
@@ -112,8 +113,9 @@ sed -n 's/^ *\([^ ]*\):.* \([^ ]*\)$/irq \1 \2/p' /proc/interrupts`
 
 // A VM claimed from the pool runs on the hardware a cold start gives the
 // same pod: the same PCI functions at the same addresses, the same disks
-// with the same serials, names (virtio) and SCSI addresses, the same NIC, the same cloud-init
-// medium. The first pod of a shape starts cold (the pool learns the shape
+// with the same serials, names (virtio), sizes and SCSI addresses, the
+// same NIC, the same cloud-init medium (its own, written into the pool
+// domain's placeholder). The first pod of a shape starts cold (the pool learns the shape
 // from it), the second claims the pool domain launched meanwhile. A guest
 // that reboots keeps its devices.
 func TestPooledVMSeesTheSameHardware(t *testing.T) {
@@ -159,6 +161,11 @@ func TestPooledVMSeesTheSameHardware(t *testing.T) {
 				logs := waitLog(t, c, ctrs[i], "@@TINY-READY", 3*time.Minute)
 				if !strings.Contains(logs, "@@DHCP-BOUND iface=eth0") || !strings.Contains(logs, "SERIAL=vol-data") {
 					t.Errorf("the %s VM lacks its NIC's lease or its volume:\n%s", path, logs)
+				}
+				// Its own cloud-init medium (a pooled VM's is written into
+				// the pool domain's placeholder).
+				if !strings.Contains(logs, "@@HOSTNAME="+name) {
+					t.Errorf("the %s VM did not read its own cloud-init medium:\n%s", path, logs)
 				}
 				hw[i] = guestHardware(t, c, ctrs[i], logs)
 			}

@@ -101,3 +101,32 @@ func TestPartialImagesAreRemoved(t *testing.T) {
 		t.Errorf("RemoveMedia left the partial image: %v", err)
 	}
 }
+
+// Every image is a whole number of MediaAlign blocks, zeros after its file
+// system, and reads back whole: one datasource's media have one size.
+func TestImagesArePaddedToOneSize(t *testing.T) {
+	dir := t.TempDir()
+	small := map[string][]byte{"meta-data": []byte("{}")}
+	big := map[string][]byte{"meta-data": []byte("{}"), "user-data": make([]byte, iso.MediaAlign+5)}
+	for name, files := range map[string]map[string][]byte{"small": small, "big": big} {
+		p := filepath.Join(dir, name+".iso")
+		if err := iso.Write(p, "cidata", files); err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := int64(iso.MediaAlign)
+		if name == "big" {
+			want = 2 * iso.MediaAlign
+		}
+		if st.Size() != want {
+			t.Errorf("%s image: %d bytes, want %d", name, st.Size(), want)
+		}
+		label, got := datasourcetest.ReadISO(t, p)
+		if label != "cidata" || len(got) != len(files) || len(got["user-data"]) != len(files["user-data"]) {
+			t.Errorf("%s image reads back as %q with %d files", name, label, len(got))
+		}
+	}
+}
