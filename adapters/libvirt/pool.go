@@ -81,11 +81,7 @@ func (p *pool) shapeFiles(key string) (base string, medium int64) {
 	defer p.mu.Unlock()
 	for _, s := range p.shapes {
 		if s.Key == key && len(s.Spec.Disks) > 0 && s.Spec.Disks[0].Overlay != nil {
-			var size int64
-			if s.Medium != nil {
-				size = s.Medium.Size
-			}
-			return s.Spec.Disks[0].Overlay.BasePath, size
+			return s.Spec.Disks[0].Overlay.BasePath, s.mediumSize()
 		}
 	}
 	return "", 0
@@ -131,6 +127,15 @@ type poolShape struct {
 	// Medium, when set, is the cloud-init medium a pool domain of the
 	// shape holds a placeholder of (see inPlaceMedium).
 	Medium *poolMedium `json:"medium,omitempty"`
+}
+
+// mediumSize is the size of the medium placeholder its pool domains
+// hold (0: none).
+func (s poolShape) mediumSize() int64 {
+	if s.Medium == nil {
+		return 0
+	}
+	return s.Medium.Size
 }
 
 // poolMedium is a placeholder disk: which of the shape's disks, and its

@@ -1,9 +1,12 @@
 package libvirt
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -386,5 +389,35 @@ func TestShapeKeyFollowsTheTranslationCache(t *testing.T) {
 	}
 	if len(keys) != 4 {
 		t.Errorf("%d keys for 4 translation caches (KVM has none, whatever the config)", len(keys))
+	}
+}
+
+// A claim writes the medium into its placeholder, and only a medium of
+// the placeholder's size into a regular file: never through a symlink.
+func TestWriteMedium(t *testing.T) {
+	dir := t.TempDir()
+	medium, placeholder := filepath.Join(dir, "x.iso"), filepath.Join(dir, "p-medium.img")
+	data := bytes.Repeat([]byte("cidata"), 1000)
+	if err := os.WriteFile(medium, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := makePlaceholder(placeholder, int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeMedium(medium, placeholder, int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(placeholder); !bytes.Equal(got, data) {
+		t.Fatalf("the placeholder holds %d bytes unlike the medium's %d", len(got), len(data))
+	}
+	if err := writeMedium(medium, placeholder, int64(len(data))+1); err == nil {
+		t.Error("a medium of another size than the placeholder's was written")
+	}
+	link := filepath.Join(dir, "link.img")
+	if err := os.Symlink(placeholder, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeMedium(medium, link, int64(len(data))); err == nil {
+		t.Error("written through a symlink")
 	}
 }

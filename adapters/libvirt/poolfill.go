@@ -92,12 +92,8 @@ func (p *pool) step() time.Duration {
 	}
 	d := &poolDomain{shape: shape.Key, uid: p.freeUIDLocked(used), uuid: uuid.NewString()}
 	d.name = poolPrefix + p.owner + "-" + d.uuid[:8]
-	d.poolFiles = p.files(d.name)
-	if shape.Medium != nil {
-		d.mediumSize = shape.Medium.Size
-	}
-	launching := *shape
-	tmpl := shape.Spec
+	d.poolFiles, d.mediumSize = p.files(d.name), shape.mediumSize()
+	launching := *shape // the shapes may change while it launches
 	p.launching = d
 	p.mu.Unlock()
 	start := time.Now()
@@ -120,7 +116,7 @@ func (p *pool) step() time.Duration {
 	p.backoff, p.retryAt = 0, time.Time{}
 	p.ready = append(p.ready, d)
 	// Logged once a claim can take it.
-	p.env.log.WithFields(logrus.Fields{"domain": d.name, "shape": d.shape, "vcpus": tmpl.VCPUs, "memory": tmpl.MemoryBytes,
+	p.env.log.WithFields(logrus.Fields{"domain": d.name, "shape": d.shape, "vcpus": launching.Spec.VCPUs, "memory": launching.Spec.MemoryBytes,
 		"millis": took.Milliseconds()}).Info("pool: domain launched paused")
 	return 0
 }
@@ -180,7 +176,7 @@ func (p *pool) launch(conn *libvirt.Connect, d *poolDomain, shape poolShape) err
 	domXML, err := domainXML(domainInput{Spec: spec, accelerator: accel, ConsoleLog: d.console,
 		DiskPaths: paths, Pool: &poolMetadata{Owner: p.owner, Shape: d.shape}})
 	if err != nil {
-		removeFiles(d.root, d.medium)
+		removeFiles(d.all()...)
 		return err
 	}
 	// Not checked against libvirt's RNG schema here: the shape's first VM
@@ -234,21 +230,26 @@ func writeMedium(from, to string, size int64) error {
 	if err != nil {
 		return err
 	}
-	defer dst.Close()
-	for _, f := range []*os.File{src, dst} {
-		st, err := f.Stat()
-		if err != nil {
+	err = func() error {
+		for _, f := range []*os.File{src, dst} {
+			st, err := f.Stat()
+			if err != nil {
+				return err
+			}
+			if !st.Mode().IsRegular() || st.Size() != size {
+				return fmt.Errorf("%s: %d bytes (%s), the placeholder holds %d", f.Name(), st.Size(), st.Mode().Type(), size)
+			}
+		}
+		if _, err := io.CopyN(dst, src, size); err != nil {
 			return err
 		}
-		if !st.Mode().IsRegular() || st.Size() != size {
-			return fmt.Errorf("%s: %d bytes (%s), the placeholder holds %d", f.Name(), st.Size(), st.Mode().Type(), size)
-		}
+		_ = unix.SyncFileRange(int(dst.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+		return nil
+	}()
+	if cerr := dst.Close(); err == nil {
+		err = cerr
 	}
-	if _, err := io.CopyN(dst, src, size); err != nil {
-		return err
-	}
-	_ = unix.SyncFileRange(int(dst.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
-	return dst.Close()
+	return err
 }
 
 // destroy ends a pool domain (transient: it vanishes) or a
